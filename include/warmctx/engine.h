@@ -1,0 +1,178 @@
+// warmctx/engine.h - the engine adapter: the only warmctx code that sees llama.cpp.
+//
+// Everything above this header works with plain token ids. One `engine` owns one
+// model and one context; it is NOT thread-safe: one thread (the engine thread) owns it.
+//
+// KV modes
+//   exact  - one KV stream per sequence (llama.cpp kv_unified = false). copy_seq copies
+//            a whole stream, cell layout included, so a reused prefix plus a tail
+//            prefilled in canonical chunks gives logits bit-identical to a cold run.
+//            Costs a copy of the prefix's KV per reuse.
+//   shared - one unified KV; copy_seq makes the destination share the source's cells
+//            (no copy). Attention then runs over a different cell layout than a cold
+//            run, so logits may differ in the last bits (measured: ~1e-3..1e-1).
+//
+// Canonical chunks
+//   The KV of a token depends (in the last bits) on which tokens were computed in the
+//   same batch. To make warm == cold, prefill() always splits the prompt the same way:
+//   a chunk never crosses a boundary, and inside the span between two boundaries a new
+//   chunk starts every `chunk_tokens` tokens counted from the span's start. A prefill
+//   may only start at a chunk start (is_chunk_start), so a warm run that reuses the KV
+//   of [0, P) computes [P, n) in exactly the chunks a cold run used.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "warmctx/status.h"
+
+namespace warmctx {
+
+using token_id = int32_t;
+using seq_id = int32_t;
+using pos_t = int32_t;
+
+enum class kv_mode { exact, shared };
+std::string_view kv_mode_name(kv_mode m);
+result<kv_mode> parse_kv_mode(std::string_view s);
+
+struct engine_options {
+    std::string model_path;
+    uint32_t n_ctx = 8192;        // context per sequence, tokens
+    uint32_t n_seq_max = 4;       // sequences the context can hold at once
+    uint32_t chunk_tokens = 512;  // canonical chunk size (also llama's n_batch/n_ubatch)
+    int32_t n_threads = 0;        // 0 = all hardware threads
+    int32_t n_gpu_layers = 0;     // layers to offload when built with CUDA (-1 = all)
+    std::string kv_type = "f16";  // f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | iq4_nl
+    kv_mode mode = kv_mode::exact;
+    bool flash_attn = false;      // off by default: the exactness facts were measured without it
+    bool verbose = false;         // let llama.cpp log to stderr
+};
+
+struct chat_message {
+    std::string role;     // system | user | assistant | tool
+    std::string content;
+};
+
+struct model_info {
+    std::string path;
+    std::string description;       // llama_model_desc, e.g. "qwen2 1B Q4_0"
+    std::string architecture;      // general.architecture
+    std::string chat_template;     // tokenizer.chat_template ("" if none)
+    uint64_t size_bytes = 0;       // bytes of tensor data
+    uint64_t n_params = 0;
+    int32_t n_vocab = 0;
+    int32_t n_ctx_train = 0;
+    int32_t n_layer = 0;
+    int32_t n_embd = 0;
+    float rope_freq_base = 0;      // from the model's metadata (0 if absent)
+};
+
+struct context_info {
+    uint32_t n_ctx_seq = 0;        // tokens one sequence can hold
+    uint32_t n_seq_max = 0;
+    uint32_t chunk_tokens = 0;
+    std::string kv_type;
+    kv_mode mode = kv_mode::exact;
+    std::string backend;           // "CPU" or "CUDA"
+    int32_t n_threads = 0;
+    uint64_t kv_bytes_per_token = 0;  // K+V, all layers
+};
+
+struct sampling_params {
+    int32_t max_tokens = 32;
+    float temperature = 0.0f;     // <= 0: greedy (argmax)
+    float top_p = 1.0f;           // 1: off
+    int32_t top_k = 0;            // 0: off
+    uint32_t seed = 0;
+    std::vector<std::string> stop;  // generation ends before the first occurrence
+};
+
+enum class finish_reason { length, stop, eos, context_full };
+std::string_view finish_reason_name(finish_reason r);
+
+struct generation {
+    std::vector<token_id> tokens;
+    std::string text;
+    finish_reason finish = finish_reason::length;
+    double t_decode_ms = 0;
+};
+
+// Where a prefill's chunks begin; see "Canonical chunks" above. Pure, for tests.
+// Returns the [begin, end) positions of the chunks covering [pos0, pos0 + n_tokens).
+// `boundaries` are absolute positions (sorted or not, duplicates allowed).
+std::vector<std::pair<pos_t, pos_t>> plan_chunks(pos_t pos0, int32_t n_tokens,
+                                                 std::span<const pos_t> boundaries,
+                                                 int32_t chunk_tokens);
+
+// True when `pos` is where a canonical chunk begins: 0, a boundary, or a boundary plus
+// a multiple of chunk_tokens (with no boundary in between).
+bool is_chunk_start(pos_t pos, std::span<const pos_t> boundaries, int32_t chunk_tokens);
+
+class engine {
+  public:
+    // Loads the model and creates the context. Errors: not_found (no file),
+    // invalid_argument (not a GGUF, bad option), engine_error (llama.cpp failed).
+    static result<std::unique_ptr<engine>> open(const engine_options & opts);
+    ~engine();
+    engine(const engine &) = delete;
+    engine & operator=(const engine &) = delete;
+
+    const model_info & model() const;
+    const context_info & context() const;
+
+    // Text -> tokens. `parse_special` lets "<|im_start|>" become one control token.
+    result<std::vector<token_id>> tokenize(std::string_view text, bool parse_special = true) const;
+    result<std::string> detokenize(std::span<const token_id> tokens) const;
+    std::string token_piece(token_id t) const;
+    // Renders messages through the model's own chat template.
+    result<std::string> apply_chat_template(std::span<const chat_message> messages,
+                                            bool add_generation_prompt) const;
+    bool is_end_of_generation(token_id t) const;
+
+    // Computes the KV of `tokens` at positions [pos0, pos0 + n) in sequence `seq`,
+    // in canonical chunks (see plan_chunks). The sequence must hold exactly [0, pos0).
+    // REQUIRES is_chunk_start(pos0, boundaries, chunk_tokens).
+    // If `last_logits` is given, it receives the n_vocab logits after the last token.
+    // Errors: invalid_argument (empty, bad seq), failed_precondition (pos0 not a chunk
+    //         start, or the sequence does not hold exactly [0, pos0)),
+    //         out_of_range (pos0 + n > n_ctx_seq), engine_error.
+    status prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
+                   std::span<const pos_t> boundaries, std::vector<float> * last_logits = nullptr);
+
+    // Generates after the last prefilled token of `seq`, whose logits are `logits`
+    // (as returned by prefill). Greedy when temperature <= 0, else a seeded chain of
+    // top-k, top-p, temperature and a distribution sampler. `logits_out`, if given,
+    // receives each step's logits concatenated (n_vocab floats per generated token).
+    result<generation> generate(seq_id seq, std::vector<float> logits, const sampling_params & sp,
+                                std::vector<float> * logits_out = nullptr);
+
+    // Sequence operations (positions are token positions).
+    status copy_seq(seq_id src, seq_id dst);   // dst := src (dst is cleared first)
+    status trim_seq(seq_id seq, pos_t from);   // drop positions [from, end)
+    void clear_seq(seq_id seq);
+    void clear_all();
+    pos_t seq_n_tokens(seq_id seq) const;      // max pos + 1, 0 if empty
+
+    // One sequence's state as bytes, and back.
+    result<std::vector<uint8_t>> save_seq(seq_id seq) const;
+    status load_seq(seq_id seq, std::span<const uint8_t> bytes);
+
+  private:
+    struct impl;
+    explicit engine(std::unique_ptr<impl> p);
+    std::unique_ptr<impl> p_;
+};
+
+// Metadata of a GGUF file without loading its tensors (cheap). Errors as engine::open.
+result<model_info> read_model_info(const std::string & path);
+
+// The llama.cpp commit warmctx was built against (for the cache profile).
+std::string_view llama_commit();
+std::string_view backend_name();
+
+}  // namespace warmctx

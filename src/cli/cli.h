@@ -1,0 +1,42 @@
+// Shared helpers of the warmctx subcommands.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "warmctx/engine.h"
+#include "warmctx/model_maker.h"
+
+namespace warmctx::cli {
+
+// Options every command that loads a model takes.
+struct model_flags {
+    std::string model;          // "" = the default model (generated once, cached)
+    uint32_t n_ctx = 8192;
+    int32_t threads = 0;
+    int32_t gpu_layers = 0;
+    std::string kv_type = "f16";
+    std::string kv_mode = "exact";
+    uint32_t chunk = 512;
+    bool flash_attn = false;
+    bool verbose = false;
+
+    void add_to(CLI::App & app, bool with_ctx = true);
+    // Resolves the model path (generating the default if needed) into engine options.
+    result<engine_options> to_options(uint32_t n_seq_max) const;
+};
+
+// The process exit code a subcommand's callback sets (CLI11 callbacks return void).
+extern int g_exit_code;
+
+// Progress lines go to stderr so that --json output on stdout stays clean.
+void progress(const std::string & line);
+
+// Prints "error: <message>" to stderr and returns the process exit code for `st`.
+int fail(const status & st);
+
+void register_model_commands(CLI::App & app);
+void register_bench_commands(CLI::App & app);
+
+}  // namespace warmctx::cli

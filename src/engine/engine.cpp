@@ -1,0 +1,510 @@
+// The engine adapter. The only translation unit family that includes llama.h.
+#include "warmctx/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "ggml.h"
+#include "gguf.h"
+#include "llama.h"
+
+#ifndef WARMCTX_LLAMA_COMMIT
+#define WARMCTX_LLAMA_COMMIT "unknown"
+#endif
+#ifndef WARMCTX_BACKEND
+#define WARMCTX_BACKEND "CPU"
+#endif
+
+namespace warmctx {
+
+std::string_view llama_commit() { return WARMCTX_LLAMA_COMMIT; }
+std::string_view backend_name() { return WARMCTX_BACKEND; }
+
+std::string_view kv_mode_name(kv_mode m) { return m == kv_mode::exact ? "exact" : "shared"; }
+
+result<kv_mode> parse_kv_mode(std::string_view s) {
+    if (s == "exact") return kv_mode::exact;
+    if (s == "shared") return kv_mode::shared;
+    return invalid_argument("unknown KV mode '" + std::string(s) + "' (expected exact or shared)");
+}
+
+std::string_view finish_reason_name(finish_reason r) {
+    switch (r) {
+        case finish_reason::length: return "length";
+        case finish_reason::stop: return "stop";
+        case finish_reason::eos: return "eos";
+        case finish_reason::context_full: return "context_full";
+    }
+    return "length";
+}
+
+std::vector<std::pair<pos_t, pos_t>> plan_chunks(pos_t pos0, int32_t n_tokens,
+                                                 std::span<const pos_t> boundaries,
+                                                 int32_t chunk_tokens) {
+    std::vector<std::pair<pos_t, pos_t>> chunks;
+    if (n_tokens <= 0) return chunks;
+    if (chunk_tokens <= 0) chunk_tokens = 1;
+    const pos_t end = pos0 + n_tokens;
+    std::vector<pos_t> b(boundaries.begin(), boundaries.end());
+    b.push_back(0);
+    std::sort(b.begin(), b.end());
+    b.erase(std::unique(b.begin(), b.end()), b.end());
+    // span_start = the last boundary <= pos0
+    auto it = std::upper_bound(b.begin(), b.end(), pos0);
+    pos_t span_start = *(it - 1);
+    pos_t next_boundary = it == b.end() ? end : std::min<pos_t>(*it, end);
+    pos_t p = pos0;
+    while (p < end) {
+        // inside [span_start, next_boundary): chunk starts at span_start + k*chunk
+        pos_t k = (p - span_start) / chunk_tokens;
+        pos_t chunk_end = std::min<pos_t>(span_start + (k + 1) * chunk_tokens, next_boundary);
+        chunks.emplace_back(p, chunk_end);
+        p = chunk_end;
+        if (p == next_boundary && p < end) {
+            span_start = p;
+            ++it;
+            next_boundary = it == b.end() ? end : std::min<pos_t>(*it, end);
+        }
+    }
+    return chunks;
+}
+
+bool is_chunk_start(pos_t pos, std::span<const pos_t> boundaries, int32_t chunk_tokens) {
+    if (pos <= 0) return pos == 0;
+    if (chunk_tokens <= 0) chunk_tokens = 1;
+    pos_t span_start = 0;
+    for (pos_t b : boundaries)
+        if (b <= pos && b > span_start) span_start = b;
+    return (pos - span_start) % chunk_tokens == 0;
+}
+
+namespace {
+
+std::once_flag g_backend_once;
+bool g_verbose = false;
+
+void log_callback(ggml_log_level level, const char * text, void *) {
+    // errors always reach the user: they explain a failed load
+    if (g_verbose || level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+}
+
+void init_backend(bool verbose) {
+    g_verbose = verbose || g_verbose;
+    std::call_once(g_backend_once, [] {
+        llama_log_set(log_callback, nullptr);
+        ggml_log_set(log_callback, nullptr);
+        llama_backend_init();
+    });
+}
+
+struct model_deleter { void operator()(llama_model * m) const { llama_model_free(m); } };
+struct context_deleter { void operator()(llama_context * c) const { llama_free(c); } };
+struct sampler_deleter { void operator()(llama_sampler * s) const { llama_sampler_free(s); } };
+struct gguf_deleter { void operator()(gguf_context * g) const { gguf_free(g); } };
+using model_ptr = std::unique_ptr<llama_model, model_deleter>;
+using context_ptr = std::unique_ptr<llama_context, context_deleter>;
+using sampler_ptr = std::unique_ptr<llama_sampler, sampler_deleter>;
+using gguf_ptr = std::unique_ptr<gguf_context, gguf_deleter>;
+
+result<ggml_type> parse_kv_type(std::string_view s) {
+    static const std::pair<const char *, ggml_type> k_types[] = {
+        {"f32", GGML_TYPE_F32},   {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16},
+        {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0}, {"q4_1", GGML_TYPE_Q4_1},
+        {"q5_0", GGML_TYPE_Q5_0}, {"q5_1", GGML_TYPE_Q5_1}, {"iq4_nl", GGML_TYPE_IQ4_NL},
+    };
+    for (auto & [name, t] : k_types)
+        if (s == name) return t;
+    return invalid_argument("unknown KV type '" + std::string(s) +
+                            "' (expected one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)");
+}
+
+// Checks that `path` names a readable GGUF file, with a message a user can act on.
+status check_gguf_file(const std::string & path) {
+    std::error_code ec;
+    if (path.empty()) return invalid_argument("no model path given");
+    if (!std::filesystem::exists(path, ec)) return not_found("model file '" + path + "' does not exist");
+    if (std::filesystem::is_directory(path, ec)) return invalid_argument("model path '" + path + "' is a directory");
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return io_error("cannot open model file '" + path + "'");
+    char magic[4] = {};
+    f.read(magic, 4);
+    if (f.gcount() != 4 || std::memcmp(magic, "GGUF", 4) != 0)
+        return invalid_argument("'" + path + "' is not a GGUF model file (bad magic)");
+    return {};
+}
+
+std::string gguf_str(const gguf_context * g, const char * key) {
+    int64_t id = gguf_find_key(g, key);
+    if (id < 0 || gguf_get_kv_type(g, id) != GGUF_TYPE_STRING) return {};
+    return gguf_get_val_str(g, id);
+}
+
+}  // namespace
+
+result<model_info> read_model_info(const std::string & path) {
+    WARMCTX_RETURN_IF_ERROR(check_gguf_file(path));
+    init_backend(false);
+    gguf_init_params gp{/*no_alloc=*/true, /*ctx=*/nullptr};
+    gguf_ptr g(gguf_init_from_file(path.c_str(), gp));
+    if (!g) return invalid_argument("'" + path + "' is not a valid GGUF file (header unreadable or truncated)");
+    model_info mi;
+    mi.path = path;
+    mi.architecture = gguf_str(g.get(), "general.architecture");
+    mi.chat_template = gguf_str(g.get(), "tokenizer.chat_template");
+    auto u32 = [&](const std::string & key) -> int64_t {
+        int64_t id = gguf_find_key(g.get(), key.c_str());
+        if (id < 0) return 0;
+        switch (gguf_get_kv_type(g.get(), id)) {
+            case GGUF_TYPE_UINT32: return gguf_get_val_u32(g.get(), id);
+            case GGUF_TYPE_INT32: return gguf_get_val_i32(g.get(), id);
+            case GGUF_TYPE_UINT64: return (int64_t)gguf_get_val_u64(g.get(), id);
+            default: return 0;
+        }
+    };
+    const std::string & a = mi.architecture;
+    mi.n_ctx_train = (int32_t)u32(a + ".context_length");
+    mi.n_layer = (int32_t)u32(a + ".block_count");
+    mi.n_embd = (int32_t)u32(a + ".embedding_length");
+    int64_t fb = gguf_find_key(g.get(), (a + ".rope.freq_base").c_str());
+    if (fb >= 0 && gguf_get_kv_type(g.get(), fb) == GGUF_TYPE_FLOAT32) mi.rope_freq_base = gguf_get_val_f32(g.get(), fb);
+    int64_t tok = gguf_find_key(g.get(), "tokenizer.ggml.tokens");
+    if (tok >= 0) mi.n_vocab = (int32_t)gguf_get_arr_n(g.get(), tok);
+    for (int64_t i = 0; i < gguf_get_n_tensors(g.get()); ++i) {
+        mi.size_bytes += gguf_get_tensor_size(g.get(), i);
+        const int64_t * ne = gguf_get_tensor_ne(g.get(), i);
+        uint64_t n = 1;
+        for (int d = 0; d < GGML_MAX_DIMS; ++d) n *= (uint64_t)ne[d];
+        mi.n_params += n;
+    }
+    return mi;
+}
+
+struct engine::impl {
+    engine_options opts;
+    model_ptr model;
+    context_ptr ctx;
+    const llama_vocab * vocab = nullptr;
+    model_info minfo;
+    context_info cinfo;
+    llama_batch batch{};
+
+    ~impl() {
+        if (batch.token) llama_batch_free(batch);
+    }
+
+    llama_memory_t mem() const { return llama_get_memory(ctx.get()); }
+
+    status check_seq(seq_id s) const {
+        if (s < 0 || (uint32_t)s >= cinfo.n_seq_max)
+            return invalid_argument("sequence id " + std::to_string(s) + " out of range [0, " +
+                                    std::to_string(cinfo.n_seq_max) + ")");
+        return {};
+    }
+
+    // Decodes `n` tokens at positions [pos, pos+n) of seq, logits for the last if asked.
+    status decode(seq_id seq, const token_id * toks, int32_t n, pos_t pos, bool want_last_logits) {
+        batch.n_tokens = n;
+        for (int32_t i = 0; i < n; ++i) {
+            batch.token[i] = toks[i];
+            batch.pos[i] = pos + i;
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = seq;
+            batch.logits[i] = (want_last_logits && i == n - 1) ? 1 : 0;
+        }
+        int32_t rc = llama_decode(ctx.get(), batch);
+        if (rc == 0) return {};
+        if (rc == 1) return resource_exhausted("llama_decode: no free KV slot for the batch (context full)");
+        if (rc == 2) return {status_code::cancelled, "llama_decode: aborted"};
+        if (rc == -1) return invalid_argument("llama_decode: invalid batch");
+        return engine_error("llama_decode failed with code " + std::to_string(rc));
+    }
+
+    void copy_logits(std::vector<float> * out) const {
+        const float * l = llama_get_logits_ith(ctx.get(), -1);
+        out->assign(l, l + minfo.n_vocab);
+    }
+};
+
+engine::engine(std::unique_ptr<impl> p) : p_(std::move(p)) {}
+engine::~engine() = default;
+
+result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
+    WARMCTX_RETURN_IF_ERROR(check_gguf_file(opts.model_path));
+    auto kvt = parse_kv_type(opts.kv_type);
+    if (!kvt) return kvt.error();
+    if (opts.n_ctx < 16) return invalid_argument("n_ctx must be at least 16 tokens");
+    if (opts.n_seq_max < 1 || opts.n_seq_max > 256) return invalid_argument("n_seq_max must be in [1, 256]");
+    if (opts.chunk_tokens < 1 || opts.chunk_tokens > 8192) return invalid_argument("chunk_tokens must be in [1, 8192]");
+    if (ggml_is_quantized(*kvt) && !opts.flash_attn)
+        return invalid_argument("a quantized KV type (" + opts.kv_type + ") needs flash attention (--flash-attn)");
+    init_backend(opts.verbose);
+
+    auto p = std::make_unique<impl>();
+    p->opts = opts;
+    auto mi = read_model_info(opts.model_path);
+    if (!mi) return mi.error();
+    p->minfo = std::move(mi.value());
+
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = opts.n_gpu_layers < 0 ? 999 : opts.n_gpu_layers;
+    p->model.reset(llama_model_load_from_file(opts.model_path.c_str(), mp));
+    if (!p->model) return engine_error("llama.cpp could not load model '" + opts.model_path + "' (see the error above)");
+    p->vocab = llama_model_get_vocab(p->model.get());
+
+    char buf[256];
+    if (llama_model_desc(p->model.get(), buf, sizeof buf) > 0) p->minfo.description = buf;
+    if (const char * t = llama_model_chat_template(p->model.get(), nullptr)) p->minfo.chat_template = t;
+    p->minfo.n_vocab = llama_vocab_n_tokens(p->vocab);
+    p->minfo.n_ctx_train = llama_model_n_ctx_train(p->model.get());
+    p->minfo.n_layer = llama_model_n_layer(p->model.get());
+    p->minfo.n_embd = llama_model_n_embd(p->model.get());
+    p->minfo.size_bytes = llama_model_size(p->model.get());
+    p->minfo.n_params = llama_model_n_params(p->model.get());
+
+    const int32_t n_threads = opts.n_threads > 0 ? opts.n_threads : (int32_t)std::max(1u, std::thread::hardware_concurrency());
+    llama_context_params cp = llama_context_default_params();
+    // Every sequence may hold n_ctx tokens. In exact mode each has its own stream of
+    // n_ctx cells; in shared mode one stream holds n_ctx * n_seq_max cells.
+    cp.n_ctx = opts.n_ctx * opts.n_seq_max;
+    cp.n_seq_max = opts.n_seq_max;
+    cp.n_batch = opts.chunk_tokens;
+    cp.n_ubatch = opts.chunk_tokens;
+    cp.n_threads = n_threads;
+    cp.n_threads_batch = n_threads;
+    cp.type_k = *kvt;
+    cp.type_v = *kvt;
+    cp.kv_unified = opts.mode == kv_mode::shared;
+    cp.flash_attn_type = opts.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.no_perf = true;
+    p->ctx.reset(llama_init_from_model(p->model.get(), cp));
+    if (!p->ctx) return engine_error("llama.cpp could not create a context (n_ctx=" + std::to_string(cp.n_ctx) +
+                                     ", KV type " + opts.kv_type + "); try a smaller --n-ctx");
+
+    p->cinfo.n_ctx_seq = opts.mode == kv_mode::exact ? llama_n_ctx_seq(p->ctx.get()) : opts.n_ctx;
+    p->cinfo.n_ctx_seq = std::min(p->cinfo.n_ctx_seq, opts.n_ctx);
+    p->cinfo.n_seq_max = opts.n_seq_max;
+    p->cinfo.chunk_tokens = opts.chunk_tokens;
+    p->cinfo.kv_type = opts.kv_type;
+    p->cinfo.mode = opts.mode;
+    p->cinfo.backend = std::string(backend_name());
+    p->cinfo.n_threads = n_threads;
+    const int32_t n_head = llama_model_n_head(p->model.get());
+    const int32_t n_head_kv = llama_model_n_head_kv(p->model.get());
+    const uint64_t head_dim = n_head > 0 ? (uint64_t)p->minfo.n_embd / (uint64_t)n_head : 0;
+    const double bytes_per_elem = ggml_type_sizef(*kvt);
+    p->cinfo.kv_bytes_per_token =
+        (uint64_t)((double)p->minfo.n_layer * 2.0 * (double)n_head_kv * (double)head_dim * bytes_per_elem);
+
+    p->batch = llama_batch_init((int32_t)opts.chunk_tokens, 0, 1);
+    return std::unique_ptr<engine>(new engine(std::move(p)));
+}
+
+const model_info & engine::model() const { return p_->minfo; }
+const context_info & engine::context() const { return p_->cinfo; }
+
+result<std::vector<token_id>> engine::tokenize(std::string_view text, bool parse_special) const {
+    if (text.size() > (size_t)INT32_MAX / 2) return out_of_range("text too large to tokenize");
+    std::vector<token_id> out(text.size() + 8);
+    int32_t n = llama_tokenize(p_->vocab, text.data(), (int32_t)text.size(), out.data(), (int32_t)out.size(),
+                               /*add_special=*/false, parse_special);
+    if (n < 0) {
+        out.resize((size_t)-n);
+        n = llama_tokenize(p_->vocab, text.data(), (int32_t)text.size(), out.data(), (int32_t)out.size(), false,
+                           parse_special);
+        if (n < 0) return engine_error("llama_tokenize failed");
+    }
+    out.resize((size_t)n);
+    return out;
+}
+
+result<std::string> engine::detokenize(std::span<const token_id> tokens) const {
+    for (token_id t : tokens)
+        if (t < 0 || t >= p_->minfo.n_vocab) return invalid_argument("token id " + std::to_string(t) + " out of vocabulary");
+    std::string out(tokens.size() * 8 + 16, '\0');
+    int32_t n = llama_detokenize(p_->vocab, tokens.data(), (int32_t)tokens.size(), out.data(), (int32_t)out.size(),
+                                 false, false);
+    if (n < 0) {
+        out.resize((size_t)-n);
+        n = llama_detokenize(p_->vocab, tokens.data(), (int32_t)tokens.size(), out.data(), (int32_t)out.size(), false,
+                             false);
+        if (n < 0) return engine_error("llama_detokenize failed");
+    }
+    out.resize((size_t)n);
+    return out;
+}
+
+std::string engine::token_piece(token_id t) const {
+    char buf[256];
+    int32_t n = llama_token_to_piece(p_->vocab, t, buf, sizeof buf, 0, false);
+    if (n < 0) {
+        std::string s((size_t)-n, '\0');
+        n = llama_token_to_piece(p_->vocab, t, s.data(), (int32_t)s.size(), 0, false);
+        return n < 0 ? std::string() : s.substr(0, (size_t)n);
+    }
+    return std::string(buf, (size_t)n);
+}
+
+result<std::string> engine::apply_chat_template(std::span<const chat_message> messages,
+                                                bool add_generation_prompt) const {
+    if (p_->minfo.chat_template.empty()) return failed_precondition("the model has no chat template");
+    std::vector<llama_chat_message> msgs;
+    size_t total = 0;
+    for (const auto & m : messages) {
+        msgs.push_back({m.role.c_str(), m.content.c_str()});
+        total += m.role.size() + m.content.size();
+    }
+    std::string buf(total * 2 + 256, '\0');
+    const char * tmpl = p_->minfo.chat_template.c_str();
+    int32_t n = llama_chat_apply_template(tmpl, msgs.data(), msgs.size(), add_generation_prompt, buf.data(),
+                                          (int32_t)buf.size());
+    if (n < 0) return failed_precondition("the model's chat template is not supported by llama_chat_apply_template");
+    if ((size_t)n > buf.size()) {
+        buf.resize((size_t)n);
+        n = llama_chat_apply_template(tmpl, msgs.data(), msgs.size(), add_generation_prompt, buf.data(),
+                                      (int32_t)buf.size());
+    }
+    buf.resize((size_t)n);
+    return buf;
+}
+
+bool engine::is_end_of_generation(token_id t) const { return llama_vocab_is_eog(p_->vocab, t); }
+
+status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
+                       std::span<const pos_t> boundaries, std::vector<float> * last_logits) {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
+    if (tokens.empty()) return invalid_argument("prefill: no tokens (empty prompt)");
+    if (pos0 < 0) return invalid_argument("prefill: negative start position");
+    if ((uint64_t)pos0 + tokens.size() > p_->cinfo.n_ctx_seq)
+        return out_of_range("prompt needs " + std::to_string((uint64_t)pos0 + tokens.size()) +
+                            " tokens but the context holds " + std::to_string(p_->cinfo.n_ctx_seq) + " per sequence");
+    if (!is_chunk_start(pos0, boundaries, (int32_t)p_->cinfo.chunk_tokens))
+        return failed_precondition("prefill: start position " + std::to_string(pos0) +
+                                   " is not a canonical chunk start (warm KV would differ from cold)");
+    if (seq_n_tokens(seq) != pos0)
+        return failed_precondition("prefill: sequence " + std::to_string(seq) + " holds " +
+                                   std::to_string(seq_n_tokens(seq)) + " tokens, expected " + std::to_string(pos0));
+    for (token_id t : tokens)
+        if (t < 0 || t >= p_->minfo.n_vocab) return invalid_argument("prefill: token id " + std::to_string(t) + " out of vocabulary");
+    auto chunks = plan_chunks(pos0, (int32_t)tokens.size(), boundaries, (int32_t)p_->cinfo.chunk_tokens);
+    for (size_t i = 0; i < chunks.size(); ++i) {
+        auto [b, e] = chunks[i];
+        const bool last = i + 1 == chunks.size();
+        status st = p_->decode(seq, tokens.data() + (b - pos0), e - b, b, last && last_logits != nullptr);
+        if (!st.ok()) {
+            llama_memory_seq_rm(p_->mem(), seq, pos0, -1);  // leave the sequence as it was
+            return st.with_context("prefill");
+        }
+    }
+    if (last_logits) p_->copy_logits(last_logits);
+    return {};
+}
+
+result<generation> engine::generate(seq_id seq, std::vector<float> logits, const sampling_params & sp,
+                                    std::vector<float> * logits_out) {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
+    if (sp.max_tokens < 0) return invalid_argument("max_tokens must not be negative");
+    if ((int32_t)logits.size() != p_->minfo.n_vocab)
+        return invalid_argument("generate: logits must have n_vocab entries (prefill first)");
+    if (sp.temperature > 0 && (sp.top_p <= 0 || sp.top_p > 1)) return invalid_argument("top_p must be in (0, 1]");
+    if (sp.top_k < 0) return invalid_argument("top_k must not be negative");
+
+    sampler_ptr chain;
+    if (sp.temperature > 0) {
+        chain.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
+        if (sp.top_k > 0) llama_sampler_chain_add(chain.get(), llama_sampler_init_top_k(sp.top_k));
+        if (sp.top_p < 1.0f) llama_sampler_chain_add(chain.get(), llama_sampler_init_top_p(sp.top_p, 1));
+        llama_sampler_chain_add(chain.get(), llama_sampler_init_temp(sp.temperature));
+        llama_sampler_chain_add(chain.get(), llama_sampler_init_dist(sp.seed));
+    }
+    std::vector<llama_token_data> cand;
+    auto pick = [&](const std::vector<float> & l) -> token_id {
+        if (!chain) {  // greedy: first maximum, deterministic
+            return (token_id)(std::max_element(l.begin(), l.end()) - l.begin());
+        }
+        cand.resize(l.size());
+        for (size_t i = 0; i < l.size(); ++i) cand[i] = {(llama_token)i, l[i], 0.0f};
+        llama_token_data_array arr{cand.data(), cand.size(), -1, false};
+        llama_sampler_apply(chain.get(), &arr);
+        return arr.data[arr.selected].id;
+    };
+
+    generation g;
+    auto t0 = std::chrono::steady_clock::now();
+    pos_t pos = seq_n_tokens(seq);
+    for (int32_t i = 0; i < sp.max_tokens; ++i) {
+        if (logits_out) logits_out->insert(logits_out->end(), logits.begin(), logits.end());
+        token_id t = pick(logits);
+        if (is_end_of_generation(t)) { g.finish = finish_reason::eos; break; }
+        g.tokens.push_back(t);
+        g.text += token_piece(t);
+        bool stopped = false;
+        for (const auto & s : sp.stop) {
+            if (s.empty()) continue;
+            size_t at = g.text.find(s);
+            if (at != std::string::npos) { g.text.resize(at); stopped = true; }
+        }
+        if (stopped) { g.finish = finish_reason::stop; break; }
+        if (i + 1 == sp.max_tokens) break;
+        if ((uint32_t)pos + 1 > p_->cinfo.n_ctx_seq) { g.finish = finish_reason::context_full; break; }
+        status st = p_->decode(seq, &t, 1, pos, true);
+        if (!st.ok()) return st.with_context("generate");
+        ++pos;
+        p_->copy_logits(&logits);
+    }
+    g.t_decode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return g;
+}
+
+status engine::copy_seq(seq_id src, seq_id dst) {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(src));
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(dst));
+    if (src == dst) return {};
+    llama_memory_seq_rm(p_->mem(), dst, -1, -1);
+    llama_memory_seq_cp(p_->mem(), src, dst, -1, -1);
+    return {};
+}
+
+status engine::trim_seq(seq_id seq, pos_t from) {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
+    if (from < 0) return invalid_argument("trim position must not be negative");
+    if (!llama_memory_seq_rm(p_->mem(), seq, from, -1)) return engine_error("llama_memory_seq_rm refused the trim");
+    return {};
+}
+
+void engine::clear_seq(seq_id seq) {
+    if (p_->check_seq(seq).ok()) llama_memory_seq_rm(p_->mem(), seq, -1, -1);
+}
+
+void engine::clear_all() { llama_memory_clear(p_->mem(), true); }
+
+pos_t engine::seq_n_tokens(seq_id seq) const {
+    if (!p_->check_seq(seq).ok()) return 0;
+    return llama_memory_seq_pos_max(p_->mem(), seq) + 1;  // pos_max is -1 when empty
+}
+
+result<std::vector<uint8_t>> engine::save_seq(seq_id seq) const {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
+    size_t n = llama_state_seq_get_size(p_->ctx.get(), seq);
+    std::vector<uint8_t> out(n);
+    size_t w = llama_state_seq_get_data(p_->ctx.get(), out.data(), out.size(), seq);
+    if (w == 0 && n != 0) return engine_error("llama_state_seq_get_data failed");
+    out.resize(w);
+    return out;
+}
+
+status engine::load_seq(seq_id seq, std::span<const uint8_t> bytes) {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
+    if (bytes.empty()) return invalid_argument("load_seq: empty state");
+    llama_memory_seq_rm(p_->mem(), seq, -1, -1);
+    size_t r = llama_state_seq_set_data(p_->ctx.get(), bytes.data(), bytes.size(), seq);
+    if (r == 0) return corrupt("llama_state_seq_set_data rejected the state (wrong model, context or corrupt bytes)");
+    return {};
+}
+
+}  // namespace warmctx

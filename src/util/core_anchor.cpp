@@ -1,0 +1,1 @@
+// Keeps warmctx_core a valid library while its module lists are being filled.

@@ -1,0 +1,171 @@
+// The engine adapter on the tiny model: loading, tokens, template, sampling,
+// sequence operations, and bad input as clear errors.
+#include <filesystem>
+#include <fstream>
+
+#include "tiny_model.h"
+
+namespace warmctx {
+namespace {
+
+using testing::open_tiny;
+using testing::random_tokens;
+using testing::tiny_options;
+
+TEST(Engine, LoadsTheTinyModel) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->model().architecture, "qwen2");
+    EXPECT_GT(e->model().n_vocab, 150000);  // the real Qwen2 vocabulary
+    EXPECT_EQ(e->model().n_layer, 2);
+    EXPECT_GE(e->model().n_ctx_train, 47000);
+    EXPECT_FALSE(e->model().chat_template.empty());
+    EXPECT_EQ(e->context().n_ctx_seq, 2048u);
+    // 2 layers * (K + V) * 2 KV heads * head dim 16 * 2 bytes (f16)
+    EXPECT_EQ(e->context().kv_bytes_per_token, 2u * 2u * 2u * 16u * 2u);
+}
+
+TEST(Engine, MissingModelIsNotFound) {
+    auto o = tiny_options();
+    o.model_path = std::string(WARMCTX_TEST_TMP) + "/does-not-exist.gguf";
+    auto e = engine::open(o);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.error().code(), status_code::not_found);
+}
+
+TEST(Engine, NonGgufFileIsInvalidArgument) {
+    const std::string p = std::string(WARMCTX_TEST_TMP) + "/not-a-model.gguf";
+    std::ofstream(p) << "this is not a model";
+    auto o = tiny_options();
+    o.model_path = p;
+    auto e = engine::open(o);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.error().code(), status_code::invalid_argument);
+    EXPECT_NE(e.error().message().find("not a GGUF"), std::string::npos);
+}
+
+TEST(Engine, TruncatedGgufIsAnErrorNotACrash) {
+    const std::string p = std::string(WARMCTX_TEST_TMP) + "/truncated.gguf";
+    {
+        std::ifstream in(WARMCTX_TINY_MODEL, std::ios::binary);
+        std::vector<char> head(4096);
+        in.read(head.data(), (std::streamsize)head.size());
+        std::ofstream(p, std::ios::binary).write(head.data(), in.gcount());
+    }
+    auto o = tiny_options();
+    o.model_path = p;
+    auto e = engine::open(o);
+    EXPECT_FALSE(e.ok());
+}
+
+TEST(Engine, UnknownKvTypeIsInvalidArgument) {
+    auto o = tiny_options();
+    o.kv_type = "q3_x";
+    auto e = engine::open(o);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.error().code(), status_code::invalid_argument);
+    EXPECT_NE(e.error().message().find("q3_x"), std::string::npos);
+}
+
+TEST(Engine, EmptyPromptAndTooLongPromptAreErrors) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->prefill(0, {}, 0, {}).code(), status_code::invalid_argument);
+    auto too_long = random_tokens(2049, 5, e->model().n_vocab);
+    EXPECT_EQ(e->prefill(0, too_long, 0, {}).code(), status_code::out_of_range);
+    EXPECT_EQ(e->seq_n_tokens(0), 0);  // nothing half-written
+    std::vector<token_id> bad = {1, 2, -5};
+    EXPECT_EQ(e->prefill(0, bad, 0, {}).code(), status_code::invalid_argument);
+    EXPECT_EQ(e->prefill(99, random_tokens(4, 1, 1000), 0, {}).code(), status_code::invalid_argument);
+}
+
+TEST(Engine, TokenizesWithTheRealQwenVocabulary) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    auto t = e->tokenize("<|im_start|>user\nhello world<|im_end|>");
+    ASSERT_TRUE(t.ok());
+    ASSERT_GE(t->size(), 4u);
+    EXPECT_EQ((*t)[0], 151644);  // <|im_start|> is one control token in Qwen2
+    auto text = e->detokenize(*t);
+    ASSERT_TRUE(text.ok());
+    EXPECT_EQ(*text, "user\nhello world");  // control tokens are not rendered
+    auto words = e->tokenize("hello world", false);
+    ASSERT_TRUE(words.ok());
+    EXPECT_EQ(words->size(), 2u);
+}
+
+TEST(Engine, AppliesTheModelsChatTemplate) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    std::vector<chat_message> m = {{"system", "be brief"}, {"user", "hi"}};
+    auto s = e->apply_chat_template(m, true);
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+    EXPECT_EQ(*s, "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(Engine, SeededSamplingIsReproducibleAndSeedSensitive) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    auto p = random_tokens(40, 9, e->model().n_vocab);
+    auto run = [&](seq_id s, uint32_t seed) {
+        std::vector<float> l;
+        EXPECT_TRUE(e->prefill(s, p, 0, {}, &l).ok());
+        sampling_params sp;
+        sp.max_tokens = 16;
+        sp.temperature = 1.5f;
+        sp.top_p = 0.95f;
+        sp.top_k = 1000;
+        sp.seed = seed;
+        auto g = e->generate(s, l, sp);
+        EXPECT_TRUE(g.ok());
+        return g.ok() ? g->tokens : std::vector<token_id>{};
+    };
+    auto a = run(0, 7), b = run(1, 7), c = run(2, 8);
+    EXPECT_EQ(a.size(), 16u);
+    EXPECT_EQ(a, b);
+    EXPECT_NE(a, c);
+}
+
+TEST(Engine, StopStringEndsGeneration) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    auto p = random_tokens(20, 11, e->model().n_vocab);
+    std::vector<float> l;
+    ASSERT_TRUE(e->prefill(0, p, 0, {}, &l).ok());
+    sampling_params sp;
+    sp.max_tokens = 12;
+    auto g = e->generate(0, l, sp);
+    ASSERT_TRUE(g.ok());
+    ASSERT_GE(g->tokens.size(), 4u);
+    // Use the piece of the third token as a stop string: generation must stop there.
+    std::string stop = e->token_piece(g->tokens[2]);
+    ASSERT_FALSE(stop.empty());
+    e->clear_seq(0);
+    ASSERT_TRUE(e->prefill(0, p, 0, {}, &l).ok());
+    sp.stop = {stop};
+    auto g2 = e->generate(0, l, sp);
+    ASSERT_TRUE(g2.ok());
+    EXPECT_EQ(g2->finish, finish_reason::stop);
+    EXPECT_EQ(g2->text.find(stop), std::string::npos);
+    EXPECT_LE(g2->tokens.size(), 3u);
+}
+
+TEST(Engine, CopyTrimClear) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    auto p = random_tokens(100, 3, e->model().n_vocab);
+    ASSERT_TRUE(e->prefill(0, p, 0, {}).ok());
+    EXPECT_EQ(e->seq_n_tokens(0), 100);
+    ASSERT_TRUE(e->copy_seq(0, 1).ok());
+    EXPECT_EQ(e->seq_n_tokens(1), 100);
+    ASSERT_TRUE(e->trim_seq(1, 40).ok());
+    EXPECT_EQ(e->seq_n_tokens(1), 40);
+    EXPECT_EQ(e->seq_n_tokens(0), 100);  // the source is untouched
+    e->clear_seq(0);
+    EXPECT_EQ(e->seq_n_tokens(0), 0);
+    EXPECT_EQ(e->seq_n_tokens(1), 40);
+    EXPECT_FALSE(e->copy_seq(0, 17).ok());
+}
+
+}  // namespace
+}  // namespace warmctx
