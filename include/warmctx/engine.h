@@ -141,8 +141,11 @@ class engine {
     // Errors: invalid_argument (empty, bad seq), failed_precondition (pos0 not a chunk
     //         start, or the sequence does not hold exactly [0, pos0)),
     //         out_of_range (pos0 + n > n_ctx_seq), engine_error.
+    // `chunk_tokens` 0 means the context's chunk_tokens; a smaller value is allowed
+    // (it is part of the cache profile: KV made with one chunk size never serves another).
     status prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
-                   std::span<const pos_t> boundaries, std::vector<float> * last_logits = nullptr);
+                   std::span<const pos_t> boundaries, std::vector<float> * last_logits = nullptr,
+                   int32_t chunk_tokens = 0);
 
     // Generates after the last prefilled token of `seq`, whose logits are `logits`
     // (as returned by prefill). Greedy when temperature <= 0, else a seeded chain of

@@ -38,5 +38,7 @@ int fail(const status & st);
 
 void register_model_commands(CLI::App & app);
 void register_bench_commands(CLI::App & app);
+void register_context_commands(CLI::App & app);
+void register_overhead_bench(CLI::App & bench);
 
 }  // namespace warmctx::cli

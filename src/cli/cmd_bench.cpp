@@ -162,6 +162,7 @@ void register_bench_commands(CLI::App & app) {
     e->add_flag("--no-llama-bench", a->skip_llama_bench, "measure warmctx only");
     e->add_flag("--json", a->json, "print JSON");
     e->callback([a] { run_bench_engine(*a); });
+    register_overhead_bench(*bench);
 }
 
 }  // namespace warmctx::cli

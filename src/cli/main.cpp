@@ -74,6 +74,7 @@ int main(int argc, char ** argv) {
     app.require_subcommand(1);
     register_model_commands(app);
     register_bench_commands(app);
+    register_context_commands(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {

@@ -376,14 +376,18 @@ result<std::string> engine::apply_chat_template(std::span<const chat_message> me
 bool engine::is_end_of_generation(token_id t) const { return llama_vocab_is_eog(p_->vocab, t); }
 
 status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
-                       std::span<const pos_t> boundaries, std::vector<float> * last_logits) {
+                       std::span<const pos_t> boundaries, std::vector<float> * last_logits,
+                       int32_t chunk_tokens) {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
+    if (chunk_tokens == 0) chunk_tokens = (int32_t)p_->cinfo.chunk_tokens;
+    if (chunk_tokens < 1 || chunk_tokens > (int32_t)p_->cinfo.chunk_tokens)
+        return invalid_argument("prefill: chunk_tokens must be in [1, " + std::to_string(p_->cinfo.chunk_tokens) + "]");
     if (tokens.empty()) return invalid_argument("prefill: no tokens (empty prompt)");
     if (pos0 < 0) return invalid_argument("prefill: negative start position");
     if ((uint64_t)pos0 + tokens.size() > p_->cinfo.n_ctx_seq)
         return out_of_range("prompt needs " + std::to_string((uint64_t)pos0 + tokens.size()) +
                             " tokens but the context holds " + std::to_string(p_->cinfo.n_ctx_seq) + " per sequence");
-    if (!is_chunk_start(pos0, boundaries, (int32_t)p_->cinfo.chunk_tokens))
+    if (!is_chunk_start(pos0, boundaries, chunk_tokens))
         return failed_precondition("prefill: start position " + std::to_string(pos0) +
                                    " is not a canonical chunk start (warm KV would differ from cold)");
     if (seq_n_tokens(seq) != pos0)
@@ -391,7 +395,7 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
                                    std::to_string(seq_n_tokens(seq)) + " tokens, expected " + std::to_string(pos0));
     for (token_id t : tokens)
         if (t < 0 || t >= p_->minfo.n_vocab) return invalid_argument("prefill: token id " + std::to_string(t) + " out of vocabulary");
-    auto chunks = plan_chunks(pos0, (int32_t)tokens.size(), boundaries, (int32_t)p_->cinfo.chunk_tokens);
+    auto chunks = plan_chunks(pos0, (int32_t)tokens.size(), boundaries, chunk_tokens);
     for (size_t i = 0; i < chunks.size(); ++i) {
         auto [b, e] = chunks[i];
         const bool last = i + 1 == chunks.size();

@@ -1,0 +1,208 @@
+// warmctx/assembler.h - segments -> one canonical prompt, its manifest and block hashes.
+//
+// assemble() turns a request's segments into the exact tokens the engine prefills:
+//
+//   1. validate: ids well-formed and unique, at most one `user` segment;
+//   2. canonical order: by the kind table's order, then id, then path (byte-wise).
+//      Input order never changes anything below;
+//   3. each segment becomes ONE chat message, rendered alone through the model's
+//      template and TOKENIZED ALONE. Its tokens therefore depend on that segment
+//      only, and the tokens of a prefix of segments are identical whatever follows;
+//   4. the generation prompt (e.g. "<|im_start|>assistant\n"), if asked for, is a
+//      final piece of its own, tokenized alone. It belongs to NO segment: its blocks
+//      carry segment_index == k_generation_prompt_index and retention `none`, and a
+//      boundary separates it from the last segment, so the same segments with and
+//      without a generation prompt share every segment's KV;
+//   5. blocks: the canonical chunks the engine prefills (see engine.h, plan_chunks):
+//      a block never crosses a boundary, and inside a piece a new block starts every
+//      chunk_tokens tokens counted from the piece's start. Block i carries the chain
+//      hash h_i = H(h_{i-1}, its token ids), h_0 = H(profile fingerprint, tenant
+//      salt). h_i names the KV of [0, block_i.end) exactly: same tokens, same chunk
+//      composition, same profile, same tenant. The blocks' ranges are exactly
+//      plan_chunks(0, tokens.size(), boundaries, chunk_tokens), so every block end
+//      (not only a segment end) is a point where a cold run's chunks also split: a
+//      cached prefix may end at any block end, and an edit deep inside a segment
+//      keeps the hashes of that segment's blocks before it.
+//
+// Token ids are hashed as little-endian int32, so hashes do not depend on the host.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "warmctx/engine.h"   // token_id, pos_t only
+#include "warmctx/hash.h"
+#include "warmctx/kind_table.h"
+#include "warmctx/profile.h"
+#include "warmctx/segments.h"
+#include "warmctx/status.h"
+
+namespace warmctx {
+
+// The model's tokenizer and chat template, as the assembler needs them. The engine
+// side implements it over the real model; tests use a fake.
+class text_model {
+  public:
+    virtual ~text_model() = default;
+    // Text -> tokens, special tokens ("<|im_start|>") parsed into their ids.
+    // REQUIRES of the implementation: no BOS/EOS added (see prefix_tokens), and the
+    // same text always gives the same tokens.
+    // NOTE: a whole rendered message is one call, so control-token text inside a
+    // segment's content (a file that contains "<|im_end|>") becomes the control token,
+    // as in llama-server's chat path. Tokenizing template text and content apart would
+    // need a parse_special flag here.
+    virtual result<std::vector<token_id>> tokenize(std::string_view text) const = 0;
+    // One chat message through the model's template, exactly the text this message
+    // contributes inside a conversation, e.g. "<|im_start|>user\nhi<|im_end|>\n".
+    // REQUIRES of the implementation: no BOS and no default system prompt that a
+    // template injects when a conversation does not start with one (Qwen2.5's
+    // does): render such templates in context and cut the message's own text out.
+    virtual result<std::string> render_message(std::string_view role, std::string_view content) const = 0;
+    // The text that opens the assistant's answer, e.g. "<|im_start|>assistant\n".
+    virtual std::string generation_prompt() const = 0;
+    // Tokens that open every prompt (a BOS for models that want one; none for Qwen2).
+    // They are part of the first segment's token range.
+    virtual std::vector<token_id> prefix_tokens() const { return {}; }
+};
+
+// ---- validation ----------------------------------------------------------------
+
+inline constexpr size_t k_max_segment_id_chars = 128;
+inline constexpr size_t k_max_segment_path_bytes = 4096;
+
+// A segment id later names files and URL path segments, so: 1..128 chars from
+// [A-Za-z0-9._:/-], no leading, trailing or doubled '/', and no "." or ".."
+// component. Errors: invalid_argument naming the id and the rule it breaks.
+status validate_segment_id(std::string_view id);
+
+// Every id valid (validate_segment_id) and unique; at most one `user` segment;
+// paths free of control characters and at most 4096 bytes (a path is printed in a
+// one-line header); a `role`, when set, a chat role, and either the kind's own role
+// or allowed by the kind's policy (role_from_segment). Errors: invalid_argument.
+status validate_segments(std::span<const segment> segs, const kind_table & kinds);
+
+// ---- manifest ------------------------------------------------------------------
+
+struct manifest_entry {
+    std::string id;
+    segment_kind kind = segment_kind::user;
+    std::string path;
+    std::string role;                   // the role the message was rendered with
+    int order = 0;                      // the kind's order when assembled
+    stability stab = stability::volatile_;
+    retention_class cls = retention_class::none;
+    pos_t token_begin = 0;              // [token_begin, token_end) in the prompt
+    pos_t token_end = 0;
+    uint64_t content_bytes = 0;
+    hash128 content_hash;               // hash_bytes of the content, unsalted
+    hash128 token_hash;                 // hash of the segment's token ids, unsalted
+
+    pos_t n_tokens() const { return token_end - token_begin; }
+    bool operator==(const manifest_entry &) const = default;
+};
+
+// What was assembled, for explain, the server and snapshot files. Entries are in
+// canonical order. Publishes no salt and no root hash.
+struct manifest {
+    std::vector<manifest_entry> segments;
+    pos_t n_tokens = 0;                      // the whole prompt
+    pos_t generation_prompt_begin = -1;      // -1: no generation prompt
+    pos_t generation_prompt_end = -1;
+    pos_t stable_end = 0;                    // see assembled_prompt
+    pos_t n_stable_tokens = 0;
+    hash128 stable_prefix_hash;
+    hash128 profile_fingerprint;
+
+    // {"n_tokens":..., "segments":[{"id":..., "kind":"repo_map", ...}], ...};
+    // hashes as 32 hex digits.
+    nlohmann::json to_json() const;
+    // The inverse of to_json. Strict: a missing field, wrong type, unknown kind,
+    // class or stability, or malformed hash is invalid_argument naming it.
+    static result<manifest> from_json(const nlohmann::json & j);
+    // A fixed-width table, one line per segment plus a header and a summary line.
+    std::string to_table() const;
+
+    bool operator==(const manifest &) const = default;
+};
+
+// How one segment differs between two manifests.
+enum class segment_change_kind {
+    appeared,         // only in `after`
+    disappeared,      // only in `before`
+    content_changed,  // content_hash differs
+    tokens_changed,   // same content, different tokens (kind, role, template or tokenizer)
+    moved,            // same tokens, different token_begin (something before it changed)
+};
+std::string_view segment_change_kind_name(segment_change_kind k);
+
+struct segment_change {
+    std::string id;
+    segment_change_kind what = segment_change_kind::appeared;
+    pos_t before_begin = -1;         // token_begin in `before` (-1: not there)
+    pos_t after_begin = -1;          // token_begin in `after` (-1: not there)
+    std::string to_string() const;   // "segment 'src/a.cc' changed (content)"
+};
+
+// The segments that differ, in canonical order (the union of both manifests, ordered
+// by (order, id, path)). Unchanged segments are not listed. `moved` is reported only
+// for segments that neither changed nor appeared but start elsewhere.
+std::vector<segment_change> diff_manifests(const manifest & before, const manifest & after);
+
+// ---- assembly ------------------------------------------------------------------
+
+inline constexpr int k_generation_prompt_index = -1;
+
+struct block {
+    hash128 chain;                 // h_i: names the KV of [0, end)
+    pos_t begin = 0, end = 0;      // [begin, end)
+    retention_class cls = retention_class::none;  // the segment's class
+    int segment_index = 0;         // into manifest.segments, or k_generation_prompt_index
+    bool operator==(const block &) const = default;
+};
+
+struct assembled_prompt {
+    std::vector<token_id> tokens;
+    // The start of every piece (segment or generation prompt) after the first, sorted,
+    // unique, inside (0, tokens.size()) - the engine's canonical chunking input.
+    std::vector<pos_t> boundaries;
+    manifest man;
+    // Cover [0, tokens.size()) in order, without gaps.
+    std::vector<block> blocks;
+    hash128 root_hash;             // h_0 = H(profile fingerprint, tenant salt); never publish
+    // The chain hash at stable_end: the end of the leading run of segments whose
+    // stability is `stable` (with the default order: the last stable segment, since
+    // all stable kinds come first). It names the warm part a workspace keeps across
+    // turns (routing, explain). No leading stable segment: root_hash and 0.
+    hash128 stable_prefix_hash;
+    pos_t stable_end = 0;
+    // Tokens in `stable` segments wherever they are (== stable_end unless an override
+    // moved a stable kind after a non-stable one).
+    pos_t n_stable_tokens = 0;
+};
+
+// Errors: invalid_argument (validate_segments fails, no segments, chunk_tokens == 0
+// or differs from prof.chunk_tokens), out_of_range (more than INT32_MAX tokens), and
+// whatever the text_model returns, prefixed with the segment's id.
+result<assembled_prompt> assemble(std::span<const segment> segs, const kind_table & kinds,
+                                  const text_model & model, const profile & prof,
+                                  std::string_view tenant_salt, uint32_t chunk_tokens,
+                                  bool add_generation_prompt = true);
+
+// h_0 = H(fingerprint, salt): the root every chain hash of a tenant starts from.
+hash128 root_hash(const profile & prof, std::string_view tenant_salt);
+
+// hash_bytes of the token ids as little-endian int32 - a segment's token_hash.
+hash128 hash_tokens(std::span<const token_id> tokens);
+// hash_combine(prev, token ids as little-endian int32) - one link of a block chain:
+// blocks[i].chain == chain_hash(blocks[i-1].chain or root, tokens of block i).
+hash128 chain_hash(hash128 prev, std::span<const token_id> tokens);
+
+// Parses hash128::hex() back (32 hex digits, either case). Errors: invalid_argument.
+result<hash128> parse_hash128(std::string_view hex);
+
+}  // namespace warmctx

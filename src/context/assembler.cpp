@@ -1,0 +1,488 @@
+#include "warmctx/assembler.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <tuple>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
+
+#include "context/quote.h"
+
+namespace warmctx {
+
+using detail::quote_input;
+
+// ---- hashing ------------------------------------------------------------------------
+
+namespace {
+
+// Token ids as little-endian int32 bytes: the hash must not depend on the host.
+const void * token_bytes(std::span<const token_id> tokens, std::vector<uint32_t> & scratch) {
+    if constexpr (std::endian::native == std::endian::little) {
+        return tokens.data();
+    } else {
+        scratch.resize(tokens.size());
+        for (size_t i = 0; i < tokens.size(); ++i) scratch[i] = __builtin_bswap32(static_cast<uint32_t>(tokens[i]));
+        return scratch.data();
+    }
+}
+
+}  // namespace
+
+hash128 hash_tokens(std::span<const token_id> tokens) {
+    std::vector<uint32_t> scratch;
+    return hash_bytes(token_bytes(tokens, scratch), tokens.size_bytes());
+}
+
+hash128 chain_hash(hash128 prev, std::span<const token_id> tokens) {
+    std::vector<uint32_t> scratch;
+    return hash_combine(prev, token_bytes(tokens, scratch), tokens.size_bytes());
+}
+
+hash128 root_hash(const profile & prof, std::string_view tenant_salt) {
+    // The salt is hashed after a domain tag so that h_0 can never equal a block hash
+    // computed from the same fingerprint.
+    constexpr std::string_view k_tag = "warmctx-root-v1";
+    const hash128 tagged = hash_combine(prof.fingerprint(), k_tag.data(), k_tag.size());
+    return hash_combine(tagged, tenant_salt.data(), tenant_salt.size());
+}
+
+result<hash128> parse_hash128(std::string_view hex) {
+    if (hex.size() != 32) return invalid_argument("hash " + quote_input(hex) + " must be 32 hex digits");
+    uint64_t parts[2] = {0, 0};
+    for (size_t i = 0; i < 32; ++i) {
+        const char c = hex[i];
+        uint64_t d;
+        if (c >= '0' && c <= '9') d = uint64_t(c - '0');
+        else if (c >= 'a' && c <= 'f') d = uint64_t(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') d = uint64_t(c - 'A' + 10);
+        else return invalid_argument("hash " + quote_input(hex) + " has a non-hex digit");
+        parts[i / 16] = (parts[i / 16] << 4) | d;
+    }
+    return hash128{parts[0], parts[1]};
+}
+
+// ---- validation -----------------------------------------------------------------
+
+status validate_segment_id(std::string_view id) {
+    if (id.empty()) return invalid_argument("segment id is empty");
+    if (id.size() > k_max_segment_id_chars)
+        return invalid_argument("segment id " + quote_input(id) + " is longer than " +
+                                std::to_string(k_max_segment_id_chars) + " characters");
+    for (char c : id) {
+        const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+                        c == '_' || c == ':' || c == '/' || c == '-';
+        if (!ok)
+            return invalid_argument("segment id " + quote_input(id) + " has a character outside [A-Za-z0-9._:/-]");
+    }
+    // The id becomes a relative file name and a URL path: no absolute paths, no
+    // climbing out, no empty or "." components that alias another id.
+    size_t start = 0;
+    while (true) {
+        const size_t slash = id.find('/', start);
+        const std::string_view part = id.substr(start, slash == std::string_view::npos ? id.npos : slash - start);
+        if (part.empty())
+            return invalid_argument("segment id " + quote_input(id) + " has an empty path component (leading, trailing or doubled '/')");
+        if (part == "." || part == "..")
+            return invalid_argument("segment id " + quote_input(id) + " has a '" + std::string(part) + "' component");
+        if (slash == std::string_view::npos) break;
+        start = slash + 1;
+    }
+    return {};
+}
+
+status validate_segments(std::span<const segment> segs, const kind_table & kinds) {
+    std::unordered_set<std::string_view> seen;
+    const segment * user_seg = nullptr;
+    for (const segment & s : segs) {
+        WARMCTX_RETURN_IF_ERROR(validate_segment_id(s.id));
+        if (!seen.insert(s.id).second) return invalid_argument("duplicate segment id " + quote_input(s.id));
+        if (static_cast<int>(s.kind) >= k_segment_kind_count)
+            return invalid_argument("segment " + quote_input(s.id) + " has an unknown kind");
+        if (s.kind == segment_kind::user) {
+            if (user_seg)
+                return invalid_argument("more than one user segment (" + quote_input(user_seg->id) + " and " +
+                                        quote_input(s.id) + "); a request has at most one");
+            user_seg = &s;
+        }
+        if (s.path.size() > k_max_segment_path_bytes)
+            return invalid_argument("segment " + quote_input(s.id) + ": path is longer than " +
+                                    std::to_string(k_max_segment_path_bytes) + " bytes");
+        for (char c : s.path)
+            if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+                return invalid_argument("segment " + quote_input(s.id) + ": path " + quote_input(s.path) +
+                                        " has a control character");
+        if (!s.role.empty()) {
+            if (!is_chat_role(s.role))
+                return invalid_argument("segment " + quote_input(s.id) + ": unknown role " + quote_input(s.role) +
+                                        " (expected one of system, user, assistant, tool)");
+            const kind_policy & p = kinds.policy(s.kind);
+            if (!p.role_from_segment && s.role != p.role)
+                return invalid_argument("segment " + quote_input(s.id) + ": kind '" +
+                                        std::string(segment_kind_name(s.kind)) + "' is rendered as '" + p.role +
+                                        "' and takes no role of its own (got " + quote_input(s.role) + ")");
+        }
+    }
+    return {};
+}
+
+// ---- assembly -------------------------------------------------------------------
+
+namespace {
+
+constexpr auto k_max_tokens = static_cast<size_t>(std::numeric_limits<pos_t>::max());
+
+// One contiguous range of the prompt that chunks restart at: a segment or the
+// generation prompt.
+struct piece {
+    pos_t begin = 0, end = 0;
+    retention_class cls = retention_class::none;
+    int segment_index = 0;
+};
+
+std::string message_content(const segment & s, const kind_policy & p) {
+    if (!p.header) return s.content;
+    // One line naming what follows; the path says more to the model than the id.
+    std::string c = "# ";
+    c += segment_kind_name(s.kind);
+    c += ": ";
+    c += s.path.empty() ? s.id : s.path;
+    c += '\n';
+    c += s.content;
+    return c;
+}
+
+status append_tokens(std::vector<token_id> & out, const std::vector<token_id> & more) {
+    if (more.size() > k_max_tokens - out.size())
+        return out_of_range("the prompt is longer than " + std::to_string(k_max_tokens) + " tokens");
+    out.insert(out.end(), more.begin(), more.end());
+    return {};
+}
+
+}  // namespace
+
+result<assembled_prompt> assemble(std::span<const segment> segs, const kind_table & kinds,
+                                  const text_model & model, const profile & prof,
+                                  std::string_view tenant_salt, uint32_t chunk_tokens,
+                                  bool add_generation_prompt) {
+    WARMCTX_RETURN_IF_ERROR(validate_segments(segs, kinds));
+    if (segs.empty()) return invalid_argument("assemble: no segments");
+    if (chunk_tokens == 0) return invalid_argument("assemble: chunk_tokens must be positive");
+    // The fingerprint that roots every hash must describe the chunking used here.
+    if (prof.chunk_tokens != chunk_tokens)
+        return invalid_argument("assemble: chunk_tokens " + std::to_string(chunk_tokens) +
+                                " differs from the profile's " + std::to_string(prof.chunk_tokens));
+
+    // Canonical order: (kind order, id, path). Ids are unique, so this is total and
+    // the input order cannot leak through.
+    std::vector<const segment *> order(segs.size());
+    for (size_t i = 0; i < segs.size(); ++i) order[i] = &segs[i];
+    std::sort(order.begin(), order.end(), [&](const segment * a, const segment * b) {
+        return std::forward_as_tuple(kinds.policy(a->kind).order, a->id, a->path) <
+               std::forward_as_tuple(kinds.policy(b->kind).order, b->id, b->path);
+    });
+
+    assembled_prompt out;
+    manifest & man = out.man;
+    std::vector<piece> pieces;
+    WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, model.prefix_tokens()));
+
+    for (const segment * s : order) {
+        const kind_policy & p = kinds.policy(s->kind);
+        const std::string role = (p.role_from_segment && !s->role.empty()) ? s->role : p.role;
+        const std::string where = "segment " + quote_input(s->id);
+
+        // Rendered and tokenized alone: these tokens depend on this segment only.
+        auto text = model.render_message(role, message_content(*s, p));
+        if (!text.ok()) return text.error().with_context(where + ": rendering");
+        auto toks = model.tokenize(*text);
+        if (!toks.ok()) return toks.error().with_context(where + ": tokenizing");
+
+        manifest_entry e;
+        e.id = s->id;
+        e.kind = s->kind;
+        e.path = s->path;
+        e.role = role;
+        e.order = p.order;
+        e.stab = p.stab;
+        e.cls = p.retention;
+        // The first segment's range also holds the model's prefix tokens (BOS).
+        e.token_begin = man.segments.empty() ? 0 : static_cast<pos_t>(out.tokens.size());
+        WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, *toks));
+        e.token_end = static_cast<pos_t>(out.tokens.size());
+        e.content_bytes = s->content.size();
+        e.content_hash = hash_string(s->content);
+        e.token_hash = hash_tokens(std::span(out.tokens).subspan(e.token_begin, e.n_tokens()));
+        pieces.push_back({e.token_begin, e.token_end, e.cls, static_cast<int>(man.segments.size())});
+        man.segments.push_back(std::move(e));
+    }
+
+    if (add_generation_prompt) {
+        auto toks = model.tokenize(model.generation_prompt());
+        if (!toks.ok()) return toks.error().with_context("generation prompt: tokenizing");
+        man.generation_prompt_begin = static_cast<pos_t>(out.tokens.size());
+        WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, *toks));
+        man.generation_prompt_end = static_cast<pos_t>(out.tokens.size());
+        pieces.push_back({man.generation_prompt_begin, man.generation_prompt_end, retention_class::none,
+                          k_generation_prompt_index});
+    }
+    const auto n_tokens = static_cast<pos_t>(out.tokens.size());
+    man.n_tokens = n_tokens;
+
+    for (const piece & pc : pieces)
+        if (pc.begin > 0 && pc.begin < n_tokens && (out.boundaries.empty() || out.boundaries.back() != pc.begin))
+            out.boundaries.push_back(pc.begin);
+
+    // Blocks: the engine's canonical chunks (plan_chunks(0, n, boundaries, chunk)),
+    // each named by the chain hash of everything up to its end.
+    out.root_hash = root_hash(prof, tenant_salt);
+    hash128 h = out.root_hash;
+    for (const piece & pc : pieces) {
+        for (pos_t b = pc.begin; b < pc.end;) {
+            const pos_t e = static_cast<pos_t>(std::min<int64_t>(int64_t(b) + chunk_tokens, pc.end));
+            h = chain_hash(h, std::span(out.tokens).subspan(b, e - b));
+            out.blocks.push_back({h, b, e, pc.cls, pc.segment_index});
+            b = e;
+        }
+    }
+
+    // The stable prefix: the leading run of `stable` segments.
+    out.stable_prefix_hash = out.root_hash;
+    for (const manifest_entry & e : man.segments) {
+        if (e.stab != stability::stable) break;
+        out.stable_end = e.token_end;
+    }
+    for (const block & b : out.blocks)
+        if (b.end == out.stable_end) out.stable_prefix_hash = b.chain;
+    for (const manifest_entry & e : man.segments)
+        if (e.stab == stability::stable) out.n_stable_tokens += e.n_tokens();
+
+    man.stable_end = out.stable_end;
+    man.n_stable_tokens = out.n_stable_tokens;
+    man.stable_prefix_hash = out.stable_prefix_hash;
+    man.profile_fingerprint = prof.fingerprint();
+    return out;
+}
+
+// ---- manifest JSON and table -------------------------------------------------------
+
+nlohmann::json manifest::to_json() const {
+    nlohmann::json segs = nlohmann::json::array();
+    for (const manifest_entry & e : segments) {
+        segs.push_back({
+            {"id", e.id},
+            {"kind", segment_kind_name(e.kind)},
+            {"path", e.path},
+            {"role", e.role},
+            {"order", e.order},
+            {"stability", stability_name(e.stab)},
+            {"class", retention_class_name(e.cls)},
+            {"token_begin", e.token_begin},
+            {"token_end", e.token_end},
+            {"n_tokens", e.n_tokens()},
+            {"content_bytes", e.content_bytes},
+            {"content_hash", e.content_hash.hex()},
+            {"token_hash", e.token_hash.hex()},
+        });
+    }
+    return {
+        {"n_tokens", n_tokens},
+        {"generation_prompt_begin", generation_prompt_begin},
+        {"generation_prompt_end", generation_prompt_end},
+        {"stable_end", stable_end},
+        {"n_stable_tokens", n_stable_tokens},
+        {"stable_prefix_hash", stable_prefix_hash.hex()},
+        {"profile_fingerprint", profile_fingerprint.hex()},
+        {"segments", std::move(segs)},
+    };
+}
+
+namespace {
+
+// Strict field readers for manifest::from_json; `where` names the object.
+status need(const nlohmann::json & j, const char * key, const std::string & where) {
+    if (!j.contains(key)) return invalid_argument(where + ": missing field '" + key + "'");
+    return {};
+}
+
+result<std::string> get_string(const nlohmann::json & j, const char * key, const std::string & where) {
+    WARMCTX_RETURN_IF_ERROR(need(j, key, where));
+    if (!j.at(key).is_string()) return invalid_argument(where + ": field '" + key + "' must be a string");
+    return j.at(key).get<std::string>();
+}
+
+template <typename T>
+result<T> get_int(const nlohmann::json & j, const char * key, const std::string & where) {
+    WARMCTX_RETURN_IF_ERROR(need(j, key, where));
+    const auto & v = j.at(key);
+    if (!v.is_number_integer()) return invalid_argument(where + ": field '" + key + "' must be an integer");
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(std::numeric_limits<T>::max())
+                               : (v.get<int64_t>() < int64_t(std::numeric_limits<T>::min()) ||
+                                  (std::is_signed_v<T> && v.get<int64_t>() > int64_t(std::numeric_limits<T>::max()))))
+        return invalid_argument(where + ": field '" + key + "' is out of range");
+    return static_cast<T>(v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>()) : v.get<int64_t>());
+}
+
+result<hash128> get_hash(const nlohmann::json & j, const char * key, const std::string & where) {
+    auto s = get_string(j, key, where);
+    if (!s.ok()) return s.error();
+    auto h = parse_hash128(*s);
+    if (!h.ok()) return h.error().with_context(where + ": field '" + key + "'");
+    return h;
+}
+
+#define WARMCTX_ASSIGN(lhs, expr)             \
+    do {                                      \
+        auto _wc_r = (expr);                  \
+        if (!_wc_r.ok()) return _wc_r.error(); \
+        lhs = std::move(*_wc_r);              \
+    } while (0)
+
+}  // namespace
+
+result<manifest> manifest::from_json(const nlohmann::json & j) {
+    const std::string where = "manifest";
+    if (!j.is_object()) return invalid_argument("manifest: must be a JSON object");
+    manifest m;
+    WARMCTX_ASSIGN(m.n_tokens, get_int<pos_t>(j, "n_tokens", where));
+    WARMCTX_ASSIGN(m.generation_prompt_begin, get_int<pos_t>(j, "generation_prompt_begin", where));
+    WARMCTX_ASSIGN(m.generation_prompt_end, get_int<pos_t>(j, "generation_prompt_end", where));
+    WARMCTX_ASSIGN(m.stable_end, get_int<pos_t>(j, "stable_end", where));
+    WARMCTX_ASSIGN(m.n_stable_tokens, get_int<pos_t>(j, "n_stable_tokens", where));
+    WARMCTX_ASSIGN(m.stable_prefix_hash, get_hash(j, "stable_prefix_hash", where));
+    WARMCTX_ASSIGN(m.profile_fingerprint, get_hash(j, "profile_fingerprint", where));
+    WARMCTX_RETURN_IF_ERROR(need(j, "segments", where));
+    if (!j.at("segments").is_array()) return invalid_argument("manifest: field 'segments' must be an array");
+    for (size_t i = 0; i < j.at("segments").size(); ++i) {
+        const auto & s = j.at("segments")[i];
+        const std::string at = "manifest: segments[" + std::to_string(i) + "]";
+        if (!s.is_object()) return invalid_argument(at + ": must be an object");
+        manifest_entry e;
+        WARMCTX_ASSIGN(e.id, get_string(s, "id", at));
+        std::string name;
+        WARMCTX_ASSIGN(name, get_string(s, "kind", at));
+        WARMCTX_ASSIGN(e.kind, parse_segment_kind(name));
+        WARMCTX_ASSIGN(e.path, get_string(s, "path", at));
+        WARMCTX_ASSIGN(e.role, get_string(s, "role", at));
+        WARMCTX_ASSIGN(e.order, get_int<int>(s, "order", at));
+        WARMCTX_ASSIGN(name, get_string(s, "stability", at));
+        WARMCTX_ASSIGN(e.stab, parse_stability(name));
+        WARMCTX_ASSIGN(name, get_string(s, "class", at));
+        WARMCTX_ASSIGN(e.cls, parse_retention_class(name));
+        WARMCTX_ASSIGN(e.token_begin, get_int<pos_t>(s, "token_begin", at));
+        WARMCTX_ASSIGN(e.token_end, get_int<pos_t>(s, "token_end", at));
+        WARMCTX_ASSIGN(e.content_bytes, get_int<uint64_t>(s, "content_bytes", at));
+        WARMCTX_ASSIGN(e.content_hash, get_hash(s, "content_hash", at));
+        WARMCTX_ASSIGN(e.token_hash, get_hash(s, "token_hash", at));
+        if (e.token_begin < 0 || e.token_end < e.token_begin)
+            return invalid_argument(at + ": bad token range");
+        m.segments.push_back(std::move(e));
+    }
+    return m;
+}
+
+std::string manifest::to_table() const {
+    std::string out;
+    char line[512];
+    std::snprintf(line, sizeof line, "%3s  %-12s  %-10s  %-7s  %-15s  %7s  %-12s  %-12s  %s\n", "#", "kind",
+                  "stability", "class", "tokens", "n", "content", "token_hash", "id (path)");
+    out += line;
+    for (size_t i = 0; i < segments.size(); ++i) {
+        const manifest_entry & e = segments[i];
+        char range[48];
+        std::snprintf(range, sizeof range, "[%d, %d)", e.token_begin, e.token_end);
+        std::string name = e.id;
+        if (!e.path.empty() && e.path != e.id) name += " (" + e.path + ")";
+        std::snprintf(line, sizeof line, "%3zu  %-12s  %-10s  %-7s  %-15s  %7d  %-12s  %-12s  ", i,
+                      std::string(segment_kind_name(e.kind)).c_str(), std::string(stability_name(e.stab)).c_str(),
+                      std::string(retention_class_name(e.cls)).c_str(), range, e.n_tokens(),
+                      e.content_hash.short_hex().c_str(), e.token_hash.short_hex().c_str());
+        out += line;
+        out += name;
+        out += '\n';
+    }
+    if (generation_prompt_begin >= 0) {
+        std::snprintf(line, sizeof line, "  -  %-12s  %-10s  %-7s  [%d, %d)\n", "(generation)", "-", "none",
+                      generation_prompt_begin, generation_prompt_end);
+        out += line;
+    }
+    std::snprintf(line, sizeof line, "%d tokens, stable prefix [0, %d) %s, %d tokens in stable segments, profile %s\n",
+                  n_tokens, stable_end, stable_prefix_hash.short_hex().c_str(), n_stable_tokens,
+                  profile_fingerprint.short_hex().c_str());
+    out += line;
+    return out;
+}
+
+// ---- manifest diff ---------------------------------------------------------------------
+
+std::string_view segment_change_kind_name(segment_change_kind k) {
+    switch (k) {
+        case segment_change_kind::appeared: return "appeared";
+        case segment_change_kind::disappeared: return "disappeared";
+        case segment_change_kind::content_changed: return "content_changed";
+        case segment_change_kind::tokens_changed: return "tokens_changed";
+        case segment_change_kind::moved: return "moved";
+    }
+    return "unknown";
+}
+
+std::string segment_change::to_string() const {
+    std::string s = "segment " + quote_input(id);
+    switch (what) {
+        case segment_change_kind::appeared: return s + " appeared";
+        case segment_change_kind::disappeared: return s + " disappeared";
+        case segment_change_kind::content_changed: return s + " changed (content)";
+        case segment_change_kind::tokens_changed:
+            return s + " changed (tokens: same content, different kind, role, template or tokenizer)";
+        case segment_change_kind::moved:
+            return s + " moved (unchanged, now starts at token " + std::to_string(after_begin) + ", was " +
+                   std::to_string(before_begin) + ")";
+    }
+    return s;
+}
+
+std::vector<segment_change> diff_manifests(const manifest & before, const manifest & after) {
+    std::map<std::string_view, const manifest_entry *> old_by_id, new_by_id;
+    for (const auto & e : before.segments) old_by_id[e.id] = &e;
+    for (const auto & e : after.segments) new_by_id[e.id] = &e;
+
+    // The union, each under the entry that describes it best (after's when present).
+    std::vector<const manifest_entry *> all;
+    for (const auto & e : after.segments) all.push_back(&e);
+    for (const auto & e : before.segments)
+        if (!new_by_id.count(e.id)) all.push_back(&e);
+    std::sort(all.begin(), all.end(), [](const manifest_entry * a, const manifest_entry * b) {
+        return std::tie(a->order, a->id, a->path) < std::tie(b->order, b->id, b->path);
+    });
+
+    std::vector<segment_change> out;
+    for (const manifest_entry * e : all) {
+        const auto o = old_by_id.find(e->id);
+        const auto n = new_by_id.find(e->id);
+        segment_change c;
+        c.id = e->id;
+        if (o == old_by_id.end()) {
+            c.what = segment_change_kind::appeared;
+            c.after_begin = n->second->token_begin;
+        } else if (n == new_by_id.end()) {
+            c.what = segment_change_kind::disappeared;
+            c.before_begin = o->second->token_begin;
+        } else {
+            c.before_begin = o->second->token_begin;
+            c.after_begin = n->second->token_begin;
+            if (o->second->content_hash != n->second->content_hash) c.what = segment_change_kind::content_changed;
+            else if (o->second->token_hash != n->second->token_hash) c.what = segment_change_kind::tokens_changed;
+            else if (c.before_begin != c.after_begin) c.what = segment_change_kind::moved;
+            else continue;  // unchanged
+        }
+        out.push_back(std::move(c));
+    }
+    return out;
+}
+
+}  // namespace warmctx

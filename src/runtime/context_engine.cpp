@@ -1,0 +1,466 @@
+// The request flow over the engine, the assembler and the prefix cache.
+#include "warmctx/context_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace warmctx {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double ms_between(clock_type::time_point a, clock_type::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+constexpr seq_id k_work_seq = 0;
+constexpr seq_id k_cold_seq = 1;
+constexpr seq_id k_first_holder = 2;
+
+// text_model over the real engine: the model's tokenizer and its chat template.
+class engine_text_model final : public text_model {
+  public:
+    explicit engine_text_model(const engine & e) : e_(e) {
+        // The generation prompt is what add_generation_prompt appends to a conversation.
+        std::vector<chat_message> one = {{"user", "x"}};
+        auto with = e_.apply_chat_template(one, true);
+        auto without = e_.apply_chat_template(one, false);
+        if (with.ok() && without.ok() && with->size() >= without->size() &&
+            with->compare(0, without->size(), *without) == 0)
+            gen_prompt_ = with->substr(without->size());
+    }
+    result<std::vector<token_id>> tokenize(std::string_view text) const override { return e_.tokenize(text, true); }
+    result<std::string> render_message(std::string_view role, std::string_view content) const override {
+        std::vector<chat_message> m = {{std::string(role), std::string(content)}};
+        return e_.apply_chat_template(m, false);
+    }
+    std::string generation_prompt() const override { return gen_prompt_; }
+
+  private:
+    const engine & e_;
+    std::string gen_prompt_;
+};
+
+// kv_ops over the real engine: the prefix cache moves KV only through these.
+class engine_kv_ops final : public kv_ops {
+  public:
+    explicit engine_kv_ops(engine & e) : e_(e) {}
+    status copy_seq(seq_id src, seq_id dst) override { return e_.copy_seq(src, dst); }
+    status trim_seq(seq_id seq, pos_t from) override { return e_.trim_seq(seq, from); }
+    void clear_seq(seq_id seq) override { e_.clear_seq(seq); }
+
+  private:
+    engine & e_;
+};
+
+std::string hex_digest_of_vocab(const engine & e) {
+    // Every token's piece, in id order, with a separator: two tokenizers that would
+    // map any text differently differ here (merges excepted; they are implied by the
+    // vocabulary for BPE files written by the same converter).
+    std::string all;
+    all.reserve((size_t)e.model().n_vocab * 8);
+    for (token_id t = 0; t < e.model().n_vocab; ++t) {
+        all += e.token_piece(t);
+        all.push_back('\x1f');
+    }
+    return hash_string(all).hex();
+}
+
+}  // namespace
+
+std::string_view miss_kind_name(miss_kind k) {
+    switch (k) {
+        case miss_kind::full_hit: return "full_hit";
+        case miss_kind::cold: return "cold";
+        case miss_kind::segment_changed: return "segment_changed";
+        case miss_kind::profile_drift: return "profile_drift";
+        case miss_kind::evicted: return "evicted";
+        case miss_kind::not_cached: return "not_cached";
+    }
+    return "cold";
+}
+
+nlohmann::json explain_report::to_json() const {
+    nlohmann::json segs = nlohmann::json::array();
+    for (const auto & s : segments)
+        segs.push_back({{"id", s.id}, {"kind", segment_kind_name(s.kind)}, {"class", retention_class_name(s.cls)},
+                        {"token_begin", s.token_begin}, {"token_end", s.token_end},
+                        {"tokens_reused", s.n_reused}, {"tokens_prefilled", s.n_prefilled}});
+    nlohmann::json j = {
+        {"workspace", workspace}, {"prompt_tokens", n_prompt_tokens}, {"tokens_reused", n_reused},
+        {"tokens_prefilled", n_prefilled}, {"tokens_cacheable", n_cacheable}, {"result", miss_kind_name(kind)},
+        {"reason", reason}, {"missed_segment", missed_segment}, {"matched_workspace", matched_workspace},
+        {"drifted_fields", drifted_fields}, {"changed_segments", changed_segments},
+        {"common_tokens_with_previous_turn", n_common_tokens}, {"snapped_from", snapped_from},
+        {"predicted_prefill_ms", predicted_prefill_ms}, {"stable_prefix_hash", stable_prefix_hash},
+        {"segments", segs},
+    };
+    if (eviction) {
+        j["eviction"] = {{"class", retention_class_name(eviction->cls)}, {"at", eviction->at},
+                         {"workspace", eviction->workspace}, {"reason", eviction->reason},
+                         {"policy", eviction_policy_name(eviction->policy)},
+                         {"token_begin", eviction->begin}, {"token_end", eviction->end}};
+    } else {
+        j["eviction"] = nullptr;
+    }
+    return j;
+}
+
+std::string explain_report::to_text() const {
+    std::ostringstream o;
+    char line[512];
+    std::snprintf(line, sizeof line, "workspace %s: %d prompt tokens, %d reused, %d prefilled (%s)\n",
+                  workspace.c_str(), n_prompt_tokens, n_reused, n_prefilled, std::string(miss_kind_name(kind)).c_str());
+    o << line << "  why: " << reason << "\n";
+    if (predicted_prefill_ms >= 0) {
+        std::snprintf(line, sizeof line, "  predicted prefill: %.0f ms\n", predicted_prefill_ms);
+        o << line;
+    }
+    o << "  stable prefix hash: " << stable_prefix_hash << "\n";
+    std::snprintf(line, sizeof line, "  %-28s %-13s %-8s %13s %8s %10s\n", "segment", "kind", "class", "tokens", "reused",
+                  "prefilled");
+    o << line;
+    for (const auto & s : segments) {
+        std::string range = std::to_string(s.token_begin) + ".." + std::to_string(s.token_end);
+        std::snprintf(line, sizeof line, "  %-28.28s %-13s %-8s %13s %8d %10d\n", s.id.c_str(),
+                      std::string(segment_kind_name(s.kind)).c_str(), std::string(retention_class_name(s.cls)).c_str(),
+                      range.c_str(), s.n_reused, s.n_prefilled);
+        o << line;
+    }
+    return o.str();
+}
+
+struct context_engine::impl {
+    context_engine_options opts;
+    std::unique_ptr<engine> eng;
+    std::unique_ptr<text_model> tm;
+    std::unique_ptr<engine_kv_ops> kv;
+    std::unique_ptr<prefix_cache> cache;
+    profile prof;
+    uint64_t now = 0;
+    double prefill_tokens_per_ms = 0;  // exponential average of measured prefills
+
+    struct workspace_state {
+        manifest last_manifest;
+        profile last_profile;
+        std::vector<token_id> last_tokens;
+        std::vector<block> last_blocks;
+        pos_t last_stable_end = 0;
+        bool has_turn = false;
+    };
+    std::map<std::string, workspace_state> workspaces;
+    context_counters ctr;
+
+    result<assembled_prompt> assemble(const turn_request & req) const {
+        if (req.workspace.empty()) return invalid_argument("workspace name is empty");
+        return warmctx::assemble(req.segments, opts.kinds, *tm, prof, opts.tenant_salt, prof.chunk_tokens,
+                                 req.add_generation_prompt);
+    }
+
+    // The reuse point for `m`: a block end strictly before the prompt's end (the last
+    // token must be computed to get its logits).
+    static pos_t reuse_point(const assembled_prompt & ap, const match & m) {
+        if (m.n_blocks == 0) return 0;
+        pos_t n = (pos_t)ap.tokens.size();
+        size_t k = m.n_blocks;
+        while (k > 0 && ap.blocks[k - 1].end >= n) --k;
+        return k == 0 ? 0 : ap.blocks[k - 1].end;
+    }
+
+    explain_report plan(const turn_request & req, const assembled_prompt & ap, const match & m, pos_t reuse) const {
+        explain_report r;
+        r.workspace = req.workspace;
+        r.n_prompt_tokens = (pos_t)ap.tokens.size();
+        r.n_reused = reuse;
+        r.n_prefilled = r.n_prompt_tokens - reuse;
+        r.matched_workspace = reuse > 0 ? m.workspace : "";
+        r.stable_prefix_hash = ap.stable_prefix_hash.hex();
+        r.n_cacheable = 0;
+        for (const auto & b : ap.blocks) {
+            if (b.cls == retention_class::none) break;
+            r.n_cacheable = b.end;
+        }
+        for (const auto & e : ap.man.segments) {
+            segment_explain s;
+            s.id = e.id;
+            s.kind = e.kind;
+            s.cls = e.cls;
+            s.token_begin = e.token_begin;
+            s.token_end = e.token_end;
+            s.n_reused = std::clamp(reuse - e.token_begin, 0, e.n_tokens());
+            s.n_prefilled = e.n_tokens() - s.n_reused;
+            r.segments.push_back(s);
+        }
+        if (prefill_tokens_per_ms > 0) r.predicted_prefill_ms = r.n_prefilled / prefill_tokens_per_ms;
+
+        auto ws = workspaces.find(req.workspace);
+        const workspace_state * st = ws == workspaces.end() ? nullptr : &ws->second;
+        if (st && st->has_turn) {
+            for (const auto & c : diff_manifests(st->last_manifest, ap.man))
+                if (c.what != segment_change_kind::moved) r.changed_segments.push_back(c.to_string());
+            pos_t common = 0;
+            const size_t n = std::min(st->last_tokens.size(), ap.tokens.size());
+            while ((size_t)common < n && st->last_tokens[common] == ap.tokens[common]) ++common;
+            r.n_common_tokens = common;
+        }
+        // Where did reuse stop, and why?
+        if (r.n_cacheable > 0 && m.n_tokens >= r.n_cacheable) {
+            r.kind = miss_kind::full_hit;
+            r.reason = "every cacheable block was reused; prefilling only the uncacheable tail";
+        } else if (r.n_cacheable == 0) {
+            r.kind = miss_kind::cold;
+            r.reason = "nothing in this prompt is cacheable (it starts with a segment of class none)";
+        } else {
+            size_t next = 0;  // the first block not reused
+            while (next + 1 < ap.blocks.size() && ap.blocks[next].end <= reuse) ++next;
+            const block & b = ap.blocks[next];
+            if (b.segment_index >= 0 && (size_t)b.segment_index < ap.man.segments.size())
+                r.missed_segment = ap.man.segments[(size_t)b.segment_index].id;
+            auto ev = cache->last_eviction(b.chain);
+            if (st && st->has_turn && !(st->last_profile == prof)) {
+                r.kind = miss_kind::profile_drift;
+                r.drifted_fields = st->last_profile.describe_drift(prof);
+                std::string f;
+                for (const auto & d : r.drifted_fields) f += (f.empty() ? "" : "; ") + d;
+                r.reason = "profile drift (" + f + "): KV computed under the old profile cannot be reused";
+            } else if (ev) {
+                r.kind = miss_kind::evicted;
+                r.eviction = ev;
+                r.reason = "segment '" + r.missed_segment + "' (class " + std::string(retention_class_name(ev->cls)) +
+                           ") was evicted at t=" + std::to_string(ev->at) + ": " + ev->reason + " (policy " +
+                           std::string(eviction_policy_name(ev->policy)) + ")";
+            } else if (st && st->has_turn) {
+                // The first change at or before the missed block explains the miss.
+                std::string changed;
+                for (const auto & c : diff_manifests(st->last_manifest, ap.man)) {
+                    if (c.what == segment_change_kind::moved) continue;
+                    if (c.after_begin > b.begin) continue;
+                    changed = c.to_string();
+                    break;
+                }
+                if (!changed.empty()) {
+                    r.kind = miss_kind::segment_changed;
+                    r.reason = changed + "; reuse stops at its start";
+                } else {
+                    r.kind = miss_kind::not_cached;
+                    r.reason = "the prefix up to segment '" + r.missed_segment +
+                               "' is not resident (its holder was replaced or never kept it)";
+                }
+            } else {
+                r.kind = miss_kind::cold;
+                r.reason = reuse > 0 ? "first turn of workspace '" + req.workspace + "'; " + std::to_string(reuse) +
+                                           " tokens shared with workspace '" + m.workspace + "'"
+                                     : "first turn of workspace '" + req.workspace +
+                                           "' and no other workspace holds this prefix";
+            }
+        }
+        // Snapping: the previous turn shares more cacheable tokens than were reused,
+        // but reuse can only stop at a block end.
+        if (std::min(r.n_common_tokens, r.n_cacheable) > reuse) {
+            r.snapped_from = std::min(r.n_common_tokens, r.n_cacheable);
+            r.reason += "; " + std::to_string(r.snapped_from) + " cacheable tokens match the previous turn, reuse snapped to " +
+                        std::to_string(reuse) + " (a canonical block boundary)";
+        }
+        return r;
+    }
+
+    void count(const std::string & ws, const turn_result & t) {
+        for (workspace_counters * c : {&ctr.total, &ctr.workspaces[ws]}) {
+            c->n_turns++;
+            c->n_prompt_tokens += (uint64_t)t.explain.n_prompt_tokens;
+            c->n_reused_tokens += (uint64_t)t.explain.n_reused;
+            c->n_prefilled_tokens += (uint64_t)t.explain.n_prefilled;
+            c->n_generated_tokens += t.gen.tokens.size();
+            c->misses_by_kind[std::string(miss_kind_name(t.explain.kind))]++;
+        }
+    }
+
+    void note_prefill_rate(pos_t n, double ms) {
+        if (n < 16 || ms <= 0) return;
+        const double r = n / ms;
+        prefill_tokens_per_ms = prefill_tokens_per_ms <= 0 ? r : 0.7 * prefill_tokens_per_ms + 0.3 * r;
+    }
+
+    // Prefill + decode of ap in `seq`, which holds [0, reuse) already.
+    status compute(seq_id seq, const assembled_prompt & ap, pos_t reuse, const turn_request & req, turn_result & out,
+                   clock_type::time_point t0) {
+        std::vector<float> logits;
+        auto tp = clock_type::now();
+        std::span<const token_id> tail(ap.tokens.data() + reuse, ap.tokens.size() - (size_t)reuse);
+        WARMCTX_RETURN_IF_ERROR(eng->prefill(seq, tail, reuse, ap.boundaries, &logits, (int32_t)prof.chunk_tokens));
+        auto tpe = clock_type::now();
+        out.t_prefill_ms = ms_between(tp, tpe);
+        note_prefill_rate((pos_t)tail.size(), out.t_prefill_ms);
+        if (req.keep_logits) out.prompt_logits = logits;
+        auto g = eng->generate(seq, std::move(logits), req.sampling, req.keep_logits ? &out.gen_logits : nullptr);
+        if (!g.ok()) return g.error();
+        out.gen = std::move(g.value());
+        out.t_decode_ms = out.gen.t_decode_ms;
+        // The first token is chosen right after the prefill (one argmax/sample).
+        out.t_first_token_ms = ms_between(t0, tpe);
+        out.t_total_ms = ms_between(t0, clock_type::now());
+        return {};
+    }
+};
+
+context_engine::context_engine(std::unique_ptr<impl> p) : p_(std::move(p)) {}
+context_engine::~context_engine() = default;
+
+result<std::unique_ptr<context_engine>> context_engine::open(const context_engine_options & opts) {
+    if (opts.n_holders < 1 || opts.n_holders > 64) return invalid_argument("n_holders must be in [1, 64]");
+    auto p = std::make_unique<impl>();
+    p->opts = opts;
+    p->opts.engine.n_seq_max = 2 + opts.n_holders;
+    auto e = engine::open(p->opts.engine);
+    if (!e.ok()) return e.error();
+    p->eng = std::move(e.value());
+    p->tm = make_engine_text_model(*p->eng);
+    p->kv = std::make_unique<engine_kv_ops>(*p->eng);
+    p->opts.budget.bytes_per_token = p->eng->context().kv_bytes_per_token;
+    WARMCTX_RETURN_IF_ERROR(validate_budget(p->opts.budget));
+    std::vector<seq_id> holders;
+    for (uint32_t i = 0; i < opts.n_holders; ++i) holders.push_back(k_first_holder + (seq_id)i);
+    p->cache = std::make_unique<prefix_cache>(*p->kv, holders, p->opts.budget, opts.policy,
+                                              opts.engine.mode == kv_mode::exact ? kv_accounting::per_holder
+                                                                                 : kv_accounting::shared_cells);
+    // The profile: everything that decides the KV's bits.
+    const auto & mi = p->eng->model();
+    const auto & ci = p->eng->context();
+    auto md = file_digest(mi.path);
+    if (!md.ok()) return md.error().with_context("digest of the model file");
+    p->prof.model_digest = md->hex();
+    p->prof.tokenizer_digest = hex_digest_of_vocab(*p->eng);
+    p->prof.chat_template_digest = hash_string(mi.chat_template).hex();
+    p->prof.llama_commit = std::string(llama_commit());
+    p->prof.backend = ci.backend;
+    p->prof.n_ctx = ci.n_ctx_seq;
+    p->prof.rope_freq_base = mi.rope_freq_base;
+    p->prof.rope_freq_scale = 1.0f;
+    p->prof.kv_type = ci.kv_type;
+    p->prof.chunk_tokens = ci.chunk_tokens;
+    p->prof.kv_mode = std::string(kv_mode_name(ci.mode));
+    p->prof.flash_attn = opts.engine.flash_attn;
+    p->prof.n_gpu_layers = opts.engine.n_gpu_layers;
+    return std::unique_ptr<context_engine>(new context_engine(std::move(p)));
+}
+
+result<assembled_prompt> context_engine::assemble_request(const turn_request & req) const { return p_->assemble(req); }
+
+result<explain_report> context_engine::explain(const turn_request & req) const {
+    auto ap = p_->assemble(req);
+    if (!ap.ok()) return ap.error();
+    match m = p_->cache->peek(ap->blocks, req.workspace);
+    return p_->plan(req, *ap, m, impl::reuse_point(*ap, m));
+}
+
+result<turn_result> context_engine::run_turn(const turn_request & req) {
+    auto t0 = clock_type::now();
+    auto ap_r = p_->assemble(req);
+    if (!ap_r.ok()) return ap_r.error();
+    const assembled_prompt & ap = *ap_r;
+    turn_result out;
+    out.t_assemble_ms = ms_between(t0, clock_type::now());
+    if (ap.tokens.size() > p_->eng->context().n_ctx_seq)
+        return out_of_range("prompt needs " + std::to_string(ap.tokens.size()) + " tokens but the context holds " +
+                            std::to_string(p_->eng->context().n_ctx_seq));
+    const uint64_t now = ++p_->now;
+    match m = p_->cache->lookup(ap.blocks, now, req.workspace);
+    const pos_t reuse = impl::reuse_point(ap, m);
+    out.explain = p_->plan(req, ap, m, reuse);
+
+    engine & e = *p_->eng;
+    e.clear_seq(k_work_seq);
+    if (reuse > 0) {
+        auto tc = clock_type::now();
+        WARMCTX_RETURN_IF_ERROR(e.copy_seq(m.holder, k_work_seq));
+        WARMCTX_RETURN_IF_ERROR(e.trim_seq(k_work_seq, reuse));
+        out.t_copy_ms = ms_between(tc, clock_type::now());
+    }
+    status st = p_->compute(k_work_seq, ap, reuse, req, out, t0);
+    if (!st.ok()) {
+        e.clear_seq(k_work_seq);
+        return st;
+    }
+    if (req.cache) {
+        auto ti = clock_type::now();
+        status ins = p_->cache->insert(req.workspace, ap.blocks, k_work_seq, now);
+        // resource_exhausted: nothing fit the budget; the turn itself succeeded.
+        if (!ins.ok() && ins.code() != status_code::resource_exhausted) {
+            e.clear_seq(k_work_seq);
+            return ins.with_context("cache update");
+        }
+        out.t_cache_update_ms = ms_between(ti, clock_type::now());
+    }
+    e.clear_seq(k_work_seq);
+    out.man = ap.man;
+    out.stable_prefix_hash = ap.stable_prefix_hash.hex();
+    auto & ws = p_->workspaces[req.workspace];
+    ws.last_manifest = ap.man;
+    ws.last_profile = p_->prof;
+    ws.last_tokens = ap.tokens;
+    ws.last_blocks = ap.blocks;
+    ws.last_stable_end = ap.stable_end;
+    ws.has_turn = true;
+    p_->count(req.workspace, out);
+    return out;
+}
+
+result<turn_result> context_engine::run_cold(const turn_request & req) {
+    auto t0 = clock_type::now();
+    auto ap = p_->assemble(req);
+    if (!ap.ok()) return ap.error();
+    turn_result out;
+    out.t_assemble_ms = ms_between(t0, clock_type::now());
+    engine & e = *p_->eng;
+    e.clear_seq(k_cold_seq);
+    status st = p_->compute(k_cold_seq, *ap, 0, req, out, t0);
+    e.clear_seq(k_cold_seq);
+    if (!st.ok()) return st;
+    out.man = ap->man;
+    out.stable_prefix_hash = ap->stable_prefix_hash.hex();
+    out.explain.workspace = req.workspace;
+    out.explain.n_prompt_tokens = (pos_t)ap->tokens.size();
+    out.explain.n_prefilled = (pos_t)ap->tokens.size();
+    out.explain.reason = "cold reference run (cache not consulted)";
+    return out;
+}
+
+status context_engine::pin_workspace(const std::string & workspace, bool pinned) {
+    auto it = p_->workspaces.find(workspace);
+    if (it == p_->workspaces.end()) return not_found("workspace '" + workspace + "' has no turn yet");
+    std::vector<block> stable;
+    for (const auto & b : it->second.last_blocks)
+        if (b.end <= it->second.last_stable_end) stable.push_back(b);
+    if (pinned) p_->cache->pin(stable); else p_->cache->unpin(stable);
+    return {};
+}
+
+void context_engine::drop_workspace(const std::string & workspace) {
+    p_->cache->drop_workspace(workspace, ++p_->now);
+    p_->workspaces.erase(workspace);
+}
+
+status context_engine::set_chunk_tokens(uint32_t n) {
+    if (n < 1 || n > p_->eng->context().chunk_tokens)
+        return invalid_argument("chunk_tokens must be in [1, " + std::to_string(p_->eng->context().chunk_tokens) + "]");
+    p_->prof.chunk_tokens = n;
+    return {};
+}
+
+const profile & context_engine::current_profile() const { return p_->prof; }
+
+context_counters context_engine::counters() const {
+    context_counters c = p_->ctr;
+    c.cache = p_->cache->counters();
+    return c;
+}
+
+engine & context_engine::raw_engine() { return *p_->eng; }
+const prefix_cache & context_engine::cache() const { return *p_->cache; }
+
+std::unique_ptr<text_model> make_engine_text_model(const engine & e) { return std::make_unique<engine_text_model>(e); }
+
+}  // namespace warmctx

@@ -1,0 +1,422 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include "fake_text_model.h"
+#include "test_workspace.h"
+#include "warmctx/assembler.h"
+
+namespace warmctx {
+namespace {
+
+using testing::fake_text_model;
+using testing::make_segment;
+using testing::test_profile;
+using testing::typical_workspace;
+
+constexpr uint32_t k_chunk = 16;
+constexpr std::string_view k_salt = "tenant-a";
+
+assembled_prompt must_assemble(const std::vector<segment> & segs, std::string_view salt = k_salt,
+                               bool gen = true, const kind_table & kinds = kind_table{},
+                               const text_model & model = fake_text_model{}, uint32_t chunk = k_chunk) {
+    auto r = assemble(segs, kinds, model, test_profile(chunk), salt, chunk, gen);
+    EXPECT_TRUE(r.ok()) << r.error().to_string();
+    return r.ok() ? std::move(r).value() : assembled_prompt{};
+}
+
+segment & find(std::vector<segment> & segs, std::string_view id) {
+    return *std::find_if(segs.begin(), segs.end(), [&](const segment & s) { return s.id == id; });
+}
+
+const manifest_entry & entry(const assembled_prompt & p, std::string_view id) {
+    return *std::find_if(p.man.segments.begin(), p.man.segments.end(),
+                         [&](const manifest_entry & e) { return e.id == id; });
+}
+
+std::vector<std::string> ids_in_order(const assembled_prompt & p) {
+    std::vector<std::string> ids;
+    for (const auto & e : p.man.segments) ids.push_back(e.id);
+    return ids;
+}
+
+// ---- canonical order ---------------------------------------------------------------
+
+TEST(Assembler, InputOrderNeverChangesTheResult) {
+    const auto segs = typical_workspace();
+    const auto ref = must_assemble(segs);
+    std::mt19937 rng(12345);
+    for (int round = 0; round < 20; ++round) {
+        auto shuffled = segs;
+        std::shuffle(shuffled.begin(), shuffled.end(), rng);
+        const auto p = must_assemble(shuffled);
+        EXPECT_EQ(p.tokens, ref.tokens) << "round " << round;
+        EXPECT_EQ(p.man, ref.man) << "round " << round;
+        EXPECT_EQ(p.blocks, ref.blocks) << "round " << round;
+        EXPECT_EQ(p.boundaries, ref.boundaries) << "round " << round;
+        EXPECT_EQ(p.stable_prefix_hash, ref.stable_prefix_hash) << "round " << round;
+    }
+}
+
+TEST(Assembler, CanonicalOrderIsKindOrderThenIdThenPath) {
+    const auto p = must_assemble(typical_workspace());
+    EXPECT_EQ(ids_in_order(p), (std::vector<std::string>{
+                                   "sys", "tools", "rules", "map",
+                                   "pin/src/lex.cc", "pin/src/parse.cc",  // same kind: by id
+                                   "summary", "turn-1-a", "turn-1-u", "diff-1", "tests-out", "term", "snip", "q"}));
+}
+
+TEST(Assembler, StableBeforeVolatileAndUserLast) {
+    const auto p = must_assemble(typical_workspace());
+    pos_t last_stable_end = 0, first_volatile_begin = p.man.n_tokens;
+    for (const auto & e : p.man.segments) {
+        if (e.stab == stability::stable) last_stable_end = std::max(last_stable_end, e.token_end);
+        if (e.stab == stability::volatile_) first_volatile_begin = std::min(first_volatile_begin, e.token_begin);
+    }
+    EXPECT_GT(last_stable_end, 0);
+    EXPECT_LE(last_stable_end, first_volatile_begin);
+    EXPECT_EQ(p.man.segments.back().kind, segment_kind::user);
+    EXPECT_EQ(p.stable_end, entry(p, "pin/src/parse.cc").token_end);  // the last stable segment
+    EXPECT_EQ(p.n_stable_tokens, p.stable_end);
+}
+
+TEST(Assembler, EachSegmentIsOneRenderedMessageWithAHeader) {
+    const auto p = must_assemble(typical_workspace());
+    auto text = [&](std::string_view id) {
+        const auto & e = entry(p, id);
+        return fake_text_model::detokenize(std::span(p.tokens).subspan(e.token_begin, e.n_tokens()));
+    };
+    EXPECT_EQ(text("map"), "<|im_start|>system\n# repo_map: src/map.txt\nsrc/\n  parse.cc\n  lex.cc\ntests/\n"
+                           "  parse_test.cc\n<|im_end|>\n");
+    EXPECT_EQ(text("sys"), "<|im_start|>system\n# system: sys\nYou are a careful coding agent.<|im_end|>\n");
+    EXPECT_EQ(text("diff-1").substr(0, 27), "<|im_start|>user\n# diff: di");
+    // history: the segment's own role, no header; user: no header
+    EXPECT_EQ(text("turn-1-a"), "<|im_start|>assistant\nI looked at the parser.<|im_end|>\n");
+    EXPECT_EQ(text("q"), "<|im_start|>user\nWhy does test_parse fail?<|im_end|>\n");
+    EXPECT_EQ(entry(p, "turn-1-a").role, "assistant");
+    // the generation prompt closes the prompt
+    EXPECT_EQ(fake_text_model::detokenize(std::span(p.tokens).subspan(p.man.generation_prompt_begin)),
+              "<|im_start|>assistant\n");
+}
+
+TEST(Assembler, EachMessageIsTokenizedAlone) {
+    // A real BPE tokenizer may merge across a join; tokenizing each rendered message
+    // alone is what makes a prefix's tokens independent of what follows.
+    fake_text_model model;
+    const auto p = must_assemble(typical_workspace(), k_salt, true, kind_table{}, model);
+    ASSERT_EQ(model.tokenize_calls.size(), p.man.segments.size() + 1);
+    for (size_t i = 0; i < p.man.segments.size(); ++i) {
+        const std::string & text = model.tokenize_calls[i];
+        EXPECT_EQ(text.rfind("<|im_start|>", 0), 0u) << text;
+        EXPECT_EQ(text.find("<|im_start|>", 1), std::string::npos) << "one message per call: " << text;
+        const auto & e = p.man.segments[i];
+        EXPECT_EQ(fake_text_model::detokenize(std::span(p.tokens).subspan(e.token_begin, e.n_tokens())), text);
+    }
+    EXPECT_EQ(model.tokenize_calls.back(), "<|im_start|>assistant\n");
+}
+
+TEST(Assembler, ManifestRangesTileThePromptAndHashTheirBytes) {
+    const auto segs = typical_workspace();
+    const auto p = must_assemble(segs);
+    pos_t at = 0;
+    for (const auto & e : p.man.segments) {
+        EXPECT_EQ(e.token_begin, at) << e.id;
+        EXPECT_GT(e.token_end, e.token_begin) << e.id;
+        EXPECT_EQ(e.token_hash, hash_tokens(std::span(p.tokens).subspan(e.token_begin, e.n_tokens()))) << e.id;
+        const auto & s = *std::find_if(segs.begin(), segs.end(), [&](const segment & x) { return x.id == e.id; });
+        EXPECT_EQ(e.content_hash, hash_string(s.content)) << e.id;
+        EXPECT_EQ(e.content_bytes, s.content.size()) << e.id;
+        at = e.token_end;
+    }
+    EXPECT_EQ(p.man.generation_prompt_begin, at);
+    EXPECT_EQ(p.man.n_tokens, static_cast<pos_t>(p.tokens.size()));
+}
+
+// ---- stability of the prefix -------------------------------------------------------
+
+TEST(Assembler, StablePrefixTokensAreIdenticalWhateverFollows) {
+    auto segs = typical_workspace();
+    const auto full = must_assemble(segs);
+    std::vector<segment> stable_only;
+    for (const auto & s : segs)
+        if (kind_table{}.policy(s.kind).stab == stability::stable) stable_only.push_back(s);
+    const auto prefix = must_assemble(stable_only, k_salt, /*gen=*/false);
+    ASSERT_EQ(prefix.tokens.size(), static_cast<size_t>(full.stable_end));
+    EXPECT_TRUE(std::equal(prefix.tokens.begin(), prefix.tokens.end(), full.tokens.begin()));
+    EXPECT_EQ(prefix.stable_prefix_hash, full.stable_prefix_hash);
+
+    find(segs, "q").content = "Something else entirely, and much longer than before.";
+    find(segs, "diff-1").content = "";
+    const auto other = must_assemble(segs);
+    EXPECT_TRUE(std::equal(prefix.tokens.begin(), prefix.tokens.end(), other.tokens.begin()));
+}
+
+// The first position where two prompts' tokens differ.
+pos_t first_difference(const assembled_prompt & a, const assembled_prompt & b) {
+    const auto [ia, ib] = std::mismatch(a.tokens.begin(), a.tokens.end(), b.tokens.begin(), b.tokens.end());
+    return static_cast<pos_t>(ia - a.tokens.begin());
+}
+
+// Blocks that end at or before the first differing token keep their chain hash; every
+// block that ends after it has a new one (the chain carries the change forward).
+void expect_chain_splits_at(const assembled_prompt & before, const assembled_prompt & after, pos_t first_diff) {
+    size_t n_kept = 0, n_changed = 0;
+    for (size_t i = 0; i < std::min(before.blocks.size(), after.blocks.size()); ++i) {
+        if (before.blocks[i].end <= first_diff) {
+            EXPECT_EQ(after.blocks[i], before.blocks[i]) << "block " << i << " ends before the change";
+            ++n_kept;
+        } else {
+            EXPECT_NE(after.blocks[i].chain, before.blocks[i].chain) << "block " << i << " ends after the change";
+            ++n_changed;
+        }
+    }
+    EXPECT_GT(n_kept, 0u);
+    EXPECT_GT(n_changed, 0u);
+}
+
+TEST(Assembler, VolatileChangeKeepsTheStablePrefixAndItsBlocks) {
+    auto segs = typical_workspace();
+    const auto before = must_assemble(segs);
+    find(segs, "diff-1").content += "+more lines\n";
+    find(segs, "q").content = "And now?";
+    find(segs, "summary").content = "Task: refined.";   // stable_ish: after the stable prefix
+    const auto after = must_assemble(segs);
+
+    EXPECT_EQ(after.stable_prefix_hash, before.stable_prefix_hash);
+    EXPECT_EQ(after.stable_end, before.stable_end);
+    const pos_t d = first_difference(before, after);
+    EXPECT_GE(d, before.stable_end);
+    EXPECT_LT(d, entry(before, "summary").token_end);
+    size_t n_stable_blocks = 0;
+    for (const block & b : before.blocks) n_stable_blocks += b.end <= before.stable_end;
+    EXPECT_GT(n_stable_blocks, 1u);
+    expect_chain_splits_at(before, after, d);
+}
+
+TEST(Assembler, StableEditChangesHashesFromThatSegmentOnNotBefore) {
+    auto segs = typical_workspace();
+    const auto before = must_assemble(segs);
+    find(segs, "pin/src/lex.cc").content = "int lex(const char *t) { return *t; }\n";  // same length
+    const auto after = must_assemble(segs);
+
+    const pos_t d = first_difference(before, after);
+    EXPECT_GE(d, entry(before, "pin/src/lex.cc").token_begin);
+    EXPECT_LT(d, entry(before, "pin/src/lex.cc").token_end);
+    ASSERT_EQ(after.blocks.size(), before.blocks.size());
+    expect_chain_splits_at(before, after, d);
+    EXPECT_NE(after.stable_prefix_hash, before.stable_prefix_hash);
+    // The segments before it keep their token hashes; the edited one does not.
+    EXPECT_EQ(entry(after, "map").token_hash, entry(before, "map").token_hash);
+    EXPECT_NE(entry(after, "pin/src/lex.cc").token_hash, entry(before, "pin/src/lex.cc").token_hash);
+    EXPECT_NE(entry(after, "pin/src/lex.cc").content_hash, entry(before, "pin/src/lex.cc").content_hash);
+    // Same length: everything after has the same tokens but a new chain hash.
+    EXPECT_EQ(entry(after, "q").token_hash, entry(before, "q").token_hash);
+    EXPECT_NE(after.blocks.back().chain, before.blocks.back().chain);
+}
+
+TEST(Assembler, NoStableSegmentMeansRootHashAndZero) {
+    const auto p = must_assemble({make_segment("q", segment_kind::user, "hi"),
+                                  make_segment("d", segment_kind::diff, "x")});
+    EXPECT_EQ(p.stable_end, 0);
+    EXPECT_EQ(p.n_stable_tokens, 0);
+    EXPECT_EQ(p.stable_prefix_hash, p.root_hash);
+}
+
+// ---- blocks and boundaries -----------------------------------------------------------
+
+TEST(Assembler, BoundariesAreTheStartsOfEveryPieceAfterTheFirst) {
+    const auto p = must_assemble(typical_workspace());
+    std::vector<pos_t> expected;
+    for (size_t i = 1; i < p.man.segments.size(); ++i) expected.push_back(p.man.segments[i].token_begin);
+    expected.push_back(p.man.generation_prompt_begin);
+    EXPECT_EQ(p.boundaries, expected);
+}
+
+TEST(Assembler, BlocksAreSegmentBoundariesPlusEveryChunkFromTheSegmentStart) {
+    for (uint32_t chunk : {1u, 5u, 16u, 64u, 4096u}) {
+        const auto p = must_assemble(typical_workspace(), k_salt, true, kind_table{}, fake_text_model{}, chunk);
+        // Expected, built independently: for each piece [b, e): b, b+N, b+2N, ... e.
+        std::vector<std::pair<pos_t, pos_t>> expected;
+        std::vector<int> expected_index;
+        auto add_piece = [&](pos_t b, pos_t e, int index) {
+            for (pos_t x = b; x < e; x += static_cast<pos_t>(chunk)) {
+                expected.emplace_back(x, std::min<pos_t>(x + static_cast<pos_t>(chunk), e));
+                expected_index.push_back(index);
+            }
+        };
+        for (size_t i = 0; i < p.man.segments.size(); ++i)
+            add_piece(p.man.segments[i].token_begin, p.man.segments[i].token_end, static_cast<int>(i));
+        add_piece(p.man.generation_prompt_begin, p.man.generation_prompt_end, k_generation_prompt_index);
+
+        ASSERT_EQ(p.blocks.size(), expected.size()) << "chunk " << chunk;
+        hash128 h = p.root_hash;
+        for (size_t i = 0; i < p.blocks.size(); ++i) {
+            const block & b = p.blocks[i];
+            EXPECT_EQ(std::make_pair(b.begin, b.end), expected[i]) << "chunk " << chunk << " block " << i;
+            EXPECT_EQ(b.segment_index, expected_index[i]);
+            // h_i = H(h_{i-1}, tokens of block i)
+            h = chain_hash(h, std::span(p.tokens).subspan(b.begin, b.end - b.begin));
+            EXPECT_EQ(b.chain, h) << "chunk " << chunk << " block " << i;
+            // no block crosses a boundary
+            for (pos_t x : p.boundaries) EXPECT_FALSE(b.begin < x && x < b.end);
+        }
+        EXPECT_EQ(p.blocks.back().end, static_cast<pos_t>(p.tokens.size()));
+    }
+}
+
+TEST(Assembler, BlocksCarryTheirSegmentsClass) {
+    const auto p = must_assemble(typical_workspace());
+    for (const block & b : p.blocks) {
+        if (b.segment_index == k_generation_prompt_index) {
+            EXPECT_EQ(b.cls, retention_class::none);
+            EXPECT_GE(b.begin, p.man.generation_prompt_begin);
+        } else {
+            EXPECT_EQ(b.cls, p.man.segments[b.segment_index].cls);
+        }
+    }
+    EXPECT_EQ(entry(p, "sys").cls, retention_class::highest);
+    EXPECT_EQ(entry(p, "map").cls, retention_class::high);
+    EXPECT_EQ(entry(p, "diff-1").cls, retention_class::medium);
+    EXPECT_EQ(entry(p, "term").cls, retention_class::low);
+    EXPECT_EQ(entry(p, "q").cls, retention_class::none);
+}
+
+TEST(Assembler, StablePrefixHashIsTheChainAtTheLastStableBlock) {
+    const auto p = must_assemble(typical_workspace());
+    const auto it = std::find_if(p.blocks.begin(), p.blocks.end(), [&](const block & b) { return b.end == p.stable_end; });
+    ASSERT_NE(it, p.blocks.end());
+    EXPECT_EQ(it->chain, p.stable_prefix_hash);
+    EXPECT_EQ(p.man.stable_prefix_hash, p.stable_prefix_hash);
+}
+
+TEST(Assembler, TenantSaltChangesEveryChainHashButNotTheTokens) {
+    const auto segs = typical_workspace();
+    const auto a = must_assemble(segs, "tenant-a");
+    const auto b = must_assemble(segs, "tenant-b");
+    EXPECT_EQ(a.tokens, b.tokens);
+    // The manifest publishes no salt: only its (salted) stable-prefix hash differs.
+    EXPECT_EQ(a.man.segments, b.man.segments);
+    EXPECT_EQ(a.man.profile_fingerprint, b.man.profile_fingerprint);
+    EXPECT_NE(a.man.stable_prefix_hash, b.man.stable_prefix_hash);
+    ASSERT_EQ(a.blocks.size(), b.blocks.size());
+    EXPECT_NE(a.root_hash, b.root_hash);
+    for (size_t i = 0; i < a.blocks.size(); ++i) EXPECT_NE(a.blocks[i].chain, b.blocks[i].chain) << "block " << i;
+    EXPECT_NE(a.stable_prefix_hash, b.stable_prefix_hash);
+    // and the empty salt is a tenant of its own
+    EXPECT_NE(must_assemble(segs, "").root_hash, a.root_hash);
+}
+
+TEST(Assembler, ProfileRootsEveryChainHash) {
+    const auto segs = typical_workspace();
+    const kind_table kinds;
+    const fake_text_model model;
+    profile p1 = test_profile(k_chunk), p2 = p1;
+    p2.kv_type = "q8_0";
+    auto a = assemble(segs, kinds, model, p1, k_salt, k_chunk);
+    auto b = assemble(segs, kinds, model, p2, k_salt, k_chunk);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->root_hash, root_hash(p1, k_salt));
+    for (size_t i = 0; i < a->blocks.size(); ++i) EXPECT_NE(a->blocks[i].chain, b->blocks[i].chain);
+    EXPECT_EQ(a->man.profile_fingerprint, p1.fingerprint());
+    EXPECT_NE(a->man.profile_fingerprint, b->man.profile_fingerprint);
+}
+
+TEST(Assembler, GenerationPromptIsAPieceOfItsOwn) {
+    const auto segs = typical_workspace();
+    const auto with = must_assemble(segs, k_salt, true);
+    const auto without = must_assemble(segs, k_salt, false);
+    EXPECT_EQ(without.man.generation_prompt_begin, -1);
+    EXPECT_EQ(with.man.generation_prompt_begin, static_cast<pos_t>(without.tokens.size()));
+    EXPECT_EQ(with.man.segments, without.man.segments);
+    // every segment block is shared: the generation prompt starts a block of its own
+    ASSERT_GT(with.blocks.size(), without.blocks.size());
+    for (size_t i = 0; i < without.blocks.size(); ++i) EXPECT_EQ(with.blocks[i], without.blocks[i]);
+    EXPECT_EQ(with.blocks[without.blocks.size()].begin, with.man.generation_prompt_begin);
+    EXPECT_EQ(with.boundaries.back(), with.man.generation_prompt_begin);
+}
+
+TEST(Assembler, PrefixTokensBelongToTheFirstSegment) {
+    fake_text_model model;
+    model.add_bos = true;
+    const auto p = must_assemble(typical_workspace(), k_salt, true, kind_table{}, model);
+    EXPECT_EQ(p.tokens.front(), fake_text_model::k_bos);
+    EXPECT_EQ(p.man.segments.front().token_begin, 0);
+    EXPECT_EQ(p.tokens[1], fake_text_model::k_im_start);
+    EXPECT_EQ(p.boundaries.front(), p.man.segments[1].token_begin);
+}
+
+TEST(Assembler, KindTableOverrideChangesOrderAndClass) {
+    auto kinds = kind_table::from_json(R"({"kinds":{"repo_map":{"retention":"highest","order":0},
+                                                    "terminal_log":{"retention":"medium"}}})");
+    ASSERT_TRUE(kinds.ok()) << kinds.error().to_string();
+    const auto p = must_assemble(typical_workspace(), k_salt, true, *kinds);
+    EXPECT_EQ(p.man.segments.front().id, "map");
+    EXPECT_EQ(p.man.segments.front().cls, retention_class::highest);
+    EXPECT_EQ(entry(p, "term").cls, retention_class::medium);
+    for (const block & b : p.blocks)
+        if (b.segment_index == 0) EXPECT_EQ(b.cls, retention_class::highest);
+    // the default order put the system prompt first
+    EXPECT_EQ(must_assemble(typical_workspace()).man.segments.front().id, "sys");
+}
+
+TEST(Assembler, AStableKindMovedAfterAVolatileOneEndsTheStablePrefix) {
+    // system, tools, instructions, then diff, then repo_map and the pinned files
+    auto kinds = kind_table::from_json(
+        R"({"kinds":{"system":{"order":0},"tools":{"order":1},"instructions":{"order":2},"diff":{"order":3}}})");
+    ASSERT_TRUE(kinds.ok());
+    const auto p = must_assemble(typical_workspace(), k_salt, true, *kinds);
+    EXPECT_EQ(p.stable_end, entry(p, "rules").token_end);
+    EXPECT_GT(p.n_stable_tokens, p.stable_end);
+}
+
+// ---- errors -----------------------------------------------------------------------------
+
+TEST(Assembler, RejectsBadArguments) {
+    const kind_table kinds;
+    const fake_text_model model;
+    const auto segs = typical_workspace();
+    EXPECT_EQ(assemble({}, kinds, model, test_profile(k_chunk), k_salt, k_chunk).error().code(),
+              status_code::invalid_argument);
+    EXPECT_EQ(assemble(segs, kinds, model, test_profile(0), k_salt, 0).error().code(), status_code::invalid_argument);
+    auto mismatch = assemble(segs, kinds, model, test_profile(512), k_salt, k_chunk);
+    EXPECT_EQ(mismatch.error().code(), status_code::invalid_argument);
+    EXPECT_NE(mismatch.error().message().find("chunk_tokens"), std::string::npos);
+}
+
+TEST(Assembler, RejectsBadSegmentsBeforeTokenizing) {
+    auto segs = typical_workspace();
+    segs.push_back(make_segment("sys", segment_kind::snippet, "dup"));
+    auto r = assemble(segs, kind_table{}, fake_text_model{}, test_profile(k_chunk), k_salt, k_chunk);
+    EXPECT_EQ(r.error().code(), status_code::invalid_argument);
+    EXPECT_NE(r.error().message().find("duplicate segment id 'sys'"), std::string::npos) << r.error().message();
+}
+
+TEST(Assembler, TokenizerErrorsNameTheSegment) {
+    fake_text_model model;
+    model.fail_on = "lex.cc";
+    auto r = assemble(typical_workspace(), kind_table{}, model, test_profile(k_chunk), k_salt, k_chunk);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message().find("segment 'map'"), std::string::npos) << r.error().message();
+    EXPECT_NE(r.error().message().find("refuses"), std::string::npos) << r.error().message();
+}
+
+TEST(Hashes, TokenHashIsLittleEndianInt32Bytes) {
+    const std::vector<token_id> t = {1, 256, -1};
+    const unsigned char bytes[] = {1, 0, 0, 0, 0, 1, 0, 0, 0xff, 0xff, 0xff, 0xff};
+    EXPECT_EQ(hash_tokens(t), hash_bytes(bytes, sizeof bytes));
+    EXPECT_EQ(chain_hash(hash128{1, 2}, t), hash_combine(hash128{1, 2}, bytes, sizeof bytes));
+}
+
+TEST(Hashes, ParseHash128RoundTrips) {
+    const hash128 h = hash_string("x");
+    auto back = parse_hash128(h.hex());
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, h);
+    EXPECT_FALSE(parse_hash128("abc").ok());
+    EXPECT_FALSE(parse_hash128(std::string(31, '0') + "g").ok());
+}
+
+}  // namespace
+}  // namespace warmctx

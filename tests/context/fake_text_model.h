@@ -1,0 +1,71 @@
+// A deterministic stand-in for a model's tokenizer and ChatML template.
+//
+// Every byte is one token (its value, 0..255); "<|im_start|>" and "<|im_end|>" are
+// single special tokens, so the token boundaries of a rendered message are easy to
+// reason about and a test can turn tokens back into text.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "warmctx/assembler.h"
+
+namespace warmctx::testing {
+
+class fake_text_model : public text_model {
+  public:
+    static constexpr token_id k_im_start = 256;
+    static constexpr token_id k_im_end = 257;
+    static constexpr token_id k_bos = 258;
+
+    bool add_bos = false;                 // prefix_tokens() = {k_bos}
+    std::string fail_on;                  // tokenize fails on text containing this (if set)
+    std::string template_tag;             // inserted after the role: a "different template"
+    mutable std::vector<std::string> tokenize_calls;  // every text tokenize() was given
+
+    result<std::vector<token_id>> tokenize(std::string_view text) const override {
+        if (!fail_on.empty() && text.find(fail_on) != text.npos)
+            return invalid_argument("fake tokenizer refuses '" + fail_on + "'");
+        tokenize_calls.emplace_back(text);
+        std::vector<token_id> out;
+        for (size_t i = 0; i < text.size();) {
+            if (text.substr(i).starts_with("<|im_start|>")) {
+                out.push_back(k_im_start);
+                i += 12;
+            } else if (text.substr(i).starts_with("<|im_end|>")) {
+                out.push_back(k_im_end);
+                i += 10;
+            } else {
+                out.push_back(static_cast<unsigned char>(text[i]));
+                ++i;
+            }
+        }
+        return out;
+    }
+
+    result<std::string> render_message(std::string_view role, std::string_view content) const override {
+        return "<|im_start|>" + std::string(role) + template_tag + "\n" + std::string(content) + "<|im_end|>\n";
+    }
+
+    std::string generation_prompt() const override { return "<|im_start|>assistant\n"; }
+
+    std::vector<token_id> prefix_tokens() const override {
+        if (add_bos) return {k_bos};
+        return {};
+    }
+
+    // Tokens back to text (for assertions).
+    static std::string detokenize(std::span<const token_id> tokens) {
+        std::string s;
+        for (token_id t : tokens) {
+            if (t == k_im_start) s += "<|im_start|>";
+            else if (t == k_im_end) s += "<|im_end|>";
+            else if (t == k_bos) s += "<BOS>";
+            else s += static_cast<char>(t);
+        }
+        return s;
+    }
+};
+
+}  // namespace warmctx::testing

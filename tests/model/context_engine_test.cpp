@@ -1,0 +1,172 @@
+// The request flow on the tiny model: reuse, explain of every kind of miss, budgets,
+// counters, and warm == cold.
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "tiny_model.h"
+#include "warmctx/context_engine.h"
+#include "warmctx/workload.h"
+
+namespace warmctx {
+namespace {
+
+struct fixture {
+    std::unique_ptr<context_engine> ce;
+    std::unique_ptr<workload_generator> gen;
+
+    explicit fixture(cache_budget budget = {}, uint32_t holders = 3, kv_mode mode = kv_mode::exact) {
+        context_engine_options o;
+        o.engine = testing::tiny_options(mode);
+        o.engine.n_ctx = 4096;
+        o.n_holders = holders;
+        o.budget = budget;
+        auto r = context_engine::open(o);
+        EXPECT_TRUE(r.ok()) << r.error().to_string();
+        if (!r.ok()) return;
+        ce = std::move(r.value());
+        engine * e = &ce->raw_engine();
+        gen = std::make_unique<workload_generator>(5, [e](const std::string & s) {
+            auto t = e->tokenize(s, true);
+            return t.ok() ? t->size() : 0;
+        });
+    }
+    turn_request request(const std::string & ws, std::vector<segment> segs) {
+        turn_request r;
+        r.workspace = ws;
+        r.segments = std::move(segs);
+        r.sampling.max_tokens = 4;
+        r.keep_logits = true;
+        return r;
+    }
+};
+
+pos_t begin_of(const manifest & m, const std::string & id) {
+    for (const auto & e : m.segments)
+        if (e.id == id) return e.token_begin;
+    return -1;
+}
+
+TEST(ContextEngine, WarmTurnReusesTheStablePrefixAndEqualsCold) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    auto segs = make_workspace(*f.gen, 600, 1);
+    auto t1 = f.ce->run_turn(f.request("a", segs));
+    ASSERT_TRUE(t1.ok()) << t1.error().to_string();
+    EXPECT_EQ(t1->explain.kind, miss_kind::cold);
+    EXPECT_EQ(t1->explain.n_reused, 0);
+    segs.back().content = "a different question";
+    auto req = f.request("a", segs);
+    auto t2 = f.ce->run_turn(req);
+    ASSERT_TRUE(t2.ok());
+    EXPECT_EQ(t2->explain.kind, miss_kind::full_hit);
+    EXPECT_EQ(t2->explain.n_reused, begin_of(t2->man, "question"));
+    EXPECT_EQ(t2->stable_prefix_hash, t1->stable_prefix_hash);
+    auto cold = f.ce->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_EQ(t2->gen.tokens, cold->gen.tokens);
+    ASSERT_EQ(t2->prompt_logits.size(), cold->prompt_logits.size());
+    EXPECT_EQ(0, std::memcmp(t2->prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
+    auto c = f.ce->counters();
+    EXPECT_EQ(c.total.n_turns, 2u);
+    EXPECT_EQ(c.total.n_reused_tokens, (uint64_t)t2->explain.n_reused);
+    EXPECT_EQ(c.workspaces["a"].n_prefilled_tokens, (uint64_t)(t1->explain.n_prefilled + t2->explain.n_prefilled));
+}
+
+TEST(ContextEngine, InputOrderDoesNotChangeThePrompt) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    auto segs = make_workspace(*f.gen, 400, 2);
+    auto a = f.ce->assemble_request(f.request("a", segs));
+    std::reverse(segs.begin(), segs.end());
+    auto b = f.ce->assemble_request(f.request("a", segs));
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->tokens, b->tokens);
+}
+
+TEST(ContextEngine, StableEditIsAMissThatNamesTheSegment) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    auto segs = make_workspace(*f.gen, 600, 1);
+    ASSERT_TRUE(f.ce->run_turn(f.request("a", segs)).ok());
+    for (auto & s : segs)
+        if (s.id == "pin-0") s.content = f.gen->edit_one_line(s.content);
+    auto t = f.ce->run_turn(f.request("a", segs));
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->explain.kind, miss_kind::segment_changed);
+    EXPECT_EQ(t->explain.missed_segment, "pin-0");
+    EXPECT_EQ(t->explain.n_reused, begin_of(t->man, "pin-0"));
+    EXPECT_NE(t->explain.reason.find("pin-0"), std::string::npos);
+}
+
+TEST(ContextEngine, ProfileDriftIsAMissThatNamesTheField) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    auto segs = make_workspace(*f.gen, 300, 0);
+    ASSERT_TRUE(f.ce->run_turn(f.request("a", segs)).ok());
+    ASSERT_TRUE(f.ce->set_chunk_tokens(32).ok());
+    auto t = f.ce->run_turn(f.request("a", segs));
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->explain.kind, miss_kind::profile_drift);
+    EXPECT_EQ(t->explain.n_reused, 0);
+    ASSERT_FALSE(t->explain.drifted_fields.empty());
+    EXPECT_EQ(t->explain.drifted_fields[0].rfind("chunk_tokens", 0), 0u) << t->explain.drifted_fields[0];
+    EXPECT_FALSE(f.ce->set_chunk_tokens(100000).ok());
+}
+
+TEST(ContextEngine, EvictionIsExplainedWithClassAndReason) {
+    // Room for one workspace's prefix only: the second evicts the first.
+    cache_budget b;
+    b.max_tokens = 700;
+    fixture f(b, 3);
+    ASSERT_TRUE(f.ce);
+    auto a = make_workspace(*f.gen, 500, 0);
+    auto c = make_workspace(*f.gen, 500, 0);
+    for (auto & s : c)  // make c's first segment differ so nothing is shared
+        if (s.id == "system") s.content = "You are a different agent.\n";
+    ASSERT_TRUE(f.ce->run_turn(f.request("a", a)).ok());
+    ASSERT_TRUE(f.ce->run_turn(f.request("c", c)).ok());
+    EXPECT_LE(f.ce->counters().cache.resident_tokens, 700u);
+    auto ex = f.ce->explain(f.request("a", a));
+    ASSERT_TRUE(ex.ok());
+    EXPECT_EQ(ex->kind, miss_kind::evicted) << ex->reason;
+    ASSERT_TRUE(ex->eviction.has_value());
+    EXPECT_NE(ex->eviction->reason.find("budget"), std::string::npos) << ex->eviction->reason;
+    auto ctr = f.ce->counters();
+    uint64_t evictions = 0;
+    for (auto n : ctr.cache.evictions_by_class) evictions += n;
+    EXPECT_GT(evictions, 0u);
+}
+
+TEST(ContextEngine, HypotheticalExplainRunsNothing) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    auto segs = make_workspace(*f.gen, 300, 0);
+    auto ex = f.ce->explain(f.request("a", segs));
+    ASSERT_TRUE(ex.ok());
+    EXPECT_EQ(ex->kind, miss_kind::cold);
+    EXPECT_EQ(ex->n_prefilled, ex->n_prompt_tokens);
+    EXPECT_EQ(f.ce->counters().total.n_turns, 0u);
+    EXPECT_EQ(f.ce->raw_engine().seq_n_tokens(0), 0);
+    // JSON carries the fields scripts read
+    auto j = ex->to_json();
+    EXPECT_TRUE(j.contains("tokens_reused") && j.contains("segments") && j.contains("reason"));
+}
+
+TEST(ContextEngine, BadRequestsAreErrorsAndChangeNothing) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    turn_request r = f.request("a", {});
+    EXPECT_FALSE(f.ce->run_turn(r).ok());  // no segments
+    r.segments = {{"../etc", segment_kind::user, "", "", "x"}};
+    EXPECT_EQ(f.ce->run_turn(r).error().code(), status_code::invalid_argument);
+    r.segments = {{"q", segment_kind::user, "", "", std::string(40000, 'x')}};
+    auto too_long = f.ce->run_turn(r);
+    EXPECT_FALSE(too_long.ok());
+    r.workspace = "";
+    r.segments = {{"q", segment_kind::user, "", "", "hi"}};
+    EXPECT_FALSE(f.ce->run_turn(r).ok());
+    EXPECT_EQ(f.ce->counters().total.n_turns, 0u);
+}
+
+}  // namespace
+}  // namespace warmctx
