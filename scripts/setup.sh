@@ -34,6 +34,9 @@ if [ -z "${WARMCTX_LLAMA_DIR:-}" ]; then
 fi
 
 # --- build ---------------------------------------------------------------------
+# ccache keys on paths relative to the checkout, so a fresh clone elsewhere (CI)
+# reuses the objects of an earlier build of the same llama.cpp.
+export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 cmake_args=(-DWARMCTX_LLAMA_DIR="$llama_dir" -DCMAKE_BUILD_TYPE=Release)
 [ "${WARMCTX_CUDA:-0}" = 1 ] && cmake_args+=(-DWARMCTX_CUDA=ON)
 if [ ! -f "$build/CMakeCache.txt" ]; then

@@ -37,6 +37,8 @@ struct context_engine_options {
     engine_options engine;            // its n_seq_max is set to 2 + n_holders
     uint32_t n_holders = 4;           // cached prefixes kept resident at once
     cache_budget budget;              // bytes_per_token is filled from the engine
+    uint64_t workspace_max_bytes = 0; // per-workspace byte budget (0 = none); becomes a
+                                      // token budget once the KV bytes per token are known
     eviction_policy policy = eviction_policy::semantic;
     kind_table kinds;
     std::string tenant_salt;          // two tenants never share a cache entry

@@ -23,10 +23,52 @@ token_counter counter_for(engine & e) {
     };
 }
 
+// Flags that shape the context engine above the model: budgets, policy, kinds.
+struct cache_flags {
+    uint64_t budget_tokens = 0;
+    uint64_t budget_bytes = 0;
+    uint64_t workspace_budget_tokens = 0;
+    uint64_t workspace_budget_bytes = 0;
+    std::string policy = "semantic";
+    std::string kinds_file;
+    std::string tenant;
+
+    void add_to(CLI::App & app) {
+        app.add_option("--budget-tokens", budget_tokens, "global KV budget of the prefix cache, tokens (0 = unlimited)")->capture_default_str();
+        app.add_option("--budget-bytes", budget_bytes, "global KV budget of the prefix cache, bytes (0 = unlimited)")->capture_default_str();
+        app.add_option("--workspace-budget-tokens", workspace_budget_tokens, "per-workspace KV budget, tokens (0 = unlimited)")->capture_default_str();
+        app.add_option("--workspace-budget-bytes", workspace_budget_bytes, "per-workspace KV budget, bytes (0 = unlimited)")->capture_default_str();
+        app.add_option("--policy", policy, "eviction policy: semantic (by retention class, then LRU) or lru")->capture_default_str();
+        app.add_option("--kinds", kinds_file, "JSON file overriding the segment kind table, e.g. {\"kinds\":{\"repo_map\":{\"retention\":\"highest\"}}}");
+        app.add_option("--tenant", tenant, "tenant salt: two tenants never share a cache entry");
+    }
+    status apply(context_engine_options & o) const {
+        o.budget.max_tokens = budget_tokens;
+        o.budget.max_bytes = budget_bytes;
+        o.budget.workspace_max_tokens = workspace_budget_tokens;
+        o.workspace_max_bytes = workspace_budget_bytes;
+        auto p = parse_eviction_policy(policy);
+        if (!p.ok()) return p.error();
+        o.policy = *p;
+        o.tenant_salt = tenant;
+        if (!kinds_file.empty()) {
+            std::ifstream f(kinds_file);
+            if (!f) return not_found("cannot open kinds file '" + kinds_file + "'");
+            std::stringstream ss;
+            ss << f.rdbuf();
+            auto k = kind_table::from_json(ss.str());
+            if (!k.ok()) return k.error().with_context(kinds_file);
+            o.kinds = *k;
+        }
+        return {};
+    }
+};
+
 // ---- demo -------------------------------------------------------------------
 
 struct demo_args {
     model_flags mf;
+    cache_flags cf;
     size_t prefix_tokens = 2048;
     int32_t max_tokens = 4;
     uint64_t seed = 1;
@@ -46,6 +88,7 @@ void run_demo(demo_args a) {
     context_engine_options co;
     co.engine = *eo;
     co.n_holders = 2;
+    if (status st = a.cf.apply(co); !st.ok()) { g_exit_code = fail(st); return; }
     progress("loading " + eo->model_path);
     auto ce_r = context_engine::open(co);
     if (!ce_r) { g_exit_code = fail(ce_r.error()); return; }
@@ -116,6 +159,7 @@ void run_demo(demo_args a) {
 
 struct verify_args {
     model_flags mf;
+    cache_flags cf;
     int scenarios = 20;
     uint64_t seed = 1;
     size_t stable_tokens_max = 700;
@@ -161,6 +205,7 @@ void run_verify(verify_args a) {
     context_engine_options co;
     co.engine = *eo;
     co.n_holders = a.holders;
+    if (status st = a.cf.apply(co); !st.ok()) { g_exit_code = fail(st); return; }
     auto ce_r = context_engine::open(co);
     if (!ce_r) { g_exit_code = fail(ce_r.error()); return; }
     context_engine & ce = **ce_r;
@@ -286,8 +331,17 @@ void run_verify(verify_args a) {
         {"mismatches", mismatched_scenarios}, {"turn_mismatches", turn_mismatches}, {"max_logit_diff", max_diff},
         {"token_agreement", n_tok ? (double)agree / (double)n_tok : 1.0}, {"expectation_failures", failures.size()},
         {"failures", failures}, {"tokens_reused", reused}, {"tokens_prefilled", prefilled}, {"results", by_kind},
-        {"elapsed_ms", elapsed_ms}, {"seed", a.seed},
+        {"elapsed_ms", elapsed_ms}, {"seed", a.seed}, {"policy", a.cf.policy},
+        {"budget_tokens", a.cf.budget_tokens},
     };
+    {
+        auto c = ce.counters().cache;
+        nlohmann::json ev;
+        for (int k = 1; k < k_retention_class_count; ++k)
+            ev[std::string(retention_class_name((retention_class)k))] = c.evictions_by_class[(size_t)k];
+        j["evictions_by_class"] = ev;
+        j["whole_holder_evictions"] = c.n_whole_holder_evictions;
+    }
     if (a.json) std::printf("%s\n", j.dump(2).c_str());
     else {
         std::printf("mode %s: %d scenarios, %d turns, %d mismatching scenarios (%d turns), max |logit diff| %g, "
@@ -303,6 +357,7 @@ void run_verify(verify_args a) {
 
 struct assemble_args {
     model_flags mf;
+    cache_flags cf;
     std::string segments_file;
     std::string workspace = "default";
     bool json = false;
@@ -343,6 +398,7 @@ void run_assemble(const assemble_args & a) {
     context_engine_options co;
     co.engine = *eo;
     co.n_holders = 1;
+    if (status st = a.cf.apply(co); !st.ok()) { g_exit_code = fail(st); return; }
     auto ce = context_engine::open(co);
     if (!ce) { g_exit_code = fail(ce.error()); return; }
     turn_request req;
@@ -397,43 +453,69 @@ void run_overhead(overhead_args a) {
     req.sampling.max_tokens = 1;
     progress("priming the cache with a " + std::to_string(a.prefix_tokens) + "-token prefix");
     if (auto r = ce.run_turn(req); !r) { g_exit_code = fail(r.error()); return; }
-    std::vector<double> warm_prefill, warm_copy, warm_ttft, fresh_prefill;
+    std::vector<double> warm_prefill, warm_ttft, manual_copy_prefill, nocopy_prefill, fresh_prefill;
     pos_t tail_tokens = 0, reused = 0;
+    auto timed_prefill = [&](seq_id seq, std::span<const token_id> toks, pos_t pos0, const std::vector<pos_t> & bounds,
+                             double & ms) -> status {
+        std::vector<float> logits;
+        auto t0 = clock_type::now();
+        status st = e.prefill(seq, toks, pos0, bounds, &logits);
+        ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+        return st;
+    };
     for (int i = 0; i < a.reps; ++i) {
         req.segments.back().content = g.question();
+        // 1. The warm turn, end to end through the context engine.
         auto w = ce.run_turn(req);
         if (!w) { g_exit_code = fail(w.error()); return; }
         warm_prefill.push_back(w->t_prefill_ms);
-        warm_copy.push_back(w->t_copy_ms);
         warm_ttft.push_back(w->t_first_token_ms);
         tail_tokens = w->explain.n_prefilled;
         reused = w->explain.n_reused;
-        // The same tail tokens prefilled alone in a fresh sequence, same chunking.
         auto ap = ce.assemble_request(req);
         if (!ap) { g_exit_code = fail(ap.error()); return; }
-        std::vector<token_id> tail(ap->tokens.begin() + reused, ap->tokens.end());
+        std::span<const token_id> tail(ap->tokens.data() + reused, ap->tokens.size() - (size_t)reused);
+        auto holders = ce.cache().holders();
+        if (holders.empty()) { g_exit_code = fail(internal_error("no holder after a warm turn")); return; }
+        // 2. The same steps by hand: copy the holder, trim, prefill the tail. llama.cpp
+        //    performs a sequence copy lazily inside the next decode, so the copy's cost
+        //    lands in this prefill...
+        double ms = 0;
+        e.clear_seq(1);
+        if (status st = e.copy_seq(holders[0].seq, 1); !st.ok()) { g_exit_code = fail(st); return; }
+        if (status st = e.trim_seq(1, reused); !st.ok()) { g_exit_code = fail(st); return; }
+        if (status st = timed_prefill(1, tail, reused, ap->boundaries, ms); !st.ok()) { g_exit_code = fail(st); return; }
+        manual_copy_prefill.push_back(ms);
+        // 3. ...and the same tail once more on the now-resident prefix, with no copy
+        //    pending: the difference is the copy.
+        if (status st = e.trim_seq(1, reused); !st.ok()) { g_exit_code = fail(st); return; }
+        if (status st = timed_prefill(1, tail, reused, ap->boundaries, ms); !st.ok()) { g_exit_code = fail(st); return; }
+        nocopy_prefill.push_back(ms);
+        // 4. The same tail tokens alone in a fresh sequence, same chunking.
         std::vector<pos_t> bounds;
         for (pos_t b : ap->boundaries) if (b > reused) bounds.push_back(b - reused);
         e.clear_seq(1);
-        std::vector<float> logits;
-        auto t0 = clock_type::now();
-        if (status st = e.prefill(1, tail, 0, bounds, &logits); !st.ok()) { g_exit_code = fail(st); return; }
-        fresh_prefill.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
+        if (status st = timed_prefill(1, tail, 0, bounds, ms); !st.ok()) { g_exit_code = fail(st); return; }
+        fresh_prefill.push_back(ms);
         e.clear_seq(1);
     }
-    const double wp = median(warm_prefill), wc = median(warm_copy), fp = median(fresh_prefill);
+    const double wp = median(warm_prefill), fp = median(fresh_prefill), np = median(nocopy_prefill);
+    const double wc = std::max(0.0, median(manual_copy_prefill) - np);
     nlohmann::json j = {
         {"model", eo->model_path}, {"threads", e.context().n_threads}, {"reps", a.reps},
         {"prefix_tokens_reused", reused}, {"tail_tokens", tail_tokens},
-        {"warm_prefill_ms_median", wp}, {"warm_copy_ms_median", wc}, {"warm_ttft_ms_median", median(warm_ttft)},
+        {"warm_prefill_ms_median", wp}, {"warm_ttft_ms_median", median(warm_ttft)},
+        {"copy_ms_median", wc}, {"resident_prefix_tail_prefill_ms_median", np},
         {"fresh_tail_prefill_ms_median", fp}, {"ratio_warm_prefill_to_fresh", fp > 0 ? wp / fp : 0.0},
-        {"target", "warm_prefill <= 1.10 * fresh_tail_prefill (copy time reported apart)"},
-        {"met", wp <= 1.10 * fp},
-        {"warm_prefill_ms", warm_prefill}, {"warm_copy_ms", warm_copy}, {"fresh_tail_prefill_ms", fresh_prefill},
+        {"target", "warm_prefill <= 1.10 * fresh_tail_prefill + copy"},
+        {"target_ms", 1.10 * fp + wc}, {"met", wp <= 1.10 * fp + wc},
+        {"warm_prefill_ms", warm_prefill}, {"copy_then_prefill_ms", manual_copy_prefill},
+        {"resident_prefix_tail_prefill_ms", nocopy_prefill}, {"fresh_tail_prefill_ms", fresh_prefill},
     };
     if (a.json) { std::printf("%s\n", j.dump(2).c_str()); return; }
-    std::printf("reused %d tokens, tail %d tokens: warm prefill %.1f ms (+ copy %.1f ms) vs fresh tail %.1f ms: %.3fx\n",
-                reused, tail_tokens, wp, wc, fp, fp > 0 ? wp / fp : 0.0);
+    std::printf("reused %d tokens, tail %d tokens: warm prefill %.1f ms (copy %.1f ms of it; tail on a resident "
+                "prefix %.1f ms) vs the tail alone in a fresh sequence %.1f ms: target %.1f ms, %s\n",
+                reused, tail_tokens, wp, wc, np, fp, 1.10 * fp + wc, wp <= 1.10 * fp + wc ? "met" : "not met");
 }
 
 }  // namespace
@@ -442,6 +524,7 @@ void register_context_commands(CLI::App & app) {
     auto d = std::make_shared<demo_args>();
     auto * demo = app.add_subcommand("demo", "cold, warm and stable-edited turns on one workspace, with explain");
     d->mf.add_to(*demo);
+    d->cf.add_to(*demo);
     demo->add_option("--prefix-tokens", d->prefix_tokens, "stable prefix size, tokens (up to ~47k and beyond)")->capture_default_str();
     demo->add_option("-n,--max-tokens", d->max_tokens, "tokens generated per turn")->capture_default_str()->check(CLI::Range(1, 4096));
     demo->add_option("--seed", d->seed, "workspace content seed")->capture_default_str();
@@ -451,6 +534,7 @@ void register_context_commands(CLI::App & app) {
     auto v = std::make_shared<verify_args>();
     auto * verify = app.add_subcommand("verify", "replay seeded random workspace scenarios warm and cold; exact mode must match bit for bit");
     v->mf.add_to(*verify);
+    v->cf.add_to(*verify);
     verify->add_option("--scenarios", v->scenarios, "number of scenarios")->capture_default_str();
     verify->add_option("--seed", v->seed, "scenario seed")->capture_default_str();
     verify->add_option("--stable-tokens", v->stable_tokens_max, "largest stable prefix of a scenario, tokens")->capture_default_str()->check(CLI::Range(200, 100000));
@@ -462,6 +546,7 @@ void register_context_commands(CLI::App & app) {
     auto as = std::make_shared<assemble_args>();
     auto * asm_cmd = app.add_subcommand("assemble", "assemble segments from a JSON file; print the manifest and the explain");
     as->mf.add_to(*asm_cmd);
+    as->cf.add_to(*asm_cmd);
     asm_cmd->add_option("segments", as->segments_file, "JSON file: [{\"id\",\"kind\",\"content\",\"path\"?,\"role\"?}, ...]")->required();
     asm_cmd->add_option("--workspace", as->workspace, "workspace name")->capture_default_str();
     asm_cmd->add_flag("--json", as->json, "print JSON");

@@ -320,6 +320,12 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     p->tm = make_engine_text_model(*p->eng);
     p->kv = std::make_unique<engine_kv_ops>(*p->eng);
     p->opts.budget.bytes_per_token = p->eng->context().kv_bytes_per_token;
+    if (opts.workspace_max_bytes > 0 && p->opts.budget.bytes_per_token > 0) {
+        const uint64_t t = opts.workspace_max_bytes / p->opts.budget.bytes_per_token;
+        if (t == 0) return invalid_argument("the per-workspace byte budget holds less than one token of KV");
+        auto & w = p->opts.budget.workspace_max_tokens;
+        w = w == 0 ? t : std::min(w, t);
+    }
     WARMCTX_RETURN_IF_ERROR(validate_budget(p->opts.budget));
     std::vector<seq_id> holders;
     for (uint32_t i = 0; i < opts.n_holders; ++i) holders.push_back(k_first_holder + (seq_id)i);

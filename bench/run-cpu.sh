@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Regenerates every CPU result under bench/results/ (one at a time: the runs are timed).
+# usage: bench/run-cpu.sh [BUILD_DIR]       (default: build)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+b="${1:-$root/build}"
+w="$b/warmctx"
+out="$root/bench/results"
+tiny="$b/test-models/tiny-f16-seed1.gguf"
+mkdir -p "$out"
+[ -f "$tiny" ] || "$w" make-model --shape tiny --type f16 --seed 1 -o "$tiny"
+
+# Engine adapter against llama-bench, same build and settings.
+"$w" bench engine -m "$tiny" --prompt-tokens 512 --gen-tokens 64 --reps 5 --json > "$out/engine-tiny-f16-cpu2.json"
+"$w" bench engine --prompt-tokens 512 --gen-tokens 32 --reps 3 --json > "$out/engine-qwen2.5-0.5b-q4_0-cpu2.json"
+
+# The seed's S2 / S2.5 on the default model.
+"$w" demo --prefix-tokens 2048 > "$out/demo-2k-qwen2.5-0.5b-q4_0-cpu2.txt"
+"$w" demo --prefix-tokens 2048 --json > "$out/demo-2k-qwen2.5-0.5b-q4_0-cpu2.json"
+"$w" demo --prefix-tokens 8192 --json > "$out/demo-8k-qwen2.5-0.5b-q4_0-cpu2.json"
+
+# Warm-turn overhead: the tail after a reused prefix vs the same tail in a fresh sequence.
+"$w" bench warm-overhead --prefix-tokens 2048 --reps 5 --json > "$out/warm-overhead-2k-qwen2.5-0.5b-q4_0-cpu2.json"
+
+# The correctness gate.
+"$w" verify -m "$tiny" --scenarios 50 --json > "$out/verify-exact-tiny-50.json"
+"$w" verify -m "$tiny" --scenarios 10 --kv-mode shared --json > "$out/verify-shared-tiny-10.json"
+"$w" verify --scenarios 5 --stable-tokens 600 --json > "$out/verify-exact-qwen2.5-0.5b-q4_0-5.json"
+"$w" verify --scenarios 3 --stable-tokens 600 --kv-mode shared --json > "$out/verify-shared-qwen2.5-0.5b-q4_0-3.json"

@@ -1,0 +1,112 @@
+// warmctx/scheduler.h - the engine thread: one thread owns the context_engine (and so
+// the llama context); other threads submit work through a bounded queue.
+//
+// Generation jobs run concurrently on up to n_parallel work sequences: each job is
+// admitted (assemble, cache lookup, copy of the cached prefix, prefill of the rest),
+// then every active job's next token is decoded in ONE batched llama_decode per step
+// (continuous batching). A finished job's prompt goes into the prefix cache.
+//
+// Events are delivered ON THE ENGINE THREAD: a sink must be quick (copy the event into
+// a queue of its own, or write to a socket buffer) and must not call back into the
+// scheduler. A sink returning false cancels its job (client disconnected): its
+// sequence is freed at the next step and no further event is sent.
+//
+// Exactness: a job decoded alone (n_parallel = 1, or no other job active) is
+// bit-identical to a cold run in exact KV mode. Decoded in a batch with other jobs,
+// its logits may differ in the last bits (the matrix kernels see another batch shape);
+// `warmctx verify` checks the single-job path.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "warmctx/context_engine.h"
+#include "warmctx/status.h"
+
+namespace warmctx {
+
+struct completion_usage {
+    int32_t prompt_tokens = 0;
+    int32_t completion_tokens = 0;
+    int32_t cached_tokens = 0;      // prompt tokens whose KV was reused
+};
+
+struct completion_event {
+    enum class kind {
+        started,  // prefill done; `explain` and `usage.prompt_tokens/cached_tokens` set
+        delta,    // new generated text (never a partial stop string); `text` and `token`
+        done,     // finished; `finish`, `usage`, `explain`, timings set; the last event
+        error,    // failed; `error` set; the last event
+    };
+    kind what = kind::delta;
+    std::string text;
+    token_id token = -1;
+    finish_reason finish = finish_reason::length;
+    completion_usage usage;
+    explain_report explain;  // started, done
+    status error;
+    double t_queue_ms = 0;        // submit .. admission (started, done)
+    double t_first_token_ms = 0;  // submit .. first token chosen (started, done)
+    double t_total_ms = 0;        // submit .. done (done)
+};
+
+// Returns false to cancel the job (e.g. the client went away).
+using event_sink = std::function<bool(const completion_event &)>;
+
+struct completion_job {
+    turn_request turn;
+    event_sink sink;
+};
+
+struct scheduler_options {
+    context_engine_options engine;   // engine.engine.n_seq_max is derived
+    uint32_t n_parallel = 4;         // work sequences = jobs decoded at once
+    size_t max_queue = 64;           // jobs waiting for a work sequence
+};
+
+struct scheduler_stats {
+    size_t queue_depth = 0;          // jobs waiting
+    size_t active_jobs = 0;          // jobs holding a work sequence
+    uint64_t n_submitted = 0;
+    uint64_t n_rejected = 0;         // queue full
+    uint64_t n_cancelled = 0;
+    uint64_t n_completed = 0;
+    uint64_t n_failed = 0;
+    uint64_t n_batched_steps = 0;    // decode steps that served more than one job
+};
+
+class scheduler {
+  public:
+    // Loads the model and starts the engine thread.
+    static result<std::unique_ptr<scheduler>> start(const scheduler_options & opts);
+    // Stops: pending jobs get an error event (cancelled), the thread is joined.
+    ~scheduler();
+
+    // Queues a generation job. Errors (nothing queued, no event sent):
+    //   resource_exhausted - the queue is full (answer 429/503 with Retry-After);
+    //   failed_precondition - the scheduler is stopping.
+    status submit(completion_job job);
+
+    // Runs `fn` on the engine thread between steps and waits for it: explain,
+    // manifest, pins, counters. `fn` must not block.
+    status call(const std::function<void(context_engine &)> & fn);
+
+    // Lock-free snapshot (approximate while the engine runs).
+    scheduler_stats stats() const;
+    const model_info & model() const;      // immutable after start
+    const context_info & context() const;  // immutable after start
+    uint32_t n_parallel() const;
+
+    // Stops accepting jobs and ends the engine thread (idempotent).
+    void stop();
+
+  private:
+    struct impl;
+    explicit scheduler(std::unique_ptr<impl> p);
+    std::unique_ptr<impl> p_;
+};
+
+}  // namespace warmctx
