@@ -16,7 +16,8 @@ jobs="${WARMCTX_JOBS:-$(nproc)}"
 
 # --- Debian packages ---------------------------------------------------------
 pkgs=(build-essential cmake ninja-build ccache git openssl ca-certificates
-      pkg-config libxxhash-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev)
+      pkg-config libxxhash-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
+      libcpp-httplib-dev)
 command -v npm >/dev/null || pkgs+=(npm)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -7,7 +7,10 @@
 //      Input order never changes anything below;
 //   3. each segment becomes ONE chat message, rendered alone through the model's
 //      template and TOKENIZED ALONE. Its tokens therefore depend on that segment
-//      only, and the tokens of a prefix of segments are identical whatever follows;
+//      only, and the tokens of a prefix of segments are identical whatever follows.
+//      The template's frame around the content (e.g. "<|im_start|>user\n" and
+//      "<|im_end|>\n") is tokenized with special tokens parsed, the content itself
+//      as plain text (tokenize_plain), so content cannot inject control tokens;
 //   4. the generation prompt (e.g. "<|im_start|>assistant\n"), if asked for, is a
 //      final piece of its own, tokenized alone. It belongs to NO segment: its blocks
 //      carry segment_index == k_generation_prompt_index and retention `none`, and a
@@ -52,11 +55,11 @@ class text_model {
     // Text -> tokens, special tokens ("<|im_start|>") parsed into their ids.
     // REQUIRES of the implementation: no BOS/EOS added (see prefix_tokens), and the
     // same text always gives the same tokens.
-    // NOTE: a whole rendered message is one call, so control-token text inside a
-    // segment's content (a file that contains "<|im_end|>") becomes the control token,
-    // as in llama-server's chat path. Tokenizing template text and content apart would
-    // need a parse_special flag here.
     virtual result<std::vector<token_id>> tokenize(std::string_view text) const = 0;
+    // Text -> tokens with special-token text left as plain text: a segment's content
+    // that happens to contain "<|im_end|>" must not end its message. The default
+    // (for tokenizers without special tokens) is tokenize().
+    virtual result<std::vector<token_id>> tokenize_plain(std::string_view text) const { return tokenize(text); }
     // One chat message through the model's template, exactly the text this message
     // contributes inside a conversation, e.g. "<|im_start|>user\nhi<|im_end|>\n".
     // REQUIRES of the implementation: no BOS and no default system prompt that a

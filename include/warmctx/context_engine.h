@@ -10,8 +10,8 @@
 // and for a miss the reason (segment changed, profile drift, eviction, snapping, cold).
 // explain() produces the same report for a hypothetical request without running it.
 //
-// Sequences: 0 is the work sequence, 1 the cold-reference sequence (run_cold), and
-// 2 .. 2+n_holders-1 belong to the prefix cache.
+// Sequences: 0 .. n_work_seqs-1 are work sequences (one per turn in flight), then one
+// cold-reference sequence (run_cold), then n_holders sequences of the prefix cache.
 //
 // Thread safety: none. One thread (the engine thread) owns a context_engine.
 #pragma once
@@ -31,17 +31,35 @@
 #include "warmctx/profile.h"
 #include "warmctx/status.h"
 
+namespace warmctx { class snapshot_store; }
+
 namespace warmctx {
 
+// Tiers below the engine's KV. Both are write-through: when a turn caches a prefix,
+// its leading run of blocks of at least the tier's class is written to that tier unless
+// the tier already holds it, so it survives eviction from the engine and (disk) a
+// restart or a crash. A lookup that finds a longer prefix in a tier than in the engine
+// restores it from there (host before disk), and the turn then caches it in the engine
+// again (promotion).
+struct tier_options {
+    std::string cache_dir;                          // disk tier directory ("" = no disk tier)
+    uint64_t disk_budget_bytes = 0;                 // 0 = unlimited
+    retention_class disk_min_class = retention_class::high;
+    uint64_t host_budget_bytes = 0;                 // host-RAM tier (0 = no host tier)
+    retention_class host_min_class = retention_class::medium;
+};
+
 struct context_engine_options {
-    engine_options engine;            // its n_seq_max is set to 2 + n_holders
+    engine_options engine;            // its n_seq_max is set to n_work_seqs + 1 + n_holders
     uint32_t n_holders = 4;           // cached prefixes kept resident at once
+    uint32_t n_work_seqs = 1;         // turns in flight at once (the scheduler's n_parallel)
     cache_budget budget;              // bytes_per_token is filled from the engine
     uint64_t workspace_max_bytes = 0; // per-workspace byte budget (0 = none); becomes a
                                       // token budget once the KV bytes per token are known
     eviction_policy policy = eviction_policy::semantic;
     kind_table kinds;
     std::string tenant_salt;          // two tenants never share a cache entry
+    tier_options tiers;
 };
 
 struct turn_request {
@@ -86,6 +104,7 @@ struct explain_report {
     std::vector<std::string> drifted_fields;   // profile_drift: "chunk_tokens: 512 -> 256"
     std::vector<std::string> changed_segments; // vs the workspace's previous turn
     std::optional<eviction_record> eviction;   // evicted: what, when, why
+    std::string tier = "none";        // where the reused KV came from: engine | host | disk | none
     pos_t n_common_tokens = -1;       // token prefix shared with the previous turn (-1: none)
     pos_t snapped_from = -1;          // n_common_tokens when snapping moved the reuse point
     double predicted_prefill_ms = -1; // from the measured prefill rate (-1: not measured yet)
@@ -104,6 +123,7 @@ struct turn_result {
     double t_total_ms = 0;            // assemble .. generation done (cache update excluded)
     double t_assemble_ms = 0;
     double t_copy_ms = 0;             // holder -> work sequence
+    double t_restore_ms = 0;          // a host/disk tier -> work sequence (read, check, load)
     double t_prefill_ms = 0;
     double t_first_token_ms = 0;      // assemble .. first token chosen
     double t_decode_ms = 0;
@@ -121,11 +141,32 @@ struct workspace_counters {
     std::map<std::string, uint64_t> misses_by_kind;
 };
 
+struct tier_counters {
+    uint64_t n_restores_host = 0, n_restores_disk = 0;
+    uint64_t n_restored_tokens = 0;
+    uint64_t n_writes_host = 0, n_writes_disk = 0, n_write_failures = 0;
+    uint64_t n_restore_failures = 0;     // a tier's file failed its checks: fell back
+    uint64_t host_bytes = 0, host_files = 0, disk_bytes = 0, disk_files = 0;
+};
+
 struct context_counters {
     workspace_counters total;
     std::map<std::string, workspace_counters> workspaces;
     cache_counters cache;
+    tier_counters tiers;
 };
+
+// A turn between begin_turn and finish_turn: its work sequence holds the prompt's KV.
+struct pending_turn {
+    std::string workspace;
+    seq_id seq = -1;
+    assembled_prompt ap;
+    explain_report explain;
+    uint64_t now = 0;
+    bool cache = true;
+    double t_assemble_ms = 0, t_copy_ms = 0, t_restore_ms = 0, t_prefill_ms = 0;
+};
+
 
 class context_engine {
   public:
@@ -135,6 +176,17 @@ class context_engine {
     // One turn through the warm path. Errors: those of assemble, prefill and generate;
     // the workspace's state is unchanged on error.
     result<turn_result> run_turn(const turn_request & req);
+    // The two halves of run_turn, for a caller that decodes itself (the scheduler's
+    // batched steps). begin_turn assembles, reuses the longest cached prefix in work
+    // sequence `seq` and prefills the rest; `logits` receives the logits after the
+    // prompt. finish_turn caches the prompt, updates the workspace's state and counters
+    // (n_generated tokens), and clears the sequence. abort_turn only clears it.
+    // REQUIRES 0 <= seq < n_work_seqs, and no other pending turn on `seq`.
+    result<pending_turn> begin_turn(const turn_request & req, seq_id seq, std::vector<float> & logits);
+    status finish_turn(pending_turn & t, size_t n_generated);
+    void abort_turn(pending_turn & t);
+    uint32_t n_work_seqs() const;
+
     // The same prompt computed cold in a fresh sequence, the cache untouched: the
     // reference every warm answer must equal.
     result<turn_result> run_cold(const turn_request & req);
@@ -146,6 +198,25 @@ class context_engine {
     // Pins (or unpins) the stable blocks of the workspace's last turn.
     status pin_workspace(const std::string & workspace, bool pinned);
     void drop_workspace(const std::string & workspace);
+
+    // Suspend: make sure the workspace's cached path is on disk (writing it now if
+    // needed), then drop it from the engine's KV. Resume: load the workspace's last
+    // path back from disk (or host) into the engine. Branch: a new workspace that
+    // starts from `from`'s last turn and shares its cached prefix (no copy: the cache
+    // matches by content). Snapshot: write the workspace's cached path to disk now.
+    // Errors: not_found (unknown workspace / nothing on disk), failed_precondition
+    // (no disk tier).
+    status suspend_workspace(const std::string & workspace);
+    status resume_workspace(const std::string & workspace);
+    status branch_workspace(const std::string & from, const std::string & to);
+    status snapshot_workspace(const std::string & workspace);
+    // Drops every prefix of the engine's KV (not the tiers): what a restart does.
+    void drop_engine_cache();
+    // Empties the host-RAM tier (what a restart does to it).
+    void clear_host_tier();
+    // The tiers (null when off), for listing and tests.
+    snapshot_store * disk_tier();
+    snapshot_store * host_tier();
 
     // Changes the canonical chunk size (a profile field): every cached prefix stops
     // matching and explain names the drift. REQUIRES 1 <= n <= the engine's chunk.

@@ -113,6 +113,29 @@ std::vector<std::pair<pos_t, pos_t>> plan_chunks(pos_t pos0, int32_t n_tokens,
 // a multiple of chunk_tokens (with no boundary in between).
 bool is_chunk_start(pos_t pos, std::span<const pos_t> boundaries, int32_t chunk_tokens);
 
+// Picks the next token from logits: greedy (first maximum) when temperature <= 0,
+// else a seeded chain of top-k, top-p, temperature and a distribution sampler.
+// Deterministic for a given seed and logits sequence.
+class token_sampler {
+  public:
+    // Errors: invalid_argument (top_p outside (0, 1], negative top_k or max_tokens).
+    static result<std::unique_ptr<token_sampler>> make(const sampling_params & sp);
+    ~token_sampler();
+    token_id sample(std::span<const float> logits);
+
+  private:
+    struct impl;
+    explicit token_sampler(std::unique_ptr<impl> p);
+    std::unique_ptr<impl> p_;
+};
+
+// One token of one sequence in a batched decode step.
+struct step_input {
+    seq_id seq = 0;
+    token_id token = 0;
+    pos_t pos = 0;
+};
+
 class engine {
   public:
     // Loads the model and creates the context. Errors: not_found (no file),
@@ -154,6 +177,11 @@ class engine {
     result<generation> generate(seq_id seq, std::vector<float> logits, const sampling_params & sp,
                                 std::vector<float> * logits_out = nullptr);
 
+    // One decode step for several sequences at once (continuous batching): each input's
+    // token is appended to its sequence at `pos`; `logits` receives one n_vocab vector
+    // per input, in order. REQUIRES distinct sequences, at most chunk_tokens inputs.
+    status decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits);
+
     // Sequence operations (positions are token positions).
     status copy_seq(seq_id src, seq_id dst);   // dst := src (dst is cleared first)
     status trim_seq(seq_id seq, pos_t from);   // drop positions [from, end)
@@ -161,7 +189,13 @@ class engine {
     void clear_all();
     pos_t seq_n_tokens(seq_id seq) const;      // max pos + 1, 0 if empty
 
-    // One sequence's state as bytes, and back.
+    // llama.cpp copies a sequence's KV lazily, inside the next decode. Before reading
+    // the state of a sequence that was the destination of copy_seq, force the pending
+    // copies: this decodes one token into `scratch` (REQUIRES: empty) and removes it.
+    status apply_pending_copies(seq_id scratch);
+
+    // One sequence's state as bytes, and back. REQUIRES for save_seq: no copy into
+    // `seq` pending (see apply_pending_copies).
     result<std::vector<uint8_t>> save_seq(seq_id seq) const;
     status load_seq(seq_id seq, std::span<const uint8_t> bytes);
 

@@ -3,12 +3,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <unistd.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli.h"
 #include "warmctx/context_engine.h"
+#include "warmctx/snapshot_store.h"
 #include "warmctx/workload.h"
 
 namespace warmctx::cli {
@@ -32,6 +36,9 @@ struct cache_flags {
     std::string policy = "semantic";
     std::string kinds_file;
     std::string tenant;
+    std::string cache_dir;
+    uint64_t disk_budget_bytes = 0;
+    uint64_t host_budget_bytes = 0;
 
     void add_to(CLI::App & app) {
         app.add_option("--budget-tokens", budget_tokens, "global KV budget of the prefix cache, tokens (0 = unlimited)")->capture_default_str();
@@ -41,6 +48,9 @@ struct cache_flags {
         app.add_option("--policy", policy, "eviction policy: semantic (by retention class, then LRU) or lru")->capture_default_str();
         app.add_option("--kinds", kinds_file, "JSON file overriding the segment kind table, e.g. {\"kinds\":{\"repo_map\":{\"retention\":\"highest\"}}}");
         app.add_option("--tenant", tenant, "tenant salt: two tenants never share a cache entry");
+        app.add_option("--cache-dir", cache_dir, "disk tier: snapshot directory (stable prefixes survive restarts)");
+        app.add_option("--disk-budget-bytes", disk_budget_bytes, "disk tier byte budget (0 = unlimited)")->capture_default_str();
+        app.add_option("--host-budget-bytes", host_budget_bytes, "host-RAM tier byte budget (0 = no host tier)")->capture_default_str();
     }
     status apply(context_engine_options & o) const {
         o.budget.max_tokens = budget_tokens;
@@ -51,6 +61,9 @@ struct cache_flags {
         if (!p.ok()) return p.error();
         o.policy = *p;
         o.tenant_salt = tenant;
+        o.tiers.cache_dir = cache_dir;
+        o.tiers.disk_budget_bytes = disk_budget_bytes;
+        o.tiers.host_budget_bytes = host_budget_bytes;
         if (!kinds_file.empty()) {
             std::ifstream f(kinds_file);
             if (!f) return not_found("cannot open kinds file '" + kinds_file + "'");
@@ -165,6 +178,7 @@ struct verify_args {
     size_t stable_tokens_max = 700;
     int32_t max_tokens = 8;
     uint32_t holders = 4;
+    bool tiers = true;
     bool json = false;
 };
 
@@ -206,6 +220,21 @@ void run_verify(verify_args a) {
     co.engine = *eo;
     co.n_holders = a.holders;
     if (status st = a.cf.apply(co); !st.ok()) { g_exit_code = fail(st); return; }
+    // Scenarios also go through host-RAM and disk restores (a private directory
+    // unless --cache-dir names one).
+    std::string tmp_dir;
+    if (a.tiers) {
+        if (co.tiers.host_budget_bytes == 0) co.tiers.host_budget_bytes = 1ull << 30;
+        if (co.tiers.cache_dir.empty()) {
+            char templ[] = "/tmp/warmctx-verify-XXXXXX";
+            if (!mkdtemp(templ)) { g_exit_code = fail(io_error("cannot create a temporary cache directory")); return; }
+            tmp_dir = co.tiers.cache_dir = templ;
+        }
+    }
+    struct dir_cleanup {
+        std::string d;
+        ~dir_cleanup() { if (!d.empty()) { std::error_code ec; std::filesystem::remove_all(d, ec); } }
+    } cleanup{tmp_dir};
     auto ce_r = context_engine::open(co);
     if (!ce_r) { g_exit_code = fail(ce_r.error()); return; }
     context_engine & ce = **ce_r;
@@ -231,7 +260,7 @@ void run_verify(verify_args a) {
 
         // Each step mutates segs, then runs warm and cold and checks expectations.
         auto step = [&](const std::string & what, pos_t expect_min_reuse, pos_t expect_max_reuse,
-                        bool expect_drift) -> bool {
+                        bool expect_drift, const char * expect_tier = nullptr) -> bool {
             std::vector<segment> shuffled = segs;
             std::shuffle(shuffled.begin(), shuffled.end(), rng);  // input order must not matter
             turn_request req;
@@ -260,6 +289,7 @@ void run_verify(verify_args a) {
             };
             if (expect_min_reuse >= 0) expect(ex.n_reused >= expect_min_reuse, "expected a hit of at least " + std::to_string(expect_min_reuse) + " tokens");
             if (expect_max_reuse >= 0) expect(ex.n_reused <= expect_max_reuse, "expected a miss at token " + std::to_string(expect_max_reuse));
+            if (expect_tier) expect(ex.tier == expect_tier, std::string("expected a restore from the ") + expect_tier + " tier, got " + ex.tier);
             if (expect_drift) {
                 expect(ex.kind == miss_kind::profile_drift, "expected the miss to be explained as profile drift");
                 bool named = false;
@@ -295,6 +325,16 @@ void run_verify(verify_args a) {
         if (!step("cold turn", -1, -1, false)) return;
         segs.back().content = g.question();
         if (!step("new question", stable_end(), -1, false)) return;
+        if (a.tiers) {
+            // Evicted from the engine: served from host RAM, then (host gone) from disk.
+            ce.drop_engine_cache();
+            segs.back().content = g.question();
+            if (!step("host-RAM restore", stable_end(), -1, false, "host")) return;
+            ce.drop_engine_cache();
+            ce.clear_host_tier();
+            segs.back().content = g.question();
+            if (!step("disk restore", stable_end(), -1, false, "disk")) return;
+        }
         add_history();
         segs.push_back({"diff", segment_kind::diff, "", "", g.diff("src/x.cc", 2)});
         if (!step("history + diff", stable_end(), -1, false)) return;
@@ -540,6 +580,7 @@ void register_context_commands(CLI::App & app) {
     verify->add_option("--stable-tokens", v->stable_tokens_max, "largest stable prefix of a scenario, tokens")->capture_default_str()->check(CLI::Range(200, 100000));
     verify->add_option("-n,--max-tokens", v->max_tokens, "greedy tokens per turn")->capture_default_str()->check(CLI::Range(1, 1024));
     verify->add_option("--holders", v->holders, "cached prefixes kept resident")->capture_default_str()->check(CLI::Range(1, 32));
+    verify->add_option("--tiers", v->tiers, "also replay host-RAM and disk restores (true/false)")->capture_default_str();
     verify->add_flag("--json", v->json, "print one JSON object");
     verify->callback([v] { run_verify(*v); });
 
@@ -553,6 +594,8 @@ void register_context_commands(CLI::App & app) {
     asm_cmd->callback([as] { run_assemble(*as); });
 }
 
+void register_restore_bench(CLI::App & bench);
+
 void register_overhead_bench(CLI::App & bench) {
     auto o = std::make_shared<overhead_args>();
     auto * c = bench.add_subcommand("warm-overhead", "warm turn's tail prefill next to the same tail prefilled in a fresh sequence");
@@ -561,6 +604,157 @@ void register_overhead_bench(CLI::App & bench) {
     c->add_option("--reps", o->reps, "repetitions")->capture_default_str();
     c->add_flag("--json", o->json, "print JSON");
     c->callback([o] { run_overhead(*o); });
+    register_restore_bench(bench);
+}
+
+}  // namespace warmctx::cli
+
+// ---- bench restore ------------------------------------------------------------
+
+namespace warmctx::cli {
+namespace {
+
+struct restore_args {
+    model_flags mf;
+    std::vector<size_t> prefix_tokens = {2048, 8192};
+    std::string cache_dir;
+    bool json = false;
+};
+
+// Drops the file's pages from the page cache (no root needed): the next read hits the disk.
+void drop_page_cache(const std::string & path) {
+    int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) return;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+}
+
+// Sequential read rate of `path` from the disk, MB/s (page cache dropped first).
+double disk_read_mb_s(const std::string & path) {
+    drop_page_cache(path);
+    int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) return 0;
+    std::vector<char> buf(4 << 20);
+    size_t total = 0;
+    auto t0 = clock_type::now();
+    ssize_t n;
+    while ((n = ::read(fd, buf.data(), buf.size())) > 0) total += (size_t)n;
+    ::close(fd);
+    double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    return s > 0 ? (double)total / 1e6 / s : 0;
+}
+
+void run_restore(restore_args a) {
+    nlohmann::json rows = nlohmann::json::array();
+    std::string root = a.cache_dir;
+    std::string made;
+    if (root.empty()) {
+        char templ[] = "/var/tmp/warmctx-restore-XXXXXX";  // on disk, not tmpfs
+        if (!mkdtemp(templ)) { g_exit_code = fail(io_error("cannot create a cache directory")); return; }
+        root = made = templ;
+    }
+    for (size_t prefix : a.prefix_tokens) {
+        model_flags mf = a.mf;
+        mf.n_ctx = std::max<uint32_t>(mf.n_ctx, (uint32_t)prefix + 1024);
+        auto eo = mf.to_options(1);
+        if (!eo) { g_exit_code = fail(eo.error()); return; }
+        const std::string dir = root + "/p" + std::to_string(prefix);
+        context_engine_options co;
+        co.engine = *eo;
+        co.n_holders = 2;
+        co.tiers.cache_dir = dir;
+        co.tiers.host_budget_bytes = 8ull << 30;
+        std::vector<segment> segs;
+        turn_request req;
+        req.workspace = "bench";
+        req.sampling.max_tokens = 1;
+        nlohmann::json row;
+        row["prefix_tokens_target"] = prefix;
+        {
+            auto ce_r = context_engine::open(co);
+            if (!ce_r) { g_exit_code = fail(ce_r.error()); return; }
+            context_engine & ce = **ce_r;
+            workload_generator g(11 + prefix, counter_for(ce.raw_engine()));
+            segs = make_workspace(g, prefix, 2);
+            req.segments = segs;
+            progress("prefix " + std::to_string(prefix) + ": cold turn");
+            auto cold = ce.run_turn(req);
+            if (!cold) { g_exit_code = fail(cold.error()); return; }
+            row["prompt_tokens"] = cold->explain.n_prompt_tokens;
+            row["cold_ttft_ms"] = cold->t_first_token_ms;
+            // From host RAM: the engine's KV is gone, the host tier has the prefix.
+            ce.drop_engine_cache();
+            req.segments.back().content = g.question();
+            auto ram = ce.run_turn(req);
+            if (!ram) { g_exit_code = fail(ram.error()); return; }
+            row["ram_tier"] = ram->explain.tier;
+            row["ram_reused_tokens"] = ram->explain.n_reused;
+            row["ram_restore_ms"] = ram->t_restore_ms;
+            row["ram_ttft_ms"] = ram->t_first_token_ms;
+            // From disk: engine and host emptied, the file's pages dropped.
+            ce.drop_engine_cache();
+            ce.clear_host_tier();
+            uint64_t file_bytes = 0;
+            std::string file;
+            for (const auto & e : ce.disk_tier()->list()) {
+                file = ce.disk_tier()->path_of(e.file_name);
+                file_bytes = e.file_bytes;
+                drop_page_cache(file);
+            }
+            req.segments.back().content = g.question();
+            auto disk = ce.run_turn(req);
+            if (!disk) { g_exit_code = fail(disk.error()); return; }
+            row["disk_tier"] = disk->explain.tier;
+            row["disk_reused_tokens"] = disk->explain.n_reused;
+            row["disk_restore_ms"] = disk->t_restore_ms;
+            row["disk_ttft_ms"] = disk->t_first_token_ms;
+            row["snapshot_bytes"] = file_bytes;
+            row["restore_mb_s"] = disk->t_restore_ms > 0 ? (double)file_bytes / 1e6 / (disk->t_restore_ms / 1000) : 0.0;
+            row["disk_sequential_read_mb_s"] = file.empty() ? 0.0 : disk_read_mb_s(file);
+        }
+        {
+            // Restart: a new process state on the same directory. The first turn of the
+            // workspace restores its prefix from disk instead of prefilling it.
+            auto t_open = clock_type::now();
+            auto ce_r = context_engine::open(co);
+            if (!ce_r) { g_exit_code = fail(ce_r.error()); return; }
+            const double open_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t_open).count();
+            context_engine & ce = **ce_r;
+            for (const auto & e : ce.disk_tier()->list()) drop_page_cache(ce.disk_tier()->path_of(e.file_name));
+            req.segments.back().content = "first question after the restart";
+            auto first = ce.run_turn(req);
+            if (!first) { g_exit_code = fail(first.error()); return; }
+            row["restart_open_ms"] = open_ms;
+            row["restart_tier"] = first->explain.tier;
+            row["restart_first_turn_ttft_ms"] = first->t_first_token_ms;
+            row["restart_ratio_to_cold"] = first->t_first_token_ms / row["cold_ttft_ms"].get<double>();
+        }
+        rows.push_back(row);
+    }
+    if (!made.empty()) { std::error_code ec; std::filesystem::remove_all(made, ec); }
+    nlohmann::json j = {{"model", a.mf.model.empty() ? "default" : a.mf.model}, {"rows", rows},
+                        {"page_cache", "dropped per file with posix_fadvise(POSIX_FADV_DONTNEED) after fdatasync"}};
+    if (a.json) { std::printf("%s\n", j.dump(2).c_str()); return; }
+    std::printf("%8s %10s %12s %12s %12s %10s %10s %12s\n", "prefix", "cold ms", "RAM ttft", "disk ttft", "restart",
+                "MB/s", "disk MB/s", "restart/cold");
+    for (const auto & r : rows)
+        std::printf("%8d %10.1f %12.1f %12.1f %12.1f %10.0f %10.0f %12.4f\n", r["prompt_tokens"].get<int>(),
+                    r["cold_ttft_ms"].get<double>(), r["ram_ttft_ms"].get<double>(), r["disk_ttft_ms"].get<double>(),
+                    r["restart_first_turn_ttft_ms"].get<double>(), r["restore_mb_s"].get<double>(),
+                    r["disk_sequential_read_mb_s"].get<double>(), r["restart_ratio_to_cold"].get<double>());
+}
+
+}  // namespace
+
+void register_restore_bench(CLI::App & bench) {
+    auto o = std::make_shared<restore_args>();
+    auto * c = bench.add_subcommand("restore", "cold prefill vs restore from disk and from host RAM, and the first turn after a restart");
+    o->mf.add_to(*c, false);
+    c->add_option("--prefix-tokens", o->prefix_tokens, "stable prefix sizes, tokens")->capture_default_str()->delimiter(',');
+    c->add_option("--cache-dir", o->cache_dir, "where the snapshots go (default: a fresh directory under /var/tmp)");
+    c->add_flag("--json", o->json, "print JSON");
+    c->callback([o] { run_restore(*o); });
 }
 
 }  // namespace warmctx::cli

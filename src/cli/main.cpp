@@ -75,6 +75,8 @@ int main(int argc, char ** argv) {
     register_model_commands(app);
     register_bench_commands(app);
     register_context_commands(app);
+    register_serve_command(app);
+    register_snapshot_commands(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {

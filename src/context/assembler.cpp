@@ -21,6 +21,10 @@ using detail::quote_input;
 
 namespace {
 
+// Stands in for a message's content when rendering its frame; cannot occur in a
+// template's own text.
+constexpr std::string_view k_content_sentinel = "\x1e\x1fwarmctx-content\x1f\x1e";
+
 // Token ids as little-endian int32 bytes: the hash must not depend on the host.
 const void * token_bytes(std::span<const token_id> tokens, std::vector<uint32_t> & scratch) {
     if constexpr (std::endian::native == std::endian::little) {
@@ -198,10 +202,22 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
         const std::string where = "segment " + quote_input(s->id);
 
         // Rendered and tokenized alone: these tokens depend on this segment only.
-        auto text = model.render_message(role, message_content(*s, p));
-        if (!text.ok()) return text.error().with_context(where + ": rendering");
-        auto toks = model.tokenize(*text);
-        if (!toks.ok()) return toks.error().with_context(where + ": tokenizing");
+        // The frame (the template's text around the content) may hold control tokens;
+        // the content is plain text, whatever it contains.
+        auto frame = model.render_message(role, k_content_sentinel);
+        if (!frame.ok()) return frame.error().with_context(where + ": rendering");
+        const size_t at = frame->find(k_content_sentinel);
+        if (at == std::string::npos)
+            return failed_precondition("the chat template does not carry a message's content through verbatim");
+        std::vector<token_id> toks;
+        const std::string_view fv(*frame);
+        for (int part = 0; part < 3; ++part) {
+            result<std::vector<token_id>> t = part == 0   ? model.tokenize(fv.substr(0, at))
+                                              : part == 1 ? model.tokenize_plain(message_content(*s, p))
+                                                          : model.tokenize(fv.substr(at + k_content_sentinel.size()));
+            if (!t.ok()) return t.error().with_context(where + ": tokenizing");
+            toks.insert(toks.end(), t->begin(), t->end());
+        }
 
         manifest_entry e;
         e.id = s->id;
@@ -213,7 +229,7 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
         e.cls = p.retention;
         // The first segment's range also holds the model's prefix tokens (BOS).
         e.token_begin = man.segments.empty() ? 0 : static_cast<pos_t>(out.tokens.size());
-        WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, *toks));
+        WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, toks));
         e.token_end = static_cast<pos_t>(out.tokens.size());
         e.content_bytes = s->content.size();
         e.content_hash = hash_string(s->content);

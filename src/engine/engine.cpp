@@ -1,5 +1,6 @@
 // The engine adapter. The only translation unit family that includes llama.h.
 #include "warmctx/engine.h"
+#include "warmctx/text_stream.h"
 
 #include <algorithm>
 #include <chrono>
@@ -409,51 +410,58 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
     return {};
 }
 
+struct token_sampler::impl {
+    sampler_ptr chain;  // null: greedy
+    std::vector<llama_token_data> cand;
+};
+
+token_sampler::token_sampler(std::unique_ptr<impl> p) : p_(std::move(p)) {}
+token_sampler::~token_sampler() = default;
+
+result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params & sp) {
+    if (sp.max_tokens < 0) return invalid_argument("max_tokens must not be negative");
+    if (sp.temperature > 0 && (sp.top_p <= 0 || sp.top_p > 1)) return invalid_argument("top_p must be in (0, 1]");
+    if (sp.top_k < 0) return invalid_argument("top_k must not be negative");
+    auto p = std::make_unique<impl>();
+    if (sp.temperature > 0) {
+        p->chain.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
+        if (sp.top_k > 0) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_top_k(sp.top_k));
+        if (sp.top_p < 1.0f) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_top_p(sp.top_p, 1));
+        llama_sampler_chain_add(p->chain.get(), llama_sampler_init_temp(sp.temperature));
+        llama_sampler_chain_add(p->chain.get(), llama_sampler_init_dist(sp.seed));
+    }
+    return std::unique_ptr<token_sampler>(new token_sampler(std::move(p)));
+}
+
+token_id token_sampler::sample(std::span<const float> l) {
+    if (!p_->chain) return (token_id)(std::max_element(l.begin(), l.end()) - l.begin());  // first maximum
+    auto & cand = p_->cand;
+    cand.resize(l.size());
+    for (size_t i = 0; i < l.size(); ++i) cand[i] = {(llama_token)i, l[i], 0.0f};
+    llama_token_data_array arr{cand.data(), cand.size(), -1, false};
+    llama_sampler_apply(p_->chain.get(), &arr);
+    return arr.data[arr.selected].id;
+}
+
 result<generation> engine::generate(seq_id seq, std::vector<float> logits, const sampling_params & sp,
                                     std::vector<float> * logits_out) {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
-    if (sp.max_tokens < 0) return invalid_argument("max_tokens must not be negative");
     if ((int32_t)logits.size() != p_->minfo.n_vocab)
         return invalid_argument("generate: logits must have n_vocab entries (prefill first)");
-    if (sp.temperature > 0 && (sp.top_p <= 0 || sp.top_p > 1)) return invalid_argument("top_p must be in (0, 1]");
-    if (sp.top_k < 0) return invalid_argument("top_k must not be negative");
-
-    sampler_ptr chain;
-    if (sp.temperature > 0) {
-        chain.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
-        if (sp.top_k > 0) llama_sampler_chain_add(chain.get(), llama_sampler_init_top_k(sp.top_k));
-        if (sp.top_p < 1.0f) llama_sampler_chain_add(chain.get(), llama_sampler_init_top_p(sp.top_p, 1));
-        llama_sampler_chain_add(chain.get(), llama_sampler_init_temp(sp.temperature));
-        llama_sampler_chain_add(chain.get(), llama_sampler_init_dist(sp.seed));
-    }
-    std::vector<llama_token_data> cand;
-    auto pick = [&](const std::vector<float> & l) -> token_id {
-        if (!chain) {  // greedy: first maximum, deterministic
-            return (token_id)(std::max_element(l.begin(), l.end()) - l.begin());
-        }
-        cand.resize(l.size());
-        for (size_t i = 0; i < l.size(); ++i) cand[i] = {(llama_token)i, l[i], 0.0f};
-        llama_token_data_array arr{cand.data(), cand.size(), -1, false};
-        llama_sampler_apply(chain.get(), &arr);
-        return arr.data[arr.selected].id;
-    };
+    auto sampler = token_sampler::make(sp);
+    if (!sampler.ok()) return sampler.error();
+    text_stream text(sp.stop);
 
     generation g;
     auto t0 = std::chrono::steady_clock::now();
     pos_t pos = seq_n_tokens(seq);
     for (int32_t i = 0; i < sp.max_tokens; ++i) {
         if (logits_out) logits_out->insert(logits_out->end(), logits.begin(), logits.end());
-        token_id t = pick(logits);
+        token_id t = (*sampler)->sample(logits);
         if (is_end_of_generation(t)) { g.finish = finish_reason::eos; break; }
         g.tokens.push_back(t);
-        g.text += token_piece(t);
-        bool stopped = false;
-        for (const auto & s : sp.stop) {
-            if (s.empty()) continue;
-            size_t at = g.text.find(s);
-            if (at != std::string::npos) { g.text.resize(at); stopped = true; }
-        }
-        if (stopped) { g.finish = finish_reason::stop; break; }
+        text.push(token_piece(t));
+        if (text.stopped()) { g.finish = finish_reason::stop; break; }
         if (i + 1 == sp.max_tokens) break;
         if ((uint32_t)pos + 1 > p_->cinfo.n_ctx_seq) { g.finish = finish_reason::context_full; break; }
         status st = p_->decode(seq, &t, 1, pos, true);
@@ -461,8 +469,38 @@ result<generation> engine::generate(seq_id seq, std::vector<float> logits, const
         ++pos;
         p_->copy_logits(&logits);
     }
+    text.finish();
+    g.text = text.text();
     g.t_decode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return g;
+}
+
+status engine::decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits) {
+    if (inputs.empty()) return invalid_argument("decode_step: no inputs");
+    if (inputs.size() > p_->cinfo.chunk_tokens) return invalid_argument("decode_step: more inputs than the batch holds");
+    auto & batch = p_->batch;
+    batch.n_tokens = (int32_t)inputs.size();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        const auto & in = inputs[i];
+        WARMCTX_RETURN_IF_ERROR(p_->check_seq(in.seq));
+        if (in.token < 0 || in.token >= p_->minfo.n_vocab) return invalid_argument("decode_step: token out of vocabulary");
+        if ((uint32_t)in.pos >= p_->cinfo.n_ctx_seq) return out_of_range("decode_step: sequence is full");
+        for (size_t j = 0; j < i; ++j)
+            if (inputs[j].seq == in.seq) return invalid_argument("decode_step: a sequence appears twice");
+        batch.token[i] = in.token;
+        batch.pos[i] = in.pos;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = in.seq;
+        batch.logits[i] = 1;
+    }
+    int32_t rc = llama_decode(p_->ctx.get(), batch);
+    if (rc != 0) return engine_error("decode_step: llama_decode failed with code " + std::to_string(rc));
+    logits.resize(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        const float * l = llama_get_logits_ith(p_->ctx.get(), (int32_t)i);
+        logits[i].assign(l, l + p_->minfo.n_vocab);
+    }
+    return {};
 }
 
 status engine::copy_seq(seq_id src, seq_id dst) {
@@ -490,6 +528,15 @@ void engine::clear_all() { llama_memory_clear(p_->mem(), true); }
 pos_t engine::seq_n_tokens(seq_id seq) const {
     if (!p_->check_seq(seq).ok()) return 0;
     return llama_memory_seq_pos_max(p_->mem(), seq) + 1;  // pos_max is -1 when empty
+}
+
+status engine::apply_pending_copies(seq_id scratch) {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(scratch));
+    if (seq_n_tokens(scratch) != 0) return failed_precondition("apply_pending_copies: the scratch sequence is not empty");
+    const token_id t = 0;
+    status st = p_->decode(scratch, &t, 1, 0, false);  // llama_decode applies pending copies first
+    llama_memory_seq_rm(p_->mem(), scratch, -1, -1);
+    return st;
 }
 
 result<std::vector<uint8_t>> engine::save_seq(seq_id seq) const {

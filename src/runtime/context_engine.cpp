@@ -1,6 +1,9 @@
 // The request flow over the engine, the assembler and the prefix cache.
 #include "warmctx/context_engine.h"
 
+#include "warmctx/fs.h"
+#include "warmctx/snapshot_store.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,9 +19,6 @@ double ms_between(clock_type::time_point a, clock_type::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-constexpr seq_id k_work_seq = 0;
-constexpr seq_id k_cold_seq = 1;
-constexpr seq_id k_first_holder = 2;
 
 // text_model over the real engine: the model's tokenizer and its chat template.
 class engine_text_model final : public text_model {
@@ -33,6 +33,9 @@ class engine_text_model final : public text_model {
             gen_prompt_ = with->substr(without->size());
     }
     result<std::vector<token_id>> tokenize(std::string_view text) const override { return e_.tokenize(text, true); }
+    result<std::vector<token_id>> tokenize_plain(std::string_view text) const override {
+        return e_.tokenize(text, false);
+    }
     result<std::string> render_message(std::string_view role, std::string_view content) const override {
         std::vector<chat_message> m = {{std::string(role), std::string(content)}};
         return e_.apply_chat_template(m, false);
@@ -95,7 +98,7 @@ nlohmann::json explain_report::to_json() const {
         {"reason", reason}, {"missed_segment", missed_segment}, {"matched_workspace", matched_workspace},
         {"drifted_fields", drifted_fields}, {"changed_segments", changed_segments},
         {"common_tokens_with_previous_turn", n_common_tokens}, {"snapped_from", snapped_from},
-        {"predicted_prefill_ms", predicted_prefill_ms}, {"stable_prefix_hash", stable_prefix_hash},
+        {"predicted_prefill_ms", predicted_prefill_ms}, {"stable_prefix_hash", stable_prefix_hash}, {"tier", tier},
         {"segments", segs},
     };
     if (eviction) {
@@ -112,8 +115,9 @@ nlohmann::json explain_report::to_json() const {
 std::string explain_report::to_text() const {
     std::ostringstream o;
     char line[512];
-    std::snprintf(line, sizeof line, "workspace %s: %d prompt tokens, %d reused, %d prefilled (%s)\n",
-                  workspace.c_str(), n_prompt_tokens, n_reused, n_prefilled, std::string(miss_kind_name(kind)).c_str());
+    std::snprintf(line, sizeof line, "workspace %s: %d prompt tokens, %d reused (from %s), %d prefilled (%s)\n",
+                  workspace.c_str(), n_prompt_tokens, n_reused, tier.c_str(), n_prefilled,
+                  std::string(miss_kind_name(kind)).c_str());
     o << line << "  why: " << reason << "\n";
     if (predicted_prefill_ms >= 0) {
         std::snprintf(line, sizeof line, "  predicted prefill: %.0f ms\n", predicted_prefill_ms);
@@ -135,6 +139,8 @@ std::string explain_report::to_text() const {
 
 struct context_engine::impl {
     context_engine_options opts;
+    seq_id cold_seq = 1;       // after the work sequences
+    seq_id first_holder = 2;
     std::unique_ptr<engine> eng;
     std::unique_ptr<text_model> tm;
     std::unique_ptr<engine_kv_ops> kv;
@@ -142,6 +148,70 @@ struct context_engine::impl {
     profile prof;
     uint64_t now = 0;
     double prefill_tokens_per_ms = 0;  // exponential average of measured prefills
+    std::unique_ptr<mem_fs> host_fs;   // the host-RAM tier is a snapshot store in memory
+    std::unique_ptr<snapshot_store> host, disk;
+    tier_counters tiers;
+
+    // The end of the leading run of cacheable blocks of at least `min` class, and how many.
+    static std::pair<size_t, pos_t> tier_prefix(const std::vector<block> & blocks, retention_class min) {
+        size_t k = 0;
+        while (k < blocks.size() && blocks[k].cls != retention_class::none && blocks[k].cls >= min) ++k;
+        return {k, k == 0 ? 0 : blocks[k - 1].end};
+    }
+
+    // Writes [0, end of blocks[k-1]) of `seq` (which holds at least that, computed or
+    // restored, no copy pending) to `store` unless it already holds it. Trims `seq`.
+    void write_through(snapshot_store & store, bool is_disk, seq_id seq, const std::string & ws,
+                       const assembled_prompt & ap, size_t k) {
+        if (k == 0) return;
+        std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
+        snapshot_match held = store.lookup(path);
+        if (held.n_blocks >= k) return;
+        const pos_t end = path.back().end;
+        if (!eng->trim_seq(seq, end).ok()) { tiers.n_write_failures++; return; }
+        auto kv = eng->save_seq(seq);
+        if (!kv.ok()) { tiers.n_write_failures++; return; }
+        snapshot snap;
+        snap.meta.prof = prof;
+        snap.meta.profile_fingerprint = prof.fingerprint();
+        snap.meta.workspace = ws;
+        snap.meta.man = ap.man;
+        snap.meta.blocks = std::move(path);
+        snap.tokens.assign(ap.tokens.begin(), ap.tokens.begin() + end);
+        snap.kv = std::move(kv.value());
+        auto put = store.put(snap);
+        if (!put.ok()) { tiers.n_write_failures++; return; }
+        (is_disk ? tiers.n_writes_disk : tiers.n_writes_host)++;
+    }
+
+    // The longest prefix a tier holds beyond `engine_tokens`: loads it into `seq`,
+    // trimmed at the match. Returns the tokens restored (0: none) and the tier's name.
+    std::pair<pos_t, std::string> restore(const assembled_prompt & ap, pos_t engine_tokens, seq_id seq, match & m) {
+        const pos_t n = (pos_t)ap.tokens.size();
+        for (int t = 0; t < 2; ++t) {
+            snapshot_store * store = t == 0 ? host.get() : disk.get();
+            if (!store) continue;
+            snapshot_match sm = store->lookup(ap.blocks);
+            size_t k = sm.n_blocks;
+            while (k > 0 && ap.blocks[k - 1].end >= n) --k;  // the last token must be computed
+            const pos_t reuse = k == 0 ? 0 : ap.blocks[k - 1].end;
+            if (reuse <= engine_tokens) continue;
+            auto snap = store->load(sm.key, &prof);
+            if (!snap.ok()) { tiers.n_restore_failures++; continue; }
+            eng->clear_seq(seq);
+            status st = eng->load_seq(seq, (*snap)->kv);
+            if (st.ok()) st = eng->trim_seq(seq, reuse);
+            if (!st.ok()) { eng->clear_seq(seq); tiers.n_restore_failures++; continue; }
+            (t == 0 ? tiers.n_restores_host : tiers.n_restores_disk)++;
+            tiers.n_restored_tokens += (uint64_t)reuse;
+            m.n_blocks = k;
+            m.n_tokens = reuse;
+            m.holder = -1;
+            m.workspace = sm.key.workspace;
+            return {reuse, t == 0 ? "host" : "disk"};
+        }
+        return {0, ""};
+    }
 
     struct workspace_state {
         manifest last_manifest;
@@ -243,7 +313,8 @@ struct context_engine::impl {
                 }
                 if (!changed.empty()) {
                     r.kind = miss_kind::segment_changed;
-                    r.reason = changed + "; reuse stops at its start";
+                    r.reason = changed + "; reuse stops at the first block that differs (token " +
+                               std::to_string(reuse) + ")";
                 } else {
                     r.kind = miss_kind::not_cached;
                     r.reason = "the prefix up to segment '" + r.missed_segment +
@@ -267,19 +338,21 @@ struct context_engine::impl {
         return r;
     }
 
-    void count(const std::string & ws, const turn_result & t) {
+    void count(const std::string & ws, const explain_report & ex, size_t n_generated) {
         for (workspace_counters * c : {&ctr.total, &ctr.workspaces[ws]}) {
             c->n_turns++;
-            c->n_prompt_tokens += (uint64_t)t.explain.n_prompt_tokens;
-            c->n_reused_tokens += (uint64_t)t.explain.n_reused;
-            c->n_prefilled_tokens += (uint64_t)t.explain.n_prefilled;
-            c->n_generated_tokens += t.gen.tokens.size();
-            c->misses_by_kind[std::string(miss_kind_name(t.explain.kind))]++;
+            c->n_prompt_tokens += (uint64_t)ex.n_prompt_tokens;
+            c->n_reused_tokens += (uint64_t)ex.n_reused;
+            c->n_prefilled_tokens += (uint64_t)ex.n_prefilled;
+            c->n_generated_tokens += n_generated;
+            c->misses_by_kind[std::string(miss_kind_name(ex.kind))]++;
         }
     }
 
     void note_prefill_rate(pos_t n, double ms) {
-        if (n < 16 || ms <= 0) return;
+        // Short tails are dominated by fixed costs (the lazy KV copy, attention over the
+        // reused prefix) and would make the rate useless for predicting a real miss.
+        if (n < 128 || ms <= 0) return;
         const double r = n / ms;
         prefill_tokens_per_ms = prefill_tokens_per_ms <= 0 ? r : 0.7 * prefill_tokens_per_ms + 0.3 * r;
     }
@@ -311,9 +384,12 @@ context_engine::~context_engine() = default;
 
 result<std::unique_ptr<context_engine>> context_engine::open(const context_engine_options & opts) {
     if (opts.n_holders < 1 || opts.n_holders > 64) return invalid_argument("n_holders must be in [1, 64]");
+    if (opts.n_work_seqs < 1 || opts.n_work_seqs > 64) return invalid_argument("n_work_seqs must be in [1, 64]");
     auto p = std::make_unique<impl>();
     p->opts = opts;
-    p->opts.engine.n_seq_max = 2 + opts.n_holders;
+    p->cold_seq = (seq_id)opts.n_work_seqs;
+    p->first_holder = p->cold_seq + 1;
+    p->opts.engine.n_seq_max = opts.n_work_seqs + 1 + opts.n_holders;
     auto e = engine::open(p->opts.engine);
     if (!e.ok()) return e.error();
     p->eng = std::move(e.value());
@@ -328,10 +404,30 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     }
     WARMCTX_RETURN_IF_ERROR(validate_budget(p->opts.budget));
     std::vector<seq_id> holders;
-    for (uint32_t i = 0; i < opts.n_holders; ++i) holders.push_back(k_first_holder + (seq_id)i);
+    for (uint32_t i = 0; i < opts.n_holders; ++i) holders.push_back(p->first_holder + (seq_id)i);
     p->cache = std::make_unique<prefix_cache>(*p->kv, holders, p->opts.budget, opts.policy,
                                               opts.engine.mode == kv_mode::exact ? kv_accounting::per_holder
                                                                                  : kv_accounting::shared_cells);
+    if (opts.tiers.host_budget_bytes > 0) {
+        p->host_fs = std::make_unique<mem_fs>();
+        snapshot_store_options so;
+        so.dir = "/host-tier";
+        so.fs = p->host_fs.get();
+        so.budget_bytes = opts.tiers.host_budget_bytes;
+        so.policy = opts.policy;
+        auto h = snapshot_store::open(so);
+        if (!h.ok()) return h.error().with_context("host-RAM tier");
+        p->host = std::move(h.value());
+    }
+    if (!opts.tiers.cache_dir.empty()) {
+        snapshot_store_options so;
+        so.dir = opts.tiers.cache_dir;
+        so.budget_bytes = opts.tiers.disk_budget_bytes;
+        so.policy = opts.policy;
+        auto d = snapshot_store::open(so);  // indexes the directory (headers only, no KV)
+        if (!d.ok()) return d.error().with_context("disk tier '" + opts.tiers.cache_dir + "'");
+        p->disk = std::move(d.value());
+    }
     // The profile: everything that decides the KV's bits.
     const auto & mi = p->eng->model();
     const auto & ci = p->eng->context();
@@ -359,58 +455,141 @@ result<explain_report> context_engine::explain(const turn_request & req) const {
     auto ap = p_->assemble(req);
     if (!ap.ok()) return ap.error();
     match m = p_->cache->peek(ap->blocks, req.workspace);
-    return p_->plan(req, *ap, m, impl::reuse_point(*ap, m));
+    pos_t reuse = impl::reuse_point(*ap, m);
+    std::string tier = reuse > 0 ? "engine" : "none";
+    for (int t = 0; t < 2; ++t) {  // what a tier would restore (nothing is loaded)
+        snapshot_store * store = t == 0 ? p_->host.get() : p_->disk.get();
+        if (!store) continue;
+        snapshot_match sm = store->lookup(ap->blocks);
+        size_t k = sm.n_blocks;
+        while (k > 0 && ap->blocks[k - 1].end >= (pos_t)ap->tokens.size()) --k;
+        const pos_t r = k == 0 ? 0 : ap->blocks[k - 1].end;
+        if (r > reuse) {
+            reuse = r;
+            tier = t == 0 ? "host" : "disk";
+            m.n_blocks = k;
+            m.n_tokens = r;
+            m.workspace = sm.key.workspace;
+        }
+    }
+    auto r = p_->plan(req, *ap, m, reuse);
+    r.tier = tier;
+    return r;
 }
 
-result<turn_result> context_engine::run_turn(const turn_request & req) {
+result<pending_turn> context_engine::begin_turn(const turn_request & req, seq_id seq, std::vector<float> & logits) {
+    if (seq < 0 || (uint32_t)seq >= p_->opts.n_work_seqs)
+        return invalid_argument("work sequence " + std::to_string(seq) + " out of range");
     auto t0 = clock_type::now();
     auto ap_r = p_->assemble(req);
     if (!ap_r.ok()) return ap_r.error();
-    const assembled_prompt & ap = *ap_r;
-    turn_result out;
-    out.t_assemble_ms = ms_between(t0, clock_type::now());
+    pending_turn t;
+    t.workspace = req.workspace;
+    t.seq = seq;
+    t.cache = req.cache;
+    t.ap = std::move(ap_r.value());
+    const assembled_prompt & ap = t.ap;
+    t.t_assemble_ms = ms_between(t0, clock_type::now());
     if (ap.tokens.size() > p_->eng->context().n_ctx_seq)
         return out_of_range("prompt needs " + std::to_string(ap.tokens.size()) + " tokens but the context holds " +
                             std::to_string(p_->eng->context().n_ctx_seq));
-    const uint64_t now = ++p_->now;
-    match m = p_->cache->lookup(ap.blocks, now, req.workspace);
+    t.now = ++p_->now;
+    match m = p_->cache->lookup(ap.blocks, t.now, req.workspace);
     const pos_t reuse = impl::reuse_point(ap, m);
-    out.explain = p_->plan(req, ap, m, reuse);
+    t.explain = p_->plan(req, ap, m, reuse);
 
     engine & e = *p_->eng;
-    e.clear_seq(k_work_seq);
-    if (reuse > 0) {
-        auto tc = clock_type::now();
-        WARMCTX_RETURN_IF_ERROR(e.copy_seq(m.holder, k_work_seq));
-        WARMCTX_RETURN_IF_ERROR(e.trim_seq(k_work_seq, reuse));
-        out.t_copy_ms = ms_between(tc, clock_type::now());
-    }
-    status st = p_->compute(k_work_seq, ap, reuse, req, out, t0);
-    if (!st.ok()) {
-        e.clear_seq(k_work_seq);
-        return st;
-    }
-    if (req.cache) {
-        auto ti = clock_type::now();
-        status ins = p_->cache->insert(req.workspace, ap.blocks, k_work_seq, now);
-        // resource_exhausted: nothing fit the budget; the turn itself succeeded.
-        if (!ins.ok() && ins.code() != status_code::resource_exhausted) {
-            e.clear_seq(k_work_seq);
-            return ins.with_context("cache update");
+    e.clear_seq(seq);
+    // A tier may hold a longer prefix than the engine (evicted, or before a restart).
+    pos_t reuse_final = reuse;
+    std::string tier = reuse > 0 ? "engine" : "none";
+    if (p_->host || p_->disk) {
+        auto tr = clock_type::now();
+        match tm = m;
+        auto [restored, name] = p_->restore(ap, reuse, seq, tm);
+        if (restored > 0) {
+            reuse_final = restored;
+            tier = name;
+            t.explain = p_->plan(req, ap, tm, restored);
+            t.t_restore_ms = ms_between(tr, clock_type::now());
         }
-        out.t_cache_update_ms = ms_between(ti, clock_type::now());
     }
-    e.clear_seq(k_work_seq);
-    out.man = ap.man;
-    out.stable_prefix_hash = ap.stable_prefix_hash.hex();
-    auto & ws = p_->workspaces[req.workspace];
-    ws.last_manifest = ap.man;
+    t.explain.tier = tier;
+    if (tier == "engine") {
+        auto tc = clock_type::now();
+        status st = e.copy_seq(m.holder, seq);
+        if (st.ok()) st = e.trim_seq(seq, reuse);
+        if (!st.ok()) { e.clear_seq(seq); return st; }
+        t.t_copy_ms = ms_between(tc, clock_type::now());
+    }
+    const pos_t reuse_used = reuse_final;
+    auto tp = clock_type::now();
+    std::span<const token_id> tail(ap.tokens.data() + reuse_used, ap.tokens.size() - (size_t)reuse_used);
+    status st = e.prefill(seq, tail, reuse_used, ap.boundaries, &logits, (int32_t)p_->prof.chunk_tokens);
+    if (!st.ok()) { e.clear_seq(seq); return st; }
+    t.t_prefill_ms = ms_between(tp, clock_type::now());
+    p_->note_prefill_rate((pos_t)tail.size(), t.t_prefill_ms);
+    return t;
+}
+
+status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
+    engine & e = *p_->eng;
+    status result_st;
+    if (t.cache) {
+        status ins = p_->cache->insert(t.workspace, t.ap.blocks, t.seq, t.now);
+        // resource_exhausted: nothing fit the budget; the turn itself succeeded.
+        if (!ins.ok() && ins.code() != status_code::resource_exhausted) result_st = ins.with_context("cache update");
+        // Write-through to the tiers: the longer (host) prefix first, since each write
+        // trims the work sequence to what it writes.
+        if (p_->host) {
+            auto [k, end] = impl::tier_prefix(t.ap.blocks, p_->opts.tiers.host_min_class);
+            p_->write_through(*p_->host, false, t.seq, t.workspace, t.ap, k);
+        }
+        if (p_->disk) {
+            auto [k, end] = impl::tier_prefix(t.ap.blocks, p_->opts.tiers.disk_min_class);
+            p_->write_through(*p_->disk, true, t.seq, t.workspace, t.ap, k);
+        }
+    }
+    e.clear_seq(t.seq);
+    auto & ws = p_->workspaces[t.workspace];
+    ws.last_manifest = t.ap.man;
     ws.last_profile = p_->prof;
-    ws.last_tokens = ap.tokens;
-    ws.last_blocks = ap.blocks;
-    ws.last_stable_end = ap.stable_end;
+    ws.last_tokens = t.ap.tokens;
+    ws.last_blocks = t.ap.blocks;
+    ws.last_stable_end = t.ap.stable_end;
     ws.has_turn = true;
-    p_->count(req.workspace, out);
+    p_->count(t.workspace, t.explain, n_generated);
+    return result_st;
+}
+
+void context_engine::abort_turn(pending_turn & t) { p_->eng->clear_seq(t.seq); }
+
+uint32_t context_engine::n_work_seqs() const { return p_->opts.n_work_seqs; }
+
+result<turn_result> context_engine::run_turn(const turn_request & req) {
+    auto t0 = clock_type::now();
+    std::vector<float> logits;
+    auto pt = begin_turn(req, 0, logits);
+    if (!pt.ok()) return pt.error();
+    pending_turn & t = *pt;
+    turn_result out;
+    out.explain = t.explain;
+    out.t_assemble_ms = t.t_assemble_ms;
+    out.t_copy_ms = t.t_copy_ms;
+    out.t_restore_ms = t.t_restore_ms;
+    out.t_prefill_ms = t.t_prefill_ms;
+    out.t_first_token_ms = ms_between(t0, clock_type::now());
+    if (req.keep_logits) out.prompt_logits = logits;
+    auto g = p_->eng->generate(t.seq, std::move(logits), req.sampling, req.keep_logits ? &out.gen_logits : nullptr);
+    if (!g.ok()) { abort_turn(t); return g.error(); }
+    out.gen = std::move(g.value());
+    out.t_decode_ms = out.gen.t_decode_ms;
+    out.t_total_ms = ms_between(t0, clock_type::now());
+    auto ti = clock_type::now();
+    WARMCTX_RETURN_IF_ERROR(finish_turn(t, out.gen.tokens.size()));
+    out.t_cache_update_ms = ms_between(ti, clock_type::now());
+    out.man = t.ap.man;
+    out.stable_prefix_hash = t.ap.stable_prefix_hash.hex();
     return out;
 }
 
@@ -421,9 +600,9 @@ result<turn_result> context_engine::run_cold(const turn_request & req) {
     turn_result out;
     out.t_assemble_ms = ms_between(t0, clock_type::now());
     engine & e = *p_->eng;
-    e.clear_seq(k_cold_seq);
-    status st = p_->compute(k_cold_seq, *ap, 0, req, out, t0);
-    e.clear_seq(k_cold_seq);
+    e.clear_seq(p_->cold_seq);
+    status st = p_->compute(p_->cold_seq, *ap, 0, req, out, t0);
+    e.clear_seq(p_->cold_seq);
     if (!st.ok()) return st;
     out.man = ap->man;
     out.stable_prefix_hash = ap->stable_prefix_hash.hex();
@@ -449,6 +628,89 @@ void context_engine::drop_workspace(const std::string & workspace) {
     p_->workspaces.erase(workspace);
 }
 
+status context_engine::snapshot_workspace(const std::string & workspace) {
+    if (!p_->disk) return failed_precondition("no disk tier (start with a cache directory)");
+    auto it = p_->workspaces.find(workspace);
+    if (it == p_->workspaces.end()) return not_found("workspace '" + workspace + "' has no turn yet");
+    const auto & ws = it->second;
+    match m = p_->cache->peek(ws.last_blocks, workspace);
+    if (m.n_blocks == 0) {
+        // Not resident: fine if the disk already holds its prefix.
+        snapshot_match sm = p_->disk->lookup(ws.last_blocks);
+        if (sm.n_blocks > 0) return {};
+        return not_found("workspace '" + workspace + "' has nothing cached to snapshot");
+    }
+    // The holder may be the destination of a lazy copy: materialize it first.
+    engine & e = *p_->eng;
+    e.clear_seq(p_->cold_seq);
+    WARMCTX_RETURN_IF_ERROR(e.apply_pending_copies(p_->cold_seq));
+    std::vector<block> path(ws.last_blocks.begin(), ws.last_blocks.begin() + (long)m.n_blocks);
+    if (p_->disk->lookup(path).n_blocks >= path.size()) return {};
+    auto kv = e.save_seq(m.holder);
+    if (!kv.ok()) return kv.error();
+    // The holder may hold more than this workspace's path (another workspace's longer
+    // path through the same blocks): keep only the matched part.
+    if (e.seq_n_tokens(m.holder) != path.back().end) {
+        WARMCTX_RETURN_IF_ERROR(e.load_seq(p_->cold_seq, *kv));
+        WARMCTX_RETURN_IF_ERROR(e.trim_seq(p_->cold_seq, path.back().end));
+        kv = e.save_seq(p_->cold_seq);
+        e.clear_seq(p_->cold_seq);
+        if (!kv.ok()) return kv.error();
+    }
+    snapshot snap;
+    snap.meta.prof = p_->prof;
+    snap.meta.profile_fingerprint = p_->prof.fingerprint();
+    snap.meta.workspace = workspace;
+    snap.meta.man = ws.last_manifest;
+    snap.meta.blocks = path;
+    snap.tokens.assign(ws.last_tokens.begin(), ws.last_tokens.begin() + path.back().end);
+    snap.kv = std::move(kv.value());
+    auto put = p_->disk->put(snap);
+    if (!put.ok()) return put.error();
+    p_->tiers.n_writes_disk++;
+    return {};
+}
+
+status context_engine::suspend_workspace(const std::string & workspace) {
+    WARMCTX_RETURN_IF_ERROR(snapshot_workspace(workspace));
+    p_->cache->drop_workspace(workspace, ++p_->now);
+    return {};
+}
+
+status context_engine::resume_workspace(const std::string & workspace) {
+    auto it = p_->workspaces.find(workspace);
+    if (it == p_->workspaces.end()) return not_found("workspace '" + workspace + "' has no turn yet");
+    const auto & ws = it->second;
+    if (p_->cache->peek(ws.last_blocks, workspace).n_blocks > 0) return {};  // already resident
+    // Restore into the scratch sequence, then let the cache take it as a holder.
+    assembled_prompt ap;
+    ap.tokens = ws.last_tokens;
+    ap.blocks = ws.last_blocks;
+    match m;
+    auto [restored, name] = p_->restore(ap, 0, p_->cold_seq, m);
+    if (restored == 0) return not_found("no tier holds a prefix of workspace '" + workspace + "'");
+    std::vector<block> path(ws.last_blocks.begin(), ws.last_blocks.begin() + (long)m.n_blocks);
+    status st = p_->cache->insert(workspace, path, p_->cold_seq, ++p_->now);
+    p_->eng->clear_seq(p_->cold_seq);
+    return st;
+}
+
+status context_engine::branch_workspace(const std::string & from, const std::string & to) {
+    if (from == to) return invalid_argument("branch: the new workspace must differ from the source");
+    auto it = p_->workspaces.find(from);
+    if (it == p_->workspaces.end()) return not_found("workspace '" + from + "' has no turn yet");
+    if (p_->workspaces.count(to)) return failed_precondition("workspace '" + to + "' already exists");
+    p_->workspaces[to] = it->second;  // same manifest and prefix; the cache shares by content
+    return {};
+}
+
+void context_engine::drop_engine_cache() { p_->cache->clear(); }
+void context_engine::clear_host_tier() {
+    if (p_->host) (void)p_->host->remove_all();
+}
+snapshot_store * context_engine::disk_tier() { return p_->disk.get(); }
+snapshot_store * context_engine::host_tier() { return p_->host.get(); }
+
 status context_engine::set_chunk_tokens(uint32_t n) {
     if (n < 1 || n > p_->eng->context().chunk_tokens)
         return invalid_argument("chunk_tokens must be in [1, " + std::to_string(p_->eng->context().chunk_tokens) + "]");
@@ -461,6 +723,17 @@ const profile & context_engine::current_profile() const { return p_->prof; }
 context_counters context_engine::counters() const {
     context_counters c = p_->ctr;
     c.cache = p_->cache->counters();
+    c.tiers = p_->tiers;
+    if (p_->host) {
+        auto st = p_->host->stats();
+        c.tiers.host_bytes = st.n_bytes;
+        c.tiers.host_files = st.n_files;
+    }
+    if (p_->disk) {
+        auto st = p_->disk->stats();
+        c.tiers.disk_bytes = st.n_bytes;
+        c.tiers.disk_files = st.n_files;
+    }
     return c;
 }
 

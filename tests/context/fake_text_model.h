@@ -23,6 +23,7 @@ class fake_text_model : public text_model {
     std::string fail_on;                  // tokenize fails on text containing this (if set)
     std::string template_tag;             // inserted after the role: a "different template"
     mutable std::vector<std::string> tokenize_calls;  // every text tokenize() was given
+    mutable std::vector<std::string> plain_calls;     // every text tokenize_plain() was given
 
     result<std::vector<token_id>> tokenize(std::string_view text) const override {
         if (!fail_on.empty() && text.find(fail_on) != text.npos)
@@ -41,6 +42,16 @@ class fake_text_model : public text_model {
                 ++i;
             }
         }
+        return out;
+    }
+
+    // Plain text: every byte is its own token, "<|im_end|>" included.
+    result<std::vector<token_id>> tokenize_plain(std::string_view text) const override {
+        if (!fail_on.empty() && text.find(fail_on) != text.npos)
+            return invalid_argument("fake tokenizer refuses '" + fail_on + "'");
+        plain_calls.emplace_back(text);
+        std::vector<token_id> out;
+        for (char c : text) out.push_back(static_cast<unsigned char>(c));
         return out;
     }
 

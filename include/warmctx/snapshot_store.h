@@ -1,0 +1,238 @@
+// warmctx/snapshot_store.h - the disk tier: a directory of snapshot files with its own
+// byte budget, indexed by block chain hash without reading any KV.
+//
+// Files
+//   <dir>/<key hex>-<workspace hash>.wcsnap   one snapshot (docs/snapshot-format.md), named
+//                                             by snapshot_file_name(key, workspace)
+//   <dir>/<final name>.<pid>-<n>.tmp          a snapshot being written; never indexed, and
+//                                             removed by open()/rescan() (a crash's leftover)
+//   <dir>/quarantine/<name>                   a file that failed its checks, moved aside,
+//   <dir>/quarantine/<name>.reason            with the reason as one line of text
+//   anything else                             ignored (not ours)
+// The store assumes it is the only writer of its directory: a second process's store on
+// the same directory would delete the first one's temp files at open.
+//
+// Durability
+//   put = write <temp>, sync, close, rename to the final name, sync the directory. After a
+//   crash at any point the final name holds the previous snapshot of that key (or none) or
+//   the new one, complete; never a torn file (see fs.h's contract). A file that is damaged
+//   anyway (a lying disk, a bad copy) is caught by its checksums: at open/rescan (head) or
+//   at load (everything) it is quarantined and the lookup/load is a miss with the reason.
+//
+// Lookup and load
+//   lookup(path) finds, over every file's blocks, the longest prefix of the path that some
+//   file holds (by chain hash: equal chain hashes mean equal tokens, chunking, profile and
+//   tenant up to that block). The file may hold more than the match: load it, then trim the
+//   sequence at match.n_tokens. load(key) reads the whole file and verifies it (both
+//   checksums, the chain hashes against the tokens, the name against the header) before
+//   returning any byte. Concurrent loads of one key share one read.
+//
+// Budget and eviction
+//   The bytes of the indexed files are kept within budget_bytes (and each workspace's
+//   within workspace_budget_bytes), checked after every put and rescan. Victims: semantic
+//   policy - lowest retention class of the file's last block first, least recently used
+//   within a class (then file name); lru - least recently used only. Never a pinned file,
+//   one being loaded, or the file just put; if the budget cannot be met otherwise, the file
+//   just put is removed again and put returns resource_exhausted. "Used" is the last put or
+//   load in this process, else the file's creation time.
+//
+// Thread safety
+//   All public calls are thread-safe. `mu_` guards the in-memory state (entries, chain map,
+//   pins, in-flight loads, puts in progress, rejected files, counters) and is never held
+//   during I/O. `commit_mu_` serialises every change of the directory (renames, removals,
+//   quarantines, rescans) so the index and the directory change in the same order; lock
+//   order is commit_mu_ then mu_. Snapshot writes and reads (the long I/O) run under
+//   neither: loads of other keys and lookups proceed while a file is written or read.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "warmctx/fs.h"
+#include "warmctx/prefix_cache.h"  // eviction_policy
+#include "warmctx/snapshot.h"
+
+namespace warmctx {
+
+// A file in the store: the chain hash of its last block and its workspace.
+struct snapshot_key {
+    hash128 chain;
+    std::string workspace;
+    std::string file_name() const { return snapshot_file_name(chain, workspace); }
+    bool operator==(const snapshot_key &) const = default;
+};
+
+struct snapshot_store_options {
+    std::string dir;                       // the cache directory (created if missing)
+    file_system * fs = nullptr;            // nullptr: posix_fs(); must outlive the store
+    uint64_t budget_bytes = 0;             // all files; 0 = unlimited
+    uint64_t workspace_budget_bytes = 0;   // each workspace's files; 0 = unlimited
+    eviction_policy policy = eviction_policy::semantic;
+    bool quarantine = true;                // a bad file goes to quarantine/ (false: removed)
+    // Never change the directory at open/rescan: bad files are reported by rejected() but
+    // left in place, temp files are left alone, the budget is not enforced. For readers
+    // beside a live writer (the CLI's ls/show/verify). put/remove still work.
+    bool scan_only = false;
+    std::function<uint64_t()> clock_ms;    // Unix time in ms; empty = the system clock
+    // Called (on the caller's thread, no lock held) when a load joins another caller's
+    // in-flight read of the same key. For tests and metrics.
+    std::function<void(const snapshot_key &)> on_shared_load;
+};
+
+// What the index knows of one file (from its head; no KV read).
+struct snapshot_entry {
+    snapshot_key key;
+    std::string file_name;
+    snapshot_meta meta;
+    uint64_t file_bytes = 0;
+    uint64_t kv_bytes = 0;
+    uint64_t t_last_used_ms = 0;
+    bool pinned = false;
+};
+
+// A file the store refused: at open/rescan (head checks, name) or at load (full checks).
+struct rejected_file {
+    std::string file_name;
+    snapshot_defect defect = snapshot_defect::none;  // none: an I/O error, not damage
+    std::string reason;                              // the status message
+    bool quarantined = false;                        // moved to quarantine/
+    bool removed = false;                            // deleted (quarantine off)
+};
+
+// The longest prefix of a path that a file holds. A miss has n_blocks == 0.
+struct snapshot_match {
+    snapshot_key key;
+    size_t n_blocks = 0;        // the path's first n_blocks blocks are in the file
+    pos_t n_tokens = 0;         // their end: load the file, then trim the sequence here
+    pos_t file_n_tokens = 0;    // tokens the file holds (>= n_tokens)
+    bool hit() const { return n_blocks > 0; }
+};
+
+// Gauges (the current state) and tickers (since open).
+// Invariants: n_loads == n_load_hits + sum(load_misses_by_reason);
+//   n_lookups == n_lookup_hits + n_lookup_misses; n_file_reads <= n_loads - n_shared_loads
+//   + (reads by rescan are not counted here).
+struct snapshot_store_stats {
+    // gauges
+    uint64_t n_files = 0;
+    uint64_t n_bytes = 0;
+    uint64_t budget_bytes = 0;
+    uint64_t n_pinned = 0;
+    // tickers
+    uint64_t n_puts = 0;               // successful
+    uint64_t n_put_failures = 0;
+    uint64_t n_bytes_written = 0;
+    uint64_t n_lookups = 0, n_lookup_hits = 0, n_lookup_misses = 0;
+    uint64_t n_loads = 0;              // calls of load()
+    uint64_t n_load_hits = 0;          // calls that returned a snapshot
+    uint64_t n_shared_loads = 0;       // calls served by another call's read
+    uint64_t n_file_reads = 0;         // whole-file reads done by loads
+    uint64_t n_bytes_read = 0;
+    // "not_found", "io_error", "profile_drift", "corrupt:<defect>" (e.g. "corrupt:truncated")
+    std::map<std::string, uint64_t> load_misses_by_reason;
+    uint64_t n_quarantined = 0;        // moved to quarantine/ (at scan or load)
+    uint64_t n_bad_removed = 0;        // bad files deleted (quarantine off)
+    uint64_t n_temp_removed = 0;       // leftover temp files deleted by open/rescan
+    std::array<uint64_t, k_retention_class_count> evictions_by_class{};  // files, by last block's class
+    uint64_t n_evicted_bytes = 0;
+};
+
+class snapshot_store {
+  public:
+    // Creates the directory (and quarantine/) unless scan_only, then rescan().
+    // Errors: invalid_argument (no dir), io_error / not_found from the file system.
+    static result<std::unique_ptr<snapshot_store>> open(snapshot_store_options opts);
+    ~snapshot_store();
+    snapshot_store(const snapshot_store &) = delete;
+    snapshot_store & operator=(const snapshot_store &) = delete;
+
+    // Writes a snapshot durably (see Durability), replacing the file of the same key, and
+    // evicts to the budget. meta.created_unix_ms 0 means now. Returns the new entry.
+    // Errors: invalid_argument (validate_snapshot), resource_exhausted (larger than a
+    // budget, or the budget is held by pinned files), io_error (the file system; nothing
+    // of this put is indexed, and the previous file of the key is untouched, except when
+    // only the final directory sync failed: then the new file is in place and indexed
+    // but may not survive a crash).
+    result<snapshot_entry> put(const snapshot_meta & meta, std::span<const token_id> tokens,
+                               std::span<const uint8_t> kv);
+    result<snapshot_entry> put(const snapshot & s) { return put(s.meta, s.tokens, s.kv); }
+
+    // The longest prefix of `path` (a prompt's block chain hashes, in order) held by any
+    // file; ties go to the smallest file. Reads nothing.
+    snapshot_match lookup(std::span<const hash128> path);
+    snapshot_match lookup(std::span<const block> path);
+
+    // Reads and fully verifies the file of `key`. When `expected` is given, a snapshot of
+    // another profile is a miss (failed_precondition naming the drifted fields; the file
+    // is kept: it is valid, for another configuration). A damaged file is quarantined (or
+    // removed) and the result is corrupt with the defect's name. Concurrent calls for one
+    // key share one read and one snapshot object.
+    // Errors (every one a miss, counted by reason): not_found, corrupt, io_error,
+    // failed_precondition.
+    result<std::shared_ptr<const snapshot>> load(const snapshot_key & key, const profile * expected = nullptr);
+
+    // Removes a file (not_found if the index does not hold it) / every indexed file.
+    status remove(const snapshot_key & key);
+    result<size_t> remove_all();
+
+    // Pinned files are never evicted. In-memory only (a restart forgets pins).
+    status pin(const snapshot_key & key);
+    void unpin(const snapshot_key & key);
+
+    // Re-reads the directory (heads only): indexes good files, quarantines bad ones,
+    // removes temp files (all unless scan_only), then enforces the budget.
+    status rescan();
+
+    std::vector<snapshot_entry> list() const;                  // sorted by file name
+    std::optional<snapshot_entry> find(const snapshot_key & key) const;
+    std::vector<rejected_file> rejected() const;               // since open, in order
+    snapshot_store_stats stats() const;
+    const snapshot_store_options & options() const { return opts_; }
+    std::string path_of(const std::string & file_name) const;  // dir + "/" + file_name
+
+  private:
+    struct inflight;
+    struct entry_state {
+        snapshot_entry e;
+        uint64_t generation = 0;  // bumped when a put replaces the file
+    };
+    explicit snapshot_store(snapshot_store_options opts);
+    uint64_t now_ms() const;
+    // REQUIRES mu_. Index maintenance.
+    void index_add(entry_state st);
+    void index_remove(const std::string & file_name);
+    // REQUIRES commit_mu_ (not mu_). Moves a bad file aside (or deletes it); records it.
+    void reject(const std::string & file_name, snapshot_defect d, const std::string & reason, bool in_index,
+                uint64_t generation);
+    // REQUIRES commit_mu_ (not mu_). Evicts to the budgets; `keep` (may be empty) is the
+    // file just put. Returns resource_exhausted when `keep` had to go.
+    status enforce_budget(const std::string & keep, const std::string & keep_workspace);
+
+    snapshot_store_options opts_;
+    file_system & fs_;
+    std::string quarantine_dir_;
+
+    std::mutex commit_mu_;            // serialises directory changes (see the header comment)
+    mutable std::mutex mu_;           // guards everything below
+    std::map<std::string, entry_state> entries_;  // by file name
+    // chain hash -> (file name, block index) of every block of every indexed file
+    std::unordered_map<hash128, std::vector<std::pair<std::string, size_t>>, hash128_hasher> by_chain_;
+    std::map<std::string, std::shared_ptr<inflight>> inflight_;  // loads in progress, by file name
+    std::vector<rejected_file> rejected_;
+    std::set<std::string> writing_;   // temp file names of puts in progress (rescan skips them)
+    snapshot_store_stats stats_;
+    uint64_t generation_counter_ = 0;
+    uint64_t temp_counter_ = 0;
+};
+
+}  // namespace warmctx

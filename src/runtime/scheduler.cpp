@@ -1,0 +1,358 @@
+// The engine thread: admission, continuous batching of decode steps, cancellation.
+//
+// State machine of a job:
+//   queued ──admit (a work sequence is free)──▶ prefilled ──step…──▶ finished
+//      │                    │ error                  │ cancelled / error
+//      └─ stop() ─▶ error   └──────▶ error event     └──────▶ sequence freed
+#include "warmctx/scheduler.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "warmctx/text_stream.h"
+
+namespace warmctx {
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+double ms_between(clock_type::time_point a, clock_type::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+struct queued_job {
+    completion_job job;
+    clock_type::time_point t_submit;
+};
+
+struct active_job {
+    queued_job q;
+    pending_turn turn;
+    std::unique_ptr<token_sampler> sampler;
+    std::unique_ptr<text_stream> text;
+    std::vector<float> logits;   // of the last computed position
+    pos_t pos = 0;               // next position to write
+    int32_t n_generated = 0;
+    token_id pending_token = -1; // sampled, to be decoded in the next step
+    bool finished = false;
+    bool cancelled = false;
+    finish_reason finish = finish_reason::length;
+    double t_queue_ms = 0, t_first_token_ms = 0;
+};
+}  // namespace
+
+struct scheduler::impl {
+    scheduler_options opts;
+    std::unique_ptr<context_engine> ce;
+    model_info minfo;
+    context_info cinfo;
+
+    // Guarded by mu: the queue, the calls, `stopping`.
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<queued_job> queue;
+    struct pending_call {
+        const std::function<void(context_engine &)> * fn;
+        bool done = false;
+    };
+    std::deque<pending_call *> calls;
+    std::condition_variable calls_done;
+    bool stopping = false;
+
+    // Written by the engine thread only; read by stats() without the lock.
+    std::atomic<size_t> a_queue_depth{0}, a_active{0};
+    std::atomic<uint64_t> a_submitted{0}, a_rejected{0}, a_cancelled{0}, a_completed{0}, a_failed{0}, a_batched{0};
+
+    std::vector<std::unique_ptr<active_job>> slots;  // one per work sequence; engine thread only
+    std::thread thread;
+
+    bool emit(active_job & j, const completion_event & ev) {
+        if (j.cancelled) return false;
+        bool keep = true;
+        try {
+            keep = j.q.job.sink(ev);
+        } catch (...) {
+            keep = false;  // a throwing sink is a gone client
+        }
+        if (!keep) j.cancelled = true;
+        return keep;
+    }
+
+    static void emit_error(queued_job & q, status st) {
+        completion_event ev;
+        ev.what = completion_event::kind::error;
+        ev.error = std::move(st);
+        try { q.job.sink(ev); } catch (...) {}
+    }
+
+    completion_usage usage_of(const active_job & j) const {
+        completion_usage u;
+        u.prompt_tokens = j.turn.explain.n_prompt_tokens;
+        u.cached_tokens = j.turn.explain.n_reused;
+        u.completion_tokens = j.n_generated;
+        return u;
+    }
+
+    void admit(size_t slot, queued_job q) {
+        auto j = std::make_unique<active_job>();
+        j->q = std::move(q);
+        j->t_queue_ms = ms_between(j->q.t_submit, clock_type::now());
+        const auto & sp = j->q.job.turn.sampling;
+        auto sampler = token_sampler::make(sp);
+        if (!sampler.ok()) {
+            a_failed++;
+            emit_error(j->q, sampler.error());
+            return;
+        }
+        j->sampler = std::move(sampler.value());
+        j->text = std::make_unique<text_stream>(sp.stop);
+        auto t = ce->begin_turn(j->q.job.turn, (seq_id)slot, j->logits);
+        if (!t.ok()) {
+            a_failed++;
+            emit_error(j->q, t.error());
+            return;
+        }
+        j->turn = std::move(t.value());
+        j->pos = (pos_t)j->turn.ap.tokens.size();
+        j->t_first_token_ms = ms_between(j->q.t_submit, clock_type::now());
+        completion_event ev;
+        ev.what = completion_event::kind::started;
+        ev.usage = usage_of(*j);
+        ev.explain = j->turn.explain;
+        ev.t_queue_ms = j->t_queue_ms;
+        ev.t_first_token_ms = j->t_first_token_ms;
+        emit(*j, ev);
+        slots[slot] = std::move(j);
+        a_active++;
+    }
+
+    // Samples the next token of `j` from its logits, emits text, decides whether it ends.
+    void sample_next(active_job & j) {
+        const auto & sp = j.q.job.turn.sampling;
+        if (j.n_generated >= sp.max_tokens) { j.finished = true; j.finish = finish_reason::length; return; }
+        token_id t = j.sampler->sample(j.logits);
+        if (ce->raw_engine().is_end_of_generation(t)) { j.finished = true; j.finish = finish_reason::eos; return; }
+        j.n_generated++;
+        std::string delta = j.text->push(ce->raw_engine().token_piece(t));
+        if (!delta.empty()) {
+            completion_event ev;
+            ev.what = completion_event::kind::delta;
+            ev.text = std::move(delta);
+            ev.token = t;
+            if (!emit(j, ev)) return;
+        }
+        if (j.text->stopped()) { j.finished = true; j.finish = finish_reason::stop; return; }
+        if (j.n_generated >= sp.max_tokens) { j.finished = true; j.finish = finish_reason::length; return; }
+        if ((uint32_t)j.pos + 1 > cinfo.n_ctx_seq) { j.finished = true; j.finish = finish_reason::context_full; return; }
+        j.pending_token = t;
+    }
+
+    void retire(size_t slot) {
+        active_job & j = *slots[slot];
+        if (j.cancelled) {
+            ce->abort_turn(j.turn);
+            a_cancelled++;
+        } else {
+            std::string rest = j.text->finish();
+            if (!rest.empty()) {
+                completion_event ev;
+                ev.what = completion_event::kind::delta;
+                ev.text = std::move(rest);
+                emit(j, ev);
+            }
+            status st = ce->finish_turn(j.turn, (size_t)j.n_generated);
+            completion_event ev;
+            if (st.ok()) {
+                ev.what = completion_event::kind::done;
+                ev.finish = j.finish;
+                ev.usage = usage_of(j);
+                ev.explain = j.turn.explain;
+                ev.t_queue_ms = j.t_queue_ms;
+                ev.t_first_token_ms = j.t_first_token_ms;
+                ev.t_total_ms = ms_between(j.q.t_submit, clock_type::now());
+                a_completed++;
+            } else {
+                ev.what = completion_event::kind::error;
+                ev.error = st;
+                a_failed++;
+            }
+            emit(j, ev);
+        }
+        slots[slot].reset();
+        a_active--;
+    }
+
+    // One decode step over every active job that has a token to decode.
+    void step() {
+        std::vector<step_input> in;
+        std::vector<size_t> who;
+        for (size_t s = 0; s < slots.size(); ++s) {
+            auto & j = slots[s];
+            if (!j || j->finished || j->cancelled || j->pending_token < 0) continue;
+            in.push_back({(seq_id)s, j->pending_token, j->pos});
+            who.push_back(s);
+        }
+        if (in.empty()) return;
+        std::vector<std::vector<float>> logits;
+        status st = ce->raw_engine().decode_step(in, logits);
+        if (in.size() > 1) a_batched++;
+        for (size_t k = 0; k < who.size(); ++k) {
+            active_job & j = *slots[who[k]];
+            j.pending_token = -1;
+            if (!st.ok()) {
+                completion_event ev;
+                ev.what = completion_event::kind::error;
+                ev.error = st;
+                emit(j, ev);
+                j.cancelled = true;  // retire without caching
+                continue;
+            }
+            j.pos++;
+            j.logits = std::move(logits[k]);
+        }
+    }
+
+    void run_calls() {
+        std::unique_lock<std::mutex> lk(mu);
+        while (!calls.empty()) {
+            pending_call * c = calls.front();
+            calls.pop_front();
+            lk.unlock();
+            try { (*c->fn)(*ce); } catch (...) {}
+            lk.lock();
+            c->done = true;
+        }
+        calls_done.notify_all();
+    }
+
+    void loop() {
+        for (;;) {
+            run_calls();
+            // Admit queued jobs into free work sequences.
+            for (size_t s = 0; s < slots.size(); ++s) {
+                if (slots[s]) continue;
+                queued_job q;
+                {
+                    std::lock_guard<std::mutex> lk(mu);
+                    if (queue.empty() || stopping) break;
+                    q = std::move(queue.front());
+                    queue.pop_front();
+                    a_queue_depth = queue.size();
+                }
+                admit(s, std::move(q));
+                run_calls();  // a prefill can be long: let waiting calls in between
+            }
+            // Sample for every job that has fresh logits, then decode them together.
+            for (auto & j : slots)
+                if (j && !j->finished && !j->cancelled && j->pending_token < 0) sample_next(*j);
+            for (size_t s = 0; s < slots.size(); ++s)
+                if (slots[s] && (slots[s]->finished || slots[s]->cancelled)) retire(s);
+            step();
+            for (size_t s = 0; s < slots.size(); ++s)
+                if (slots[s] && slots[s]->cancelled) retire(s);
+
+            bool any_active = false;
+            for (auto & j : slots) any_active |= (bool)j;
+            std::unique_lock<std::mutex> lk(mu);
+            if (stopping && !any_active) break;
+            if (!any_active && queue.empty() && calls.empty()) cv.wait(lk, [&] { return stopping || !queue.empty() || !calls.empty(); });
+            if (stopping) {
+                // Fail what is still queued; active jobs are cancelled and retired above.
+                while (!queue.empty()) {
+                    queued_job q = std::move(queue.front());
+                    queue.pop_front();
+                    lk.unlock();
+                    emit_error(q, {status_code::cancelled, "the server is shutting down"});
+                    a_failed++;
+                    lk.lock();
+                }
+                a_queue_depth = 0;
+                for (auto & j : slots)
+                    if (j) j->cancelled = true;
+            }
+        }
+        run_calls();
+    }
+};
+
+scheduler::scheduler(std::unique_ptr<impl> p) : p_(std::move(p)) {}
+
+scheduler::~scheduler() { stop(); }
+
+result<std::unique_ptr<scheduler>> scheduler::start(const scheduler_options & opts) {
+    if (opts.n_parallel < 1 || opts.n_parallel > 64) return invalid_argument("n_parallel must be in [1, 64]");
+    if (opts.max_queue < 1) return invalid_argument("max_queue must be at least 1");
+    auto p = std::make_unique<impl>();
+    p->opts = opts;
+    context_engine_options co = opts.engine;
+    co.n_work_seqs = opts.n_parallel;
+    auto ce = context_engine::open(co);
+    if (!ce.ok()) return ce.error();
+    p->ce = std::move(ce.value());
+    p->minfo = p->ce->raw_engine().model();
+    p->cinfo = p->ce->raw_engine().context();
+    p->slots.resize(opts.n_parallel);
+    impl * raw = p.get();
+    p->thread = std::thread([raw] { raw->loop(); });
+    return std::unique_ptr<scheduler>(new scheduler(std::move(p)));
+}
+
+status scheduler::submit(completion_job job) {
+    if (!job.sink) return invalid_argument("a job needs an event sink");
+    std::lock_guard<std::mutex> lk(p_->mu);
+    if (p_->stopping) return failed_precondition("the scheduler is stopping");
+    if (p_->queue.size() >= p_->opts.max_queue) {
+        p_->a_rejected++;
+        return resource_exhausted("the request queue is full (" + std::to_string(p_->opts.max_queue) + " waiting)");
+    }
+    p_->queue.push_back({std::move(job), clock_type::now()});
+    p_->a_queue_depth = p_->queue.size();
+    p_->a_submitted++;
+    p_->cv.notify_one();
+    return {};
+}
+
+status scheduler::call(const std::function<void(context_engine &)> & fn) {
+    impl::pending_call c{&fn};
+    std::unique_lock<std::mutex> lk(p_->mu);
+    if (p_->stopping && !p_->thread.joinable()) return failed_precondition("the scheduler is stopped");
+    p_->calls.push_back(&c);
+    p_->cv.notify_one();
+    p_->calls_done.wait(lk, [&] { return c.done; });
+    return {};
+}
+
+scheduler_stats scheduler::stats() const {
+    scheduler_stats s;
+    s.queue_depth = p_->a_queue_depth;
+    s.active_jobs = p_->a_active;
+    s.n_submitted = p_->a_submitted;
+    s.n_rejected = p_->a_rejected;
+    s.n_cancelled = p_->a_cancelled;
+    s.n_completed = p_->a_completed;
+    s.n_failed = p_->a_failed;
+    s.n_batched_steps = p_->a_batched;
+    return s;
+}
+
+const model_info & scheduler::model() const { return p_->minfo; }
+const context_info & scheduler::context() const { return p_->cinfo; }
+uint32_t scheduler::n_parallel() const { return p_->opts.n_parallel; }
+
+void scheduler::stop() {
+    {
+        std::lock_guard<std::mutex> lk(p_->mu);
+        p_->stopping = true;
+        p_->cv.notify_all();
+    }
+    if (p_->thread.joinable()) p_->thread.join();
+    // Calls that raced with the stop: nobody will run them now.
+    std::lock_guard<std::mutex> lk(p_->mu);
+    for (auto * c : p_->calls) c->done = true;
+    p_->calls.clear();
+    p_->calls_done.notify_all();
+}
+
+}  // namespace warmctx

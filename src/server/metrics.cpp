@@ -1,0 +1,175 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+
+namespace warmctx::server_detail {
+
+namespace {
+
+// The shortest text that reads back as the same double ("0.005", not "0.0050000000000000001").
+std::string num(double v) {
+    char buf[64];
+    auto r = std::to_chars(buf, buf + sizeof buf, v);
+    return std::string(buf, r.ptr);
+}
+
+// Label values are escaped per the exposition format (\\, \", \n).
+std::string escape_label(const std::string & s) {
+    std::string out;
+    for (char c : s) {
+        if (c == '\\') out += "\\\\";
+        else if (c == '"') out += "\\\"";
+        else if (c == '\n') out += "\\n";
+        else out += c;
+    }
+    return out;
+}
+
+void header(std::string & out, const char * name, const char * type, const char * help) {
+    out += "# HELP ";
+    out += name;
+    out += ' ';
+    out += help;
+    out += "\n# TYPE ";
+    out += name;
+    out += ' ';
+    out += type;
+    out += '\n';
+}
+
+void sample(std::string & out, const std::string & name, const std::string & labels, double v) {
+    out += name;
+    if (!labels.empty()) out += "{" + labels + "}";
+    out += ' ';
+    out += num(v);
+    out += '\n';
+}
+
+void scalar(std::string & out, const char * name, const char * type, const char * help, double v,
+            const std::string & labels = {}) {
+    header(out, name, type, help);
+    sample(out, name, labels, v);
+}
+
+}  // namespace
+
+void histogram::observe(double v) {
+    ++count_;
+    sum_ += v;
+    for (size_t i = 0; i < k_bounds.size(); ++i) {
+        if (v <= k_bounds[i]) {
+            ++buckets_[i];
+            return;
+        }
+    }
+}
+
+void histogram::render(std::string & out, const std::string & name) const {
+    uint64_t cum = 0;
+    for (size_t i = 0; i < k_bounds.size(); ++i) {
+        cum += buckets_[i];
+        sample(out, name + "_bucket", "le=\"" + num(k_bounds[i]) + "\"", static_cast<double>(cum));
+    }
+    sample(out, name + "_bucket", "le=\"+Inf\"", static_cast<double>(count_));
+    sample(out, name + "_sum", {}, sum_);
+    sample(out, name + "_count", {}, static_cast<double>(count_));
+}
+
+void server_metrics::record(const request_outcome & o) {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++requests_[{o.route, o.status}];
+    duration_.observe(o.duration_s);
+    if (o.ttft_s >= 0) ttft_.observe(o.ttft_s);
+    prompt_tokens_ += static_cast<uint64_t>(std::max<int64_t>(0, o.prompt_tokens));
+    cached_tokens_ += static_cast<uint64_t>(std::max<int64_t>(0, o.cached_tokens));
+    prefilled_tokens_ += static_cast<uint64_t>(std::max<int64_t>(0, o.prefilled_tokens));
+    completion_tokens_ += static_cast<uint64_t>(std::max<int64_t>(0, o.completion_tokens));
+}
+
+std::string server_metrics::render(const engine_snapshot & snap) const {
+    std::string out;
+    out.reserve(8192);
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        header(out, "warmctx_requests_total", "counter", "HTTP requests finished, by route pattern and status.");
+        for (const auto & [key, n] : requests_)
+            sample(out, "warmctx_requests_total",
+                   "route=\"" + escape_label(key.first) + "\",status=\"" + std::to_string(key.second) + "\"",
+                   static_cast<double>(n));
+        scalar(out, "warmctx_prompt_tokens_total", "counter", "Prompt tokens of finished completions.",
+               static_cast<double>(prompt_tokens_));
+        scalar(out, "warmctx_cached_tokens_total", "counter",
+               "Prompt tokens whose KV was reused from the prefix cache.", static_cast<double>(cached_tokens_));
+        scalar(out, "warmctx_prefilled_tokens_total", "counter", "Prompt tokens computed (not reused).",
+               static_cast<double>(prefilled_tokens_));
+        scalar(out, "warmctx_generated_tokens_total", "counter", "Completion tokens generated.",
+               static_cast<double>(completion_tokens_));
+        header(out, "warmctx_ttft_seconds", "histogram",
+               "Time from receiving a completion request to its first generated token.");
+        ttft_.render(out, "warmctx_ttft_seconds");
+        header(out, "warmctx_request_duration_seconds", "histogram",
+               "Time from receiving a request to its last byte (streams: the end of the stream).");
+        duration_.render(out, "warmctx_request_duration_seconds");
+    }
+
+    const scheduler_stats & s = snap.sched;
+    scalar(out, "warmctx_queue_depth", "gauge", "Jobs waiting for a work sequence.", static_cast<double>(s.queue_depth));
+    scalar(out, "warmctx_active_sequences", "gauge", "Jobs holding a work sequence.", static_cast<double>(s.active_jobs));
+    scalar(out, "warmctx_parallel_sequences", "gauge", "Work sequences (jobs decoded at once).",
+           static_cast<double>(snap.n_parallel));
+    scalar(out, "warmctx_jobs_submitted_total", "counter", "Jobs accepted by the scheduler.",
+           static_cast<double>(s.n_submitted));
+    scalar(out, "warmctx_jobs_rejected_total", "counter", "Jobs refused because the queue was full.",
+           static_cast<double>(s.n_rejected));
+    scalar(out, "warmctx_jobs_cancelled_total", "counter", "Jobs cancelled (client disconnected, shutdown).",
+           static_cast<double>(s.n_cancelled));
+    scalar(out, "warmctx_jobs_completed_total", "counter", "Jobs finished.", static_cast<double>(s.n_completed));
+    scalar(out, "warmctx_jobs_failed_total", "counter", "Jobs that ended in an error.", static_cast<double>(s.n_failed));
+    scalar(out, "warmctx_batched_steps_total", "counter", "Decode steps that served more than one job.",
+           static_cast<double>(s.n_batched_steps));
+
+    scalar(out, "warmctx_store_workspaces", "gauge", "Workspaces with segments in the server-side store.",
+           static_cast<double>(snap.store_workspaces));
+    scalar(out, "warmctx_store_segments", "gauge", "Segments in the server-side store.",
+           static_cast<double>(snap.store_segments));
+    scalar(out, "warmctx_store_bytes", "gauge", "Bytes of the segments in the server-side store.",
+           static_cast<double>(snap.store_bytes));
+
+    if (snap.have_counters) {
+        const cache_counters & c = snap.counters.cache;
+        const std::string tier = "tier=\"engine\"";
+        scalar(out, "warmctx_cache_tokens", "gauge", "Tokens of KV resident in the prefix cache.",
+               static_cast<double>(c.resident_tokens), tier);
+        scalar(out, "warmctx_cache_bytes", "gauge", "Bytes of KV resident in the prefix cache.",
+               static_cast<double>(c.resident_bytes), tier);
+        scalar(out, "warmctx_cache_entries", "gauge", "Cached prefixes (holders in use).",
+               static_cast<double>(c.n_holders_in_use), tier);
+        scalar(out, "warmctx_cache_capacity_entries", "gauge", "Holders the cache may use.",
+               static_cast<double>(c.n_holders_total), tier);
+        scalar(out, "warmctx_cache_pinned_blocks", "gauge", "Distinct pinned blocks.",
+               static_cast<double>(c.n_pinned_blocks), tier);
+        header(out, "warmctx_evictions_total", "counter", "Blocks evicted from the prefix cache, by retention class.");
+        for (int k = 1; k < k_retention_class_count; ++k)
+            sample(out, "warmctx_evictions_total",
+                   "class=\"" + std::string(retention_class_name(static_cast<retention_class>(k))) + "\"",
+                   static_cast<double>(c.evictions_by_class[k]));
+        header(out, "warmctx_evicted_tokens_total", "counter", "Tokens evicted from the prefix cache, by retention class.");
+        for (int k = 1; k < k_retention_class_count; ++k)
+            sample(out, "warmctx_evicted_tokens_total",
+                   "class=\"" + std::string(retention_class_name(static_cast<retention_class>(k))) + "\"",
+                   static_cast<double>(c.evicted_tokens_by_class[k]));
+        scalar(out, "warmctx_cache_lookups_total", "counter", "Prefix cache lookups.", static_cast<double>(c.n_lookups));
+        scalar(out, "warmctx_cache_lookup_hits_total", "counter", "Prefix cache lookups that reused something.",
+               static_cast<double>(c.n_lookup_hits));
+        scalar(out, "warmctx_cache_not_admitted_tokens_total", "counter",
+               "Tokens cut off inserted prefixes to fit the budget.", static_cast<double>(c.n_not_admitted_tokens));
+    }
+    scalar(out, "warmctx_engine_reachable", "gauge",
+           "1 when this scrape read the engine's cache counters, 0 when the engine thread did not answer.",
+           snap.have_counters ? 1 : 0);
+    return out;
+}
+
+}  // namespace warmctx::server_detail

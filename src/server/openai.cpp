@@ -1,0 +1,512 @@
+#include "server/openai.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <random>
+
+#include "server/json_util.h"
+#include "warmctx/assembler.h"
+#include "warmctx/hash.h"
+#include "warmctx/kind_table.h"
+
+namespace warmctx::server_detail {
+
+using json = nlohmann::json;
+
+namespace {
+
+std::string type_name(const json & j) {
+    switch (j.type()) {
+        case json::value_t::null: return "null";
+        case json::value_t::boolean: return "a boolean";
+        case json::value_t::string: return "a string";
+        case json::value_t::array: return "an array";
+        case json::value_t::object: return "an object";
+        case json::value_t::number_integer:
+        case json::value_t::number_unsigned: return "an integer";
+        case json::value_t::number_float: return "a number";
+        default: return "an unsupported value";
+    }
+}
+
+api_error wrong_type(std::string_view param, std::string_view expected, const json & got) {
+    return bad_request("invalid_type", std::string(param) + " must be " + std::string(expected) + ", not " + type_name(got),
+                       std::string(param));
+}
+
+// The field, or nullptr when absent or null (OpenAI clients send explicit nulls for
+// "use the default").
+const json * field(const json & obj, const char * key) {
+    auto it = obj.find(key);
+    if (it == obj.end() || it->is_null()) return nullptr;
+    return &*it;
+}
+
+maybe_error get_string(const json & obj, const char * key, std::string_view param, std::optional<std::string> & out) {
+    const json * f = field(obj, key);
+    if (!f) return std::nullopt;
+    if (!f->is_string()) return wrong_type(param, "a string", *f);
+    out = f->get<std::string>();
+    return std::nullopt;
+}
+
+maybe_error get_bool(const json & obj, const char * key, std::string_view param, std::optional<bool> & out) {
+    const json * f = field(obj, key);
+    if (!f) return std::nullopt;
+    if (!f->is_boolean()) return wrong_type(param, "a boolean", *f);
+    out = f->get<bool>();
+    return std::nullopt;
+}
+
+// An integer field; a huge unsigned value is clamped to INT64_MAX so range checks see it.
+maybe_error get_int(const json & obj, const char * key, std::string_view param, std::optional<int64_t> & out) {
+    const json * f = field(obj, key);
+    if (!f) return std::nullopt;
+    if (f->is_number_unsigned()) {
+        uint64_t u = f->get<uint64_t>();
+        out = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
+                                                                             : static_cast<int64_t>(u);
+        return std::nullopt;
+    }
+    if (f->is_number_integer()) { out = f->get<int64_t>(); return std::nullopt; }
+    return wrong_type(param, "an integer", *f);
+}
+
+maybe_error get_number(const json & obj, const char * key, std::string_view param, std::optional<double> & out) {
+    const json * f = field(obj, key);
+    if (!f) return std::nullopt;
+    if (!f->is_number()) return wrong_type(param, "a number", *f);
+    double v = f->get<double>();
+    if (!std::isfinite(v)) return bad_request("invalid_value", std::string(param) + " must be finite", std::string(param));
+    out = v;
+    return std::nullopt;
+}
+
+std::string index_param(std::string_view base, size_t i, std::string_view field_name = {}) {
+    std::string s = std::string(base) + "[" + std::to_string(i) + "]";
+    if (!field_name.empty()) s += "." + std::string(field_name);
+    return s;
+}
+
+// A message's content: a string, null, or an array of text parts.
+maybe_error message_content(const json & msg, std::string_view param, std::string & out) {
+    out.clear();
+    auto it = msg.find("content");
+    if (it == msg.end() || it->is_null()) return std::nullopt;
+    if (it->is_string()) { out = it->get<std::string>(); return std::nullopt; }
+    if (!it->is_array()) return wrong_type(param, "a string, null or an array of text parts", *it);
+    for (size_t k = 0; k < it->size(); ++k) {
+        const json & part = (*it)[k];
+        std::string pp = index_param(param, k);
+        if (!part.is_object()) return wrong_type(pp, "an object", part);
+        auto type = part.find("type");
+        if (type == part.end() || !type->is_string() || type->get<std::string>() != "text")
+            return bad_request("unsupported_content", pp + ": only {\"type\": \"text\"} content parts are supported",
+                               pp + ".type");
+        auto text = part.find("text");
+        if (text == part.end() || !text->is_string()) return wrong_type(pp + ".text", "a string", text == part.end() ? json() : *text);
+        if (k > 0) out += "\n";
+        out += text->get<std::string>();
+    }
+    return std::nullopt;
+}
+
+char hex_digit(unsigned v) { return "0123456789abcdef"[v & 15]; }
+
+std::string padded(char prefix, size_t i, int width) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%c%0*zu", prefix, width, i);
+    return buf;
+}
+
+}  // namespace
+
+maybe_error validate_workspace_id(std::string_view id, std::string_view param) {
+    auto fail = [&](const std::string & why) {
+        return bad_request("invalid_workspace", "invalid workspace id '" + std::string(id.substr(0, 80)) + "': " + why,
+                           std::string(param));
+    };
+    if (id.empty()) return fail("empty");
+    if (id.size() > 64) return fail("longer than 64 characters");
+    if (id.front() == '.') return fail("starts with '.'");
+    for (char c : id) {
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                  c == '_' || c == '-';
+        if (!ok) return fail("only A-Z a-z 0-9 . _ - are allowed");
+    }
+    return std::nullopt;
+}
+
+maybe_error map_messages(const json & messages, const json * tools, std::vector<segment> & out) {
+    if (!messages.is_array()) return wrong_type("messages", "an array", messages);
+    if (messages.size() > k_max_messages)
+        return bad_request("too_many_messages", "at most " + std::to_string(k_max_messages) + " messages are supported",
+                           "messages");
+    size_t n_system = 0, n_history = 0;
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const json & m = messages[i];
+        const std::string p = index_param("messages", i);
+        if (!m.is_object()) return wrong_type(p, "an object", m);
+        auto r = m.find("role");
+        if (r == m.end() || r->is_null()) return bad_request("missing_field", p + ".role is required", p + ".role");
+        if (!r->is_string()) return wrong_type(p + ".role", "a string", *r);
+        const std::string role = r->get<std::string>();
+        std::string content;
+        if (auto e = message_content(m, p + ".content", content)) return e;
+
+        segment s;
+        if (role == "system" || role == "developer") {
+            s.kind = segment_kind::system;
+            char buf[32];
+            std::snprintf(buf, sizeof buf, "system-%03zu", n_system++);
+            s.id = buf;
+        } else if (role == "user" || role == "assistant" || role == "tool") {
+            if (role == "assistant") {
+                if (const json * tc = field(m, "tool_calls")) {
+                    if (!tc->is_array()) return wrong_type(p + ".tool_calls", "an array", *tc);
+                    if (!content.empty()) content += "\n";
+                    content += dump_json(*tc);  // std::map keys: sorted, canonical
+                }
+            }
+            const bool last = i + 1 == messages.size();
+            if (last && role == "user") {
+                s.kind = segment_kind::user;
+                s.id = "user";
+            } else {
+                s.kind = segment_kind::history;
+                s.id = padded('h', n_history++, 4);
+                s.role = role;
+            }
+        } else {
+            return bad_request("unknown_role",
+                               p + ".role: unknown role '" + role.substr(0, 40) +
+                                   "' (expected system, developer, user, assistant or tool)",
+                               p + ".role");
+        }
+        s.content = std::move(content);
+        out.push_back(std::move(s));
+    }
+    if (tools) {
+        if (!tools->is_array()) return wrong_type("tools", "an array", *tools);
+        if (!tools->empty()) {
+            segment s;
+            s.kind = segment_kind::tools;
+            s.id = "tools";
+            s.content = dump_json(*tools);
+            out.push_back(std::move(s));
+        }
+    }
+    return std::nullopt;
+}
+
+maybe_error parse_segment_body(const json & obj, std::string id, std::string_view param, segment & out) {
+    const std::string p(param);
+    if (!obj.is_object()) return wrong_type(p, "an object", obj);
+    if (status st = validate_segment_id(id); !st.ok())
+        return bad_request("invalid_segment_id", st.message(), p.empty() ? "id" : p + ".id");
+    out.id = std::move(id);
+    auto fname = [&](const char * f) { return p.empty() ? std::string(f) : p + "." + f; };
+
+    const json * kind = field(obj, "kind");
+    if (!kind) return bad_request("missing_field", fname("kind") + " is required", fname("kind"));
+    if (!kind->is_string()) return wrong_type(fname("kind"), "a string", *kind);
+    auto k = parse_segment_kind(kind->get<std::string>());
+    if (!k.ok()) return bad_request("invalid_kind", k.error().message(), fname("kind"));
+    out.kind = *k;
+
+    const json * content = field(obj, "content");
+    if (!content) return bad_request("missing_field", fname("content") + " is required", fname("content"));
+    if (!content->is_string()) return wrong_type(fname("content"), "a string", *content);
+    out.content = content->get<std::string>();
+
+    std::optional<std::string> path, role;
+    if (auto e = get_string(obj, "path", fname("path"), path)) return e;
+    if (auto e = get_string(obj, "role", fname("role"), role)) return e;
+    out.path = path.value_or("");
+    out.role = role.value_or("");
+    if (!out.role.empty() && !is_chat_role(out.role))
+        return bad_request("unknown_role", fname("role") + ": unknown role '" + out.role.substr(0, 40) + "'", fname("role"));
+    return std::nullopt;
+}
+
+maybe_error parse_segments(const json & arr, std::string_view param, std::vector<segment> & out) {
+    if (!arr.is_array()) return wrong_type(param, "an array", arr);
+    if (arr.size() > k_max_request_segments)
+        return bad_request("too_many_segments", "at most " + std::to_string(k_max_request_segments) + " segments",
+                           std::string(param));
+    for (size_t i = 0; i < arr.size(); ++i) {
+        const std::string p = index_param(param, i);
+        const json & o = arr[i];
+        if (!o.is_object()) return wrong_type(p, "an object", o);
+        const json * id = field(o, "id");
+        if (!id) return bad_request("missing_field", p + ".id is required", p + ".id");
+        if (!id->is_string()) return wrong_type(p + ".id", "a string", *id);
+        segment s;
+        if (auto e = parse_segment_body(o, id->get<std::string>(), p, s)) return e;
+        out.push_back(std::move(s));
+    }
+    return std::nullopt;
+}
+
+maybe_error parse_completion_request(const json & body, body_mode mode, const request_limits & limits,
+                                     completion_request & out) {
+    if (!body.is_object()) return wrong_type("body", "a JSON object", body);
+    out = completion_request{};
+    out.shape = mode == body_mode::text ? api_shape::text : api_shape::chat;
+
+    // ---- content ----
+    const json * messages = field(body, "messages");
+    const json * segs = field(body, "segments");
+    const json * tools = field(body, "tools");
+    if (mode == body_mode::text) {
+        const json * prompt = field(body, "prompt");
+        if (!prompt) return bad_request("missing_field", "prompt is required", "prompt");
+        std::string text;
+        if (prompt->is_string()) {
+            text = prompt->get<std::string>();
+        } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+            text = (*prompt)[0].get<std::string>();
+        } else if (prompt->is_array()) {
+            return bad_request("unsupported_prompt", "prompt must be a string or an array of exactly one string",
+                               "prompt");
+        } else {
+            return wrong_type("prompt", "a string", *prompt);
+        }
+        if (text.empty()) return bad_request("invalid_value", "prompt is empty", "prompt");
+        segment s;
+        s.kind = segment_kind::user;
+        s.id = "user";
+        s.content = std::move(text);
+        out.segments.push_back(std::move(s));
+        if (tools) {
+            if (auto e = map_messages(json::array(), tools, out.segments)) return e;
+        }
+    } else {
+        if (!messages && !(mode == body_mode::workspace_chat && segs)) {
+            return bad_request("missing_field",
+                               mode == body_mode::chat ? "messages is required"
+                                                       : "messages or segments is required (the volatile tail)",
+                               "messages");
+        }
+        if (messages) {
+            if (!messages->is_array()) return wrong_type("messages", "an array", *messages);
+            if (messages->empty() && !segs) return bad_request("invalid_value", "messages is empty", "messages");
+            if (auto e = map_messages(*messages, tools, out.segments)) return e;
+        } else if (tools) {
+            if (auto e = map_messages(json::array(), tools, out.segments)) return e;
+        }
+    }
+    if (segs) {
+        if (auto e = parse_segments(*segs, "segments", out.segments)) return e;
+    }
+    if (out.segments.empty()) return bad_request("invalid_value", "the request has no content", "messages");
+
+    std::optional<std::string> ws;
+    if (auto e = get_string(body, "workspace", "workspace", ws)) return e;
+    if (ws) {
+        if (auto e = validate_workspace_id(*ws)) return e;
+        out.workspace = *ws;
+    }
+
+    // ---- sampling ----
+    sampling_params & sp = out.sampling;
+    std::optional<int64_t> max_tokens, max_completion_tokens, seed, n, top_k;
+    if (auto e = get_int(body, "max_tokens", "max_tokens", max_tokens)) return e;
+    if (auto e = get_int(body, "max_completion_tokens", "max_completion_tokens", max_completion_tokens)) return e;
+    const char * mt_name = max_completion_tokens ? "max_completion_tokens" : "max_tokens";
+    std::optional<int64_t> mt = max_completion_tokens ? max_completion_tokens : max_tokens;
+    if (mt) {
+        if (*mt < 1) return bad_request("invalid_value", std::string(mt_name) + " must be at least 1", mt_name);
+        if (*mt > limits.max_tokens_cap)
+            return bad_request("invalid_value",
+                               std::string(mt_name) + " must be at most " + std::to_string(limits.max_tokens_cap) +
+                                   " (the context per sequence)",
+                               mt_name);
+        sp.max_tokens = static_cast<int32_t>(*mt);
+    } else {
+        sp.max_tokens = std::min(limits.default_max_tokens, limits.max_tokens_cap);
+    }
+
+    std::optional<double> temperature, top_p;
+    if (auto e = get_number(body, "temperature", "temperature", temperature)) return e;
+    if (temperature && (*temperature < 0 || *temperature > 2))
+        return bad_request("invalid_value", "temperature must be in [0, 2]", "temperature");
+    sp.temperature = static_cast<float>(temperature.value_or(1.0));
+    if (auto e = get_number(body, "top_p", "top_p", top_p)) return e;
+    if (top_p && (*top_p <= 0 || *top_p > 1)) return bad_request("invalid_value", "top_p must be in (0, 1]", "top_p");
+    sp.top_p = static_cast<float>(top_p.value_or(1.0));
+    if (auto e = get_int(body, "top_k", "top_k", top_k)) return e;
+    if (top_k && (*top_k < 0 || *top_k > 1000000)) return bad_request("invalid_value", "top_k must be in [0, 1000000]", "top_k");
+    sp.top_k = static_cast<int32_t>(top_k.value_or(0));
+
+    if (auto e = get_int(body, "seed", "seed", seed)) return e;
+    if (seed) {
+        // Any integer is accepted; the sampler takes 32 bits of it.
+        sp.seed = static_cast<uint32_t>(static_cast<uint64_t>(*seed));
+    } else {
+        thread_local std::mt19937 rng{std::random_device{}()};
+        sp.seed = static_cast<uint32_t>(rng());
+    }
+
+    if (auto e = get_int(body, "n", "n", n)) return e;
+    if (n && *n != 1) return bad_request("unsupported_value", "only n = 1 is supported", "n");
+
+    if (const json * stop = field(body, "stop")) {
+        if (stop->is_string()) {
+            sp.stop.push_back(stop->get<std::string>());
+        } else if (stop->is_array()) {
+            if (stop->size() > k_max_stop_strings)
+                return bad_request("invalid_value", "at most " + std::to_string(k_max_stop_strings) + " stop strings",
+                                   "stop");
+            for (size_t i = 0; i < stop->size(); ++i) {
+                if (!(*stop)[i].is_string()) return wrong_type(index_param("stop", i), "a string", (*stop)[i]);
+                sp.stop.push_back((*stop)[i].get<std::string>());
+            }
+        } else {
+            return wrong_type("stop", "a string or an array of strings", *stop);
+        }
+        for (size_t i = 0; i < sp.stop.size(); ++i)
+            if (sp.stop[i].empty()) return bad_request("invalid_value", "stop strings must not be empty", "stop");
+    }
+
+    std::optional<bool> stream;
+    if (auto e = get_bool(body, "stream", "stream", stream)) return e;
+    out.stream = stream.value_or(false);
+    if (const json * so = field(body, "stream_options")) {
+        if (!so->is_object()) return wrong_type("stream_options", "an object", *so);
+        std::optional<bool> iu;
+        if (auto e = get_bool(*so, "include_usage", "stream_options.include_usage", iu)) return e;
+        out.include_usage = iu.value_or(false);
+    }
+    return std::nullopt;
+}
+
+std::string derive_workspace(const std::vector<segment> & segs) {
+    hash128 h;
+    bool any = false;
+    // Segments in a fixed order (they are already in input order; system ids are
+    // ordered and there is one tools segment), length-prefixed so that no two
+    // different set-ups hash the same bytes.
+    for (const segment & s : segs) {
+        if (s.kind != segment_kind::system && s.kind != segment_kind::tools) continue;
+        any = true;
+        for (const std::string * part : {&s.id, &s.content}) {
+            uint64_t n = part->size();
+            h = hash_combine(h, &n, sizeof n);
+            h = hash_combine(h, part->data(), part->size());
+        }
+    }
+    if (!any) return "default";
+    std::string hex = "auto-";
+    for (int i = 60; i >= 0; i -= 4) hex.push_back(hex_digit(static_cast<unsigned>(h.hi >> i)));
+    return hex;
+}
+
+// ---- responses -------------------------------------------------------------------
+
+std::string_view openai_finish_reason(finish_reason r) {
+    switch (r) {
+        case finish_reason::stop:
+        case finish_reason::eos: return "stop";
+        case finish_reason::length:
+        case finish_reason::context_full: return "length";
+    }
+    return "stop";
+}
+
+json usage_json(const completion_usage & u) {
+    return {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json segment_json(const segment & s) {
+    json j = {{"id", s.id}, {"kind", segment_kind_name(s.kind)}, {"content", s.content}};
+    if (!s.path.empty()) j["path"] = s.path;
+    if (!s.role.empty()) j["role"] = s.role;
+    return j;
+}
+
+json warmctx_json(const std::string & workspace, const explain_report & ex, const completion_event & done) {
+    return {{"workspace", workspace},
+            {"tokens_reused", ex.n_reused},
+            {"tokens_prefilled", ex.n_prefilled},
+            {"tokens_cacheable", ex.n_cacheable},
+            {"result", miss_kind_name(ex.kind)},
+            {"reason", ex.reason},
+            {"missed_segment", ex.missed_segment},
+            {"stable_prefix_hash", ex.stable_prefix_hash},
+            {"queue_ms", done.t_queue_ms},
+            {"first_token_ms", done.t_first_token_ms},
+            {"total_ms", done.t_total_ms}};
+}
+
+namespace {
+json chunk_base(const response_meta & m) {
+    return {{"id", m.id},
+            {"object", m.shape == api_shape::chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", m.created},
+            {"model", m.model}};
+}
+}  // namespace
+
+json completion_response(const response_meta & m, const std::string & text, finish_reason finish,
+                         const completion_usage & usage, json warmctx_ext) {
+    json choice = {{"index", 0}, {"finish_reason", openai_finish_reason(finish)}};
+    if (m.shape == api_shape::chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+        choice["text"] = text;
+    }
+    choice["logprobs"] = nullptr;
+    return {{"id", m.id},
+            {"object", m.shape == api_shape::chat ? "chat.completion" : "text_completion"},
+            {"created", m.created},
+            {"model", m.model},
+            {"choices", json::array({std::move(choice)})},
+            {"usage", usage_json(usage)},
+            {"warmctx", std::move(warmctx_ext)}};
+}
+
+json chunk_role(const response_meta & m, bool include_usage) {
+    json j = chunk_base(m);
+    j["choices"] = json::array(
+        {{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}});
+    if (include_usage) j["usage"] = nullptr;
+    return j;
+}
+
+json chunk_delta(const response_meta & m, const std::string & text, bool include_usage) {
+    json j = chunk_base(m);
+    if (m.shape == api_shape::chat)
+        j["choices"] = json::array({{{"index", 0}, {"delta", {{"content", text}}}, {"finish_reason", nullptr}}});
+    else
+        j["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+    if (include_usage) j["usage"] = nullptr;
+    return j;
+}
+
+json chunk_finish(const response_meta & m, finish_reason finish, bool include_usage, json warmctx_ext) {
+    json j = chunk_base(m);
+    if (m.shape == api_shape::chat)
+        j["choices"] = json::array(
+            {{{"index", 0}, {"delta", json::object()}, {"finish_reason", openai_finish_reason(finish)}}});
+    else
+        j["choices"] = json::array(
+            {{{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(finish)}}});
+    if (include_usage) j["usage"] = nullptr;
+    j["warmctx"] = std::move(warmctx_ext);
+    return j;
+}
+
+json chunk_usage(const response_meta & m, const completion_usage & usage) {
+    json j = chunk_base(m);
+    j["choices"] = json::array();
+    j["usage"] = usage_json(usage);
+    return j;
+}
+
+}  // namespace warmctx::server_detail

@@ -1,0 +1,122 @@
+// server/openai.h - OpenAI request bodies -> native types, and native results -> the
+// OpenAI response shapes. Pure functions: no I/O, no scheduler.
+//
+// How a plain chat request becomes segments (also in docs/api.md):
+//
+//   messages[i].role        segment
+//   system | developer      kind system, id "system-000", "system-001", ... (in order)
+//   the LAST message, if    kind user, id "user"
+//     its role is user
+//   every other message     kind history, id "h0000", "h0001", ... in conversation
+//     (user, assistant,       order, role = the message's role (so canonical order,
+//      tool)                  which sorts by id, is the conversation order)
+//   request field `tools`   kind tools, id "tools", content = the canonical JSON text
+//                           of the array (keys sorted, no spaces)
+//
+// An assistant message's `tool_calls` are appended to its content as canonical JSON
+// text. Content may be a string, null, or an array of {"type":"text","text":...} parts
+// (joined with "\n"). A system message in the middle of a conversation moves to the
+// front (stable context first): the point of canonical order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+#include "warmctx/context_engine.h"
+#include "warmctx/scheduler.h"
+#include "warmctx/segments.h"
+
+namespace warmctx::server_detail {
+
+inline constexpr size_t k_max_messages = 10000;     // history ids are h0000..h9999
+inline constexpr size_t k_max_stop_strings = 16;
+inline constexpr size_t k_max_request_segments = 4096;
+
+struct request_limits {
+    int32_t max_tokens_cap = 8192;      // the context per sequence: more can never fit
+    int32_t default_max_tokens = 256;
+};
+
+enum class api_shape { chat, text };    // chat.completion vs text_completion
+
+struct completion_request {
+    api_shape shape = api_shape::chat;
+    std::string workspace;              // "" = not named (derive_workspace)
+    std::vector<segment> segments;      // messages mapping, then the `segments` extension
+    sampling_params sampling;
+    bool stream = false;
+    bool include_usage = false;         // stream_options.include_usage
+};
+
+// What the body of each route must carry.
+enum class body_mode {
+    chat,            // /v1/chat/completions: `messages` required
+    workspace_chat,  // /v1/workspaces/{id}/chat/completions: `messages` or `segments`
+    text,            // /v1/completions: `prompt` required
+};
+
+// Parses a request body (already valid JSON) into `out`. Unknown fields are ignored
+// (clients send many); known fields of the wrong type or out of range are a 400 naming
+// the field. Sampling defaults: max_tokens = limits.default_max_tokens, temperature 1
+// (OpenAI's), top_p 1, a random seed when none is given.
+maybe_error parse_completion_request(const nlohmann::json & body, body_mode mode,
+                                     const request_limits & limits, completion_request & out);
+
+// The messages mapping of the header comment. `tools` may be null (absent).
+maybe_error map_messages(const nlohmann::json & messages, const nlohmann::json * tools,
+                         std::vector<segment> & out);
+
+// The `segments` extension: [{"id","kind","content","path"?,"role"?}, ...].
+// `param` prefixes field names in errors ("segments").
+maybe_error parse_segments(const nlohmann::json & arr, std::string_view param, std::vector<segment> & out);
+// One segment object (a PUT body), with the id given apart.
+maybe_error parse_segment_body(const nlohmann::json & obj, std::string id, std::string_view param,
+                               segment & out);
+
+// A workspace for a request that names none: "auto-" + 16 hex digits of a hash of the
+// system and tools segments (id and content), so each distinct agent set-up gets its
+// own workspace and the same set-up always the same one; "default" when there is
+// neither a system nor a tools segment.
+std::string derive_workspace(const std::vector<segment> & segs);
+
+// Workspace ids: 1..64 chars of [A-Za-z0-9._-], not starting with '.'.
+maybe_error validate_workspace_id(std::string_view id, std::string_view param = "workspace");
+
+// ---- responses -------------------------------------------------------------------
+
+// "stop" for stop/eos, "length" for length/context_full.
+std::string_view openai_finish_reason(finish_reason r);
+
+nlohmann::json usage_json(const completion_usage & u);
+nlohmann::json segment_json(const segment & s);
+
+// The `warmctx` extension object of a response: what reuse did for this request.
+nlohmann::json warmctx_json(const std::string & workspace, const explain_report & ex,
+                            const completion_event & done);
+
+struct response_meta {
+    std::string id;         // "chatcmpl-..." / "cmpl-..."
+    int64_t created = 0;    // unix seconds
+    std::string model;
+    api_shape shape = api_shape::chat;
+};
+
+// A whole non-streamed response.
+nlohmann::json completion_response(const response_meta & m, const std::string & text,
+                                   finish_reason finish, const completion_usage & usage,
+                                   nlohmann::json warmctx_ext);
+
+// Streamed chunks (the JSON after "data: "). `include_usage` adds "usage": null to
+// each, as OpenAI does when stream_options.include_usage is set.
+nlohmann::json chunk_role(const response_meta & m, bool include_usage);  // chat only
+nlohmann::json chunk_delta(const response_meta & m, const std::string & text, bool include_usage);
+nlohmann::json chunk_finish(const response_meta & m, finish_reason finish, bool include_usage,
+                            nlohmann::json warmctx_ext);
+nlohmann::json chunk_usage(const response_meta & m, const completion_usage & usage);
+
+}  // namespace warmctx::server_detail

@@ -1,0 +1,572 @@
+// The disk tier: a directory of snapshot files, indexed by chain hash (see the header).
+#include "warmctx/snapshot_store.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <tuple>
+
+namespace warmctx {
+
+namespace sf = snapshot_format;
+
+namespace {
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+    return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// At most this many rejected files are remembered (the oldest are forgotten first).
+constexpr size_t k_max_rejected_records = 1024;
+
+}  // namespace
+
+// One load in progress: the first caller reads, later callers wait on `result`.
+struct snapshot_store::inflight {
+    std::shared_future<result<std::shared_ptr<const snapshot>>> value;
+    snapshot_defect defect = snapshot_defect::none;  // set by the reader before the result
+};
+
+snapshot_store::snapshot_store(snapshot_store_options opts)
+    : opts_(std::move(opts)), fs_(opts_.fs ? *opts_.fs : posix_fs()) {
+    while (opts_.dir.size() > 1 && opts_.dir.back() == '/') opts_.dir.pop_back();
+    quarantine_dir_ = opts_.dir + "/quarantine";
+    stats_.budget_bytes = opts_.budget_bytes;
+}
+
+snapshot_store::~snapshot_store() = default;
+
+result<std::unique_ptr<snapshot_store>> snapshot_store::open(snapshot_store_options opts) {
+    if (opts.dir.empty()) return invalid_argument("snapshot store: no directory given");
+    std::unique_ptr<snapshot_store> s(new snapshot_store(std::move(opts)));
+    if (!s->opts_.scan_only) {
+        WARMCTX_RETURN_IF_ERROR(s->fs_.create_dirs(s->opts_.dir).with_context("snapshot store"));
+        if (s->opts_.quarantine) WARMCTX_RETURN_IF_ERROR(s->fs_.create_dirs(s->quarantine_dir_).with_context("snapshot store"));
+    }
+    WARMCTX_RETURN_IF_ERROR(s->rescan());
+    return s;
+}
+
+uint64_t snapshot_store::now_ms() const {
+    if (opts_.clock_ms) return opts_.clock_ms();
+    return (uint64_t)std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+std::string snapshot_store::path_of(const std::string & file_name) const { return opts_.dir + "/" + file_name; }
+
+// ---- index ------------------------------------------------------------------------------
+
+void snapshot_store::index_add(entry_state st) {
+    const std::string name = st.e.file_name;
+    for (size_t i = 0; i < st.e.meta.blocks.size(); ++i) by_chain_[st.e.meta.blocks[i].chain].emplace_back(name, i);
+    stats_.n_bytes += st.e.file_bytes;
+    entries_[name] = std::move(st);
+}
+
+void snapshot_store::index_remove(const std::string & file_name) {
+    auto it = entries_.find(file_name);
+    if (it == entries_.end()) return;
+    for (const block & b : it->second.e.meta.blocks) {
+        auto c = by_chain_.find(b.chain);
+        if (c == by_chain_.end()) continue;
+        auto & refs = c->second;
+        refs.erase(std::remove_if(refs.begin(), refs.end(), [&](const auto & r) { return r.first == file_name; }), refs.end());
+        if (refs.empty()) by_chain_.erase(c);
+    }
+    stats_.n_bytes -= it->second.e.file_bytes;
+    entries_.erase(it);
+}
+
+// ---- rejecting bad files ------------------------------------------------------------------
+
+void snapshot_store::reject(const std::string & file_name, snapshot_defect d, const std::string & reason,
+                            bool in_index, uint64_t generation) {
+    rejected_file rf;
+    rf.file_name = file_name;
+    rf.defect = d;
+    rf.reason = reason;
+    bool move = !opts_.scan_only;
+    if (in_index) {
+        std::lock_guard lock(mu_);
+        auto it = entries_.find(file_name);
+        // A put replaced the file while it was being read: what failed is gone already.
+        if (it == entries_.end() || it->second.generation != generation) move = false;
+        else index_remove(file_name);
+    }
+    if (move && d != snapshot_defect::none) {
+        const std::string path = path_of(file_name);
+        if (opts_.quarantine) {
+            const std::string q = quarantine_dir_ + "/" + file_name;
+            if (fs_.rename_file(path, q).ok()) {
+                rf.quarantined = true;
+                std::string line = std::string(snapshot_defect_name(d)) + "\t" + reason + "\n";
+                // Best effort: the reason is for a human; the file itself is what matters.
+                (void)fs_.write_file(q + ".reason", std::span((const uint8_t *)line.data(), line.size()));
+                (void)fs_.sync_dir(quarantine_dir_);
+            }
+        }
+        if (!rf.quarantined && fs_.remove_file(path).ok()) rf.removed = true;
+        (void)fs_.sync_dir(opts_.dir);
+    }
+    std::lock_guard lock(mu_);
+    if (rf.quarantined) ++stats_.n_quarantined;
+    if (rf.removed) ++stats_.n_bad_removed;
+    if (rejected_.size() >= k_max_rejected_records) rejected_.erase(rejected_.begin());
+    rejected_.push_back(std::move(rf));
+}
+
+// ---- budget -------------------------------------------------------------------------------
+
+status snapshot_store::enforce_budget(const std::string & keep, const std::string & keep_workspace) {
+    if (opts_.scan_only || (opts_.budget_bytes == 0 && opts_.workspace_budget_bytes == 0)) return {};
+    std::vector<std::string> victims;
+    bool drop_keep = false;
+    uint64_t keep_bytes = 0;
+    {
+        std::lock_guard lock(mu_);
+        // The victim among the entries `in_scope`, by the policy; "" when none is evictable.
+        auto pick = [&](const auto & in_scope) -> std::string {
+            const entry_state * best = nullptr;
+            auto order = [&](const entry_state & s) {
+                int cls = opts_.policy == eviction_policy::semantic ? (int)s.e.meta.last_class() : 0;
+                return std::tuple<int, uint64_t, const std::string &>(cls, s.e.t_last_used_ms, s.e.file_name);
+            };
+            for (const auto & [name, s] : entries_) {
+                if (!in_scope(s) || s.e.pinned || name == keep || inflight_.count(name)) continue;
+                if (!best || order(s) < order(*best)) best = &s;
+            }
+            return best ? best->e.file_name : std::string();
+        };
+        auto evict = [&](const std::string & name) {
+            const entry_state & s = entries_.at(name);
+            ++stats_.evictions_by_class[(size_t)s.e.meta.last_class()];
+            stats_.n_evicted_bytes += s.e.file_bytes;
+            victims.push_back(name);
+            index_remove(name);
+        };
+        if (!keep.empty() && entries_.count(keep)) keep_bytes = entries_.at(keep).e.file_bytes;
+
+        // Each workspace within its own budget first (only the put's workspace can have
+        // grown on a put; at rescan every workspace is checked).
+        if (opts_.workspace_budget_bytes) {
+            std::map<std::string, uint64_t> usage;
+            for (const auto & [name, s] : entries_) usage[s.e.key.workspace] += s.e.file_bytes;
+            for (auto & [ws, bytes] : usage) {
+                if (!keep.empty() && ws != keep_workspace) continue;
+                while (bytes > opts_.workspace_budget_bytes) {
+                    std::string v = pick([&](const entry_state & s) { return s.e.key.workspace == ws; });
+                    if (v.empty()) {
+                        if (!keep.empty() && ws == keep_workspace && entries_.count(keep)) drop_keep = true;
+                        break;
+                    }
+                    bytes -= entries_.at(v).e.file_bytes;
+                    evict(v);
+                }
+            }
+        }
+        if (opts_.budget_bytes && !drop_keep) {
+            while (stats_.n_bytes > opts_.budget_bytes) {
+                std::string v = pick([](const entry_state &) { return true; });
+                if (v.empty()) {
+                    if (!keep.empty() && entries_.count(keep)) drop_keep = true;
+                    break;
+                }
+                evict(v);
+            }
+        }
+        if (drop_keep) index_remove(keep);
+    }
+    for (const std::string & v : victims) (void)fs_.remove_file(path_of(v));  // a failure leaves an unindexed file: the next rescan sees it
+    if (drop_keep) (void)fs_.remove_file(path_of(keep));
+    if (!victims.empty() || drop_keep) (void)fs_.sync_dir(opts_.dir);
+    if (drop_keep)
+        return resource_exhausted("snapshot of " + std::to_string(keep_bytes) +
+                                  " bytes does not fit the snapshot budget: the rest is pinned or being loaded");
+    return {};
+}
+
+// ---- put ----------------------------------------------------------------------------------
+
+result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta_in, std::span<const token_id> tokens,
+                                           std::span<const uint8_t> kv) {
+    auto fail = [&](status st) {
+        std::lock_guard lock(mu_);
+        ++stats_.n_put_failures;
+        return st;
+    };
+    snapshot_meta meta = meta_in;  // a copy of the metadata only, to stamp the time
+    if (meta.created_unix_ms == 0) meta.created_unix_ms = now_ms();
+    if (status st = validate_snapshot(meta, tokens, kv); !st.ok()) return fail(st);
+    for (uint64_t budget : {opts_.budget_bytes, opts_.workspace_budget_bytes})
+        if (budget && kv.size() > budget)
+            return fail(resource_exhausted("snapshot of " + std::to_string(kv.size()) + " KV bytes exceeds the snapshot budget of " +
+                                           std::to_string(budget) + " bytes"));
+
+    const std::string final_name = snapshot_file_name(meta.key(), meta.workspace);
+    uint64_t n;
+    {
+        std::lock_guard lock(mu_);
+        n = ++temp_counter_;
+    }
+    // Unique per process and call: two puts of one key never share a temp file.
+    const std::string temp_name =
+        final_name + "." + std::to_string((long)::getpid()) + "-" + std::to_string(n) + std::string(sf::k_temp_suffix);
+    const std::string temp = path_of(temp_name);
+    // A rescan meanwhile must not take this temp file for a crash's leftover.
+    {
+        std::lock_guard lock(mu_);
+        writing_.insert(temp_name);
+    }
+    struct unregister {
+        snapshot_store * self;
+        const std::string & name;
+        ~unregister() {
+            std::lock_guard lock(self->mu_);
+            self->writing_.erase(name);
+        }
+    } unregister_on_return{this, temp_name};
+    uint64_t file_bytes = 0;
+    {
+        auto f = fs_.create_file(temp);
+        if (!f) return fail(f.error().with_context("writing snapshot"));
+        auto w = write_snapshot(**f, meta, tokens, kv);
+        status st = w.ok() ? (*f)->sync() : w.error();
+        if (st.ok()) st = (*f)->close();
+        if (!st.ok()) {
+            f->reset();
+            (void)fs_.remove_file(temp);  // may fail too (e.g. crashed): rescan removes it
+            return fail(st.with_context("writing snapshot " + final_name));
+        }
+        file_bytes = *w;
+    }
+    for (uint64_t budget : {opts_.budget_bytes, opts_.workspace_budget_bytes})
+        if (budget && file_bytes > budget) {
+            (void)fs_.remove_file(temp);
+            return fail(resource_exhausted("snapshot of " + std::to_string(file_bytes) +
+                                           " bytes exceeds the snapshot budget of " + std::to_string(budget) + " bytes"));
+        }
+
+    std::lock_guard commit(commit_mu_);
+    if (status st = fs_.rename_file(temp, path_of(final_name)); !st.ok()) {
+        (void)fs_.remove_file(temp);
+        return fail(st.with_context("committing snapshot " + final_name));
+    }
+    // The file is complete and in place; a failed directory sync only means the rename
+    // may not survive a crash (the old file or none would then be found).
+    status dir_st = fs_.sync_dir(opts_.dir);
+
+    entry_state es;
+    es.e.key = {meta.key(), meta.workspace};
+    es.e.file_name = final_name;
+    es.e.file_bytes = file_bytes;
+    es.e.kv_bytes = kv.size();
+    es.e.t_last_used_ms = now_ms();
+    es.e.meta = std::move(meta);
+    {
+        std::lock_guard lock(mu_);
+        if (auto it = entries_.find(final_name); it != entries_.end()) {
+            es.e.pinned = it->second.e.pinned;
+            index_remove(final_name);
+        }
+        es.generation = ++generation_counter_;
+        index_add(es);
+    }
+    if (status st = enforce_budget(final_name, es.e.key.workspace); !st.ok()) return fail(st);
+    if (!dir_st.ok()) return fail(dir_st.with_context("committing snapshot " + final_name));
+    std::lock_guard lock(mu_);
+    ++stats_.n_puts;
+    stats_.n_bytes_written += file_bytes;
+    return es.e;
+}
+
+// ---- lookup and load ----------------------------------------------------------------------
+
+snapshot_match snapshot_store::lookup(std::span<const hash128> path) {
+    std::lock_guard lock(mu_);
+    ++stats_.n_lookups;
+    // From the longest prefix down: the first chain hash some file holds at the same
+    // block index is the answer (a chain hash names the whole prefix before it).
+    for (size_t i = path.size(); i-- > 0;) {
+        auto it = by_chain_.find(path[i]);
+        if (it == by_chain_.end()) continue;
+        const entry_state * best = nullptr;
+        for (const auto & [name, index] : it->second) {
+            if (index != i) continue;  // only a hash collision could make this differ
+            const entry_state & s = entries_.at(name);
+            if (!best || std::pair(s.e.file_bytes, s.e.file_name) < std::pair(best->e.file_bytes, best->e.file_name))
+                best = &s;
+        }
+        if (!best) continue;
+        snapshot_match m;
+        m.key = best->e.key;
+        m.n_blocks = i + 1;
+        m.n_tokens = best->e.meta.blocks[i].end;
+        m.file_n_tokens = best->e.meta.n_tokens();
+        ++stats_.n_lookup_hits;
+        return m;
+    }
+    ++stats_.n_lookup_misses;
+    return {};
+}
+
+snapshot_match snapshot_store::lookup(std::span<const block> path) {
+    std::vector<hash128> chains;
+    chains.reserve(path.size());
+    for (const block & b : path) chains.push_back(b.chain);
+    return lookup(chains);
+}
+
+result<std::shared_ptr<const snapshot>> snapshot_store::load(const snapshot_key & key, const profile * expected) {
+    using load_result = result<std::shared_ptr<const snapshot>>;
+    const std::string name = key.file_name();
+
+    // Counts this call's outcome and applies the caller's own profile check.
+    auto finish = [&](const load_result & r, snapshot_defect defect) -> load_result {
+        std::string reason;
+        status out;
+        if (!r.ok()) {
+            out = r.error();
+            switch (out.code()) {
+                case status_code::not_found: reason = "not_found"; break;
+                case status_code::corrupt: reason = "corrupt:" + std::string(snapshot_defect_name(defect)); break;
+                default: reason = "io_error"; break;
+            }
+        } else if (expected) {
+            out = check_snapshot_profile((*r)->meta, *expected);
+            if (!out.ok()) reason = "profile_drift";
+        }
+        std::lock_guard lock(mu_);
+        if (!reason.empty()) {
+            ++stats_.load_misses_by_reason[reason];
+            return out;
+        }
+        ++stats_.n_load_hits;
+        return r;
+    };
+
+    std::promise<load_result> promise;
+    std::shared_ptr<inflight> fl;
+    uint64_t generation = 0;
+    bool reader = false;
+    {
+        std::lock_guard lock(mu_);
+        ++stats_.n_loads;
+        if (auto it = inflight_.find(name); it != inflight_.end()) {
+            fl = it->second;
+            ++stats_.n_shared_loads;
+        } else {
+            auto e = entries_.find(name);
+            if (e == entries_.end()) {
+                ++stats_.load_misses_by_reason["not_found"];
+                return not_found("no snapshot " + name + " in " + opts_.dir);
+            }
+            generation = e->second.generation;
+            fl = std::make_shared<inflight>();
+            fl->value = promise.get_future().share();
+            inflight_[name] = fl;
+            reader = true;
+        }
+    }
+    if (!reader) {
+        if (opts_.on_shared_load) opts_.on_shared_load(key);
+        const load_result & r = fl->value.get();  // `defect` was written before the result was set
+        return finish(r, fl->defect);
+    }
+
+    // This call reads, for itself and for every call that joins meanwhile.
+    snapshot_defect defect = snapshot_defect::none;
+    uint64_t n_bytes = 0;
+    load_result r = [&]() -> load_result {
+        auto f = fs_.open_readable(path_of(name));
+        if (!f) return f.error().with_context("loading snapshot");
+        n_bytes = (*f)->size();
+        auto s = read_snapshot(**f, &defect);
+        if (!s) return s.error().with_context("snapshot " + name);
+        if (s->meta.key() != key.chain || s->meta.workspace != key.workspace) {
+            defect = snapshot_defect::misnamed;
+            return corrupt("snapshot " + name + ": misnamed: the file holds key " + s->meta.key().hex() +
+                           " of workspace '" + s->meta.workspace + "'");
+        }
+        return std::shared_ptr<const snapshot>(std::make_shared<snapshot>(std::move(*s)));
+    }();
+    if (!r.ok() && r.error().code() == status_code::corrupt) {
+        std::lock_guard commit(commit_mu_);
+        reject(name, defect, r.error().message(), /*in_index=*/true, generation);
+    }
+    fl->defect = defect;
+    promise.set_value(r);
+    {
+        std::lock_guard lock(mu_);
+        inflight_.erase(name);
+        ++stats_.n_file_reads;
+        stats_.n_bytes_read += n_bytes;
+        if (r.ok())
+            if (auto it = entries_.find(name); it != entries_.end()) it->second.e.t_last_used_ms = now_ms();
+    }
+    return finish(r, defect);
+}
+
+// ---- removal, pins ------------------------------------------------------------------------
+
+status snapshot_store::remove(const snapshot_key & key) {
+    const std::string name = key.file_name();
+    std::lock_guard commit(commit_mu_);
+    {
+        std::lock_guard lock(mu_);
+        if (!entries_.count(name)) return not_found("no snapshot " + name + " in " + opts_.dir);
+        index_remove(name);
+    }
+    WARMCTX_RETURN_IF_ERROR(fs_.remove_file(path_of(name)));
+    return fs_.sync_dir(opts_.dir);
+}
+
+result<size_t> snapshot_store::remove_all() {
+    std::lock_guard commit(commit_mu_);
+    std::vector<std::string> names;
+    {
+        std::lock_guard lock(mu_);
+        for (const auto & [name, s] : entries_) names.push_back(name);
+        for (const auto & name : names) index_remove(name);
+    }
+    status first;
+    for (const auto & name : names) {
+        status st = fs_.remove_file(path_of(name));
+        if (!st.ok() && first.ok()) first = st;
+    }
+    if (status st = fs_.sync_dir(opts_.dir); !st.ok() && first.ok()) first = st;
+    if (!first.ok()) return first;
+    return names.size();
+}
+
+status snapshot_store::pin(const snapshot_key & key) {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(key.file_name());
+    if (it == entries_.end()) return not_found("no snapshot " + key.file_name() + " to pin");
+    it->second.e.pinned = true;
+    return {};
+}
+
+void snapshot_store::unpin(const snapshot_key & key) {
+    std::lock_guard lock(mu_);
+    if (auto it = entries_.find(key.file_name()); it != entries_.end()) it->second.e.pinned = false;
+}
+
+// ---- rescan -------------------------------------------------------------------------------
+
+status snapshot_store::rescan() {
+    std::lock_guard commit(commit_mu_);
+    auto names = fs_.list_dir(opts_.dir);
+    if (!names) return names.error().with_context("scanning snapshot directory");
+    std::vector<entry_state> good;
+    uint64_t n_temp_removed = 0;
+    bool changed = false;
+    auto record_io_error = [&](const std::string & name, const status & st) {
+        std::lock_guard lock(mu_);
+        if (rejected_.size() >= k_max_rejected_records) rejected_.erase(rejected_.begin());
+        rejected_.push_back({name, snapshot_defect::none, st.message(), false, false});
+    };
+    for (const std::string & name : *names) {
+        if (ends_with(name, sf::k_temp_suffix)) {
+            // A write that never reached its rename: a crash's leftover (or, if another
+            // process shares the directory, its write in progress - unsupported). This
+            // store's own puts in progress are left alone.
+            bool ours_in_progress;
+            {
+                std::lock_guard lock(mu_);
+                ours_in_progress = writing_.count(name) > 0;
+            }
+            if (!opts_.scan_only && !ours_in_progress && fs_.remove_file(path_of(name)).ok()) {
+                ++n_temp_removed;
+                changed = true;
+            }
+            continue;
+        }
+        if (!ends_with(name, sf::k_file_suffix)) continue;
+        auto f = fs_.open_readable(path_of(name));
+        if (!f) {
+            if (f.error().code() != status_code::not_found) record_io_error(name, f.error());
+            continue;
+        }
+        snapshot_defect why = snapshot_defect::none;
+        auto h = read_snapshot_header(**f, &why);
+        f->reset();
+        if (!h) {
+            if (h.error().code() == status_code::corrupt) reject(name, why, h.error().message(), false, 0);
+            else record_io_error(name, h.error());
+            continue;
+        }
+        std::string expected_name = snapshot_file_name(h->meta.key(), h->meta.workspace);
+        if (name != expected_name) {
+            reject(name, snapshot_defect::misnamed, "misnamed: its header names the file " + expected_name, false, 0);
+            continue;
+        }
+        entry_state es;
+        es.e.key = {h->meta.key(), h->meta.workspace};
+        es.e.file_name = name;
+        es.e.file_bytes = h->file_bytes;
+        es.e.kv_bytes = h->kv_bytes;
+        es.e.t_last_used_ms = h->meta.created_unix_ms;
+        es.e.meta = std::move(h->meta);
+        good.push_back(std::move(es));
+    }
+    {
+        std::lock_guard lock(mu_);
+        std::map<std::string, entry_state> old;
+        old.swap(entries_);
+        by_chain_.clear();
+        stats_.n_bytes = 0;
+        for (entry_state & es : good) {
+            // Keep what this process knows of a file it already indexed (the same write).
+            auto it = old.find(es.e.file_name);
+            if (it != old.end() && it->second.e.meta.created_unix_ms == es.e.meta.created_unix_ms &&
+                it->second.e.file_bytes == es.e.file_bytes) {
+                es.e.pinned = it->second.e.pinned;
+                es.e.t_last_used_ms = std::max(es.e.t_last_used_ms, it->second.e.t_last_used_ms);
+                es.generation = it->second.generation;
+            } else {
+                es.generation = ++generation_counter_;
+            }
+            index_add(std::move(es));
+        }
+        stats_.n_temp_removed += n_temp_removed;
+    }
+    if (changed) (void)fs_.sync_dir(opts_.dir);
+    return enforce_budget("", "");
+}
+
+// ---- views --------------------------------------------------------------------------------
+
+std::vector<snapshot_entry> snapshot_store::list() const {
+    std::lock_guard lock(mu_);
+    std::vector<snapshot_entry> out;
+    out.reserve(entries_.size());
+    for (const auto & [name, s] : entries_) out.push_back(s.e);
+    return out;
+}
+
+std::optional<snapshot_entry> snapshot_store::find(const snapshot_key & key) const {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(key.file_name());
+    if (it == entries_.end()) return std::nullopt;
+    return it->second.e;
+}
+
+std::vector<rejected_file> snapshot_store::rejected() const {
+    std::lock_guard lock(mu_);
+    return rejected_;
+}
+
+snapshot_store_stats snapshot_store::stats() const {
+    std::lock_guard lock(mu_);
+    snapshot_store_stats s = stats_;
+    s.n_files = entries_.size();
+    s.n_pinned = 0;
+    for (const auto & [name, e] : entries_) s.n_pinned += e.e.pinned ? 1 : 0;
+    return s;
+}
+
+}  // namespace warmctx

@@ -1,0 +1,274 @@
+// The HTTP layer's pure parts: request parsing, messages -> segments, UTF-8, the
+// workspace store, the error table and the metrics text. No model, no sockets.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+#include "server/json_util.h"
+#include "server/metrics.h"
+#include "server/openai.h"
+#include "server/workspace_store.h"
+
+namespace warmctx::server_detail {
+namespace {
+
+using json = nlohmann::json;
+
+completion_request parse_ok(const json & body, body_mode mode = body_mode::chat) {
+    completion_request cr;
+    request_limits lim;
+    lim.max_tokens_cap = 2048;
+    auto e = parse_completion_request(body, mode, lim, cr);
+    EXPECT_FALSE(e.has_value()) << (e ? e->message : "");
+    return cr;
+}
+
+api_error parse_err(const json & body, body_mode mode = body_mode::chat) {
+    completion_request cr;
+    request_limits lim;
+    lim.max_tokens_cap = 2048;
+    auto e = parse_completion_request(body, mode, lim, cr);
+    EXPECT_TRUE(e.has_value());
+    return e.value_or(api_error{});
+}
+
+TEST(openai_mapping, messages_become_segments) {
+    json body = {{"messages", json::array({{{"role", "system"}, {"content", "sys A"}},
+                                           {{"role", "developer"}, {"content", "sys B"}},
+                                           {{"role", "user"}, {"content", "q1"}},
+                                           {{"role", "assistant"}, {"content", "a1"}},
+                                           {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "q2"}},
+                                                                                       {{"type", "text"}, {"text", "more"}}})}}})},
+                 {"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"a", 1}}}}})}};
+    completion_request cr = parse_ok(body);
+    ASSERT_EQ(cr.segments.size(), 6u);
+    EXPECT_EQ(cr.segments[0].id, "system-000");
+    EXPECT_EQ(cr.segments[0].kind, segment_kind::system);
+    EXPECT_EQ(cr.segments[1].id, "system-001");
+    EXPECT_EQ(cr.segments[1].content, "sys B");
+    EXPECT_EQ(cr.segments[2].id, "h0000");
+    EXPECT_EQ(cr.segments[2].kind, segment_kind::history);
+    EXPECT_EQ(cr.segments[2].role, "user");
+    EXPECT_EQ(cr.segments[3].id, "h0001");
+    EXPECT_EQ(cr.segments[3].role, "assistant");
+    EXPECT_EQ(cr.segments[4].id, "user");
+    EXPECT_EQ(cr.segments[4].kind, segment_kind::user);
+    EXPECT_EQ(cr.segments[4].content, "q2\nmore");
+    EXPECT_EQ(cr.segments[5].id, "tools");
+    EXPECT_EQ(cr.segments[5].kind, segment_kind::tools);
+    // Canonical: keys sorted, no spaces, whatever order the client wrote them in.
+    EXPECT_EQ(cr.segments[5].content, R"([{"function":{"a":1,"name":"f"},"type":"function"}])");
+}
+
+TEST(openai_mapping, last_message_not_user_is_history_and_tool_calls_are_kept) {
+    json body = {{"messages", json::array({{{"role", "user"}, {"content", "run ls"}},
+                                           {{"role", "assistant"},
+                                            {"content", nullptr},
+                                            {"tool_calls", json::array({{{"id", "c1"}, {"type", "function"}}})}},
+                                           {{"role", "tool"}, {"content", "a.txt"}}})}};
+    completion_request cr = parse_ok(body);
+    ASSERT_EQ(cr.segments.size(), 3u);
+    for (const segment & s : cr.segments) EXPECT_EQ(s.kind, segment_kind::history);
+    EXPECT_EQ(cr.segments[1].content, R"([{"id":"c1","type":"function"}])");
+    EXPECT_EQ(cr.segments[2].role, "tool");
+}
+
+TEST(openai_mapping, workspace_derivation) {
+    completion_request a = parse_ok({{"messages", json::array({{{"role", "system"}, {"content", "S"}},
+                                                               {{"role", "user"}, {"content", "x"}}})}});
+    completion_request b = parse_ok({{"messages", json::array({{{"role", "system"}, {"content", "S"}},
+                                                               {{"role", "user"}, {"content", "y"}},
+                                                               {{"role", "assistant"}, {"content", "z"}},
+                                                               {{"role", "user"}, {"content", "w"}}})}});
+    completion_request c = parse_ok({{"messages", json::array({{{"role", "system"}, {"content", "T"}},
+                                                               {{"role", "user"}, {"content", "x"}}})}});
+    completion_request d = parse_ok({{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}});
+    EXPECT_EQ(derive_workspace(a.segments), derive_workspace(b.segments));  // the tail does not matter
+    EXPECT_NE(derive_workspace(a.segments), derive_workspace(c.segments));
+    EXPECT_EQ(derive_workspace(a.segments).rfind("auto-", 0), 0u);
+    EXPECT_EQ(derive_workspace(a.segments).size(), 21u);
+    EXPECT_FALSE(validate_workspace_id(derive_workspace(a.segments)).has_value());
+    EXPECT_EQ(derive_workspace(d.segments), "default");
+}
+
+TEST(openai_mapping, sampling_fields) {
+    completion_request cr = parse_ok({{"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+                                      {"max_tokens", 10},
+                                      {"max_completion_tokens", 12},
+                                      {"temperature", 0.5},
+                                      {"top_p", 0.9},
+                                      {"seed", -1},
+                                      {"stop", "END"},
+                                      {"stream", true},
+                                      {"stream_options", {{"include_usage", true}}},
+                                      {"workspace", "w1"}});
+    EXPECT_EQ(cr.sampling.max_tokens, 12);  // max_completion_tokens wins
+    EXPECT_FLOAT_EQ(cr.sampling.temperature, 0.5f);
+    EXPECT_FLOAT_EQ(cr.sampling.top_p, 0.9f);
+    EXPECT_EQ(cr.sampling.seed, 0xFFFFFFFFu);
+    ASSERT_EQ(cr.sampling.stop.size(), 1u);
+    EXPECT_EQ(cr.sampling.stop[0], "END");
+    EXPECT_TRUE(cr.stream);
+    EXPECT_TRUE(cr.include_usage);
+    EXPECT_EQ(cr.workspace, "w1");
+
+    completion_request d = parse_ok({{"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+                                     {"max_tokens", nullptr},
+                                     {"stop", json::array({"a", "b"})}});
+    EXPECT_EQ(d.sampling.max_tokens, 256);
+    EXPECT_EQ(d.sampling.stop.size(), 2u);
+}
+
+TEST(openai_mapping, errors_name_the_field) {
+    json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
+    EXPECT_EQ(parse_err({{"model", "m"}}).param, "messages");
+    EXPECT_EQ(parse_err({{"messages", json::array()}}).param, "messages");
+    EXPECT_EQ(parse_err({{"messages", json::array({{{"content", "x"}}})}}).param, "messages[0].role");
+    EXPECT_EQ(parse_err({{"messages", json::array({{{"role", "robot"}, {"content", "x"}}})}}).code, "unknown_role");
+    EXPECT_EQ(parse_err({{"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "image_url"}}})}}})}}).param,
+              "messages[0].content[0].type");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"max_tokens", 0}}).param, "max_tokens");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"max_tokens", 2049}}).param, "max_tokens");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"max_tokens", 1.5}}).code, "invalid_type");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"temperature", 3}}).param, "temperature");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"top_p", 0}}).param, "top_p");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"n", 2}}).param, "n");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"stop", json::array({""})}}).param, "stop");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"stream", "yes"}}).param, "stream");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"stream_options", {{"include_usage", 1}}}}).param,
+              "stream_options.include_usage");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"workspace", "a/b"}}).code, "invalid_workspace");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"segments", json::array({{{"id", "../x"}, {"kind", "diff"}, {"content", ""}}})}}).code,
+              "invalid_segment_id");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"tools", {{"a", 1}}}}).param, "tools");
+    EXPECT_EQ(parse_err(json::array()).param, "body");
+    EXPECT_EQ(parse_err({{"max_tokens", 3}}, body_mode::workspace_chat).param, "messages");
+    EXPECT_EQ(parse_err({{"prompt", json::array({"a", "b"})}}, body_mode::text).param, "prompt");
+    EXPECT_EQ(parse_err({{"prompt", ""}}, body_mode::text).param, "prompt");
+    for (const auto & e : {parse_err({{"messages", msgs}, {"max_tokens", -1}})}) EXPECT_EQ(e.http_status, 400);
+}
+
+TEST(openai_mapping, workspace_chat_takes_segments_only_and_text_takes_a_prompt) {
+    completion_request w = parse_ok({{"segments", json::array({{{"id", "q"}, {"kind", "user"}, {"content", "why"}}})}},
+                                    body_mode::workspace_chat);
+    ASSERT_EQ(w.segments.size(), 1u);
+    EXPECT_EQ(w.segments[0].kind, segment_kind::user);
+    completion_request t = parse_ok({{"prompt", "hello"}}, body_mode::text);
+    ASSERT_EQ(t.segments.size(), 1u);
+    EXPECT_EQ(t.segments[0].id, "user");
+    EXPECT_EQ(t.shape, api_shape::text);
+}
+
+TEST(openai_mapping, workspace_ids) {
+    EXPECT_FALSE(validate_workspace_id("proj-1.main_2").has_value());
+    EXPECT_TRUE(validate_workspace_id("").has_value());
+    EXPECT_TRUE(validate_workspace_id(".git").has_value());
+    EXPECT_TRUE(validate_workspace_id("..").has_value());
+    EXPECT_TRUE(validate_workspace_id("a/b").has_value());
+    EXPECT_TRUE(validate_workspace_id("a b").has_value());
+    EXPECT_TRUE(validate_workspace_id(std::string(65, 'a')).has_value());
+    EXPECT_FALSE(validate_workspace_id(std::string(64, 'a')).has_value());
+}
+
+TEST(utf8, validator) {
+    EXPECT_EQ(find_invalid_utf8("plain ascii"), k_utf8_valid);
+    EXPECT_EQ(find_invalid_utf8("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), k_utf8_valid);
+    EXPECT_EQ(find_invalid_utf8("ab\xFF"), 2u);
+    EXPECT_EQ(find_invalid_utf8("\xC3"), 0u);              // truncated
+    EXPECT_EQ(find_invalid_utf8("\xC0\xAF"), 0u);          // overlong '/'
+    EXPECT_EQ(find_invalid_utf8("\xE0\x80\xAF"), 0u);      // overlong
+    EXPECT_EQ(find_invalid_utf8("x\xED\xA0\x80"), 1u);     // surrogate U+D800
+    EXPECT_EQ(find_invalid_utf8("\xF4\x90\x80\x80"), 0u);  // above U+10FFFF
+    EXPECT_EQ(find_invalid_utf8("\xE2\x82"), 0u);
+    // Output never throws on bytes that are not text.
+    EXPECT_EQ(dump_json(json("a\xFF")), "\"a\xEF\xBF\xBD\"");
+}
+
+TEST(json_depth, counts_brackets_outside_strings) {
+    EXPECT_EQ(json_nesting_depth("1"), 0u);
+    EXPECT_EQ(json_nesting_depth(R"({"a": [1, {"b": []}]})"), 4u);
+    EXPECT_EQ(json_nesting_depth(R"({"a": "[[[[[\"[["})"), 1u);
+    EXPECT_EQ(json_nesting_depth(std::string(100000, '[')), 100000u);
+}
+
+TEST(error_table, status_codes_map_to_http) {
+    EXPECT_EQ(error_from_status(invalid_argument("x")).http_status, 400);
+    EXPECT_EQ(error_from_status(out_of_range("x")).http_status, 400);
+    EXPECT_EQ(error_from_status(not_found("x")).http_status, 404);
+    EXPECT_EQ(error_from_status(failed_precondition("x")).http_status, 409);
+    api_error busy = error_from_status(resource_exhausted("x"));
+    EXPECT_EQ(busy.http_status, 429);
+    EXPECT_EQ(busy.retry_after_s, 1);
+    EXPECT_EQ(error_from_status(status(status_code::cancelled, "x")).http_status, 503);
+    EXPECT_EQ(error_from_status(engine_error("x")).http_status, 500);
+    EXPECT_EQ(error_from_status(internal_error("x")).http_status, 500);
+    json body = json::parse(error_from_status(invalid_argument("bad"), "messages").body());
+    EXPECT_EQ(body["error"]["message"], "bad");
+    EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(body["error"]["code"], "invalid_argument");
+    EXPECT_EQ(body["error"]["param"], "messages");
+    EXPECT_TRUE(json::parse(bad_request("c", "m").body())["error"]["param"].is_null());
+}
+
+TEST(workspace_store_test, bounds) {
+    store_limits lim;
+    lim.max_workspaces = 2;
+    lim.max_segments_per_workspace = 2;
+    lim.max_segment_bytes = 100;
+    lim.max_store_bytes = 150;
+    workspace_store st(lim);
+    bool created = false;
+    auto seg = [](std::string id, size_t n) { return segment{std::move(id), segment_kind::system, "", "", std::string(n, 'x')}; };
+    EXPECT_FALSE(st.put("a", seg("s1", 50), created));
+    EXPECT_TRUE(created);
+    EXPECT_FALSE(st.put("a", seg("s1", 60), created));  // replace
+    EXPECT_FALSE(created);
+    EXPECT_EQ(st.n_bytes(), 62u);
+    EXPECT_EQ(st.put("a", seg("big", 101), created)->http_status, 413);
+    EXPECT_FALSE(st.put("a", seg("s2", 10), created));
+    EXPECT_EQ(st.put("a", seg("s3", 1), created)->http_status, 429);  // 2 segments per workspace
+    EXPECT_FALSE(st.put("b", seg("s1", 10), created));
+    EXPECT_EQ(st.put("c", seg("s1", 1), created)->http_status, 429);  // 2 workspaces
+    EXPECT_EQ(st.put("b", seg("s2", 90), created)->http_status, 429);  // 150 bytes in all
+    EXPECT_EQ(st.list("a")->size(), 2u);
+    EXPECT_EQ(st.list("a")->front().id, "s1");
+    EXPECT_TRUE(st.erase("a", "s2"));
+    EXPECT_FALSE(st.erase("a", "s2"));
+    EXPECT_EQ(st.drop("a"), 1u);
+    EXPECT_FALSE(st.list("a").has_value());
+    EXPECT_EQ(st.n_segments(), 1u);
+    EXPECT_EQ(st.n_bytes(), 12u);
+}
+
+TEST(metrics_text, histograms_and_counters) {
+    server_metrics m;
+    request_outcome o;
+    o.route = "/v1/chat/completions";
+    o.status = 200;
+    o.duration_s = 0.3;
+    o.ttft_s = 0.02;
+    o.prompt_tokens = 100;
+    o.cached_tokens = 60;
+    o.prefilled_tokens = 40;
+    o.completion_tokens = 5;
+    m.record(o);
+    o.duration_s = 100;  // beyond the last bucket
+    o.ttft_s = -1;
+    m.record(o);
+    engine_snapshot snap;
+    snap.have_counters = true;
+    snap.counters.cache.evictions_by_class[static_cast<int>(retention_class::low)] = 3;
+    std::string t = m.render(snap);
+    EXPECT_NE(t.find("warmctx_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2\n"), std::string::npos) << t;
+    EXPECT_NE(t.find("warmctx_cached_tokens_total 120\n"), std::string::npos);
+    EXPECT_NE(t.find("warmctx_request_duration_seconds_bucket{le=\"0.5\"} 1\n"), std::string::npos);
+    EXPECT_NE(t.find("warmctx_request_duration_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
+    EXPECT_NE(t.find("warmctx_request_duration_seconds_count 2\n"), std::string::npos);
+    EXPECT_NE(t.find("warmctx_ttft_seconds_count 1\n"), std::string::npos);
+    EXPECT_NE(t.find("warmctx_evictions_total{class=\"low\"} 3\n"), std::string::npos);
+    EXPECT_NE(t.find("warmctx_cache_bytes{tier=\"engine\"} 0\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace warmctx::server_detail
