@@ -146,6 +146,7 @@ struct tier_counters {
     uint64_t n_restored_tokens = 0;
     uint64_t n_writes_host = 0, n_writes_disk = 0, n_write_failures = 0;
     uint64_t n_restore_failures = 0;     // a tier's file failed its checks: fell back
+    uint64_t n_shared_restores = 0;      // restores served by an earlier restore's bytes
     uint64_t host_bytes = 0, host_files = 0, disk_bytes = 0, disk_files = 0;
 };
 

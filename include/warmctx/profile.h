@@ -44,6 +44,9 @@ struct profile {
     // change its last bits like a backend change does.
     bool flash_attn = false;
     int32_t n_gpu_layers = 0;          // layers offloaded (-1 = all)
+    // KV streams of the context (exact mode: one per sequence; shared: 1). llama.cpp's
+    // saved sequence state records it and refuses to load into another stream count.
+    uint32_t kv_streams = 1;
 
     // (name, canonical value) of every field, in declaration order - the single
     // source of the fingerprint, the drift report and the JSON field names.

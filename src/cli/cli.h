@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "warmctx/context_engine.h"
 #include "warmctx/engine.h"
 #include "warmctx/model_maker.h"
 
@@ -29,6 +30,24 @@ struct model_flags {
 
 // The process exit code a subcommand's callback sets (CLI11 callbacks return void).
 extern int g_exit_code;
+
+// Flags that shape the context engine above the model: budgets, policy, kinds,
+// tenant, and the host-RAM and disk tiers.
+struct cache_flags {
+    uint64_t budget_tokens = 0;
+    uint64_t budget_bytes = 0;
+    uint64_t workspace_budget_tokens = 0;
+    uint64_t workspace_budget_bytes = 0;
+    std::string policy = "semantic";
+    std::string kinds_file;
+    std::string tenant;
+    std::string cache_dir;
+    uint64_t disk_budget_bytes = 0;
+    uint64_t host_budget_bytes = 0;
+
+    void add_to(CLI::App & app);
+    status apply(context_engine_options & o) const;
+};
 
 // Progress lines go to stderr so that --json output on stdout stays clean.
 void progress(const std::string & line);

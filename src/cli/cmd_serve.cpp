@@ -26,13 +26,7 @@ struct serve_args {
     uint32_t n_parallel = 4;
     size_t max_queue = 64;
     uint32_t holders = 4;
-    uint64_t budget_tokens = 0;
-    uint64_t budget_bytes = 0;
-    uint64_t workspace_budget_tokens = 0;
-    uint64_t workspace_budget_bytes = 0;
-    std::string policy = "semantic";
-    std::string kinds_file;
-    std::string tenant;
+    cache_flags cf;
     std::string api_key;
     size_t max_body_bytes = 8u << 20;
     int http_threads = 0;            // 0 = n_parallel + max_queue + 4, at most 64
@@ -48,23 +42,7 @@ void run_serve(const serve_args & a) {
     scheduler_options so;
     so.engine.engine = *eo;
     so.engine.n_holders = a.holders;
-    so.engine.budget.max_tokens = a.budget_tokens;
-    so.engine.budget.max_bytes = a.budget_bytes;
-    so.engine.budget.workspace_max_tokens = a.workspace_budget_tokens;
-    so.engine.workspace_max_bytes = a.workspace_budget_bytes;
-    so.engine.tenant_salt = a.tenant;
-    auto pol = parse_eviction_policy(a.policy);
-    if (!pol) { g_exit_code = fail(pol.error()); return; }
-    so.engine.policy = *pol;
-    if (!a.kinds_file.empty()) {
-        std::ifstream f(a.kinds_file);
-        if (!f) { g_exit_code = fail(not_found("cannot open kinds file '" + a.kinds_file + "'")); return; }
-        std::stringstream ss;
-        ss << f.rdbuf();
-        auto k = kind_table::from_json(ss.str());
-        if (!k) { g_exit_code = fail(k.error().with_context(a.kinds_file)); return; }
-        so.engine.kinds = *k;
-    }
+    if (status st = a.cf.apply(so.engine); !st.ok()) { g_exit_code = fail(st); return; }
     so.n_parallel = a.n_parallel;
     so.max_queue = a.max_queue;
 
@@ -123,13 +101,7 @@ void register_serve_command(CLI::App & app) {
     c->add_option("--parallel", a->n_parallel, "requests decoded at once (work sequences)")->capture_default_str()->check(CLI::Range(1, 64));
     c->add_option("--queue", a->max_queue, "requests waiting for a work sequence; beyond it 429")->capture_default_str()->check(CLI::Range(1, 100000));
     c->add_option("--holders", a->holders, "cached prefixes kept resident")->capture_default_str()->check(CLI::Range(1, 256));
-    c->add_option("--budget-tokens", a->budget_tokens, "global KV budget of the prefix cache, tokens (0 = unlimited)")->capture_default_str();
-    c->add_option("--budget-bytes", a->budget_bytes, "global KV budget of the prefix cache, bytes (0 = unlimited)")->capture_default_str();
-    c->add_option("--workspace-budget-tokens", a->workspace_budget_tokens, "per-workspace KV budget, tokens (0 = unlimited)")->capture_default_str();
-    c->add_option("--workspace-budget-bytes", a->workspace_budget_bytes, "per-workspace KV budget, bytes (0 = unlimited)")->capture_default_str();
-    c->add_option("--policy", a->policy, "eviction policy: semantic (by retention class, then LRU) or lru")->capture_default_str();
-    c->add_option("--kinds", a->kinds_file, "JSON file overriding the segment kind table");
-    c->add_option("--tenant", a->tenant, "tenant salt: two tenants never share a cache entry");
+    a->cf.add_to(*c);
     c->add_option("--api-key", a->api_key, "require \"Authorization: Bearer KEY\" on every route but /health")->envname("WARMCTX_API_KEY");
     c->add_option("--max-body-bytes", a->max_body_bytes, "larger request bodies get 413")->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 32));
     c->add_option("--http-threads", a->http_threads, "HTTP worker threads (0 = parallel + queue + 4, at most 64)")->capture_default_str()->check(CLI::Range(0, 1024));

@@ -1,5 +1,7 @@
 // warmctx - a workspace-context engine for local LLM inference.
 #include <exception>
+#include <fstream>
+#include <sstream>
 
 #include "cli.h"
 
@@ -38,6 +40,43 @@ void model_flags::add_to(CLI::App & app, bool with_ctx) {
     app.add_option("--chunk", chunk, "canonical prefill chunk, tokens")->capture_default_str();
     app.add_flag("--flash-attn", flash_attn, "use flash attention (needed for quantized KV types)");
     app.add_flag("-v,--verbose", verbose, "show llama.cpp's log");
+}
+
+void cache_flags::add_to(CLI::App & app) {
+    app.add_option("--budget-tokens", budget_tokens, "global KV budget of the prefix cache, tokens (0 = unlimited)")->capture_default_str();
+    app.add_option("--budget-bytes", budget_bytes, "global KV budget of the prefix cache, bytes (0 = unlimited)")->capture_default_str();
+    app.add_option("--workspace-budget-tokens", workspace_budget_tokens, "per-workspace KV budget, tokens (0 = unlimited)")->capture_default_str();
+    app.add_option("--workspace-budget-bytes", workspace_budget_bytes, "per-workspace KV budget, bytes (0 = unlimited)")->capture_default_str();
+    app.add_option("--policy", policy, "eviction policy: semantic (by retention class, then LRU) or lru")->capture_default_str();
+    app.add_option("--kinds", kinds_file, "JSON file overriding the segment kind table, e.g. {\"kinds\":{\"repo_map\":{\"retention\":\"highest\"}}}");
+    app.add_option("--tenant", tenant, "tenant salt: two tenants never share a cache entry");
+    app.add_option("--cache-dir", cache_dir, "disk tier: snapshot directory (stable prefixes survive restarts)");
+    app.add_option("--disk-budget-bytes", disk_budget_bytes, "disk tier byte budget (0 = unlimited)")->capture_default_str();
+    app.add_option("--host-budget-bytes", host_budget_bytes, "host-RAM tier byte budget (0 = no host tier)")->capture_default_str();
+}
+
+status cache_flags::apply(context_engine_options & o) const {
+    o.budget.max_tokens = budget_tokens;
+    o.budget.max_bytes = budget_bytes;
+    o.budget.workspace_max_tokens = workspace_budget_tokens;
+    o.workspace_max_bytes = workspace_budget_bytes;
+    auto p = parse_eviction_policy(policy);
+    if (!p.ok()) return p.error();
+    o.policy = *p;
+    o.tenant_salt = tenant;
+    o.tiers.cache_dir = cache_dir;
+    o.tiers.disk_budget_bytes = disk_budget_bytes;
+    o.tiers.host_budget_bytes = host_budget_bytes;
+    if (!kinds_file.empty()) {
+        std::ifstream f(kinds_file);
+        if (!f) return not_found("cannot open kinds file '" + kinds_file + "'");
+        std::stringstream ss;
+        ss << f.rdbuf();
+        auto k = kind_table::from_json(ss.str());
+        if (!k.ok()) return k.error().with_context(kinds_file);
+        o.kinds = *k;
+    }
+    return {};
 }
 
 result<engine_options> model_flags::to_options(uint32_t n_seq_max) const {

@@ -53,9 +53,10 @@ const field_desc k_fields[] = {
     {"kv_mode", &profile::kv_mode},
     {"flash_attn", &profile::flash_attn},
     {"n_gpu_layers", &profile::n_gpu_layers},
+    {"kv_streams", &profile::kv_streams},
 };
 
-constexpr std::string_view k_profile_format = "warmctx-profile-v1";
+constexpr std::string_view k_profile_format = "warmctx-profile-v2";
 
 // Shortest decimal that reads back as the same float: exact and readable.
 std::string float_text(float f) {

@@ -151,6 +151,8 @@ struct context_engine::impl {
     std::unique_ptr<mem_fs> host_fs;   // the host-RAM tier is a snapshot store in memory
     std::unique_ptr<snapshot_store> host, disk;
     tier_counters tiers;
+    // The last few snapshots restored, kept until the engine caches their prefix again.
+    std::map<std::string, std::shared_ptr<const snapshot>> recent_loads;
 
     // The end of the leading run of cacheable blocks of at least `min` class, and how many.
     static std::pair<size_t, pos_t> tier_prefix(const std::vector<block> & blocks, retention_class min) {
@@ -196,8 +198,19 @@ struct context_engine::impl {
             while (k > 0 && ap.blocks[k - 1].end >= n) --k;  // the last token must be computed
             const pos_t reuse = k == 0 ? 0 : ap.blocks[k - 1].end;
             if (reuse <= engine_tokens) continue;
-            auto snap = store->load(sm.key, &prof);
-            if (!snap.ok()) { tiers.n_restore_failures++; continue; }
+            // Requests admitted while an earlier restore of the same file is still being
+            // decoded share its bytes instead of reading the file again.
+            result<std::shared_ptr<const snapshot>> snap = std::shared_ptr<const snapshot>();
+            const std::string memo_key = std::to_string(t) + ":" + sm.key.file_name();
+            if (auto it = recent_loads.find(memo_key); it != recent_loads.end()) {
+                snap = it->second;
+                tiers.n_shared_restores++;
+            } else {
+                snap = store->load(sm.key, &prof);
+                if (!snap.ok()) { tiers.n_restore_failures++; continue; }
+                if (recent_loads.size() >= 4) recent_loads.erase(recent_loads.begin());
+                recent_loads[memo_key] = *snap;
+            }
             eng->clear_seq(seq);
             status st = eng->load_seq(seq, (*snap)->kv);
             if (st.ok()) st = eng->trim_seq(seq, reuse);
@@ -446,6 +459,7 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     p->prof.kv_mode = std::string(kv_mode_name(ci.mode));
     p->prof.flash_attn = opts.engine.flash_attn;
     p->prof.n_gpu_layers = opts.engine.n_gpu_layers;
+    p->prof.kv_streams = ci.mode == kv_mode::exact ? ci.n_seq_max : 1;
     return std::unique_ptr<context_engine>(new context_engine(std::move(p)));
 }
 
@@ -539,6 +553,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
         status ins = p_->cache->insert(t.workspace, t.ap.blocks, t.seq, t.now);
         // resource_exhausted: nothing fit the budget; the turn itself succeeded.
         if (!ins.ok() && ins.code() != status_code::resource_exhausted) result_st = ins.with_context("cache update");
+        p_->recent_loads.clear();
         // Write-through to the tiers: the longer (host) prefix first, since each write
         // trims the work sequence to what it writes.
         if (p_->host) {
@@ -704,8 +719,12 @@ status context_engine::branch_workspace(const std::string & from, const std::str
     return {};
 }
 
-void context_engine::drop_engine_cache() { p_->cache->clear(); }
+void context_engine::drop_engine_cache() {
+    p_->cache->clear();
+    p_->recent_loads.clear();
+}
 void context_engine::clear_host_tier() {
+    p_->recent_loads.clear();
     if (p_->host) (void)p_->host->remove_all();
 }
 snapshot_store * context_engine::disk_tier() { return p_->disk.get(); }

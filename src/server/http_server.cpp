@@ -772,6 +772,54 @@ struct http_server::impl {
                     send_json(res, 200, {{"workspace", ws}, {"pinned", pin}});
                 });
         }
+        // Tiers: snapshot now, suspend (snapshot + drop from the engine), resume.
+        struct tier_op {
+            const char * route;
+            const char * regex;
+            const char * name;
+            status (context_engine::*fn)(const std::string &);
+        };
+        static const tier_op k_tier_ops[] = {
+            {"/v1/workspaces/{id}/snapshot", "/v1/workspaces/([^/]+)/snapshot", "snapshot", &context_engine::snapshot_workspace},
+            {"/v1/workspaces/{id}/suspend", "/v1/workspaces/([^/]+)/suspend", "suspend", &context_engine::suspend_workspace},
+            {"/v1/workspaces/{id}/resume", "/v1/workspaces/([^/]+)/resume", "resume", &context_engine::resume_workspace},
+        };
+        for (const tier_op & op : k_tier_ops) {
+            add("POST", op.route, op.regex, true, [this, &op](req_t req, res_t res, log_t log) {
+                std::string ws;
+                if (auto e = path_workspace(req, ws)) return respond_error(res, *log, *e);
+                log->workspace = ws;
+                status st;
+                if (auto e = engine_call([&](context_engine & ce) { st = (ce.*op.fn)(ws); }))
+                    return respond_error(res, *log, *e);
+                if (!st.ok()) return respond_error(res, *log, error_from_status(st));
+                send_json(res, 200, {{"workspace", ws}, {"done", op.name}});
+            });
+        }
+        // Branch: a new workspace starting from this one's last turn and stored segments;
+        // body {"to": "<new id>"}.
+        add("POST", "/v1/workspaces/{id}/branch", "/v1/workspaces/([^/]+)/branch", true,
+            [this](req_t req, res_t res, log_t log) {
+                std::string ws;
+                if (auto e = path_workspace(req, ws)) return respond_error(res, *log, *e);
+                log->workspace = ws;
+                json body = json::parse(req.body, nullptr, false);
+                if (body.is_discarded() || !body.is_object() || !body.contains("to") || !body["to"].is_string())
+                    return respond_error(res, *log, bad_request("invalid_request", "body must be {\"to\": \"<workspace id>\"}", "to"));
+                const std::string to = body["to"].get<std::string>();
+                if (auto e = validate_workspace_id(to, "to")) return respond_error(res, *log, *e);
+                status st;
+                if (auto e = engine_call([&](context_engine & ce) { st = ce.branch_workspace(ws, to); }))
+                    return respond_error(res, *log, *e);
+                if (!st.ok()) return respond_error(res, *log, error_from_status(st));
+                if (auto segs = store.list(ws)) {
+                    for (auto & sg : *segs) {
+                        bool created = false;
+                        if (auto e = store.put(to, sg, created)) return respond_error(res, *log, *e);
+                    }
+                }
+                send_json(res, 200, {{"workspace", ws}, {"branch", to}});
+            });
         add("POST", "/v1/workspaces/{id}/chat/completions", "/v1/workspaces/([^/]+)/chat/completions", true,
             [this](req_t req, res_t res, log_t log) {
                 std::string ws;

@@ -140,12 +140,26 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
     if (snap.have_counters) {
         const cache_counters & c = snap.counters.cache;
         const std::string tier = "tier=\"engine\"";
+        const tier_counters & t = snap.counters.tiers;
         scalar(out, "warmctx_cache_tokens", "gauge", "Tokens of KV resident in the prefix cache.",
                static_cast<double>(c.resident_tokens), tier);
-        scalar(out, "warmctx_cache_bytes", "gauge", "Bytes of KV resident in the prefix cache.",
-               static_cast<double>(c.resident_bytes), tier);
-        scalar(out, "warmctx_cache_entries", "gauge", "Cached prefixes (holders in use).",
-               static_cast<double>(c.n_holders_in_use), tier);
+        // Per tier: the engine's KV, and the host-RAM and disk snapshot stores.
+        header(out, "warmctx_cache_bytes", "gauge", "Bytes of KV held, by tier.");
+        sample(out, "warmctx_cache_bytes", tier, static_cast<double>(c.resident_bytes));
+        sample(out, "warmctx_cache_bytes", "tier=\"host\"", static_cast<double>(t.host_bytes));
+        sample(out, "warmctx_cache_bytes", "tier=\"disk\"", static_cast<double>(t.disk_bytes));
+        header(out, "warmctx_cache_entries", "gauge", "Cached prefixes, by tier (engine: holders in use; host, disk: snapshots).");
+        sample(out, "warmctx_cache_entries", tier, static_cast<double>(c.n_holders_in_use));
+        sample(out, "warmctx_cache_entries", "tier=\"host\"", static_cast<double>(t.host_files));
+        sample(out, "warmctx_cache_entries", "tier=\"disk\"", static_cast<double>(t.disk_files));
+        header(out, "warmctx_tier_restores_total", "counter", "Prefixes restored from a tier below the engine.");
+        sample(out, "warmctx_tier_restores_total", "tier=\"host\"", static_cast<double>(t.n_restores_host));
+        sample(out, "warmctx_tier_restores_total", "tier=\"disk\"", static_cast<double>(t.n_restores_disk));
+        header(out, "warmctx_tier_writes_total", "counter", "Prefixes written through to a tier.");
+        sample(out, "warmctx_tier_writes_total", "tier=\"host\"", static_cast<double>(t.n_writes_host));
+        sample(out, "warmctx_tier_writes_total", "tier=\"disk\"", static_cast<double>(t.n_writes_disk));
+        scalar(out, "warmctx_tier_restore_failures_total", "counter",
+               "Tier files that failed their checks at restore (served as a miss).", static_cast<double>(t.n_restore_failures));
         scalar(out, "warmctx_cache_capacity_entries", "gauge", "Holders the cache may use.",
                static_cast<double>(c.n_holders_total), tier);
         scalar(out, "warmctx_cache_pinned_blocks", "gauge", "Distinct pinned blocks.",

@@ -43,6 +43,7 @@ const std::vector<field_change> & every_field_change() {
         {"kv_mode", [](profile & p) { p.kv_mode = "shared"; }},
         {"flash_attn", [](profile & p) { p.flash_attn = true; }},
         {"n_gpu_layers", [](profile & p) { p.n_gpu_layers = -1; }},
+        {"kv_streams", [](profile & p) { p.kv_streams = 7; }},
     };
     return v;
 }
@@ -106,6 +107,7 @@ TEST(Profile, JsonRoundTrips) {
     p.rope_freq_scale = 0.25f;
     p.flash_attn = true;
     p.n_gpu_layers = -1;
+    p.kv_streams = 5;
     auto back = profile::from_json(nlohmann::json::parse(p.to_json().dump()));
     ASSERT_TRUE(back.ok()) << back.error().to_string();
     EXPECT_TRUE(p.drifted_fields(*back).empty());

@@ -1,10 +1,13 @@
 // The request flow on the tiny model: reuse, explain of every kind of miss, budgets,
 // counters, and warm == cold.
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "tiny_model.h"
 #include "warmctx/context_engine.h"
+#include "warmctx/snapshot_store.h"
 #include "warmctx/workload.h"
 
 namespace warmctx {
@@ -179,6 +182,173 @@ TEST(ContextEngine, BadRequestsAreErrorsAndChangeNothing) {
     r.segments = {{"q", segment_kind::user, "", "", "hi"}};
     EXPECT_FALSE(f.ce->run_turn(r).ok());
     EXPECT_EQ(f.ce->counters().total.n_turns, 0u);
+}
+
+}  // namespace
+}  // namespace warmctx
+
+namespace warmctx {
+namespace {
+
+struct temp_dir {
+    std::string path;
+    temp_dir() {
+        char t[] = "/tmp/warmctx-test-XXXXXX";
+        path = mkdtemp(t);
+    }
+    ~temp_dir() { std::error_code ec; std::filesystem::remove_all(path, ec); }
+};
+
+std::unique_ptr<context_engine> tiered(const std::string & dir, uint32_t n_work = 1, uint64_t host_bytes = 0) {
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.n_ctx = 4096;
+    o.n_holders = 2;
+    o.n_work_seqs = n_work;
+    o.tiers.cache_dir = dir;
+    o.tiers.host_budget_bytes = host_bytes;
+    auto r = context_engine::open(o);
+    EXPECT_TRUE(r.ok()) << r.error().to_string();
+    return r.ok() ? std::move(r.value()) : nullptr;
+}
+
+std::vector<segment> tier_workspace() {
+    workload_generator g(21, [](const std::string & s) { return s.size() / 3; });
+    return make_workspace(g, 500, 1);
+}
+
+turn_request tier_request(std::vector<segment> segs, const std::string & q) {
+    turn_request r;
+    r.workspace = "t";
+    r.segments = std::move(segs);
+    r.segments.back().content = q;
+    r.sampling.max_tokens = 4;
+    r.keep_logits = true;
+    return r;
+}
+
+TEST(Tiers, ARestartRestoresTheStablePrefixFromDiskExactly) {
+    temp_dir d;
+    auto segs = tier_workspace();
+    pos_t stable_end = 0;
+    {
+        auto ce = tiered(d.path);
+        ASSERT_TRUE(ce);
+        auto t = ce->run_turn(tier_request(segs, "first"));
+        ASSERT_TRUE(t.ok());
+        auto ap = ce->assemble_request(tier_request(segs, "first"));
+        stable_end = ap->stable_end;
+        EXPECT_EQ(ce->counters().tiers.n_writes_disk, 1u);
+    }
+    auto ce = tiered(d.path);  // a new process state: the engine's KV is empty
+    ASSERT_TRUE(ce);
+    auto req = tier_request(segs, "after the restart");
+    auto ex = ce->explain(req);
+    ASSERT_TRUE(ex.ok());
+    EXPECT_EQ(ex->tier, "disk");
+    auto warm = ce->run_turn(req);
+    ASSERT_TRUE(warm.ok());
+    EXPECT_EQ(warm->explain.tier, "disk");
+    EXPECT_EQ(warm->explain.n_reused, stable_end);
+    auto cold = ce->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_EQ(warm->gen.tokens, cold->gen.tokens);
+    EXPECT_EQ(0, std::memcmp(warm->prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
+}
+
+TEST(Tiers, ACorruptSnapshotIsAMissNotAWrongAnswer) {
+    temp_dir d;
+    auto segs = tier_workspace();
+    {
+        auto ce = tiered(d.path);
+        ASSERT_TRUE(ce);
+        ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
+    }
+    // Flip a byte in the middle of every snapshot file (the KV section).
+    for (const auto & f : std::filesystem::directory_iterator(d.path)) {
+        if (!f.is_regular_file()) continue;
+        std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+        io.seekg((std::streamoff)(f.file_size() / 2));
+        char c;
+        io.read(&c, 1);
+        c ^= 0x5A;
+        io.seekp((std::streamoff)(f.file_size() / 2));
+        io.write(&c, 1);
+    }
+    auto ce = tiered(d.path);
+    ASSERT_TRUE(ce);
+    auto req = tier_request(segs, "after the corruption");
+    auto warm = ce->run_turn(req);
+    ASSERT_TRUE(warm.ok());
+    EXPECT_EQ(warm->explain.n_reused, 0);
+    EXPECT_EQ(ce->counters().tiers.n_restore_failures, 1u);
+    auto cold = ce->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_EQ(warm->gen.tokens, cold->gen.tokens);
+}
+
+TEST(Tiers, ConcurrentRestoresOfOnePrefixShareOneLoad) {
+    temp_dir d;
+    auto segs = tier_workspace();
+    {
+        auto ce = tiered(d.path, 2);  // the same KV stream layout as the reader below
+        ASSERT_TRUE(ce);
+        ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
+    }
+    auto ce = tiered(d.path, 2);
+    ASSERT_TRUE(ce);
+    std::vector<float> l1, l2;
+    auto a = ce->begin_turn(tier_request(segs, "one"), 0, l1);
+    auto b = ce->begin_turn(tier_request(segs, "two"), 1, l2);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->explain.tier, "disk") << a->explain.reason << " / " << ce->disk_tier()->stats().n_files
+                                       << " files, misses " << ce->counters().tiers.n_restore_failures;
+    EXPECT_EQ(b->explain.tier, "disk");
+    EXPECT_EQ(ce->counters().tiers.n_restores_disk, 2u);
+    EXPECT_EQ(ce->counters().tiers.n_shared_restores, 1u);
+    EXPECT_EQ(ce->disk_tier() != nullptr, true);
+    ASSERT_TRUE(ce->finish_turn(*a, 0).ok());
+    ASSERT_TRUE(ce->finish_turn(*b, 0).ok());
+}
+
+TEST(Tiers, SuspendResumeAndBranch) {
+    temp_dir d;
+    auto segs = tier_workspace();
+    auto ce = tiered(d.path);
+    ASSERT_TRUE(ce);
+    ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
+    ASSERT_TRUE(ce->suspend_workspace("t").ok());
+    EXPECT_EQ(ce->counters().cache.workspaces.count("t"), 0u);  // gone from the engine
+    ASSERT_TRUE(ce->resume_workspace("t").ok());
+    EXPECT_EQ(ce->counters().cache.workspaces.count("t"), 1u);  // back, from disk
+    auto t = ce->run_turn(tier_request(segs, "after resume"));
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->explain.tier, "engine");
+    EXPECT_GT(t->explain.n_reused, 0);
+    ASSERT_TRUE(ce->branch_workspace("t", "t2").ok());
+    EXPECT_FALSE(ce->branch_workspace("t", "t2").ok());
+    auto r = tier_request(segs, "in the branch");
+    r.workspace = "t2";
+    auto b = ce->run_turn(r);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(b->explain.n_reused, t->explain.n_reused);  // shares the stable prefix
+    EXPECT_EQ(ce->suspend_workspace("nope").code(), status_code::not_found);
+}
+
+TEST(Tiers, AnotherStreamLayoutIsAProfileMissNotALoadFailure) {
+    temp_dir d;
+    auto segs = tier_workspace();
+    {
+        auto ce = tiered(d.path, 1);
+        ASSERT_TRUE(ce);
+        ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
+    }
+    auto ce = tiered(d.path, 2);
+    ASSERT_TRUE(ce);
+    auto t = ce->run_turn(tier_request(segs, "second"));
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->explain.n_reused, 0);
+    EXPECT_EQ(ce->counters().tiers.n_restore_failures, 0u);  // never even tried: the chain roots differ
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <chrono>
 #include <functional>
 #include <future>
@@ -837,6 +838,61 @@ TEST(server_stop_test, stop_answers_waiting_requests_and_health_goes_away) {
     release.set_value();
     EXPECT_TRUE(holder.get().ok());
     sched.stop();
+}
+
+}  // namespace
+}  // namespace warmctx
+
+namespace warmctx {
+namespace {
+
+TEST(server_tier_test, snapshot_suspend_resume_branch_over_http) {
+    char templ[] = "/tmp/warmctx-srv-XXXXXX";
+    const std::string dir = mkdtemp(templ);
+    auto o = tiny_scheduler_options(2);
+    o.engine.tiers.cache_dir = dir;
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+    server_options so;
+    so.port = 0;
+    so.log_requests = false;
+    auto h = http_server::start(**s, so);
+    ASSERT_TRUE(h.ok());
+    httplib::Client c("127.0.0.1", (*h)->port());
+    c.set_read_timeout(120, 0);
+    std::string rules = "Repository rules:";
+    for (int i = 0; i < 40; ++i) rules += " rule " + std::to_string(i) + " says test everything.";
+    ASSERT_EQ(c.Put("/v1/workspaces/w1/segments/rules", json({{"kind", "instructions"}, {"content", rules}}).dump(),
+                    "application/json")->status, 201);
+    auto chat = [&](const std::string & ws, const std::string & q) {
+        json body = {{"messages", json::array({json{{"role", "user"}, {"content", q}}})}, {"max_tokens", 2}};
+        auto r = c.Post(("/v1/workspaces/" + ws + "/chat/completions").c_str(), body.dump(), "application/json");
+        EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+        return r ? json::parse(r->body, nullptr, false) : json();
+    };
+    chat("w1", "first");
+    auto post = [&](const std::string & path, const std::string & body = "{}") {
+        auto r = c.Post(path.c_str(), body, "application/json");
+        return r ? r->status : -1;
+    };
+    EXPECT_EQ(post("/v1/workspaces/w1/snapshot"), 200);
+    EXPECT_EQ(post("/v1/workspaces/w1/suspend"), 200);
+    // Suspended: the next turn is served from disk.
+    auto ex = c.Get("/v1/workspaces/w1/explain?question=hi");
+    ASSERT_TRUE(ex && ex->status == 200);
+    EXPECT_EQ(json::parse(ex->body)["tier"], "disk") << ex->body;
+    EXPECT_EQ(post("/v1/workspaces/w1/resume"), 200);
+    ex = c.Get("/v1/workspaces/w1/explain?question=hi");
+    EXPECT_EQ(json::parse(ex->body)["tier"], "engine") << ex->body;
+    EXPECT_EQ(post("/v1/workspaces/w1/branch", R"({"to": "w2"})"), 200);
+    auto b = chat("w2", "in the branch");
+    EXPECT_GT(b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0) << b.dump();
+    EXPECT_EQ(post("/v1/workspaces/w1/branch", R"({"to": "../x"})"), 400);
+    EXPECT_EQ(post("/v1/workspaces/nope/suspend"), 404);
+    (*h)->stop();
+    (*s)->stop();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
 }
 
 }  // namespace
