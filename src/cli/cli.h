@@ -60,6 +60,7 @@ void register_bench_commands(CLI::App & app);
 void register_context_commands(CLI::App & app);
 void register_overhead_bench(CLI::App & bench);
 void register_serve_command(CLI::App & app);
+void register_http_bench(CLI::App & bench);
 void register_snapshot_commands(CLI::App & app);
 
 }  // namespace warmctx::cli

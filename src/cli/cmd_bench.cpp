@@ -163,6 +163,7 @@ void register_bench_commands(CLI::App & app) {
     e->add_flag("--json", a->json, "print JSON");
     e->callback([a] { run_bench_engine(*a); });
     register_overhead_bench(*bench);
+    register_http_bench(*bench);
 }
 
 }  // namespace warmctx::cli
