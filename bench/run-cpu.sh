@@ -27,3 +27,9 @@ mkdir -p "$out"
 "$w" verify -m "$tiny" --scenarios 10 --kv-mode shared --json > "$out/verify-shared-tiny-10.json"
 "$w" verify --scenarios 5 --stable-tokens 600 --json > "$out/verify-exact-qwen2.5-0.5b-q4_0-5.json"
 "$w" verify --scenarios 1 --stable-tokens 600 --kv-mode shared --json > "$out/verify-shared-qwen2.5-0.5b-q4_0-1.json"
+
+# Tiers: cold prefill vs restore from disk / host RAM, and the first turn after a restart.
+"$w" bench restore --prefix-tokens 2048,8192 --json > "$out/restore-qwen2.5-0.5b-q4_0-cpu2.json"
+
+# The server: overhead per request and throughput with 1, 4 and 16 clients.
+"$w" bench http -m "$tiny" --requests 8 --json > "$out/http-tiny-f16-cpu2.json"

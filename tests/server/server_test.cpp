@@ -887,6 +887,7 @@ TEST(server_tier_test, snapshot_suspend_resume_branch_over_http) {
     EXPECT_EQ(post("/v1/workspaces/w1/branch", R"({"to": "w2"})"), 200);
     auto b = chat("w2", "in the branch");
     EXPECT_GT(b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0) << b.dump();
+    EXPECT_EQ(b["warmctx"]["tier"], "engine") << b.dump();  // usage says which tier served it
     EXPECT_EQ(post("/v1/workspaces/w1/branch", R"({"to": "../x"})"), 400);
     EXPECT_EQ(post("/v1/workspaces/nope/suspend"), 404);
     (*h)->stop();
