@@ -30,6 +30,7 @@ mkdir -p "$out"
 
 # Tiers: cold prefill vs restore from disk / host RAM, and the first turn after a restart.
 "$w" bench restore --prefix-tokens 2048,8192 --json > "$out/restore-qwen2.5-0.5b-q4_0-cpu2.json"
+"$w" bench restore --prefix-tokens 32768 --json > "$out/restore-32k-qwen2.5-0.5b-q4_0-cpu2.json"   # ~30 min
 
 # The server: overhead per request and throughput with 1, 4 and 16 clients.
 "$w" bench http -m "$tiny" --requests 8 --json > "$out/http-tiny-f16-cpu2.json"
