@@ -148,6 +148,7 @@ struct http_server::impl {
     httplib::Server svr;
     int bound_port = 0;
     std::thread listener;
+    int listen_fd = -1;  // the listening socket, from httplib's socket-options hook
 
     std::mutex stop_mu;               // serialises stop(); guards stopped
     std::condition_variable stop_cv;
@@ -855,9 +856,10 @@ result<std::unique_ptr<http_server>> http_server::start(scheduler & sched, serve
     // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port
     // and silently take half the connections; SO_REUSEADDR alone still allows a quick
     // restart (TIME_WAIT) but makes a port in use an error.
-    s.svr.set_socket_options([](socket_t sock) {
+    s.svr.set_socket_options([&s](socket_t sock) {
         int yes = 1;
         setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+        s.listen_fd = sock;
     });
     // Responses and SSE chunks are small writes: without TCP_NODELAY, Nagle's algorithm
     // meets the client's delayed ACK and each one waits ~40 ms.
@@ -889,6 +891,10 @@ result<std::unique_ptr<http_server>> http_server::start(scheduler & sched, serve
                             " (in use, or not an address of this machine)");
         s.bound_port = s.opts.port;
     }
+    // Debian's httplib listens with a backlog of 5 (compiled in): a burst of clients
+    // then overflows the accept queue and connections are dropped. listen() again on the
+    // bound socket raises the backlog.
+    if (s.listen_fd >= 0) ::listen(s.listen_fd, SOMAXCONN);
     s.listener = std::thread([&s] { s.svr.listen_after_bind(); });
     return std::unique_ptr<http_server>(new http_server(std::move(p)));
 }

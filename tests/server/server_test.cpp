@@ -310,7 +310,7 @@ TEST_F(server_test, sixteen_parallel_clients) {
             json body = chat_body("Client " + std::to_string(i) + " asks a question.", 4);
             if (i % 2) body["stream"] = true;
             auto r = post_json("/v1/chat/completions", body);
-            if (!r) return -1;
+            if (!r) return -100 - static_cast<int>(r.error());  // which transport error
             if (i % 2) {
                 auto ev = parse_sse(r->body);
                 if (ev.empty() || !ev.back().done) return -2;
