@@ -151,6 +151,9 @@ struct scheduler::impl {
 
     void retire(size_t slot) {
         active_job & j = *slots[slot];
+        // First, so that anyone who sees this job's last event or its counter sees it
+        // no longer active.
+        a_active--;
         if (j.cancelled) {
             ce->abort_turn(j.turn);
             a_cancelled++;
@@ -181,7 +184,6 @@ struct scheduler::impl {
             emit(j, ev);
         }
         slots[slot].reset();
-        a_active--;
     }
 
     // One decode step over every active job that has a token to decode.
