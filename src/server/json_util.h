@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "warmctx/json_depth.h"
+
 namespace warmctx::server_detail {
 
 inline constexpr size_t k_utf8_valid = static_cast<size_t>(-1);
@@ -19,7 +21,7 @@ size_t find_invalid_utf8(std::string_view s);
 // The deepest nesting of arrays and objects in a JSON text (brackets inside strings do
 // not count). Checked before parsing: serializing a parsed value recurses once per level,
 // so a body of a million '[' must be refused before anything walks it.
-size_t json_nesting_depth(std::string_view s);
+using warmctx::json_nesting_depth;  // include/warmctx/json_depth.h
 inline constexpr size_t k_max_json_depth = 100;
 
 // j.dump() that never throws: compact, and invalid UTF-8 inside strings (a generated

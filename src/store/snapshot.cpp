@@ -1,6 +1,8 @@
 // The snapshot file format (docs/snapshot-format.md): encode, decode, check.
 #include "warmctx/snapshot.h"
 
+#include "warmctx/json_depth.h"
+
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -133,29 +135,10 @@ status check_meta(const snapshot_meta & m) {
     return {};
 }
 
-// nlohmann's parser recurses per nesting level: refuse deep nesting before parsing, so a
-// hostile (checksum-valid) file cannot exhaust the stack.
-bool json_nesting_ok(std::string_view s, int max_depth) {
-    int depth = 0;
-    bool in_string = false, escaped = false;
-    for (char c : s) {
-        if (in_string) {
-            if (escaped) escaped = false;
-            else if (c == '\\') escaped = true;
-            else if (c == '"') in_string = false;
-            continue;
-        }
-        if (c == '"') in_string = true;
-        else if (c == '[' || c == '{') {
-            if (++depth > max_depth) return false;
-        } else if (c == ']' || c == '}') --depth;
-    }
-    return true;
-}
-
 result<nlohmann::json> parse_json(std::span<const uint8_t> bytes, const char * what) {
     std::string_view s((const char *)bytes.data(), bytes.size());
-    if (!json_nesting_ok(s, 32)) return invalid_argument(std::string(what) + " JSON is nested too deeply");
+    // A hostile (checksum-valid) file must not exhaust the parser's stack.
+    if (json_nesting_depth(s) > 32) return invalid_argument(std::string(what) + " JSON is nested too deeply");
     try {
         nlohmann::json j = nlohmann::json::parse(s, nullptr, /*allow_exceptions=*/false);
         if (j.is_discarded()) return invalid_argument(std::string(what) + " is not valid JSON");
