@@ -52,6 +52,11 @@ std::string default_vocab_path();
 // else ~/.cache/warmctx.
 std::string cache_home();
 
+// A generated model under cache_home()/models/<shape>-<type>-seed<seed>.gguf, made on
+// first use (with progress lines). Errors: those of make_model.
+result<std::string> ensure_model(const std::string & shape, const std::string & type, uint64_t seed,
+                                 const std::function<void(const std::string &)> & progress);
+
 // The default model: qwen2.5-0.5b, q4_0, seed 0, generated once under cache_home()/models.
 // Generates it (with progress lines) on first use.
 result<std::string> ensure_default_model(const std::function<void(const std::string &)> & progress);

@@ -63,6 +63,9 @@ void register_context_commands(CLI::App & app);
 void register_overhead_bench(CLI::App & bench);
 void register_serve_command(CLI::App & app);
 void register_http_bench(CLI::App & bench);
+void register_s2_bench(CLI::App & bench);
+void register_trace_bench(CLI::App & bench);
+void register_s3_bench(CLI::App & bench);
 void register_snapshot_commands(CLI::App & app);
 
 }  // namespace warmctx::cli

@@ -164,6 +164,9 @@ void register_bench_commands(CLI::App & app) {
     e->callback([a] { run_bench_engine(*a); });
     register_overhead_bench(*bench);
     register_http_bench(*bench);
+    register_s2_bench(*bench);
+    register_trace_bench(*bench);
+    register_s3_bench(*bench);
 }
 
 }  // namespace warmctx::cli

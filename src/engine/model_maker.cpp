@@ -241,19 +241,28 @@ status make_model(const make_model_options & opts) {
     return {};
 }
 
+result<std::string> ensure_model(const std::string & shape, const std::string & type, uint64_t seed,
+                                 const std::function<void(const std::string &)> & progress) {
+    const std::string path = cache_home() + "/models/" + shape + "-" + type + "-seed" + std::to_string(seed) + ".gguf";
+    std::error_code ec;
+    if (fs::exists(path, ec)) return path;
+    if (progress) progress("generating " + shape + " " + type + " (seed " + std::to_string(seed) + ") once at " + path);
+    make_model_options mo;
+    mo.shape = shape;
+    mo.type = type;
+    mo.seed = seed;
+    mo.out_path = path;
+    mo.progress = progress;
+    WARMCTX_RETURN_IF_ERROR(make_model(mo).with_context("generating " + shape + " " + type));
+    return path;
+}
+
 result<std::string> ensure_default_model(const std::function<void(const std::string &)> & progress) {
     const std::string path = cache_home() + "/models/qwen2.5-0.5b-q4_0-seed0.gguf";
     std::error_code ec;
-    if (fs::exists(path, ec)) return path;
-    if (progress) progress("no --model given and the default model is not cached yet; generating it once at " + path);
-    make_model_options mo;
-    mo.shape = "qwen2.5-0.5b";
-    mo.type = "q4_0";
-    mo.seed = 0;
-    mo.out_path = path;
-    mo.progress = progress;
-    WARMCTX_RETURN_IF_ERROR(make_model(mo).with_context("generating the default model"));
-    return path;
+    if (!fs::exists(path, ec) && progress)
+        progress("no --model given and the default model is not cached yet; generating it once");
+    return ensure_model("qwen2.5-0.5b", "q4_0", 0, progress);
 }
 
 }  // namespace warmctx

@@ -1,0 +1,416 @@
+#include "bench_harness.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "warmctx/context_engine.h"
+#include "warmctx/scheduler.h"
+#include "warmctx/server.h"
+
+extern char ** environ;
+
+namespace warmctx::cli {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double ms_between(clock_type::time_point a, clock_type::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// POSTs `body` with stream=true and reads the server-sent events as they arrive.
+// `on_event(payload)` returns true when the event carries the first generated token;
+// `on_final(payload)` sees every event to pick up usage/timings.
+template <class First, class Each>
+turn_timing stream_post(int port, const std::string & path, const std::string & body, First is_token_event, Each on_event) {
+    turn_timing t;
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(7200, 0);
+    c.set_write_timeout(600, 0);
+    c.set_connection_timeout(30, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body;
+    req.set_header("Content-Type", "application/json");
+    std::string buf;
+    bool got_first = false;
+    const auto t0 = clock_type::now();
+    req.content_receiver = [&](const char * d, size_t n, uint64_t, uint64_t) {
+        buf.append(d, n);
+        size_t nl;
+        while ((nl = buf.find('\n')) != std::string::npos) {
+            std::string line = buf.substr(0, nl);
+            buf.erase(0, nl + 1);
+            if (!line.empty() && line.back() == '\r') line.pop_back();
+            if (line.rfind("data: ", 0) != 0) continue;
+            std::string payload = line.substr(6);
+            if (payload == "[DONE]") continue;
+            auto j = json::parse(payload, nullptr, false);
+            if (j.is_discarded()) continue;
+            if (!got_first && is_token_event(j)) {
+                got_first = true;
+                t.ttft_ms = ms_between(t0, clock_type::now());
+            }
+            on_event(j, t);
+        }
+        return true;
+    };
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    const bool sent = c.send(req, res, err);
+    t.total_ms = ms_between(t0, clock_type::now());
+    if (!sent) {
+        t.error = "request failed: " + httplib::to_string(err);
+        return t;
+    }
+    if (res.status != 200) {
+        t.error = "HTTP " + std::to_string(res.status) + ": " + res.body.substr(0, 300);
+        return t;
+    }
+    if (!got_first) {
+        t.error = "the stream ended without a generated token";
+        return t;
+    }
+    t.ok = true;
+    return t;
+}
+
+class warmctx_system final : public bench_system {
+  public:
+    warmctx_system(std::string name, std::unique_ptr<scheduler> s, std::unique_ptr<http_server> h, json desc)
+        : name_(std::move(name)), sched_(std::move(s)), http_(std::move(h)), desc_(std::move(desc)) {}
+    ~warmctx_system() override {
+        http_.reset();
+        sched_.reset();
+    }
+    std::string name() const override { return name_; }
+    json describe() const override { return desc_; }
+    turn_timing send(const std::string & workspace, const std::vector<segment> & segs, const std::vector<token_id> &,
+                     int max_tokens) override {
+        json s = json::array();
+        for (const auto & x : segs) {
+            json e = {{"id", x.id}, {"kind", std::string(segment_kind_name(x.kind))}, {"content", x.content}};
+            if (!x.path.empty()) e["path"] = x.path;
+            if (!x.role.empty()) e["role"] = x.role;
+            s.push_back(std::move(e));
+        }
+        json body = {{"model", "warmctx"},      {"workspace", workspace},
+                     {"messages", json::array()}, {"segments", std::move(s)},
+                     {"max_tokens", max_tokens}, {"temperature", 0},
+                     {"stream", true},          {"stream_options", {{"include_usage", true}}}};
+        return stream_post(
+            http_->port(), "/v1/chat/completions", body.dump(),
+            [](const json & j) {
+                // The first chunk only announces the assistant role; it is sent before
+                // the prefill. Any later chunk follows the first generated token.
+                auto ch = j.find("choices");
+                if (ch == j.end() || !ch->is_array() || ch->empty()) return j.contains("usage");
+                const json & c0 = (*ch)[0];
+                const json delta = c0.value("delta", json::object());
+                if (delta.contains("role") && delta.value("content", "").empty() && c0.value("finish_reason", json()).is_null())
+                    return false;
+                return true;
+            },
+            [](const json & j, turn_timing & t) {
+                auto u = j.find("usage");
+                if (u == j.end() || !u->is_object()) return;
+                t.prompt_tokens = u->value("prompt_tokens", 0);
+                t.completion_tokens = u->value("completion_tokens", 0);
+                if (auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object())
+                    t.cached_tokens = d->value("cached_tokens", 0);
+            });
+    }
+
+  private:
+    std::string name_;
+    std::unique_ptr<scheduler> sched_;
+    std::unique_ptr<http_server> http_;
+    json desc_;
+};
+
+class llama_server_system final : public bench_system {
+  public:
+    llama_server_system(std::string name, pid_t pid, int port, json desc)
+        : name_(std::move(name)), pid_(pid), port_(port), desc_(std::move(desc)) {}
+    ~llama_server_system() override { stop(); }
+    std::string name() const override { return name_; }
+    json describe() const override { return desc_; }
+    turn_timing send(const std::string &, const std::vector<segment> &, const std::vector<token_id> & tokens,
+                     int max_tokens) override {
+        json body = {{"prompt", tokens},   {"n_predict", max_tokens}, {"temperature", 0},
+                     {"stream", true},     {"cache_prompt", true}};
+        return stream_post(
+            port_, "/completion", body.dump(), [](const json &) { return true; },
+            [](const json & j, turn_timing & t) {
+                auto tm = j.find("timings");
+                if (tm == j.end() || !tm->is_object()) return;
+                const int cached = tm->value("cache_n", 0), processed = tm->value("prompt_n", 0);
+                t.cached_tokens = cached;
+                t.prompt_tokens = cached + processed;
+                t.completion_tokens = tm->value("predicted_n", 0);
+            });
+    }
+    void forget() { pid_ = -1; }
+    void stop() {
+        if (pid_ <= 0) return;
+        kill(pid_, SIGTERM);
+        for (int i = 0; i < 200; ++i) {
+            int st;
+            if (waitpid(pid_, &st, WNOHANG) == pid_) { pid_ = -1; return; }
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+    }
+
+  private:
+    std::string name_;
+    pid_t pid_;
+    int port_;
+    json desc_;
+};
+
+int free_port() {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (bind(fd, (sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (sockaddr *)&a, &len) == 0) port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+std::string tail_of_file(const std::string & path, size_t n) {
+    FILE * f = std::fopen(path.c_str(), "rb");
+    if (!f) return "";
+    std::fseek(f, 0, SEEK_END);
+    long size = std::ftell(f);
+    long from = std::max<long>(0, size - (long)n);
+    std::fseek(f, from, SEEK_SET);
+    std::string s((size_t)(size - from), '\0');
+    size_t got = std::fread(s.data(), 1, s.size(), f);
+    s.resize(got);
+    std::fclose(f);
+    return s;
+}
+
+}  // namespace
+
+result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_options & o) {
+    auto eo = o.mf.to_options(2 + o.holders + 1);
+    if (!eo) return eo.error();
+    scheduler_options so;
+    so.engine.engine = *eo;
+    so.engine.n_holders = o.holders;
+    if (status st = o.cf.apply(so.engine); !st.ok()) return st;
+    so.n_parallel = 1;
+    so.max_queue = 16;
+    auto s = scheduler::start(so);
+    if (!s) return s.error();
+    server_options sv;
+    sv.port = 0;
+    sv.log_requests = false;
+    sv.n_http_threads = 4;
+    sv.kinds = so.engine.kinds;
+    sv.max_body_bytes = 64u << 20;
+    sv.max_segment_bytes = 16u << 20;
+    auto h = http_server::start(**s, sv);
+    if (!h) return h.error();
+    json desc = {{"n_ctx_per_seq", (*s)->context().n_ctx_seq},
+                 {"holders", o.holders},
+                 {"policy", o.cf.policy},
+                 {"budget_tokens", o.cf.budget_tokens},
+                 {"budget_bytes", o.cf.budget_bytes},
+                 {"kv_bytes_per_token", (*s)->context().kv_bytes_per_token},
+                 {"kv_allocated_bytes", (uint64_t)(*s)->context().n_ctx_seq * (*s)->context().n_seq_max *
+                                            (*s)->context().kv_bytes_per_token},
+                 {"flash_attn", eo->flash_attn},
+                 {"backend", (*s)->context().backend}};
+    return std::unique_ptr<bench_system>(new warmctx_system(o.name, std::move(*s), std::move(*h), std::move(desc)));
+}
+
+result<std::unique_ptr<bench_system>> start_llama_server(const llama_server_options & o) {
+    auto eo = o.mf.to_options(1);
+    if (!eo) return eo.error();
+    if (access(o.binary.c_str(), X_OK) != 0)
+        return not_found("llama-server not found at '" + o.binary + "' (build it: cmake --build build --target llama-server)");
+    const int port = free_port();
+    if (port <= 0) return io_error("no free loopback port");
+    std::string log_path = o.log_path;
+    if (log_path.empty()) {
+        char tmpl[] = "/tmp/warmctx-llama-server-XXXXXX";
+        int fd = mkstemp(tmpl);
+        if (fd < 0) return io_error("cannot create a log file for llama-server");
+        close(fd);
+        log_path = tmpl;
+    }
+    const int threads = o.mf.threads > 0 ? o.mf.threads : (int)std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::string> args = {o.binary,
+                                     "-m", eo->model_path,
+                                     "--host", "127.0.0.1",
+                                     "--port", std::to_string(port),
+                                     "-c", std::to_string((uint64_t)o.mf.n_ctx * (uint64_t)o.slots),
+                                     "-np", std::to_string(o.slots),
+                                     "-t", std::to_string(threads),
+                                     "-tb", std::to_string(threads),
+                                     "-ngl", std::to_string(o.mf.gpu_layers < 0 ? 999 : o.mf.gpu_layers),
+                                     "-b", std::to_string(eo->chunk_tokens),
+                                     "-ub", std::to_string(eo->chunk_tokens),
+                                     "-fa", eo->flash_attn ? "on" : "off",
+                                     "-ctk", eo->kv_type,
+                                     "-ctv", eo->kv_type,
+                                     "--no-webui"};
+    if (o.cache_ram_mib >= 0) {
+        args.push_back("--cache-ram");
+        args.push_back(std::to_string(o.cache_ram_mib));
+    }
+    std::string cmdline;
+    for (const auto & a : args) cmdline += (cmdline.empty() ? "" : " ") + a;
+    progress("starting: " + cmdline + "  (log: " + log_path + ")");
+
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    std::vector<char *> argv;
+    for (auto & a : args) argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    int rc = posix_spawn(&pid, o.binary.c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) return io_error("cannot start llama-server: " + std::string(strerror(rc)));
+    json desc = {{"command", cmdline}, {"slots", o.slots}, {"n_ctx_per_slot", o.mf.n_ctx},
+                 {"cache_ram_mib", o.cache_ram_mib}, {"flash_attn", eo->flash_attn}, {"log", log_path}};
+    auto sys = std::make_unique<llama_server_system>(o.name, pid, port, desc);
+
+    // Wait for /health to answer 200 (503 while the model loads).
+    const auto t0 = clock_type::now();
+    httplib::Client c("127.0.0.1", port);
+    c.set_connection_timeout(1, 0);
+    c.set_read_timeout(5, 0);
+    while (true) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            sys->forget();  // already reaped
+            return engine_error("llama-server exited during start-up; the end of its log (" + log_path + "):\n" +
+                                tail_of_file(log_path, 1500));
+        }
+        if (auto r = c.Get("/health"); r && r->status == 200) break;
+        if (ms_between(t0, clock_type::now()) > o.start_timeout_s * 1000)
+            return engine_error("llama-server did not become healthy in " + std::to_string((int)o.start_timeout_s) +
+                                " s; see " + log_path);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return std::unique_ptr<bench_system>(std::move(sys));
+}
+
+struct prompt_builder::impl {
+    std::unique_ptr<context_engine> ce;
+    std::string path;
+};
+
+prompt_builder::prompt_builder(std::unique_ptr<impl> p) : p_(std::move(p)) {}
+prompt_builder::~prompt_builder() = default;
+
+result<std::unique_ptr<prompt_builder>> prompt_builder::open(const model_flags & mf) {
+    model_flags m = mf;
+    m.n_ctx = 64;
+    m.gpu_layers = 0;
+    m.kv_type = "f16";
+    m.flash_attn = false;
+    auto eo = m.to_options(3);
+    if (!eo) return eo.error();
+    context_engine_options co;
+    co.engine = *eo;
+    co.n_holders = 1;
+    auto ce = context_engine::open(co);
+    if (!ce) return ce.error();
+    auto p = std::make_unique<impl>();
+    p->ce = std::move(*ce);
+    p->path = eo->model_path;
+    return std::unique_ptr<prompt_builder>(new prompt_builder(std::move(p)));
+}
+
+token_counter prompt_builder::counter() {
+    engine * e = &p_->ce->raw_engine();
+    return [e](const std::string & s) -> size_t {
+        auto t = e->tokenize(s, false);
+        return t.ok() ? t->size() : s.size() / 4;
+    };
+}
+
+result<std::vector<token_id>> prompt_builder::tokens(const std::vector<segment> & segs) {
+    turn_request r;
+    r.segments = segs;
+    auto ap = p_->ce->assemble_request(r);
+    if (!ap) return ap.error();
+    return std::move(ap->tokens);
+}
+
+uint64_t prompt_builder::kv_bytes_per_token() const { return p_->ce->raw_engine().context().kv_bytes_per_token; }
+const std::string & prompt_builder::model_path() const { return p_->path; }
+std::string prompt_builder::model_description() const { return p_->ce->raw_engine().model().description; }
+
+double percentile(std::vector<double> v, double p) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    // linear interpolation between closest ranks
+    const double x = p * (double)(v.size() - 1);
+    const size_t lo = (size_t)std::floor(x), hi = std::min(v.size() - 1, lo + 1);
+    return v[lo] + (v[hi] - v[lo]) * (x - (double)lo);
+}
+double median(std::vector<double> v) { return percentile(std::move(v), 0.5); }
+
+result<std::string> run_capture(const std::string & cmd) {
+    FILE * f = popen(cmd.c_str(), "r");
+    if (!f) return io_error("cannot run: " + cmd);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+    int rc = pclose(f);
+    if (rc != 0) return engine_error("command failed (status " + std::to_string(rc) + "): " + cmd);
+    return out;
+}
+
+result<llama_bench_rate> llama_bench_run(const std::string & binary, const engine_options & o, int32_t threads,
+                                         int n_prompt, int n_gen, int depth, int reps, bool warmup) {
+    std::string cmd = "'" + binary + "' -m '" + o.model_path + "' -p " + std::to_string(n_prompt) + " -n " +
+                      std::to_string(n_gen) + " -d " + std::to_string(depth) + " -t " + std::to_string(threads) +
+                      " -b " + std::to_string(o.chunk_tokens) + " -ub " + std::to_string(o.chunk_tokens) +
+                      " -fa " + (o.flash_attn ? "1" : "0") + " -ctk " + o.kv_type + " -ctv " + o.kv_type +
+                      " -ngl " + std::to_string(o.n_gpu_layers < 0 ? 999 : o.n_gpu_layers) + " -r " +
+                      std::to_string(reps) + (warmup ? "" : " --no-warmup") + " -o json 2>/dev/null";
+    progress("running: " + cmd);
+    auto out = run_capture(cmd);
+    if (!out) return out.error();
+    auto j = json::parse(*out, nullptr, false);
+    if (j.is_discarded() || !j.is_array() || j.empty()) return engine_error("cannot parse llama-bench's JSON output");
+    llama_bench_rate r;
+    r.tps = j[0].value("avg_ts", 0.0);
+    r.stddev = j[0].value("stddev_ts", 0.0);
+    return r;
+}
+
+}  // namespace warmctx::cli

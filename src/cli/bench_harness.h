@@ -1,0 +1,96 @@
+// Side-by-side benchmark plumbing: the systems a bench compares (warmctx's HTTP
+// server in this process, llama.cpp's llama-server as a child process), one streamed
+// request timed at the client, and the prompt builder that gives both the same tokens.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "warmctx/segments.h"
+#include "warmctx/workload.h"
+
+#ifndef WARMCTX_LLAMA_SERVER
+#define WARMCTX_LLAMA_SERVER "llama-server"
+#endif
+
+namespace warmctx::cli {
+
+// One request as the client saw it.
+struct turn_timing {
+    bool ok = false;
+    std::string error;
+    double ttft_ms = 0;        // request sent .. first generated token's event
+    double total_ms = 0;       // request sent .. last byte
+    int prompt_tokens = 0;
+    int cached_tokens = 0;     // prompt tokens the system reused
+    int completion_tokens = 0;
+};
+
+// A server under test, answering one streamed request at a time.
+class bench_system {
+  public:
+    virtual ~bench_system() = default;
+    virtual std::string name() const = 0;
+    // Sends one turn. warmctx takes the typed segments under `workspace`; llama-server
+    // takes `tokens`, the same prompt as warmctx assembles it (so both prefill the same
+    // tokens and template differences cannot skew the comparison).
+    virtual turn_timing send(const std::string & workspace, const std::vector<segment> & segs,
+                             const std::vector<token_id> & tokens, int max_tokens) = 0;
+    // What the system was started with (flags, budgets), for the JSON report.
+    virtual nlohmann::json describe() const = 0;
+};
+
+struct warmctx_system_options {
+    std::string name = "warmctx";
+    model_flags mf;                 // mf.n_ctx: per work sequence
+    uint32_t holders = 4;
+    cache_flags cf;
+};
+result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_options & o);
+
+struct llama_server_options {
+    std::string name = "llama-server";
+    std::string binary = WARMCTX_LLAMA_SERVER;
+    model_flags mf;                 // model, n_ctx (per slot), threads, gpu layers, kv type, chunk, fa
+    int slots = 1;
+    int cache_ram_mib = -1;         // --cache-ram (-1: llama-server's default)
+    std::string log_path;           // its stdout and stderr ("" = a temp file)
+    double start_timeout_s = 600;
+};
+result<std::unique_ptr<bench_system>> start_llama_server(const llama_server_options & o);
+
+// The tokenizer and chat template of a model (weights mapped, no GPU, a tiny context):
+// counts tokens for the workload generators and assembles segments into exactly the
+// tokens warmctx prefills.
+class prompt_builder {
+  public:
+    static result<std::unique_ptr<prompt_builder>> open(const model_flags & mf);
+    ~prompt_builder();
+    token_counter counter();
+    result<std::vector<token_id>> tokens(const std::vector<segment> & segs);
+    uint64_t kv_bytes_per_token() const;   // f16 K+V of all layers, per token
+    const std::string & model_path() const;
+    std::string model_description() const;
+
+  private:
+    struct impl;
+    std::unique_ptr<impl> p_;
+    explicit prompt_builder(std::unique_ptr<impl> p);
+};
+
+double percentile(std::vector<double> v, double p);
+double median(std::vector<double> v);
+
+// Runs a command, returns its stdout (stderr is discarded). Errors: io_error.
+result<std::string> run_capture(const std::string & cmd);
+
+// llama-bench's mean prompt-processing rate (tok/s) for `n_prompt` tokens after a context
+// of `depth` tokens (0 = cold), or the generation rate when n_prompt == 0 and n_gen > 0.
+struct llama_bench_rate { double tps = 0, stddev = 0; };
+result<llama_bench_rate> llama_bench_run(const std::string & binary, const engine_options & o, int32_t threads,
+                                         int n_prompt, int n_gen, int depth, int reps, bool warmup);
+
+}  // namespace warmctx::cli

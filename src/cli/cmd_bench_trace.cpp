@@ -1,0 +1,212 @@
+// warmctx bench trace - a seeded multi-workspace coding-agent trace (agent_trace.h)
+// replayed turn by turn through HTTP against warmctx with semantic eviction, warmctx
+// with plain LRU, and llama-server with its RAM prompt cache, all under one KV budget:
+//   - warmctx-*: --budget-bytes B (the KV its prefix cache may keep across turns),
+//     with enough holders that the budget, not the holder count, binds;
+//   - llama-server: one slot of the same context length and --cache-ram B (the KV its
+//     prompt cache may keep across turns, in MiB). Its slot keeps the last prompt as
+//     well, on top of B.
+// Each turn is sent once, in trace order, by one client; llama-server gets the exact
+// tokens warmctx assembles, so both prefill the same prompt.
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "bench_harness.h"
+#include "warmctx/agent_trace.h"
+
+namespace warmctx::cli {
+namespace {
+
+using json = nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+struct trace_args {
+    model_flags mf;
+    agent_trace_options t;
+    double budget_mib = 0;          // 0 = 40% of the KV of all workspaces' stable prompts
+    std::vector<std::string> systems = {"warmctx-semantic", "warmctx-lru", "llama-server"};
+    std::string llama_server = WARMCTX_LLAMA_SERVER;
+    bool quick = false;
+    bool json_out = false;
+};
+
+void run_trace(trace_args a) {
+    if (a.quick) {
+        a.t.n_workspaces = 4;
+        a.t.n_turns = 24;
+        a.t.stable_tokens = 1536;
+        a.t.tail_tokens = 200;
+    }
+    for (const auto & s : a.systems)
+        if (s != "warmctx-semantic" && s != "warmctx-lru" && s != "llama-server") {
+            g_exit_code = fail(invalid_argument("--systems: unknown system '" + s +
+                                                "' (warmctx-semantic, warmctx-lru, llama-server)"));
+            return;
+        }
+    if (a.budget_mib < 0) { g_exit_code = fail(invalid_argument("--budget-mib must be >= 0")); return; }
+    auto pb = prompt_builder::open(a.mf);
+    if (!pb) { g_exit_code = fail(pb.error()); return; }
+    progress("generating the trace: " + std::to_string(a.t.n_workspaces) + " workspaces, " +
+             std::to_string(a.t.n_turns) + " turns");
+    auto tr = make_agent_trace(a.t, (*pb)->counter());
+    if (!tr) { g_exit_code = fail(tr.error()); return; }
+    std::vector<std::vector<token_id>> tokens;
+    size_t max_prompt = 0, total_prompt = 0;
+    std::vector<size_t> stable_prompt((size_t)a.t.n_workspaces, 0);
+    int n_edits = 0;
+    for (const auto & turn : tr->turns) {
+        auto t = (*pb)->tokens(turn.segments);
+        if (!t) { g_exit_code = fail(t.error()); return; }
+        max_prompt = std::max(max_prompt, t->size());
+        total_prompt += t->size();
+        // the stable part: everything before the diff
+        std::vector<segment> stable(turn.segments.begin(), turn.segments.end() - 3);
+        if (stable_prompt[(size_t)turn.workspace] == 0) {
+            auto st = (*pb)->tokens(stable);
+            if (st) stable_prompt[(size_t)turn.workspace] = st->size();
+        }
+        if (!turn.edited.empty()) ++n_edits;
+        tokens.push_back(std::move(*t));
+    }
+    const uint64_t bpt = (*pb)->kv_bytes_per_token();
+    const std::string model_path = (*pb)->model_path();
+    const std::string model_desc = (*pb)->model_description();
+    pb->reset();
+
+    size_t stable_sum = 0;
+    for (size_t s : stable_prompt) stable_sum += s;
+    double budget_mib = a.budget_mib;
+    if (budget_mib == 0) budget_mib = std::max(1.0, std::ceil(0.4 * (double)(stable_sum * bpt) / (1 << 20)));
+    const uint64_t budget_bytes = (uint64_t)(budget_mib * (1 << 20));
+
+    model_flags mf = a.mf;
+    mf.model = model_path;
+    const uint32_t chunk = std::max<uint32_t>(1, mf.chunk);
+    mf.n_ctx = (uint32_t)((max_prompt + 64 + chunk - 1) / chunk * chunk);
+
+    json out = {{"bench", "trace"},
+                {"model", model_path},
+                {"model_desc", model_desc},
+                {"backend", backend_name()},
+                {"trace",
+                 {{"seed", a.t.seed}, {"workspaces", a.t.n_workspaces}, {"turns", a.t.n_turns},
+                  {"zipf_s", a.t.zipf_s}, {"stable_tokens_mean", a.t.stable_tokens}, {"edit_prob", a.t.edit_prob},
+                  {"tail_tokens_mean", a.t.tail_tokens}, {"stable_prompt_tokens", stable_prompt},
+                  {"edits", n_edits}, {"prompt_tokens_total", total_prompt}, {"max_prompt_tokens", max_prompt}}},
+                {"budget", {{"mib", budget_mib}, {"bytes", budget_bytes}, {"kv_bytes_per_token", bpt},
+                            {"tokens", bpt ? budget_bytes / bpt : 0},
+                            {"stable_kv_fraction", stable_sum ? (double)(budget_bytes / std::max<uint64_t>(1, bpt)) / (double)stable_sum : 0.0}}},
+                {"n_ctx", mf.n_ctx}};
+    json workspace_of = json::array();
+    for (const auto & turn : tr->turns) workspace_of.push_back(turn.workspace);
+    out["trace"]["workspace_of_turn"] = workspace_of;
+
+    json systems = json::array();
+    for (const auto & name : a.systems) {
+        result<std::unique_ptr<bench_system>> sys = invalid_argument("unreachable");
+        if (name == "llama-server") {
+            llama_server_options o;
+            o.binary = a.llama_server;
+            o.mf = mf;
+            o.slots = 1;
+            o.cache_ram_mib = (int)std::ceil(budget_mib);
+            sys = start_llama_server(o);
+        } else {
+            warmctx_system_options o;
+            o.name = name;
+            o.mf = mf;
+            o.holders = (uint32_t)a.t.n_workspaces + 2;
+            o.cf.budget_bytes = budget_bytes;
+            o.cf.policy = name == "warmctx-lru" ? "lru" : "semantic";
+            sys = start_warmctx_system(o);
+        }
+        if (!sys) { g_exit_code = fail(sys.error()); return; }
+        progress(name + ": replaying " + std::to_string(tr->turns.size()) + " turns");
+        std::vector<double> ttft;
+        json per_turn_ttft = json::array(), per_turn_cached = json::array(), per_turn_prompt = json::array();
+        uint64_t prompt_total = 0, cached_total = 0;
+        const auto t0 = clock_type::now();
+        for (size_t i = 0; i < tr->turns.size(); ++i) {
+            const auto & turn = tr->turns[i];
+            auto r = (*sys)->send(tr->workspace_ids[(size_t)turn.workspace], turn.segments, tokens[i], 1);
+            if (!r.ok) {
+                g_exit_code = fail(engine_error(name + ": turn " + std::to_string(i) + " failed: " + r.error));
+                return;
+            }
+            if ((size_t)r.prompt_tokens != tokens[i].size())
+                progress(name + ": turn " + std::to_string(i) + " reports " + std::to_string(r.prompt_tokens) +
+                         " prompt tokens, expected " + std::to_string(tokens[i].size()));
+            ttft.push_back(r.ttft_ms);
+            per_turn_ttft.push_back(r.ttft_ms);
+            per_turn_cached.push_back(r.cached_tokens);
+            per_turn_prompt.push_back(r.prompt_tokens);
+            prompt_total += (uint64_t)r.prompt_tokens;
+            cached_total += (uint64_t)std::max(0, r.cached_tokens);
+            if ((i + 1) % 10 == 0 || i + 1 == tr->turns.size())
+                progress(name + ": " + std::to_string(i + 1) + "/" + std::to_string(tr->turns.size()) + " turns");
+        }
+        const double wall_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+        json s = {{"name", name},
+                  {"prefilled_tokens", prompt_total - cached_total},
+                  {"cached_tokens", cached_total},
+                  {"prompt_tokens", prompt_total},
+                  {"cached_ratio", prompt_total ? (double)cached_total / (double)prompt_total : 0.0},
+                  {"ttft_p50_ms", percentile(ttft, 0.5)},
+                  {"ttft_p95_ms", percentile(ttft, 0.95)},
+                  {"ttft_mean_ms", [&] { double x = 0; for (double v : ttft) x += v; return ttft.empty() ? 0 : x / (double)ttft.size(); }()},
+                  {"wall_ms", wall_ms},
+                  {"config", (*sys)->describe()},
+                  {"per_turn", {{"ttft_ms", per_turn_ttft}, {"cached_tokens", per_turn_cached}, {"prompt_tokens", per_turn_prompt}}}};
+        progress(name + ": prefilled " + std::to_string(prompt_total - cached_total) + " tokens, TTFT p50 " +
+                 std::to_string(percentile(ttft, 0.5)) + " ms");
+        systems.push_back(std::move(s));
+    }
+    out["systems"] = systems;
+    // The targets, stated as ratios the report can check.
+    auto find = [&](const std::string & n) -> const json * {
+        for (const auto & s : systems) if (s["name"] == n) return &s;
+        return nullptr;
+    };
+    json ratios = json::object();
+    if (auto * sem = find("warmctx-semantic")) {
+        if (auto * lru = find("warmctx-lru"); lru && (*lru)["prefilled_tokens"].get<uint64_t>() > 0)
+            ratios["semantic_over_lru_prefilled"] =
+                (double)(*sem)["prefilled_tokens"].get<uint64_t>() / (double)(*lru)["prefilled_tokens"].get<uint64_t>();
+        if (auto * ls = find("llama-server"); ls && (*ls)["ttft_p50_ms"].get<double>() > 0)
+            ratios["semantic_over_llama_server_ttft_p50"] =
+                (*sem)["ttft_p50_ms"].get<double>() / (*ls)["ttft_p50_ms"].get<double>();
+    }
+    out["ratios"] = ratios;
+    if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return; }
+    std::printf("budget %.0f MiB (%llu tokens of KV); %d turns over %d workspaces, %d edits\n", budget_mib,
+                (unsigned long long)(bpt ? budget_bytes / bpt : 0), a.t.n_turns, a.t.n_workspaces, n_edits);
+    std::printf("%-17s %12s %8s %12s %12s %12s\n", "system", "prefilled", "cached", "TTFT p50 ms", "TTFT p95 ms", "wall s");
+    for (const auto & s : systems)
+        std::printf("%-17s %12llu %8.3f %12.1f %12.1f %12.1f\n", s["name"].get<std::string>().c_str(),
+                    (unsigned long long)s["prefilled_tokens"].get<uint64_t>(), s["cached_ratio"].get<double>(),
+                    s["ttft_p50_ms"].get<double>(), s["ttft_p95_ms"].get<double>(), s["wall_ms"].get<double>() / 1000);
+    for (auto it = ratios.begin(); it != ratios.end(); ++it) std::printf("%s: %.3f\n", it.key().c_str(), it.value().get<double>());
+}
+
+}  // namespace
+
+void register_trace_bench(CLI::App & bench) {
+    auto a = std::make_shared<trace_args>();
+    auto * c = bench.add_subcommand("trace", "replay a seeded multi-workspace agent trace against warmctx (semantic, LRU) and llama-server under one KV budget");
+    a->mf.add_to(*c, false);
+    c->add_option("--workspaces", a->t.n_workspaces, "workspaces")->capture_default_str();
+    c->add_option("--turns", a->t.n_turns, "turns")->capture_default_str();
+    c->add_option("--zipf", a->t.zipf_s, "Zipf exponent of workspace popularity")->capture_default_str();
+    c->add_option("--stable-tokens", a->t.stable_tokens, "mean stable context per workspace, tokens (0.5x..1.5x)")->capture_default_str();
+    c->add_option("--tail-tokens", a->t.tail_tokens, "mean diff + test output per turn, tokens")->capture_default_str();
+    c->add_option("--edit-prob", a->t.edit_prob, "chance per turn that a stable segment changes")->capture_default_str();
+    c->add_option("--seed", a->t.seed, "trace seed")->capture_default_str();
+    c->add_option("--budget-mib", a->budget_mib, "KV budget of every system's cache, MiB (0 = 40% of all stable prompts' KV)")->capture_default_str();
+    c->add_option("--systems", a->systems, "systems: warmctx-semantic, warmctx-lru, llama-server")->delimiter(',')->capture_default_str();
+    c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
+    c->add_flag("--quick", a->quick, "a small trace (4 workspaces, 24 turns, ~1.5k-token stable contexts)");
+    c->add_flag("--json", a->json_out, "print JSON");
+    c->callback([a] { run_trace(*a); });
+}
+
+}  // namespace warmctx::cli
