@@ -31,9 +31,15 @@ using cache_detail::prefix_index;
 
 namespace {
 
-// Eviction order: the smallest key goes first. lru zeroes the class.
+// Eviction order: the smallest key goes first. lru zeroes the class and `reused`.
+// Semantic: by class; within a class, blocks never asked for twice go before blocks
+// that were (a block counts as asked for twice once a lookup reused it, or once it is
+// cached again after an eviction that the eviction records still remember) - so a
+// workspace seen once cannot push out the prefix of one that keeps coming back; then
+// least recently used.
 struct rank_key {
     uint8_t cls = 0;
+    uint8_t reused = 0;
     uint64_t t_last_used = 0;
     seq_id seq = 0;
     auto operator<=>(const rank_key &) const = default;
@@ -124,8 +130,9 @@ class prefix_cache_planner {
     rank_key rank_of(const prefix_index & s, int32_t slot) const {
         const index_holder & h = s.holder(slot);
         const index_node * leaf = s.find(h.path.back());
-        uint8_t cls = cache_.policy() == eviction_policy::semantic ? (uint8_t)leaf->cls : 0;
-        return {cls, leaf->t_last_used, h.seq};
+        if (cache_.policy() != eviction_policy::semantic) return {0, 0, leaf->t_last_used, h.seq};
+        const bool reused = leaf->n_hits > 0 || cache_.last_eviction(h.path.back()).has_value();
+        return {(uint8_t)leaf->cls, (uint8_t)reused, leaf->t_last_used, h.seq};
     }
 
     struct violation {
@@ -289,6 +296,7 @@ match prefix_cache::lookup(std::span<const block> path, uint64_t now, std::strin
     ++tickers_.n_lookup_hits;
     tickers_.n_hit_tokens += (uint64_t)r.n_tokens;
     index_->touch(path, r.n_blocks, index_->slot_of_seq(r.holder), now);
+    index_->count_hit(path, r.n_blocks);
     return r;
 }
 

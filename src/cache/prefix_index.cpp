@@ -164,6 +164,10 @@ void prefix_index::touch(std::span<const block> path, size_t n_blocks, int32_t s
     if (slot >= 0) holders_[slot].t_last_used = std::max(holders_[slot].t_last_used, now);
 }
 
+void prefix_index::count_hit(std::span<const block> path, size_t n_blocks) {
+    for (size_t i = 0; i < n_blocks; ++i) ++nodes_.at(path[i].chain).n_hits;
+}
+
 void prefix_index::clear() {
     for (auto & h : holders_) {
         h.in_use = false;

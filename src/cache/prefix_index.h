@@ -28,6 +28,7 @@ struct index_node {
     pos_t begin = 0, end = 0;
     retention_class cls = retention_class::none;
     uint64_t t_last_used = 0;
+    uint32_t n_hits = 0;     // lookups that reused this block while it was resident
     std::vector<int32_t> slots;  // holders (slot numbers) whose path contains this block
 
     pos_t n_tokens() const { return end - begin; }
@@ -88,6 +89,8 @@ class prefix_index {
     void remove_holder(int32_t slot);
     // Marks the first n_blocks blocks of `path` (resident) and `slot` used at `now`.
     void touch(std::span<const block> path, size_t n_blocks, int32_t slot, uint64_t now);
+    // Counts a reuse of the first n_blocks of `path` (all resident).
+    void count_hit(std::span<const block> path, size_t n_blocks);
     // Frees every slot.
     void clear();
 

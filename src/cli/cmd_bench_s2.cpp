@@ -45,7 +45,6 @@ void run_s2(const s2_args & a) {
     auto pb = prompt_builder::open(a.mf);
     if (!pb) { g_exit_code = fail(pb.error()); return; }
     std::vector<s2_prompt> prompts;
-    size_t max_tokens_seen = 0;
     for (size_t size : a.sizes) {
         if (size < 256) { g_exit_code = fail(invalid_argument("--sizes: each size must be at least 256 tokens")); return; }
         progress("building the S2 prompt with a ~" + std::to_string(size) + "-token stable prefix");
@@ -56,13 +55,11 @@ void run_s2(const s2_args & a) {
         auto t = (*pb)->tokens(p.cold);
         if (!t) { g_exit_code = fail(t.error()); return; }
         p.cold_tokens = std::move(*t);
-        max_tokens_seen = std::max(max_tokens_seen, p.cold_tokens.size());
         for (int w = 0; w < a.warm_turns; ++w) {
             auto segs = p.cold;
             segs.back().content = g.question();
             auto wt = (*pb)->tokens(segs);
             if (!wt) { g_exit_code = fail(wt.error()); return; }
-            max_tokens_seen = std::max(max_tokens_seen, wt->size());
             p.warm.push_back(std::move(segs));
             p.warm_tokens.push_back(std::move(*wt));
         }
@@ -75,12 +72,11 @@ void run_s2(const s2_args & a) {
     model_flags mf = a.mf;
     mf.model = model_path;
     const uint32_t chunk = std::max<uint32_t>(1, mf.chunk);
-    mf.n_ctx = (uint32_t)((max_tokens_seen + 64 + chunk - 1) / chunk * chunk);
 
     // A warm-up request first, so one-time costs (buffers, GPU library handles) are
     // paid before the cold turn is timed, as they would be in a server that has run.
-    const std::vector<segment> warmup_segs = {{"system", segment_kind::system, "", "", "You are a helpful assistant."},
-                                              {"question", segment_kind::user, "", "", "Say hello."}};
+    // It shares no text with the S2 prompts, so the cold turn stays cold.
+    const std::vector<segment> warmup_segs = {{"question", segment_kind::user, "", "", "Say hello."}};
     std::vector<token_id> warmup_tokens;
     {
         auto pb2 = prompt_builder::open(mf);
@@ -91,36 +87,38 @@ void run_s2(const s2_args & a) {
     }
 
     json out = {{"bench", "s2"}, {"model", model_path}, {"model_desc", model_desc}, {"backend", backend_name()},
-                {"n_ctx", mf.n_ctx}, {"warm_turns", a.warm_turns}, {"flash_attn", mf.flash_attn},
-                {"gpu_layers", mf.gpu_layers}};
+                {"warm_turns", a.warm_turns}, {"flash_attn", mf.flash_attn}, {"gpu_layers", mf.gpu_layers}};
     json rows = json::array();
-    for (const auto & p : prompts)
-        rows.push_back({{"target_prefix_tokens", p.target}, {"prompt_tokens", p.cold_tokens.size()}});
     json systems = json::array();
+    const int threads = mf.threads > 0 ? mf.threads : (int)std::max(1u, std::thread::hardware_concurrency());
 
-    for (const auto & name : a.systems) {
-        result<std::unique_ptr<bench_system>> sys = invalid_argument("unreachable");
-        if (name == "warmctx") {
-            warmctx_system_options o;
-            o.mf = mf;
-            o.holders = 2;
-            sys = start_warmctx_system(o);
-        } else {
-            llama_server_options o;
-            o.binary = a.llama_server;
-            o.mf = mf;
-            o.cache_ram_mib = a.cache_ram_mib;
-            sys = start_llama_server(o);
-        }
-        if (!sys) { g_exit_code = fail(sys.error()); return; }
-        if (auto w = (*sys)->send("warmup", warmup_segs, warmup_tokens, 1); !w.ok) {
-            g_exit_code = fail(engine_error(name + ": warm-up request failed: " + w.error));
-            return;
-        }
-        systems.push_back({{"name", name}, {"config", (*sys)->describe()}});
-        for (size_t i = 0; i < prompts.size(); ++i) {
-            const auto & p = prompts[i];
-            const std::string ws = "s2-" + std::to_string(p.target);
+    // Each size gets fresh processes sized for it, so every cold turn is truly cold.
+    for (const auto & p : prompts) {
+        size_t longest = p.cold_tokens.size();
+        for (const auto & w : p.warm_tokens) longest = std::max(longest, w.size());
+        mf.n_ctx = (uint32_t)((longest + 64 + chunk - 1) / chunk * chunk);
+        json row = {{"target_prefix_tokens", p.target}, {"prompt_tokens", p.cold_tokens.size()}, {"n_ctx", mf.n_ctx}};
+        const std::string ws = "s2-" + std::to_string(p.target);
+        for (const auto & name : a.systems) {
+            result<std::unique_ptr<bench_system>> sys = invalid_argument("unreachable");
+            if (name == "warmctx") {
+                warmctx_system_options o;
+                o.mf = mf;
+                o.holders = 2;
+                sys = start_warmctx_system(o);
+            } else {
+                llama_server_options o;
+                o.binary = a.llama_server;
+                o.mf = mf;
+                o.cache_ram_mib = a.cache_ram_mib;
+                sys = start_llama_server(o);
+            }
+            if (!sys) { g_exit_code = fail(sys.error()); return; }
+            if (auto w = (*sys)->send("warmup", warmup_segs, warmup_tokens, 1); !w.ok) {
+                g_exit_code = fail(engine_error(name + ": warm-up request failed: " + w.error));
+                return;
+            }
+            if (systems.size() < a.systems.size()) systems.push_back({{"name", name}, {"config", (*sys)->describe()}});
             progress(name + ": " + std::to_string(p.cold_tokens.size()) + "-token prompt, cold");
             auto cold = (*sys)->send(ws, p.cold, p.cold_tokens, 1);
             if (!cold.ok) { g_exit_code = fail(engine_error(name + ": cold turn failed: " + cold.error)); return; }
@@ -136,32 +134,28 @@ void run_s2(const s2_args & a) {
                 warm_prompt = t.prompt_tokens;
             }
             const double warm = median(warm_ms);
-            progress(name + ": cold " + std::to_string((int)cold.ttft_ms) + " ms, warm " + std::to_string(warm) + " ms");
-            rows[i][name] = {{"cold_ttft_ms", cold.ttft_ms}, {"cold_prompt_tokens", cold.prompt_tokens},
-                             {"cold_cached_tokens", cold.cached_tokens}, {"warm_ttft_ms", warm},
-                             {"warm_ttft_ms_all", warm_all}, {"warm_prompt_tokens", warm_prompt},
-                             {"warm_cached_tokens", warm_cached},
-                             {"warm_over_cold", cold.ttft_ms > 0 ? warm / cold.ttft_ms : 0.0}};
+            progress(name + ": cold " + std::to_string(cold.ttft_ms) + " ms, warm " + std::to_string(warm) + " ms");
+            row[name] = {{"cold_ttft_ms", cold.ttft_ms}, {"cold_prompt_tokens", cold.prompt_tokens},
+                         {"cold_cached_tokens", cold.cached_tokens}, {"warm_ttft_ms", warm},
+                         {"warm_ttft_ms_all", warm_all}, {"warm_prompt_tokens", warm_prompt},
+                         {"warm_cached_tokens", warm_cached},
+                         {"warm_over_cold", cold.ttft_ms > 0 ? warm / cold.ttft_ms : 0.0}};
         }
-    }
-
-    if (!a.skip_llama_bench) {
-        auto eo = mf.to_options(1);
-        if (!eo) { g_exit_code = fail(eo.error()); return; }
-        const int threads = mf.threads > 0 ? mf.threads : (int)std::max(1u, std::thread::hardware_concurrency());
-        for (size_t i = 0; i < prompts.size(); ++i) {
-            const int n = (int)prompts[i].cold_tokens.size();
+        if (!a.skip_llama_bench) {
+            auto eo = mf.to_options(1);
+            if (!eo) { g_exit_code = fail(eo.error()); return; }
+            const int n = (int)p.cold_tokens.size();
             auto r = llama_bench_run(a.llama_bench, *eo, threads, n, 0, 0, 1, mf.gpu_layers != 0);
             if (!r) { g_exit_code = fail(r.error()); return; }
             const double ms = r->tps > 0 ? n * 1000.0 / r->tps : 0;
-            rows[i]["llama_bench"] = {{"pp_tps", r->tps}, {"prefill_ms", ms}};
-            if (rows[i].contains("warmctx") && ms > 0)
-                rows[i]["warmctx"]["cold_over_llama_bench"] = rows[i]["warmctx"]["cold_ttft_ms"].get<double>() / ms;
-            if (rows[i].contains("llama-server") && ms > 0)
-                rows[i]["llama-server"]["cold_over_llama_bench"] =
-                    rows[i]["llama-server"]["cold_ttft_ms"].get<double>() / ms;
+            row["llama_bench"] = {{"pp_tps", r->tps}, {"prefill_ms", ms}};
+            for (const auto & name : a.systems)
+                if (row.contains(name) && ms > 0)
+                    row[name]["cold_over_llama_bench"] = row[name]["cold_ttft_ms"].get<double>() / ms;
         }
+        rows.push_back(std::move(row));
     }
+
     out["systems"] = systems;
     out["rows"] = rows;
     if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return; }

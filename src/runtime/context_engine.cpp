@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <list>
+#include <mutex>
+#include <unordered_map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -33,8 +36,32 @@ class engine_text_model final : public text_model {
             gen_prompt_ = with->substr(without->size());
     }
     result<std::vector<token_id>> tokenize(std::string_view text) const override { return e_.tokenize(text, true); }
+    // Segment contents repeat turn after turn (a 47k-token stable context is mostly
+    // the same few texts), and tokenizing them is most of a warm turn's CPU time; so
+    // their tokens are remembered by content hash, least recently used first out.
     result<std::vector<token_id>> tokenize_plain(std::string_view text) const override {
-        return e_.tokenize(text, false);
+        if (text.size() < k_memo_min_bytes) return e_.tokenize(text, false);
+        const hash128 key = hash_string(text);
+        {
+            std::lock_guard lk(mu_);
+            if (auto it = memo_.find(key); it != memo_.end() && it->second->n_bytes == text.size()) {
+                lru_.splice(lru_.begin(), lru_, it->second);
+                return it->second->tokens;
+            }
+        }
+        auto t = e_.tokenize(text, false);
+        if (!t.ok() || t->size() > k_memo_max_tokens / 4) return t;
+        std::lock_guard lk(mu_);
+        if (memo_.count(key)) return t;
+        lru_.push_front({key, text.size(), *t});
+        memo_[key] = lru_.begin();
+        memo_tokens_ += t->size();
+        while (memo_tokens_ > k_memo_max_tokens && !lru_.empty()) {
+            memo_tokens_ -= lru_.back().tokens.size();
+            memo_.erase(lru_.back().key);
+            lru_.pop_back();
+        }
+        return t;
     }
     result<std::string> render_message(std::string_view role, std::string_view content) const override {
         std::vector<chat_message> m = {{std::string(role), std::string(content)}};
@@ -43,8 +70,19 @@ class engine_text_model final : public text_model {
     std::string generation_prompt() const override { return gen_prompt_; }
 
   private:
+    static constexpr size_t k_memo_min_bytes = 256;
+    static constexpr size_t k_memo_max_tokens = 8u << 20;  // 32 MiB of token ids
+    struct memo_entry {
+        hash128 key;
+        size_t n_bytes = 0;
+        std::vector<token_id> tokens;
+    };
     const engine & e_;
     std::string gen_prompt_;
+    mutable std::mutex mu_;
+    mutable std::list<memo_entry> lru_;
+    mutable std::unordered_map<hash128, std::list<memo_entry>::iterator, hash128_hasher> memo_;
+    mutable size_t memo_tokens_ = 0;
 };
 
 // kv_ops over the real engine: the prefix cache moves KV only through these.

@@ -267,6 +267,34 @@ TEST(PrefixCache, LeastRecentlyUsedWithinAClassAndLookupRefreshes) {
     EXPECT_TRUE(consistent(h));
 }
 
+// Semantic, within a class: a block never asked for twice goes before one that was
+// reused, or cached again after an eviction (2Q-style probation with a memory of
+// evicted blocks), so workspaces seen once cannot push out one that keeps coming back.
+// Plain LRU evicts by recency alone.
+TEST(PrefixCache, SemanticKeepsReusedBlocksOverBlocksSeenOnce) {
+    for (auto policy : {eviction_policy::semantic, k_lru}) {
+        harness h(8, tokens(30), policy);
+        auto a = one_block("a", 10, rc::high), b = one_block("b", 10, rc::high), c = one_block("c", 10, rc::high);
+        h.must_insert("ws", a, 1);
+        EXPECT_EQ(h.cache.lookup(a, 2).n_blocks, 1u);  // a is reused once
+        h.must_insert("ws", b, 3);
+        h.must_insert("ws", c, 4);
+        h.must_insert("ws", one_block("d", 10, rc::high), 5);  // a is the least recently used
+        const bool sem = policy == eviction_policy::semantic;
+        EXPECT_EQ(h.cached_blocks(a), sem ? 1u : 0u);
+        EXPECT_EQ(h.cached_blocks(b), sem ? 0u : 1u);
+        if (!sem) continue;
+        h.must_insert("ws", b, 6);  // b comes back: remembered as evicted, so it counts as asked for twice
+        EXPECT_EQ(h.cached_blocks(c), 0u);
+        h.must_insert("ws", one_block("e", 10, rc::high), 7);
+        h.must_insert("ws", one_block("f", 10, rc::high), 8);
+        EXPECT_EQ(h.cached_blocks(a), 1u);
+        EXPECT_EQ(h.cached_blocks(b), 1u);
+        EXPECT_EQ(h.cached_blocks(one_block("e", 10, rc::high)), 0u);
+        EXPECT_TRUE(consistent(h));
+    }
+}
+
 TEST(PrefixCache, SuffixIsEvictedBeforePrefix) {
     harness h(8, tokens(30));
     // A low-class block under a highest-class one: only last blocks are candidates,

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs the side-by-side benchmarks small on the tiny model and checks what their JSON
+# says (structure and cache behaviour; never timings, which are the benches' job).
+# usage: bench_checks.sh WARMCTX TINY_MODEL trace|s2|s3
+set -euo pipefail
+warmctx="$1" model="$2" which="$3"
+out="$(mktemp)"; trap 'rm -f "$out"' EXIT
+check() { if ! jq -e "$1" "$out" >/dev/null; then echo "FAILED: $2"; jq -c "${3:-.}" "$out" | head -c 4000; echo; exit 1; fi; echo "ok: $2"; }
+
+case "$which" in
+trace)
+  "$warmctx" bench trace --quick -m "$model" --json >"$out"
+  check '[.systems[].name] == ["warmctx-semantic","warmctx-lru","llama-server"]' "one entry per system, in order"
+  check 'all(.systems[]; .prefilled_tokens > 0 and .cached_ratio > 0 and .cached_ratio < 1 and .ttft_p50_ms > 0 and .ttft_p95_ms >= .ttft_p50_ms and .wall_ms > 0)' \
+        "each system reports prefilled tokens, cached ratio, TTFT p50/p95 and wall time" '.systems[] | del(.per_turn)'
+  check '([.systems[].prompt_tokens] | unique | length) == 1 and .systems[0].prompt_tokens == .trace.prompt_tokens_total' \
+        "every system was sent the same prompt tokens" '[.systems[].prompt_tokens, .trace.prompt_tokens_total]'
+  check 'all(.systems[]; (.per_turn.ttft_ms | length) == 24)' "per-turn series for the charts"
+  check '.systems[0].prefilled_tokens <= .systems[1].prefilled_tokens' "semantic eviction prefills no more than LRU" '[.systems[] | {name, prefilled_tokens}]'
+  check '.ratios.semantic_over_lru_prefilled > 0 and .ratios.semantic_over_llama_server_ttft_p50 > 0' "target ratios reported" '.ratios'
+  check '.budget.bytes > 0 and .systems[2].config.cache_ram_mib == (.budget.mib | ceil) and .systems[0].config.budget_bytes == .budget.bytes' \
+        "all systems run under the same KV budget" '[.budget, .systems[].config]'
+  ;;
+s2)
+  "$warmctx" bench s2 -m "$model" --sizes 600,1200 --warm-turns 2 --json >"$out"
+  check '(.rows | length) == 2 and all(.rows[]; .prompt_tokens > 600)' "one row per size"
+  check 'all(.rows[]; .warmctx.cold_cached_tokens == 0 and .warmctx.warm_cached_tokens > 0.5 * .prompt_tokens)' \
+        "warmctx: the cold turn reuses nothing, the warm turn most of the prompt" '.rows'
+  check 'all(.rows[]; .["llama-server"].warm_cached_tokens > 0.5 * .prompt_tokens)' "llama-server: its prompt cache reuses the prefix" '.rows'
+  check 'all(.rows[]; .warmctx.cold_prompt_tokens == .prompt_tokens and .["llama-server"].cold_prompt_tokens == .prompt_tokens)' \
+        "both systems prefill the same prompt" '.rows'
+  check 'all(.rows[]; .llama_bench.pp_tps > 0 and .warmctx.cold_over_llama_bench > 0)' "llama-bench reference" '.rows'
+  ;;
+s3)
+  export WARMCTX_HOME="$(mktemp -d)"; trap 'rm -rf "$out" "$WARMCTX_HOME"' EXIT
+  "$warmctx" bench s3 --shapes tiny --type f16 --prompt-tokens 128 --gen-tokens 8 --depth 512 --reps 1 --json >"$out"
+  check '(.rows | length) == 1 and .rows[0].shape == "tiny"' "one row per shape"
+  check '.rows[0].warmctx.cold_pp_tps > 0 and .rows[0].warmctx.warm_pp_tps > 0 and .rows[0].warmctx.tg_tps > 0' "warmctx rates" '.rows[0]'
+  check '.rows[0].llama_bench.cold_pp_tps > 0 and .rows[0].llama_bench.warm_pp_tps > 0 and .rows[0].llama_bench.tg_tps > 0' "llama-bench rates" '.rows[0]'
+  check 'all(.rows[0].ratio[]; . > 0)' "ratios" '.rows[0].ratio'
+  ;;
+*) echo "unknown check $which"; exit 2 ;;
+esac
+echo "bench checks passed: $which"
