@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Builds warmctx and llama.cpp with CUDA for sm_90 and runs the benchmarks on one
+# NVIDIA H200 (or any sm_90 GPU). Made for a machine with CUDA, CMake and ninja but
+# no Debian packages and no network: it builds from what scripts/pack-device.sh put
+# in .devcarry/ (run that first, on a machine that has them).
+#
+# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace s3 (default: all)
+# environment:
+#   OUT                 where results go (default: bench/results/h200-run)
+#   WARMCTX_DEADLINE_S  start no bench stage after this many seconds (default: none)
+# Every stage writes <stage>-h200.json and a log; the build is skipped when present.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+out="${OUT:-$root/bench/results/h200-run}"
+mkdir -p "$out"
+build="$root/build-cuda"
+export WARMCTX_HOME="$root/.warmctx-home"
+deadline="${WARMCTX_DEADLINE_S:-0}"
+log() { echo "[$(date +%T) +${SECONDS}s] $*"; }
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(build s2 trace s3)
+
+machine() {
+  {
+    echo "date: $(date -u +%FT%TZ)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc)"
+    nvcc --version | tail -2 || true
+  } >"$out/machine.txt" 2>&1
+  cat "$out/machine.txt"
+}
+
+build() {
+  if [ -x "$build/warmctx" ] && [ -x "$build/bin/llama-server" ] && [ -x "$build/bin/llama-bench" ]; then
+    log "build: already built"; return
+  fi
+  if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
+    [ -f .devcarry/llama-src.tar.gz ] || { echo "no .devcarry/llama-src.tar.gz: run scripts/pack-device.sh first" >&2; exit 1; }
+    mkdir -p third_party/llama.cpp
+    tar -xzf .devcarry/llama-src.tar.gz -C third_party/llama.cpp
+  fi
+  log "build: configuring (CUDA, sm_90)"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARMCTX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DWARMCTX_BUILD_TESTS=OFF -DWARMCTX_VENDORED_DEPS=ON -DXXHASH_INCLUDE="$root/.devcarry/include" \
+        -DCMAKE_CXX_FLAGS="-I$root/.devcarry/include" >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
+  log "build: compiling warmctx, llama-server, llama-bench"
+  cmake --build "$build" -j"$(nproc)" --target warmctx llama-server llama-bench >"$out/build.log" 2>&1 ||
+    { grep -E "error|Error" "$out/build.log" | head -30; tail -20 "$out/build.log"; exit 1; }
+  log "build: done"
+}
+
+run_bench() {  # name, args...
+  local name="$1"; shift
+  if [ "$deadline" -gt 0 ] && [ "$SECONDS" -gt "$deadline" ]; then log "$name: skipped (past the ${deadline}s deadline)"; return; fi
+  log "$name: warmctx bench $name $*"
+  if "$build/warmctx" bench "$name" "$@" --json >"$out/$name-h200.json" 2>"$out/$name-h200.log"; then
+    log "$name: done"; tail -3 "$out/$name-h200.log"
+  else
+    log "$name: FAILED"; tail -30 "$out/$name-h200.log"
+  fi
+}
+
+gpu=(--gpu-layers -1 --flash-attn)
+machine
+for s in "${stages[@]}"; do
+  case "$s" in
+    build) build ;;
+    s2)    run_bench s2 "${gpu[@]}" --sizes 2048,8192,32768,47000 --warm-turns 5 ;;
+    trace) run_bench trace "${gpu[@]}" --workspaces 8 --turns 100 --stable-tokens 16384 --tail-tokens 600 ;;
+    s3)    run_bench s3 "${gpu[@]}" --prompt-tokens 2048 --gen-tokens 128 --depth 8192 --reps 5 ;;
+    *) echo "unknown stage $s (build s2 trace s3)" >&2; exit 2 ;;
+  esac
+done
+log "all stages done; results in $out"
