@@ -1,14 +1,29 @@
 #!/usr/bin/env bash
 # Regenerates every CPU result under bench/results/ (one at a time: the runs are timed).
-# usage: bench/run-cpu.sh [BUILD_DIR]       (default: build)
+# usage: bench/run-cpu.sh [BUILD_DIR] [all|side-by-side]     (default: build all)
+#   side-by-side: only the runs against llama-server / llama-bench (s2, trace, s3)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 b="${1:-$root/build}"
 w="$b/warmctx"
 out="$root/bench/results"
 tiny="$b/test-models/tiny-f16-seed1.gguf"
+which="${2:-all}"
 mkdir -p "$out"
 [ -f "$tiny" ] || "$w" make-model --shape tiny --type f16 --seed 1 -o "$tiny"
+
+side_by_side() {
+  # S2: cold and warm time to first token, warmctx next to llama-server (same build).
+  "$w" bench s2 --sizes 2048,8192 --warm-turns 3 --json > "$out/s2-qwen2.5-0.5b-q4_0-cpu2.json"
+  # The multi-workspace agent trace under one KV budget: the default trace on the tiny
+  # model, a smaller one on the default model.
+  "$w" bench trace -m "$tiny" --json > "$out/trace-tiny-f16-cpu2.json"
+  "$w" bench trace --workspaces 4 --turns 30 --stable-tokens 2048 --tail-tokens 300 --json \
+    > "$out/trace-qwen2.5-0.5b-q4_0-cpu2.json"
+  # S3: prefill (cold, warm) and decode per shape against llama-bench.
+  "$w" bench s3 --depth 1024 --reps 2 --json > "$out/s3-cpu2.json"
+}
+if [ "$which" = side-by-side ]; then side_by_side; exit 0; fi
 
 # Engine adapter against llama-bench, same build and settings.
 "$w" bench engine -m "$tiny" --prompt-tokens 512 --gen-tokens 64 --reps 5 --json > "$out/engine-tiny-f16-cpu2.json"
@@ -34,3 +49,5 @@ mkdir -p "$out"
 
 # The server: overhead per request and throughput with 1, 4 and 16 clients.
 "$w" bench http -m "$tiny" --requests 8 --json > "$out/http-tiny-f16-cpu2.json"
+
+side_by_side

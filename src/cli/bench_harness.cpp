@@ -127,6 +127,8 @@ class warmctx_system final : public bench_system {
                 return true;
             },
             [](const json & j, turn_timing & t) {
+                if (auto w = j.find("warmctx"); w != j.end() && w->is_object())
+                    t.server_ms = w->value("first_token_ms", 0.0);
                 auto u = j.find("usage");
                 if (u == j.end() || !u->is_object()) return;
                 t.prompt_tokens = u->value("prompt_tokens", 0);
@@ -163,6 +165,7 @@ class llama_server_system final : public bench_system {
                 t.cached_tokens = cached;
                 t.prompt_tokens = cached + processed;
                 t.completion_tokens = tm->value("predicted_n", 0);
+                t.server_ms = tm->value("prompt_ms", 0.0);
             });
     }
     void forget() { pid_ = -1; }

@@ -24,6 +24,8 @@ struct turn_timing {
     std::string error;
     double ttft_ms = 0;        // request sent .. first generated token's event
     double total_ms = 0;       // request sent .. last byte
+    double server_ms = 0;      // the server's own account of request .. first token
+                               // (warmctx: first_token_ms; llama-server: prompt_ms)
     int prompt_tokens = 0;
     int cached_tokens = 0;     // prompt tokens the system reused
     int completion_tokens = 0;

@@ -122,13 +122,14 @@ void run_s2(const s2_args & a) {
             progress(name + ": " + std::to_string(p.cold_tokens.size()) + "-token prompt, cold");
             auto cold = (*sys)->send(ws, p.cold, p.cold_tokens, 1);
             if (!cold.ok) { g_exit_code = fail(engine_error(name + ": cold turn failed: " + cold.error)); return; }
-            std::vector<double> warm_ms;
+            std::vector<double> warm_ms, warm_server_ms;
             json warm_all = json::array();
             int warm_cached = 0, warm_prompt = 0;
             for (size_t w = 0; w < p.warm.size(); ++w) {
                 auto t = (*sys)->send(ws, p.warm[w], p.warm_tokens[w], 1);
                 if (!t.ok) { g_exit_code = fail(engine_error(name + ": warm turn failed: " + t.error)); return; }
                 warm_ms.push_back(t.ttft_ms);
+                warm_server_ms.push_back(t.server_ms);
                 warm_all.push_back(t.ttft_ms);
                 warm_cached = t.cached_tokens;
                 warm_prompt = t.prompt_tokens;
@@ -139,6 +140,7 @@ void run_s2(const s2_args & a) {
                          {"cold_cached_tokens", cold.cached_tokens}, {"warm_ttft_ms", warm},
                          {"warm_ttft_ms_all", warm_all}, {"warm_prompt_tokens", warm_prompt},
                          {"warm_cached_tokens", warm_cached},
+                         {"cold_server_ms", cold.server_ms}, {"warm_server_ms", median(warm_server_ms)},
                          {"warm_over_cold", cold.ttft_ms > 0 ? warm / cold.ttft_ms : 0.0}};
         }
         if (!a.skip_llama_bench) {
