@@ -14,11 +14,15 @@
 //   4. the generation prompt (e.g. "<|im_start|>assistant\n"), if asked for, is a
 //      final piece of its own, tokenized alone. It belongs to NO segment: its blocks
 //      carry segment_index == k_generation_prompt_index and retention `none`, and a
-//      boundary separates it from the last segment, so the same segments with and
-//      without a generation prompt share every segment's KV;
+//      boundary separates it from the last segment when that segment is cached, so
+//      the same segments with and without a generation prompt share every cached
+//      segment's KV;
 //   5. blocks: the canonical chunks the engine prefills (see engine.h, plan_chunks):
-//      a block never crosses a boundary, and inside a piece a new block starts every
-//      chunk_tokens tokens counted from the piece's start. Block i carries the chain
+//      every piece starts a chunk, except a piece that follows a piece of retention
+//      `none` (nothing from there on is ever cached, so no warm turn starts there:
+//      the uncached tail - question and generation prompt - is chunked together);
+//      a block never crosses a boundary, and inside a run of pieces a new block starts
+//      every chunk_tokens tokens counted from the run's start. Block i carries the chain
 //      hash h_i = H(h_{i-1}, its token ids), h_0 = H(profile fingerprint, tenant
 //      salt). h_i names the KV of [0, block_i.end) exactly: same tokens, same chunk
 //      composition, same profile, same tenant. The blocks' ranges are exactly
@@ -170,8 +174,9 @@ struct block {
 
 struct assembled_prompt {
     std::vector<token_id> tokens;
-    // The start of every piece (segment or generation prompt) after the first, sorted,
-    // unique, inside (0, tokens.size()) - the engine's canonical chunking input.
+    // The start of every piece (segment or generation prompt) after the first whose
+    // previous piece is cached (retention not `none`), sorted, unique, inside
+    // (0, tokens.size()) - the engine's canonical chunking input.
     std::vector<pos_t> boundaries;
     manifest man;
     // Cover [0, tokens.size()) in order, without gaps.

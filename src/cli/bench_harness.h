@@ -12,6 +12,9 @@
 #include "warmctx/segments.h"
 #include "warmctx/workload.h"
 
+#ifndef WARMCTX_LLAMA_BENCH
+#define WARMCTX_LLAMA_BENCH "llama-bench"
+#endif
 #ifndef WARMCTX_LLAMA_SERVER
 #define WARMCTX_LLAMA_SERVER "llama-server"
 #endif

@@ -7,11 +7,8 @@
 #include <random>
 #include <sstream>
 
-#include "cli.h"
+#include "bench_harness.h"
 
-#ifndef WARMCTX_LLAMA_BENCH
-#define WARMCTX_LLAMA_BENCH "llama-bench"
-#endif
 
 namespace warmctx::cli {
 namespace {
@@ -42,30 +39,13 @@ rate summarize(const std::vector<double> & v) {
     return r;
 }
 
-// Runs llama-bench and returns {"pp": tok/s, "tg": tok/s}.
+// llama-bench's pp and tg rates, same model and settings.
 result<std::pair<rate, rate>> run_llama_bench(const bench_engine_args & a, const engine_options & o, int32_t threads) {
-    std::ostringstream cmd;
-    cmd << "'" << a.llama_bench << "' -m '" << o.model_path << "' -p " << a.n_prompt << " -n " << a.n_gen
-        << " -t " << threads << " -b " << o.chunk_tokens << " -ub " << o.chunk_tokens << " -fa " << (o.flash_attn ? 1 : 0)
-        << " -ctk " << o.kv_type << " -ctv " << o.kv_type << " -ngl " << (o.n_gpu_layers < 0 ? 999 : o.n_gpu_layers)
-        << " -r " << a.reps << " -o json 2>/dev/null";
-    progress("running: " + cmd.str());
-    std::unique_ptr<FILE, int (*)(FILE *)> pipe(popen(cmd.str().c_str(), "r"), pclose);
-    if (!pipe) return io_error("cannot start llama-bench");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, pipe.get())) > 0) out.append(buf, n);
-    int rc = pclose(pipe.release());
-    if (rc != 0) return engine_error("llama-bench failed (exit " + std::to_string(rc) + "); is '" + a.llama_bench + "' built?");
-    auto j = nlohmann::json::parse(out, nullptr, false);
-    if (j.is_discarded() || !j.is_array()) return engine_error("cannot parse llama-bench's JSON output");
-    std::pair<rate, rate> r;
-    for (const auto & row : j) {
-        rate x{row.value("avg_ts", 0.0), row.value("stddev_ts", 0.0)};
-        if (row.value("n_prompt", 0) > 0) r.first = x; else r.second = x;
-    }
-    return r;
+    auto pp = llama_bench_run(a.llama_bench, o, threads, a.n_prompt, 0, 0, a.reps, true);
+    if (!pp) return pp.error();
+    auto tg = llama_bench_run(a.llama_bench, o, threads, 0, a.n_gen, 0, a.reps, true);
+    if (!tg) return tg.error();
+    return std::pair<rate, rate>{{pp->tps, pp->stddev}, {tg->tps, tg->stddev}};
 }
 
 void run_bench_engine(const bench_engine_args & a) {

@@ -250,21 +250,40 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     const auto n_tokens = static_cast<pos_t>(out.tokens.size());
     man.n_tokens = n_tokens;
 
-    for (const piece & pc : pieces)
-        if (pc.begin > 0 && pc.begin < n_tokens && (out.boundaries.empty() || out.boundaries.back() != pc.begin))
+    // A piece starts a chunk unless the piece before it has retention `none`: nothing
+    // at or after a `none` block is ever cached, so no warm turn can start there, and
+    // chunking the uncached tail together (the question and the generation prompt, say)
+    // saves a decode call per turn without changing any KV that is reused.
+    std::vector<bool> starts_run(pieces.size(), true);
+    for (size_t i = 1; i < pieces.size(); ++i) starts_run[i] = pieces[i - 1].cls != retention_class::none;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+        const piece & pc = pieces[i];
+        if (starts_run[i] && pc.begin > 0 && pc.begin < n_tokens &&
+            (out.boundaries.empty() || out.boundaries.back() != pc.begin))
             out.boundaries.push_back(pc.begin);
+    }
 
     // Blocks: the engine's canonical chunks (plan_chunks(0, n, boundaries, chunk)),
     // each named by the chain hash of everything up to its end.
     out.root_hash = root_hash(prof, tenant_salt);
     hash128 h = out.root_hash;
-    for (const piece & pc : pieces) {
-        for (pos_t b = pc.begin; b < pc.end;) {
-            const pos_t e = static_cast<pos_t>(std::min<int64_t>(int64_t(b) + chunk_tokens, pc.end));
+    // A run is a piece and the pieces after it up to the next chunk start; a block of a
+    // run that spans several pieces is `none` (only pieces after a `none` one join a
+    // run) and is named after the piece it starts in.
+    for (size_t i = 0; i < pieces.size();) {
+        size_t j = i + 1;
+        while (j < pieces.size() && !starts_run[j]) ++j;
+        const pos_t run_end = pieces[j - 1].end;
+        size_t at = i;
+        for (pos_t b = pieces[i].begin; b < run_end;) {
+            const pos_t e = static_cast<pos_t>(std::min<int64_t>(int64_t(b) + chunk_tokens, run_end));
+            while (pieces[at].end <= b) ++at;
+            const bool one_piece = e <= pieces[at].end;
             h = chain_hash(h, std::span(out.tokens).subspan(b, e - b));
-            out.blocks.push_back({h, b, e, pc.cls, pc.segment_index});
+            out.blocks.push_back({h, b, e, one_piece ? pieces[at].cls : retention_class::none, pieces[at].segment_index});
             b = e;
         }
+        i = j;
     }
 
     // The stable prefix: the leading run of `stable` segments.

@@ -243,29 +243,53 @@ TEST(Assembler, NoStableSegmentMeansRootHashAndZero) {
 
 // ---- blocks and boundaries -----------------------------------------------------------
 
-TEST(Assembler, BoundariesAreTheStartsOfEveryPieceAfterTheFirst) {
-    const auto p = must_assemble(typical_workspace());
-    std::vector<pos_t> expected;
-    for (size_t i = 1; i < p.man.segments.size(); ++i) expected.push_back(p.man.segments[i].token_begin);
-    expected.push_back(p.man.generation_prompt_begin);
-    EXPECT_EQ(p.boundaries, expected);
+// The pieces (segments, then the generation prompt) as (begin, end, class, index).
+struct test_piece { pos_t begin, end; retention_class cls; int index; };
+std::vector<test_piece> pieces_of(const assembled_prompt & p) {
+    std::vector<test_piece> v;
+    for (size_t i = 0; i < p.man.segments.size(); ++i)
+        v.push_back({p.man.segments[i].token_begin, p.man.segments[i].token_end, p.man.segments[i].cls, (int)i});
+    if (p.man.generation_prompt_begin >= 0)
+        v.push_back({p.man.generation_prompt_begin, p.man.generation_prompt_end, retention_class::none,
+                     k_generation_prompt_index});
+    return v;
 }
 
-TEST(Assembler, BlocksAreSegmentBoundariesPlusEveryChunkFromTheSegmentStart) {
+TEST(Assembler, BoundariesAreThePieceStartsAfterACachedPiece) {
+    const auto p = must_assemble(typical_workspace());
+    const auto pcs = pieces_of(p);
+    std::vector<pos_t> expected;
+    for (size_t i = 1; i < pcs.size(); ++i)
+        if (pcs[i - 1].cls != retention_class::none) expected.push_back(pcs[i].begin);
+    EXPECT_EQ(p.boundaries, expected);
+    // the typical workspace ends with the question (none): it and the generation prompt
+    // form one run
+    ASSERT_EQ(pcs[pcs.size() - 2].cls, retention_class::none);
+    EXPECT_EQ(p.boundaries.back(), pcs[pcs.size() - 2].begin);
+}
+
+TEST(Assembler, BlocksAreRunBoundariesPlusEveryChunkFromTheRunStart) {
     for (uint32_t chunk : {1u, 5u, 16u, 64u, 4096u}) {
         const auto p = must_assemble(typical_workspace(), k_salt, true, kind_table{}, fake_text_model{}, chunk);
-        // Expected, built independently: for each piece [b, e): b, b+N, b+2N, ... e.
+        // Expected, built independently: runs are a piece plus the pieces after a
+        // `none` piece; for each run [b, e): b, b+N, b+2N, ... e.
+        const auto pcs = pieces_of(p);
         std::vector<std::pair<pos_t, pos_t>> expected;
         std::vector<int> expected_index;
-        auto add_piece = [&](pos_t b, pos_t e, int index) {
-            for (pos_t x = b; x < e; x += static_cast<pos_t>(chunk)) {
-                expected.emplace_back(x, std::min<pos_t>(x + static_cast<pos_t>(chunk), e));
-                expected_index.push_back(index);
+        std::vector<retention_class> expected_cls;
+        for (size_t i = 0; i < pcs.size();) {
+            size_t j = i + 1;
+            while (j < pcs.size() && pcs[j - 1].cls == retention_class::none) ++j;
+            for (pos_t x = pcs[i].begin; x < pcs[j - 1].end; x += static_cast<pos_t>(chunk)) {
+                const pos_t e = std::min<pos_t>(x + static_cast<pos_t>(chunk), pcs[j - 1].end);
+                size_t k = i;
+                while (pcs[k].end <= x) ++k;
+                expected.emplace_back(x, e);
+                expected_index.push_back(pcs[k].index);
+                expected_cls.push_back(e <= pcs[k].end ? pcs[k].cls : retention_class::none);
             }
-        };
-        for (size_t i = 0; i < p.man.segments.size(); ++i)
-            add_piece(p.man.segments[i].token_begin, p.man.segments[i].token_end, static_cast<int>(i));
-        add_piece(p.man.generation_prompt_begin, p.man.generation_prompt_end, k_generation_prompt_index);
+            i = j;
+        }
 
         ASSERT_EQ(p.blocks.size(), expected.size()) << "chunk " << chunk;
         hash128 h = p.root_hash;
@@ -273,6 +297,7 @@ TEST(Assembler, BlocksAreSegmentBoundariesPlusEveryChunkFromTheSegmentStart) {
             const block & b = p.blocks[i];
             EXPECT_EQ(std::make_pair(b.begin, b.end), expected[i]) << "chunk " << chunk << " block " << i;
             EXPECT_EQ(b.segment_index, expected_index[i]);
+            EXPECT_EQ(b.cls, expected_cls[i]);
             // h_i = H(h_{i-1}, tokens of block i)
             h = chain_hash(h, std::span(p.tokens).subspan(b.begin, b.end - b.begin));
             EXPECT_EQ(b.chain, h) << "chunk " << chunk << " block " << i;
@@ -340,18 +365,34 @@ TEST(Assembler, ProfileRootsEveryChainHash) {
     EXPECT_NE(a->man.profile_fingerprint, b->man.profile_fingerprint);
 }
 
-TEST(Assembler, GenerationPromptIsAPieceOfItsOwn) {
+TEST(Assembler, GenerationPromptSharesNoCachedBlock) {
+    // Ending with the question (none): the question and the generation prompt are one
+    // run; every block before the question is shared with and without the prompt.
     const auto segs = typical_workspace();
     const auto with = must_assemble(segs, k_salt, true);
     const auto without = must_assemble(segs, k_salt, false);
     EXPECT_EQ(without.man.generation_prompt_begin, -1);
     EXPECT_EQ(with.man.generation_prompt_begin, static_cast<pos_t>(without.tokens.size()));
     EXPECT_EQ(with.man.segments, without.man.segments);
-    // every segment block is shared: the generation prompt starts a block of its own
-    ASSERT_GT(with.blocks.size(), without.blocks.size());
-    for (size_t i = 0; i < without.blocks.size(); ++i) EXPECT_EQ(with.blocks[i], without.blocks[i]);
-    EXPECT_EQ(with.blocks[without.blocks.size()].begin, with.man.generation_prompt_begin);
-    EXPECT_EQ(with.boundaries.back(), with.man.generation_prompt_begin);
+    size_t shared = 0;
+    while (shared < without.blocks.size() && without.blocks[shared].cls != retention_class::none) ++shared;
+    ASSERT_GT(shared, 0u);
+    for (size_t i = 0; i < shared; ++i) EXPECT_EQ(with.blocks[i], without.blocks[i]);
+    EXPECT_EQ(with.blocks.back().end, static_cast<pos_t>(with.tokens.size()));
+    for (pos_t x : with.boundaries) EXPECT_NE(x, with.man.generation_prompt_begin);
+
+    // Ending with a cached segment: the generation prompt starts a block of its own,
+    // and every segment block is shared.
+    std::vector<segment> cached_last;
+    for (const auto & s : segs)
+        if (s.kind != segment_kind::user) cached_last.push_back(s);
+    const auto w2 = must_assemble(cached_last, k_salt, true);
+    const auto wo2 = must_assemble(cached_last, k_salt, false);
+    ASSERT_NE(w2.man.segments.back().cls, retention_class::none);
+    ASSERT_GT(w2.blocks.size(), wo2.blocks.size());
+    for (size_t i = 0; i < wo2.blocks.size(); ++i) EXPECT_EQ(w2.blocks[i], wo2.blocks[i]);
+    EXPECT_EQ(w2.blocks[wo2.blocks.size()].begin, w2.man.generation_prompt_begin);
+    EXPECT_EQ(w2.boundaries.back(), w2.man.generation_prompt_begin);
 }
 
 TEST(Assembler, PrefixTokensBelongToTheFirstSegment) {
