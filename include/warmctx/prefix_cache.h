@@ -49,8 +49,15 @@
 //   Candidates are only the LAST block of each holder (suffix before prefix: a prefix is
 //   worth at least as much as anything that extends it). Pinned blocks are never
 //   candidates.
-//     semantic - lowest retention class first, least recently used within a class,
-//                then lowest holder seq id (deterministic).
+//     semantic - volatile content first (classes none, low, medium; lowest class
+//                first); then stable content (high, highest) least reused first: a
+//                block's lookup hits, plus, when it is cached again after an eviction
+//                the records remember, its hits then and one for coming back (all hit
+//                counts halve every 256 lookups, so old popularity fades; a superseded
+//                version of a workspace's context - one that a later request of the
+//                workspace left at a block of class high, after a common first block,
+//                as when a repository map or pinned file is edited - counts none); then
+//                lowest class, least recently used, lowest holder seq id.
 //     lru      - least recently used first, classes ignored, then lowest holder seq id.
 //   When a workspace is over its budget, only that workspace's holders are candidates;
 //   when the global budget is exceeded, all holders are. The path being inserted competes
@@ -149,6 +156,8 @@ struct eviction_record {
     eviction_policy policy = eviction_policy::semantic;
     bool was_resident = true; // false: cut from an insert before it was ever resident
     pos_t begin = 0, end = 0; // the block's token range
+    uint32_t hits = 0;        // its reuse count when it left (semantic eviction's memory)
+    uint64_t at_lookup = 0;   // the cache's lookup count when it was evicted (for ageing)
 };
 
 // What an insert did (optional out-parameter of insert).
@@ -283,6 +292,12 @@ class prefix_cache {
     // Frees every holder of `ws` (clears their sequences), pins or not. Records say
     // "workspace dropped" for blocks no other holder keeps. Not counted as evictions.
     void drop_workspace(const std::string & ws, uint64_t now = 0);
+    // Lookups so far (the clock that ages semantic eviction's reuse counts).
+    uint64_t n_lookups() const { return tickers_.n_lookups; }
+    // What the eviction records remember of a block's reuse: 0 if none; else its reuse
+    // count when it left (lookup hits while resident plus what was remembered then;
+    // a block not admitted counts each time it is asked for), aged, plus one.
+    uint32_t remembered_reuse(const hash128 & chain) const;
     // Frees every holder. Pins, records and tickers are kept.
     void clear();
 

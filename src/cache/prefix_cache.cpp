@@ -31,19 +31,26 @@ using cache_detail::prefix_index;
 
 namespace {
 
-// Eviction order: the smallest key goes first. lru zeroes the class and `reused`.
-// Semantic: by class; within a class, blocks never asked for twice go before blocks
-// that were (a block counts as asked for twice once a lookup reused it, or once it is
-// cached again after an eviction that the eviction records still remember) - so a
-// workspace seen once cannot push out the prefix of one that keeps coming back; then
-// least recently used.
+// Eviction order: the smallest key goes first. lru zeroes all but t_last_used and seq.
+// Semantic:
+//   1. volatile content first, by class (none, low, medium: a stale diff or log goes
+//      before any stable context);
+//   2. then stable content (high, highest) by how often it was reused: the hits of the
+//      block, plus, for a block cached again after an eviction the records remember,
+//      the hits it had then and one for coming back - so the prefix of a workspace that
+//      keeps coming back outlives one seen once or rarely, whatever their classes;
+//   3. then by class (a repository map before a system prompt of the same reuse);
+//   4. then least recently used.
 struct rank_key {
+    uint8_t group = 0;        // semantic: the class if volatile, else k_stable_group
+    uint32_t reuse = 0;       // semantic, stable only: hits (+ remembered hits + 1)
     uint8_t cls = 0;
-    uint8_t reused = 0;
     uint64_t t_last_used = 0;
     seq_id seq = 0;
     auto operator<=>(const rank_key &) const = default;
 };
+constexpr uint8_t k_stable_group = (uint8_t)retention_class::high;
+constexpr uint64_t k_hit_halving_period = 256;
 
 // Among the holders holding `chain`, the one a match should use: one of
 // `prefer_workspace`, then the most recently used, then the lowest seq.
@@ -130,9 +137,12 @@ class prefix_cache_planner {
     rank_key rank_of(const prefix_index & s, int32_t slot) const {
         const index_holder & h = s.holder(slot);
         const index_node * leaf = s.find(h.path.back());
-        if (cache_.policy() != eviction_policy::semantic) return {0, 0, leaf->t_last_used, h.seq};
-        const bool reused = leaf->n_hits > 0 || cache_.last_eviction(h.path.back()).has_value();
-        return {(uint8_t)leaf->cls, (uint8_t)reused, leaf->t_last_used, h.seq};
+        if (cache_.policy() != eviction_policy::semantic) return {0, 0, 0, leaf->t_last_used, h.seq};
+        const auto cls = (uint8_t)leaf->cls;
+        if (cls < k_stable_group) return {cls, 0, cls, leaf->t_last_used, h.seq};
+        // a superseded version of a workspace's context counts no reuse
+        const uint32_t reuse = h.stale() ? 0u : leaf->n_hits + cache_.remembered_reuse(h.path.back());
+        return {k_stable_group, reuse, cls, leaf->t_last_used, h.seq};
     }
 
     struct violation {
@@ -186,6 +196,8 @@ class prefix_cache_planner {
         prefix_cache::pending_record r;
         r.chain = chain;
         r.record.cls = n.cls;
+        r.record.hits = n.n_hits + cache_.remembered_reuse(chain);
+        r.record.at_lookup = cache_.n_lookups();
         r.record.at = now;
         r.record.workspace = ws;
         r.record.reason = std::move(reason);
@@ -292,6 +304,9 @@ match prefix_cache::peek(std::span<const block> path, std::string_view prefer_wo
 match prefix_cache::lookup(std::span<const block> path, uint64_t now, std::string_view prefer_workspace) {
     match r = peek(path, prefer_workspace);
     ++tickers_.n_lookups;
+    // Ageing for semantic eviction's reuse counts: every k_hit_halving_period lookups all
+    // counts halve, so a workspace busy long ago does not outrank one busy now for ever.
+    if (tickers_.n_lookups % k_hit_halving_period == 0) index_->halve_hits();
     if (r.n_blocks == 0) return r;
     ++tickers_.n_lookup_hits;
     tickers_.n_hit_tokens += (uint64_t)r.n_tokens;
@@ -333,6 +348,9 @@ status prefix_cache::insert(const std::string & workspace, std::span<const block
             return invalid_argument("prefix cache insert: block " + std::to_string(i) +
                                     "'s chain hash is resident at another position (malformed path or hash collision)");
     if (n == 0) return {};  // nothing cacheable
+    // This workspace's holders that this path leaves at a stable block hold an older
+    // version of its context: semantic eviction takes them first among stable content.
+    index_->mark_superseded(workspace, p);
 
     if (m == n) {  // wholly resident: only touch it
         int32_t slot = pick_holder(*index_, p[n - 1].chain, workspace);
@@ -377,6 +395,8 @@ status prefix_cache::insert(const std::string & workspace, std::span<const block
             r.was_resident = false;
             r.begin = p[i].begin;
             r.end = p[i].end;
+            r.hits = remembered_reuse(p[i].chain);  // asked for again: counts, though not admitted
+            r.at_lookup = tickers_.n_lookups;
             add_record(p[i].chain, std::move(r));
             tickers_.n_not_admitted_tokens += (uint64_t)(p[i].end - p[i].begin);
         }
@@ -423,7 +443,7 @@ status prefix_cache::apply_insert(insert_plan & plan, seq_id src_seq, uint64_t n
             const index_holder & old = index_->holder(plan.slot);
             for (const hash128 & c : index_->exclusive_suffix(plan.slot)) {
                 const index_node & n = *index_->find(c);
-                lost.push_back({c, {n.cls, now, old.workspace, "engine error", policy_, true, n.begin, n.end}, false});
+                lost.push_back({c, {n.cls, now, old.workspace, "engine error", policy_, true, n.begin, n.end, n.n_hits + remembered_reuse(c), tickers_.n_lookups}, false});
             }
             index_->remove_holder(plan.slot);
         }
@@ -449,7 +469,7 @@ status prefix_cache::apply_insert(insert_plan & plan, seq_id src_seq, uint64_t n
             kv_.clear_seq(before.seq);
             for (const hash128 & c : next.exclusive_suffix(slot)) {
                 const index_node & n = *next.find(c);
-                plan.records.push_back({c, {n.cls, now, after.workspace, "engine error", policy_, true, n.begin, n.end}, false});
+                plan.records.push_back({c, {n.cls, now, after.workspace, "engine error", policy_, true, n.begin, n.end, n.n_hits + remembered_reuse(c), tickers_.n_lookups}, false});
             }
             next.remove_holder(slot);
         }
@@ -489,6 +509,16 @@ void prefix_cache::add_record(const hash128 & chain, eviction_record r) {
     }
 }
 
+uint32_t prefix_cache::remembered_reuse(const hash128 & chain) const {
+    auto it = records_.find(chain);
+    if (it == records_.end()) return 0;
+    const eviction_record & r = it->second.record;
+    // its reuse then, aged as if it had stayed (halved once per period since), and one
+    // for coming back
+    const uint64_t periods = tickers_.n_lookups / k_hit_halving_period - r.at_lookup / k_hit_halving_period;
+    return (periods >= 32 ? 0u : r.hits >> periods) + 1;
+}
+
 std::optional<eviction_record> prefix_cache::last_eviction(const hash128 & chain) const {
     auto it = records_.find(chain);
     if (it == records_.end()) return std::nullopt;
@@ -515,7 +545,7 @@ void prefix_cache::drop_workspace(const std::string & ws, uint64_t now) {
         if (!h.in_use || h.workspace != ws) continue;
         for (const hash128 & c : index_->exclusive_suffix(slot)) {
             const index_node & n = *index_->find(c);
-            lost.push_back({c, {n.cls, now, ws, "workspace dropped", policy_, true, n.begin, n.end}, false});
+            lost.push_back({c, {n.cls, now, ws, "workspace dropped", policy_, true, n.begin, n.end, n.n_hits + remembered_reuse(c), tickers_.n_lookups}, false});
         }
         kv_.clear_seq(h.seq);
         index_->remove_holder(slot);

@@ -118,6 +118,7 @@ void prefix_index::add_holder(int32_t slot, const std::string & ws, std::span<co
     h.generation = next_generation_++;
     h.workspace = ws;
     h.path.clear();
+    h.stale_from = SIZE_MAX;
     h.t_last_used = now;
     for (size_t i = 0; i < path.size(); ++i) {
         const block & b = path[i];
@@ -166,6 +167,21 @@ void prefix_index::touch(std::span<const block> path, size_t n_blocks, int32_t s
 
 void prefix_index::count_hit(std::span<const block> path, size_t n_blocks) {
     for (size_t i = 0; i < n_blocks; ++i) ++nodes_.at(path[i].chain).n_hits;
+}
+
+void prefix_index::mark_superseded(const std::string & ws, std::span<const block> path) {
+    for (auto & h : holders_) {
+        if (!h.in_use || h.workspace != ws) continue;
+        size_t c = 0;
+        while (c < h.path.size() && c < path.size() && h.path[c] == path[c].chain) ++c;
+        if (c == h.path.size()) { h.stale_from = SIZE_MAX; continue; }  // path runs through it
+        if (c == path.size()) continue;                                  // it extends path
+        if (c >= 1 && nodes_.at(h.path[c]).cls == retention_class::high) h.stale_from = std::min(h.stale_from, c);
+    }
+}
+
+void prefix_index::halve_hits() {
+    for (auto & [chain, n] : nodes_) n.n_hits /= 2;
 }
 
 void prefix_index::clear() {

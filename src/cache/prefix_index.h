@@ -45,6 +45,10 @@ struct index_holder {
     std::vector<hash128> path;   // chain hashes, root first
     pos_t n_tokens = 0;          // end of the last block, 0 when free
     uint64_t t_last_used = 0;
+    // Blocks path[stale_from..] are a superseded version of this workspace's stable
+    // context: a later request of the workspace diverged from them at a stable block.
+    size_t stale_from = SIZE_MAX;
+    bool stale() const { return path.size() > stale_from; }
 };
 
 class prefix_index {
@@ -91,6 +95,13 @@ class prefix_index {
     void touch(std::span<const block> path, size_t n_blocks, int32_t slot, uint64_t now);
     // Counts a reuse of the first n_blocks of `path` (all resident).
     void count_hit(std::span<const block> path, size_t n_blocks);
+    // Marks the holders of `ws` whose path leaves `path` after a common first block, at a
+    // block of class high (by default a repository map, pinned file or task summary: an
+    // edit), as superseded from there. A different system prompt or tool set (highest) is
+    // another agent, not an edit. A holder `path` runs through is not stale.
+    void mark_superseded(const std::string & ws, std::span<const block> path);
+    // Halves every node's hit count (ageing: old popularity fades).
+    void halve_hits();
     // Frees every slot.
     void clear();
 

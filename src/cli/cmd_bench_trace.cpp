@@ -3,9 +3,10 @@
 // with plain LRU, and llama-server with its RAM prompt cache, all under one KV budget:
 //   - warmctx-*: --budget-bytes B (the KV its prefix cache may keep across turns),
 //     with enough holders that the budget, not the holder count, binds;
-//   - llama-server: one slot of the same context length and --cache-ram B (the KV its
-//     prompt cache may keep across turns, in MiB). Its slot keeps the last prompt as
-//     well, on top of B.
+//   - llama-server: one slot of the same context length and a RAM prompt cache. Its
+//     slot keeps the last prompt's KV across turns outside --cache-ram, so by default
+//     --cache-ram is B less the KV of a mean prompt (at least 1 MiB): slot + cache
+//     then hold about B, as warmctx's holders do. --server-cache-ram-mib overrides.
 // Each turn is sent once, in trace order, by one client; llama-server gets the exact
 // tokens warmctx assembles, so both prefill the same prompt.
 #include <chrono>
@@ -24,6 +25,7 @@ struct trace_args {
     model_flags mf;
     agent_trace_options t;
     double budget_mib = 0;          // 0 = 40% of the KV of all workspaces' stable prompts
+    double server_cache_ram_mib = 0; // 0 = budget_mib less a mean prompt's KV (the slot)
     std::vector<std::string> systems = {"warmctx-semantic", "warmctx-lru", "llama-server"};
     std::string llama_server = WARMCTX_LLAMA_SERVER;
     bool quick = false;
@@ -43,6 +45,7 @@ void run_trace(trace_args a) {
                                                 "' (warmctx-semantic, warmctx-lru, llama-server)"));
             return;
         }
+    if (a.server_cache_ram_mib < 0) { g_exit_code = fail(invalid_argument("--server-cache-ram-mib must be >= 0")); return; }
     if (a.budget_mib < 0) { g_exit_code = fail(invalid_argument("--budget-mib must be >= 0")); return; }
     auto pb = prompt_builder::open(a.mf);
     if (!pb) { g_exit_code = fail(pb.error()); return; }
@@ -78,6 +81,13 @@ void run_trace(trace_args a) {
     double budget_mib = a.budget_mib;
     if (budget_mib == 0) budget_mib = std::max(1.0, std::ceil(0.4 * (double)(stable_sum * bpt) / (1 << 20)));
     const uint64_t budget_bytes = (uint64_t)(budget_mib * (1 << 20));
+    // llama-server's slot keeps the last prompt outside --cache-ram: give its cache the
+    // budget less what the slot holds on average.
+    const double slot_mib = tr->turns.empty() ? 0.0
+        : (double)total_prompt / (double)tr->turns.size() * (double)bpt / (1 << 20);
+    const int server_cache_ram_mib = a.server_cache_ram_mib > 0
+        ? (int)std::ceil(a.server_cache_ram_mib)
+        : std::max(1, (int)std::lround(budget_mib - slot_mib));
 
     model_flags mf = a.mf;
     mf.model = model_path;
@@ -95,6 +105,8 @@ void run_trace(trace_args a) {
                   {"edits", n_edits}, {"prompt_tokens_total", total_prompt}, {"max_prompt_tokens", max_prompt}}},
                 {"budget", {{"mib", budget_mib}, {"bytes", budget_bytes}, {"kv_bytes_per_token", bpt},
                             {"tokens", bpt ? budget_bytes / bpt : 0},
+                            {"llama_server_slot_mib_mean", slot_mib},
+                            {"llama_server_cache_ram_mib", server_cache_ram_mib},
                             {"stable_kv_fraction", stable_sum ? (double)(budget_bytes / std::max<uint64_t>(1, bpt)) / (double)stable_sum : 0.0}}},
                 {"n_ctx", mf.n_ctx}};
     json workspace_of = json::array();
@@ -109,7 +121,7 @@ void run_trace(trace_args a) {
             o.binary = a.llama_server;
             o.mf = mf;
             o.slots = 1;
-            o.cache_ram_mib = (int)std::ceil(budget_mib);
+            o.cache_ram_mib = server_cache_ram_mib;
             sys = start_llama_server(o);
         } else {
             warmctx_system_options o;
@@ -178,8 +190,9 @@ void run_trace(trace_args a) {
     }
     out["ratios"] = ratios;
     if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return; }
-    std::printf("budget %.0f MiB (%llu tokens of KV); %d turns over %d workspaces, %d edits\n", budget_mib,
-                (unsigned long long)(bpt ? budget_bytes / bpt : 0), a.t.n_turns, a.t.n_workspaces, n_edits);
+    std::printf("budget %.0f MiB (%llu tokens of KV; llama-server: slot ~%.0f MiB + --cache-ram %d MiB); "
+                "%d turns over %d workspaces, %d edits\n", budget_mib, (unsigned long long)(bpt ? budget_bytes / bpt : 0),
+                slot_mib, server_cache_ram_mib, a.t.n_turns, a.t.n_workspaces, n_edits);
     std::printf("%-17s %12s %8s %12s %12s %12s\n", "system", "prefilled", "cached", "TTFT p50 ms", "TTFT p95 ms", "wall s");
     for (const auto & s : systems)
         std::printf("%-17s %12llu %8.3f %12.1f %12.1f %12.1f\n", s["name"].get<std::string>().c_str(),
@@ -202,6 +215,7 @@ void register_trace_bench(CLI::App & bench) {
     c->add_option("--edit-prob", a->t.edit_prob, "chance per turn that a stable segment changes")->capture_default_str();
     c->add_option("--seed", a->t.seed, "trace seed")->capture_default_str();
     c->add_option("--budget-mib", a->budget_mib, "KV budget of every system's cache, MiB (0 = 40% of all stable prompts' KV)")->capture_default_str();
+    c->add_option("--server-cache-ram-mib", a->server_cache_ram_mib, "llama-server's --cache-ram, MiB (0 = the budget less a mean prompt's KV, which its slot keeps)")->capture_default_str();
     c->add_option("--systems", a->systems, "systems: warmctx-semantic, warmctx-lru, llama-server")->delimiter(',')->capture_default_str();
     c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
     c->add_flag("--quick", a->quick, "a small trace (4 workspaces, 24 turns, ~1.5k-token stable contexts)");

@@ -295,6 +295,99 @@ TEST(PrefixCache, SemanticKeepsReusedBlocksOverBlocksSeenOnce) {
     }
 }
 
+// Semantic, between stable blocks: how often a block was reused decides before its
+// class, so a busy workspace's repository map outlives a rarely used workspace's system
+// prompt; a new block that was never reused is not admitted over reused ones until it
+// comes back (then it counts one reuse). LRU evicts the least recently used.
+TEST(PrefixCache, SemanticKeepsTheMostReusedStableBlocksWhateverTheirClass) {
+    for (auto policy : {k_semantic, k_lru}) {
+        harness h(8, tokens(30), policy);
+        auto a = one_block("a", 10, rc::highest), b = one_block("b", 10, rc::high), c = one_block("c", 10, rc::highest);
+        auto d = one_block("d", 10, rc::highest);
+        h.must_insert("ws-a", a, 1);
+        h.must_insert("ws-b", b, 2);
+        h.must_insert("ws-c", c, 3);
+        for (uint64_t t : {4, 5, 6}) EXPECT_EQ(h.cache.lookup(b, t).n_blocks, 1u);  // b: 3 reuses
+        EXPECT_EQ(h.cache.lookup(a, 7).n_blocks, 1u);                               // a: 1
+        for (uint64_t t : {8, 9}) EXPECT_EQ(h.cache.lookup(c, t).n_blocks, 1u);     // c: 2
+        const status first = h.insert("ws-d", d, 10);
+        if (policy == k_lru) {
+            EXPECT_TRUE(first.ok()) << first.to_string();  // b was used least recently
+            EXPECT_EQ(h.cached_blocks(b), 0u);
+            EXPECT_EQ(h.cached_blocks(d), 1u);
+            continue;
+        }
+        EXPECT_EQ(first.code(), status_code::resource_exhausted) << first.to_string();
+        EXPECT_EQ(h.cached_blocks(d), 0u) << "never reused: not admitted over reused blocks";
+        auto r = h.cache.last_eviction(d[0].chain);
+        ASSERT_TRUE(r.has_value());
+        EXPECT_FALSE(r->was_resident);
+        h.must_insert("ws-d", d, 11);  // d comes back: one reuse, and more recent than a
+        EXPECT_EQ(h.cached_blocks(d), 1u);
+        EXPECT_EQ(h.cached_blocks(a), 0u) << "a: highest class but the fewest reuses and the oldest";
+        EXPECT_EQ(h.cached_blocks(b), 1u) << "b: a lower class, the most reuses";
+        EXPECT_EQ(h.cached_blocks(c), 1u);
+        EXPECT_EQ(h.cache.last_eviction(a[0].chain)->hits, 1u);
+        EXPECT_TRUE(consistent(h));
+    }
+}
+
+// Reuse counts age: every 256 lookups they halve, so popularity long past stops
+// outranking recency. x, evicted with 10 reuses, comes back and must evict a or b.
+TEST(PrefixCache, SemanticReuseCountsHalveEvery256Lookups) {
+    for (bool aged : {false, true}) {
+        harness h(8, tokens(20));
+        auto a = one_block("a", 10, rc::high), b = one_block("b", 10, rc::high), x = one_block("x", 10, rc::high);
+        h.must_insert("ws-x", x, 1);
+        for (uint64_t t = 2; t < 12; ++t) EXPECT_EQ(h.cache.lookup(x, t).n_blocks, 1u);
+        h.cache.drop_workspace("ws-x", 12);
+        ASSERT_TRUE(h.cache.last_eviction(x[0].chain).has_value());
+        EXPECT_EQ(h.cache.last_eviction(x[0].chain)->hits, 10u);
+        h.must_insert("ws", a, 13);
+        h.must_insert("ws", b, 14);
+        for (uint64_t t : {15, 16, 17}) EXPECT_EQ(h.cache.lookup(a, t).n_blocks, 1u);  // a: 3
+        for (uint64_t t : {18, 19}) EXPECT_EQ(h.cache.lookup(b, t).n_blocks, 1u);      // b: 2, more recent
+        ASSERT_EQ(h.cache.n_lookups(), 15u);
+        if (aged)  // the 256th lookup halves: a 3 -> 1, b 2 -> 1; x's remembered 10 -> 5
+            for (int i = 0; i < 241; ++i) EXPECT_EQ(h.cache.lookup(one_block("missing", 10, rc::high), 20).n_blocks, 0u);
+        h.must_insert("ws-x", x, 21);
+        EXPECT_EQ(h.cached_blocks(x), 1u);
+        EXPECT_EQ(h.cached_blocks(a), aged ? 0u : 1u) << "aged: a tie on reuse, a is older";
+        EXPECT_EQ(h.cached_blocks(b), aged ? 1u : 0u) << "fresh: a's 3 reuses beat b's 2";
+        EXPECT_TRUE(consistent(h));
+    }
+}
+
+// Semantic: when a workspace's request leaves its cached path at a block of class high
+// after a common start (an edited repository map or pinned file), the old branch is a
+// superseded version: it counts no reuse, so it goes before the new version however
+// often it was reused. Another workspace's path does not supersede it.
+TEST(PrefixCache, SemanticEvictsASupersededVersionOfAWorkspacesContextFirst) {
+    for (bool same_workspace : {true, false}) {
+        harness h(8, tokens(50));  // per-holder accounting: v2's holder has its own "sys"
+        auto v1 = make_path("t", {{"sys", 10, rc::highest}, {"map", 10, rc::high}});
+        auto v2 = make_path("t", {{"sys", 10, rc::highest}, {"map-edited", 10, rc::high}});
+        auto other = one_block("o", 10, rc::highest);
+        auto p = one_block("p", 10, rc::high);
+        h.must_insert("ws", v1, 1);
+        for (uint64_t t : {2, 3, 4}) EXPECT_EQ(h.cache.lookup(v1, t).n_blocks, 2u);  // the old map: 3 reuses
+        h.must_insert("ws-o", other, 5);
+        EXPECT_EQ(h.cache.lookup(other, 6).n_blocks, 1u);
+        h.must_insert(same_workspace ? "ws" : "ws-x", v2, 7);  // 50 tokens: full
+        h.must_insert("ws-p", p, 8);                            // something must go
+        EXPECT_EQ(h.cached_blocks(p), 1u);
+        EXPECT_EQ(h.cached_blocks(other), 1u);
+        if (same_workspace) {
+            EXPECT_EQ(h.cached_blocks(v1), 1u) << "the superseded map goes";
+            EXPECT_EQ(h.cached_blocks(v2), 2u);
+        } else {
+            EXPECT_EQ(h.cached_blocks(v1), 2u) << "not superseded: its 3 reuses keep it";
+            EXPECT_EQ(h.cached_blocks(v2), 1u);
+        }
+        EXPECT_TRUE(consistent(h));
+    }
+}
+
 TEST(PrefixCache, SuffixIsEvictedBeforePrefix) {
     harness h(8, tokens(30));
     // A low-class block under a highest-class one: only last blocks are candidates,
