@@ -12,12 +12,16 @@ mkdir -p "$img"
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 term='set terminal pngcairo size 960,540 font "DejaVu Sans,11" noenhanced; set grid ytics; set key top left'
 
+# Earlier runs kept for reference (NAME-run1, NAME-before-..., NAME-classfirst) are not drawn.
+earlier() { case "$(basename "$1")" in *-run[0-9]*|*-before-*|*-classfirst*) return 0;; *) return 1;; esac; }
+
 where_of() {  # the machine a result file is from, for titles
   case "$1" in *h200*) echo "one H200";; *cpu2*) echo "2-core CPU";; *) echo "";; esac
 }
 
 # S2: cold and warm time to first token per prompt size, per system (log scale).
 for f in "$res"/s2-*.json; do
+  earlier "$f" && continue
   [ -s "$f" ] && jq -e ".rows // .systems" "$f" >/dev/null 2>&1 || { echo "plot: skipping $f (not a finished result)"; continue; }
   name="$(basename "$f" .json)"
   jq -r '.rows[] | [(.prompt_tokens|tostring),
@@ -41,6 +45,7 @@ done
 
 # Trace: time to first token per turn per system, and prefilled tokens per system.
 for f in "$res"/trace-*.json; do
+  earlier "$f" && continue
   [ -s "$f" ] && jq -e ".rows // .systems" "$f" >/dev/null 2>&1 || { echo "plot: skipping $f (not a finished result)"; continue; }
   name="$(basename "$f" .json)"
   n=$(jq '.systems | length' "$f")
@@ -73,6 +78,7 @@ done
 
 # S3: warmctx vs llama-bench tok/s per shape, one panel per test.
 for f in "$res"/s3-*.json; do
+  earlier "$f" && continue
   [ -s "$f" ] && jq -e ".rows // .systems" "$f" >/dev/null 2>&1 || { echo "plot: skipping $f (not a finished result)"; continue; }
   name="$(basename "$f" .json)"
   for t in cold_pp warm_pp tg; do
