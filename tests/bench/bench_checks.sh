@@ -18,8 +18,10 @@ trace)
   check 'all(.systems[]; (.per_turn.ttft_ms | length) == 24)' "per-turn series for the charts"
   check '.systems[0].prefilled_tokens <= .systems[1].prefilled_tokens' "semantic eviction prefills no more than LRU" '[.systems[] | {name, prefilled_tokens}]'
   check '.ratios.semantic_over_lru_prefilled > 0 and .ratios.semantic_over_llama_server_ttft_p50 > 0' "target ratios reported" '.ratios'
-  check '.budget.bytes > 0 and .systems[2].config.cache_ram_mib == (.budget.mib | ceil) and .systems[0].config.budget_bytes == .budget.bytes' \
-        "all systems run under the same KV budget" '[.budget, .systems[].config]'
+  check '.budget.bytes > 0 and .systems[0].config.budget_bytes == .budget.bytes and .systems[1].config.budget_bytes == .budget.bytes' \
+        "both warmctx systems run under the KV budget" '[.budget, .systems[].config]'
+  check '.budget.llama_server_slot_mib_mean > 0 and .systems[2].config.cache_ram_mib == .budget.llama_server_cache_ram_mib and .budget.llama_server_cache_ram_mib == ([1, ((.budget.mib - .budget.llama_server_slot_mib_mean) | round)] | max)' \
+        "llama-server: its slot plus --cache-ram hold the same budget" '[.budget, .systems[2].config]'
   ;;
 s2)
   "$warmctx" bench s2 -m "$model" --sizes 600,1200 --warm-turns 2 --json >"$out"
