@@ -47,7 +47,7 @@ void cache_flags::add_to(CLI::App & app) {
     app.add_option("--budget-bytes", budget_bytes, "global KV budget of the prefix cache, bytes (0 = unlimited)")->capture_default_str();
     app.add_option("--workspace-budget-tokens", workspace_budget_tokens, "per-workspace KV budget, tokens (0 = unlimited)")->capture_default_str();
     app.add_option("--workspace-budget-bytes", workspace_budget_bytes, "per-workspace KV budget, bytes (0 = unlimited)")->capture_default_str();
-    app.add_option("--policy", policy, "eviction policy: semantic (by retention class, then LRU) or lru")->capture_default_str();
+    app.add_option("--policy", policy, "eviction policy: semantic (volatile content first, then stable content least reused first; see docs/architecture.md) or lru")->capture_default_str();
     app.add_option("--kinds", kinds_file, "JSON file overriding the segment kind table, e.g. {\"kinds\":{\"repo_map\":{\"retention\":\"highest\"}}}");
     app.add_option("--tenant", tenant, "tenant salt: two tenants never share a cache entry");
     app.add_option("--cache-dir", cache_dir, "disk tier: snapshot directory (stable prefixes survive restarts)");
