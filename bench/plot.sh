@@ -12,8 +12,9 @@ mkdir -p "$img"
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 term='set terminal pngcairo size 960,540 font "DejaVu Sans,11" noenhanced; set grid ytics; set key top left'
 
-# Earlier runs kept for reference (NAME-run1, NAME-before-..., NAME-classfirst) are not drawn.
-earlier() { case "$(basename "$1")" in *-run[0-9]*|*-before-*|*-classfirst*) return 0;; *) return 1;; esac; }
+# Earlier runs kept for reference (NAME-run1, NAME-before-..., NAME-classfirst) and
+# unlimited-budget floors are not drawn.
+earlier() { case "$(basename "$1")" in *-run[0-9]*|*-before-*|*-classfirst*|*-unlimited*) return 0;; *) return 1;; esac; }
 
 where_of() {  # the machine a result file is from, for titles
   case "$1" in *h200*) echo "one H200";; *cpu2*) echo "2-core CPU";; *) echo "";; esac

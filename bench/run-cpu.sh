@@ -20,6 +20,13 @@ side_by_side() {
   "$w" bench trace -m "$tiny" --json > "$out/trace-tiny-f16-cpu2.json"
   "$w" bench trace --workspaces 4 --turns 30 --stable-tokens 2048 --tail-tokens 300 --json \
     > "$out/trace-qwen2.5-0.5b-q4_0-cpu2.json"
+  # The H200's trace on the tiny model (the cache's choices depend only on token counts):
+  # the same budget in tokens (52,480 x 256 bytes), and the unlimited-budget floor.
+  local big=(--flash-attn --workspaces 8 --turns 100 --stable-tokens 16384 --tail-tokens 600)
+  "$w" bench trace -m "$tiny" "${big[@]}" --budget-mib 12.8125 --systems warmctx-semantic,warmctx-lru --json \
+    > "$out/trace-8ws-tiny-f16-cpu2.json"
+  "$w" bench trace -m "$tiny" "${big[@]}" --budget-mib 10000 --systems warmctx-semantic --json \
+    > "$out/trace-8ws-unlimited-tiny-f16-cpu2.json"
   # S3: prefill (cold, warm) and decode per shape against llama-bench.
   "$w" bench s3 --depth 1024 --reps 2 --json > "$out/s3-cpu2.json"
 }
