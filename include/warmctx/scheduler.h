@@ -51,6 +51,11 @@ struct completion_event {
     double t_queue_ms = 0;        // submit .. admission (started, done)
     double t_first_token_ms = 0;  // submit .. first token chosen (started, done)
     double t_total_ms = 0;        // submit .. done (done)
+    // Where the time to the first token went (started, done): assembling the prompt,
+    // restoring a prefix from a tier, copying the cached prefix into the request's
+    // sequence (llama.cpp copies the data at the next decode, so inside t_prefill_ms),
+    // prefilling the rest.
+    double t_assemble_ms = 0, t_restore_ms = 0, t_copy_ms = 0, t_prefill_ms = 0;
 };
 
 // Returns false to cancel the job (e.g. the client went away).

@@ -127,8 +127,10 @@ class warmctx_system final : public bench_system {
                 return true;
             },
             [](const json & j, turn_timing & t) {
-                if (auto w = j.find("warmctx"); w != j.end() && w->is_object())
+                if (auto w = j.find("warmctx"); w != j.end() && w->is_object()) {
                     t.server_ms = w->value("first_token_ms", 0.0);
+                    if (auto ph = w->find("timings"); ph != w->end() && ph->is_object()) t.phases = *ph;
+                }
                 auto u = j.find("usage");
                 if (u == j.end() || !u->is_object()) return;
                 t.prompt_tokens = u->value("prompt_tokens", 0);

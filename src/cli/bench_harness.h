@@ -32,6 +32,7 @@ struct turn_timing {
     int prompt_tokens = 0;
     int cached_tokens = 0;     // prompt tokens the system reused
     int completion_tokens = 0;
+    nlohmann::json phases;     // warmctx: where first_token_ms went (assemble, copy, prefill)
 };
 
 // A server under test, answering one streamed request at a time.

@@ -123,7 +123,7 @@ void run_s2(const s2_args & a) {
             auto cold = (*sys)->send(ws, p.cold, p.cold_tokens, 1);
             if (!cold.ok) { g_exit_code = fail(engine_error(name + ": cold turn failed: " + cold.error)); return; }
             std::vector<double> warm_ms, warm_server_ms;
-            json warm_all = json::array();
+            json warm_all = json::array(), warm_phases = json::array();
             int warm_cached = 0, warm_prompt = 0;
             for (size_t w = 0; w < p.warm.size(); ++w) {
                 auto t = (*sys)->send(ws, p.warm[w], p.warm_tokens[w], 1);
@@ -131,6 +131,7 @@ void run_s2(const s2_args & a) {
                 warm_ms.push_back(t.ttft_ms);
                 warm_server_ms.push_back(t.server_ms);
                 warm_all.push_back(t.ttft_ms);
+                if (!t.phases.is_null()) warm_phases.push_back(t.phases);
                 warm_cached = t.cached_tokens;
                 warm_prompt = t.prompt_tokens;
             }
@@ -142,6 +143,8 @@ void run_s2(const s2_args & a) {
                          {"warm_cached_tokens", warm_cached},
                          {"cold_server_ms", cold.server_ms}, {"warm_server_ms", median(warm_server_ms)},
                          {"warm_over_cold", cold.ttft_ms > 0 ? warm / cold.ttft_ms : 0.0}};
+            if (!cold.phases.is_null()) row[name]["cold_phases"] = cold.phases;
+            if (!warm_phases.empty()) row[name]["warm_phases_all"] = warm_phases;
         }
         if (!a.skip_llama_bench) {
             auto eo = mf.to_options(1);

@@ -95,6 +95,13 @@ struct scheduler::impl {
         return u;
     }
 
+    static void set_phases(completion_event & ev, const pending_turn & t) {
+        ev.t_assemble_ms = t.t_assemble_ms;
+        ev.t_restore_ms = t.t_restore_ms;
+        ev.t_copy_ms = t.t_copy_ms;
+        ev.t_prefill_ms = t.t_prefill_ms;
+    }
+
     void admit(size_t slot, queued_job q) {
         auto j = std::make_unique<active_job>();
         j->q = std::move(q);
@@ -123,6 +130,7 @@ struct scheduler::impl {
         ev.explain = j->turn.explain;
         ev.t_queue_ms = j->t_queue_ms;
         ev.t_first_token_ms = j->t_first_token_ms;
+        set_phases(ev, j->turn);
         emit(*j, ev);
         slots[slot] = std::move(j);
         a_active++;
@@ -174,6 +182,7 @@ struct scheduler::impl {
                 ev.explain = j.turn.explain;
                 ev.t_queue_ms = j.t_queue_ms;
                 ev.t_first_token_ms = j.t_first_token_ms;
+                set_phases(ev, j.turn);
                 ev.t_total_ms = ms_between(j.q.t_submit, clock_type::now());
                 a_completed++;
             } else {

@@ -442,7 +442,9 @@ json warmctx_json(const std::string & workspace, const explain_report & ex, cons
             {"stable_prefix_hash", ex.stable_prefix_hash},
             {"queue_ms", done.t_queue_ms},
             {"first_token_ms", done.t_first_token_ms},
-            {"total_ms", done.t_total_ms}};
+            {"total_ms", done.t_total_ms},
+            {"timings", {{"assemble_ms", done.t_assemble_ms}, {"restore_ms", done.t_restore_ms},
+                         {"copy_ms", done.t_copy_ms}, {"prefill_ms", done.t_prefill_ms}}}};
 }
 
 namespace {

@@ -298,6 +298,22 @@ TEST_F(server_test, cached_tokens_rise_on_second_turn) {
     EXPECT_GT(cached2, 0) << j2["warmctx"];
     EXPECT_GE(cached2, stable_tokens) << j2["warmctx"];
     EXPECT_GT(j2["usage"]["prompt_tokens"].get<int>(), j1["usage"]["prompt_tokens"].get<int>());
+    // Where the time to the first token went: the cold turn copied nothing, the warm one
+    // copied the cached prefix; every phase lies within first_token_ms.
+    for (const json * j : {&j1, &j2}) {
+        const json & t = (*j)["warmctx"]["timings"];
+        ASSERT_TRUE(t.is_object()) << (*j)["warmctx"];
+        double sum = 0;
+        for (const char * k : {"assemble_ms", "restore_ms", "copy_ms", "prefill_ms"}) {
+            ASSERT_TRUE(t.contains(k) && t[k].is_number()) << k << " " << t;
+            EXPECT_GE(t[k].get<double>(), 0.0) << k;
+            sum += t[k].get<double>();
+        }
+        EXPECT_GT(t["prefill_ms"].get<double>(), 0.0) << t;
+        EXPECT_LE(sum, (*j)["warmctx"]["first_token_ms"].get<double>() + 0.001) << (*j)["warmctx"];
+    }
+    EXPECT_EQ(j1["warmctx"]["timings"]["copy_ms"].get<double>(), 0.0);
+    EXPECT_GT(j2["warmctx"]["timings"]["copy_ms"].get<double>(), 0.0);
 }
 
 // ---- concurrency -----------------------------------------------------------------
