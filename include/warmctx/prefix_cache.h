@@ -217,7 +217,7 @@ struct holder_info {
     std::vector<block> blocks;                           // its path
 };
 
-namespace cache_detail { class prefix_index; }
+namespace cache_detail { class prefix_index; struct index_node; }
 class prefix_cache_planner;
 
 class prefix_cache {
@@ -324,6 +324,10 @@ class prefix_cache {
                                     size_t n_matched, uint64_t now) const;
     status apply_insert(insert_plan & plan, seq_id src_seq, uint64_t now);
     void commit_records(std::vector<pending_record> & records);
+    // The record of a resident block lost without a policy eviction (engine error,
+    // workspace dropped): its reuse is remembered like an evicted block's.
+    eviction_record lost_record(const hash128 & chain, const cache_detail::index_node & n, uint64_t now,
+                                const std::string & ws, const char * reason) const;
     void add_record(const hash128 & chain, eviction_record r);
 
     kv_ops & kv_;

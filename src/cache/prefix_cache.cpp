@@ -443,7 +443,7 @@ status prefix_cache::apply_insert(insert_plan & plan, seq_id src_seq, uint64_t n
             const index_holder & old = index_->holder(plan.slot);
             for (const hash128 & c : index_->exclusive_suffix(plan.slot)) {
                 const index_node & n = *index_->find(c);
-                lost.push_back({c, {n.cls, now, old.workspace, "engine error", policy_, true, n.begin, n.end, n.n_hits + remembered_reuse(c), tickers_.n_lookups}, false});
+                lost.push_back({c, lost_record(c, n, now, old.workspace, "engine error"), false});
             }
             index_->remove_holder(plan.slot);
         }
@@ -469,7 +469,7 @@ status prefix_cache::apply_insert(insert_plan & plan, seq_id src_seq, uint64_t n
             kv_.clear_seq(before.seq);
             for (const hash128 & c : next.exclusive_suffix(slot)) {
                 const index_node & n = *next.find(c);
-                plan.records.push_back({c, {n.cls, now, after.workspace, "engine error", policy_, true, n.begin, n.end, n.n_hits + remembered_reuse(c), tickers_.n_lookups}, false});
+                plan.records.push_back({c, lost_record(c, n, now, after.workspace, "engine error"), false});
             }
             next.remove_holder(slot);
         }
@@ -509,6 +509,11 @@ void prefix_cache::add_record(const hash128 & chain, eviction_record r) {
     }
 }
 
+eviction_record prefix_cache::lost_record(const hash128 & chain, const index_node & n, uint64_t now,
+                                          const std::string & ws, const char * reason) const {
+    return {n.cls, now, ws, reason, policy_, true, n.begin, n.end, n.n_hits + remembered_reuse(chain), tickers_.n_lookups};
+}
+
 uint32_t prefix_cache::remembered_reuse(const hash128 & chain) const {
     auto it = records_.find(chain);
     if (it == records_.end()) return 0;
@@ -545,7 +550,7 @@ void prefix_cache::drop_workspace(const std::string & ws, uint64_t now) {
         if (!h.in_use || h.workspace != ws) continue;
         for (const hash128 & c : index_->exclusive_suffix(slot)) {
             const index_node & n = *index_->find(c);
-            lost.push_back({c, {n.cls, now, ws, "workspace dropped", policy_, true, n.begin, n.end, n.n_hits + remembered_reuse(c), tickers_.n_lookups}, false});
+            lost.push_back({c, lost_record(c, n, now, ws, "workspace dropped"), false});
         }
         kv_.clear_seq(h.seq);
         index_->remove_holder(slot);

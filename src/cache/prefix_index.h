@@ -46,7 +46,7 @@ struct index_holder {
     pos_t n_tokens = 0;          // end of the last block, 0 when free
     uint64_t t_last_used = 0;
     // Blocks path[stale_from..] are a superseded version of this workspace's stable
-    // context: a later request of the workspace diverged from them at a stable block.
+    // context: a later request of the workspace left them there (mark_superseded).
     size_t stale_from = SIZE_MAX;
     bool stale() const { return path.size() > stale_from; }
 };

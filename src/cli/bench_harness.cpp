@@ -387,6 +387,16 @@ double percentile(std::vector<double> v, double p) {
 }
 double median(std::vector<double> v) { return percentile(std::move(v), 0.5); }
 
+sample_stats summarize(const std::vector<double> & v) {
+    sample_stats r;
+    if (v.empty()) return r;
+    for (double x : v) r.mean += x;
+    r.mean /= (double)v.size();
+    for (double x : v) r.stddev += (x - r.mean) * (x - r.mean);
+    r.stddev = v.size() > 1 ? std::sqrt(r.stddev / (double)(v.size() - 1)) : 0;
+    return r;
+}
+
 result<std::string> run_capture(const std::string & cmd) {
     FILE * f = popen(cmd.c_str(), "r");
     if (!f) return io_error("cannot run: " + cmd);

@@ -89,6 +89,9 @@ class prompt_builder {
 
 double percentile(std::vector<double> v, double p);
 double median(std::vector<double> v);
+// Mean and sample standard deviation (as llama-bench reports them); {0, 0} when empty.
+struct sample_stats { double mean = 0, stddev = 0; };
+sample_stats summarize(const std::vector<double> & v);
 
 // Runs a command, returns its stdout (stderr is discarded). Errors: io_error.
 result<std::string> run_capture(const std::string & cmd);

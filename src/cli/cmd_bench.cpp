@@ -28,16 +28,7 @@ struct bench_engine_args {
     bool json = false;
 };
 
-struct rate { double mean = 0, stddev = 0; };
-rate summarize(const std::vector<double> & v) {
-    rate r;
-    if (v.empty()) return r;
-    for (double x : v) r.mean += x;
-    r.mean /= (double)v.size();
-    for (double x : v) r.stddev += (x - r.mean) * (x - r.mean);
-    r.stddev = v.size() > 1 ? std::sqrt(r.stddev / (double)(v.size() - 1)) : 0;
-    return r;
-}
+using rate = sample_stats;
 
 // llama-bench's pp and tg rates, same model and settings.
 result<std::pair<rate, rate>> run_llama_bench(const bench_engine_args & a, const engine_options & o, int32_t threads) {

@@ -5,7 +5,6 @@
 //              sequence that holds it, then the N tokens are prefilled after it, the
 //              copy included in the time, as a warm turn does (llama-bench -p N -d D)
 //   tg       - G single-token decode steps                     (llama-bench -n G)
-#include <cmath>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -34,20 +33,6 @@ struct s3_args {
 
 double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
-
-double mean(const std::vector<double> & v) {
-    double s = 0;
-    for (double x : v) s += x;
-    return v.empty() ? 0 : s / (double)v.size();
-}
-
-double stddev(const std::vector<double> & v) {  // sample standard deviation, as llama-bench
-    if (v.size() < 2) return 0;
-    const double m = mean(v);
-    double x = 0;
-    for (double e : v) x += (e - m) * (e - m);
-    return std::sqrt(x / (double)(v.size() - 1));
 }
 
 // The engine's three rates on one model. Sequence 0 holds the warm prefix, 1 is the
@@ -94,14 +79,11 @@ result<json> measure_engine(const s3_args & a, const engine_options & base) {
         return steps ? (double)steps * 1000.0 / ms : 0.0;
     };
 
-    // Warm-up for at least a second (and twice at least), so the measured runs find the
-    // device's clocks and caches as busy as llama-bench's runs, which follow ours.
+    // Warm-up for at least a second: the measured runs should find the device's clocks
+    // and caches as busy as llama-bench's runs (which follow ours) do.
     progress("  warm-up");
-    {
-        const auto t0 = clock_type::now();
-        for (int i = 0; i < 2 || ms_since(t0) < 1000.0; ++i)
-            if (auto w = cold_once(); !w) return w.error();
-    }
+    for (const auto t0 = clock_type::now(); ms_since(t0) < 1000.0;)
+        if (auto w = cold_once(); !w) return w.error();
     std::vector<double> cold, warm, tg;
     for (int r = 0; r < a.reps; ++r) {
         auto c = cold_once();
@@ -124,8 +106,9 @@ result<json> measure_engine(const s3_args & a, const engine_options & base) {
         if (!t) return t.error();
         tg.push_back(*t);
     }
-    return json{{"cold_pp_tps", mean(cold)}, {"warm_pp_tps", mean(warm)}, {"tg_tps", mean(tg)},
-                {"cold_pp_stddev", stddev(cold)}, {"warm_pp_stddev", stddev(warm)}, {"tg_stddev", stddev(tg)},
+    const sample_stats c = summarize(cold), w = summarize(warm), g = summarize(tg);
+    return json{{"cold_pp_tps", c.mean}, {"warm_pp_tps", w.mean}, {"tg_tps", g.mean},
+                {"cold_pp_stddev", c.stddev}, {"warm_pp_stddev", w.stddev}, {"tg_stddev", g.stddev},
                 {"model_desc", eng.model().description}, {"threads", eng.context().n_threads},
                 {"n_params", eng.model().n_params}};
 }

@@ -165,7 +165,7 @@ void run_trace(trace_args a) {
                   {"cached_ratio", prompt_total ? (double)cached_total / (double)prompt_total : 0.0},
                   {"ttft_p50_ms", percentile(ttft, 0.5)},
                   {"ttft_p95_ms", percentile(ttft, 0.95)},
-                  {"ttft_mean_ms", [&] { double x = 0; for (double v : ttft) x += v; return ttft.empty() ? 0 : x / (double)ttft.size(); }()},
+                  {"ttft_mean_ms", summarize(ttft).mean},
                   {"wall_ms", wall_ms},
                   {"config", (*sys)->describe()},
                   {"per_turn", {{"ttft_ms", per_turn_ttft}, {"cached_tokens", per_turn_cached}, {"prompt_tokens", per_turn_prompt}}}};
