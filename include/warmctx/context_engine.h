@@ -224,6 +224,11 @@ class context_engine {
     status set_chunk_tokens(uint32_t n);
 
     const profile & current_profile() const;
+    const model_info & model() const;
+    const context_info & context() const;
+    // Text -> tokens through the model's tokenizer (control tokens parsed), e.g. to size
+    // a synthetic workload.
+    result<std::vector<token_id>> tokenize(std::string_view text) const;
     context_counters counters() const;
     engine & raw_engine();
     const prefix_cache & cache() const;

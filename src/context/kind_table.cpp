@@ -1,4 +1,5 @@
 #include "warmctx/kind_table.h"
+#include "warmctx/json.h"
 
 #include <nlohmann/json.hpp>
 
@@ -73,14 +74,10 @@ kind_table::kind_table() {
 }
 
 result<kind_table> kind_table::from_json(std::string_view json_text) {
-    nlohmann::json doc;
-    try {
-        doc = nlohmann::json::parse(json_text);
-    } catch (const nlohmann::json::exception & e) {
-        // no exception leaves the module: a parse error is the caller's bad input
-        return invalid_argument(std::string("kind table: not valid JSON: ") + e.what());
-    }
-    return from_json_value(doc);
+    auto doc = parse_json(json_text);
+    // no exception leaves the module: a parse error is the caller's bad input
+    if (!doc) return invalid_argument("kind table: " + doc.error().message());
+    return from_json_value(*doc);
 }
 
 result<kind_table> kind_table::from_json_value(const nlohmann::json & doc) {

@@ -795,6 +795,9 @@ context_counters context_engine::counters() const {
 }
 
 engine & context_engine::raw_engine() { return *p_->eng; }
+const model_info & context_engine::model() const { return p_->eng->model(); }
+const context_info & context_engine::context() const { return p_->eng->context(); }
+result<std::vector<token_id>> context_engine::tokenize(std::string_view text) const { return p_->eng->tokenize(text, true); }
 const prefix_cache & context_engine::cache() const { return *p_->cache; }
 
 std::unique_ptr<text_model> make_engine_text_model(const engine & e) { return std::make_unique<engine_text_model>(e); }

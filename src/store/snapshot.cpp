@@ -1,7 +1,7 @@
 // The snapshot file format (docs/snapshot-format.md): encode, decode, check.
 #include "warmctx/snapshot.h"
 
-#include "warmctx/json_depth.h"
+#include "warmctx/json.h"
 
 #include <algorithm>
 #include <cstring>
@@ -135,17 +135,14 @@ status check_meta(const snapshot_meta & m) {
     return {};
 }
 
-result<nlohmann::json> parse_json(std::span<const uint8_t> bytes, const char * what) {
+result<nlohmann::json> parse_section_json(std::span<const uint8_t> bytes, const char * what) {
     std::string_view s((const char *)bytes.data(), bytes.size());
     // A hostile (checksum-valid) file must not exhaust the parser's stack.
-    if (json_nesting_depth(s) > 32) return invalid_argument(std::string(what) + " JSON is nested too deeply");
-    try {
-        nlohmann::json j = nlohmann::json::parse(s, nullptr, /*allow_exceptions=*/false);
-        if (j.is_discarded()) return invalid_argument(std::string(what) + " is not valid JSON");
-        return j;
-    } catch (const std::exception & e) {
-        return invalid_argument(std::string(what) + ": " + e.what());
-    }
+    json_read_options o;
+    o.max_depth = 32;
+    auto j = parse_json(s, o);
+    if (!j) return invalid_argument(std::string(what) + " is " + j.error().message());
+    return j;
 }
 
 // ---- encode --------------------------------------------------------------------------
@@ -304,7 +301,7 @@ result<snapshot_meta> decode_meta(const layout & l, std::span<const uint8_t> hea
     m.created_unix_ms = l.created_ms;
     m.profile_fingerprint = l.fingerprint;
     {
-        auto j = parse_json(section(sf::s_profile), "profile");
+        auto j = parse_section_json(section(sf::s_profile), "profile");
         if (!j) return defect(snapshot_defect::malformed_profile, why, j.error().message());
         auto p = profile::from_json(*j);
         if (!p) return defect(snapshot_defect::malformed_profile, why, p.error().message());
@@ -317,7 +314,7 @@ result<snapshot_meta> decode_meta(const layout & l, std::span<const uint8_t> hea
         if (!st.ok()) return defect(snapshot_defect::malformed_workspace, why, st.message());
     }
     {
-        auto j = parse_json(section(sf::s_manifest), "manifest");
+        auto j = parse_section_json(section(sf::s_manifest), "manifest");
         if (!j) return defect(snapshot_defect::malformed_manifest, why, j.error().message());
         auto man = manifest::from_json(*j);
         if (!man) return defect(snapshot_defect::malformed_manifest, why, man.error().message());

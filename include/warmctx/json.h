@@ -1,0 +1,52 @@
+// warmctx/json.h - the one way warmctx reads JSON: strict, bounded, exception-free.
+//
+// Every JSON text that reaches warmctx (request bodies, snapshot manifests, kind tables,
+// benchmark payloads) is read through parse_json. It refuses, with a status and the byte
+// offset where it can, what nlohmann's parser would either crash on or accept too
+// generously:
+//   - invalid UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF)
+//   - nesting deeper than max_depth (the parser and every walk of a value recurse once per
+//     level, so a body of a million '[' must be refused before anything parses it)
+//   - anything that is not exactly one JSON value (trailing garbage, empty text)
+// It never throws. Dumping is the same: dump_json never throws on invalid UTF-8 inside a
+// string (a generated piece that is not text becomes U+FFFD).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "warmctx/status.h"
+
+namespace warmctx {
+
+inline constexpr size_t k_utf8_valid = static_cast<size_t>(-1);
+inline constexpr size_t k_max_json_depth = 100;
+
+// The byte offset of the first byte that does not start a well-formed UTF-8 character,
+// or k_utf8_valid.
+size_t find_invalid_utf8(std::string_view s);
+
+// The deepest level of [ and { outside strings (0 for a scalar). Malformed text is
+// measured as far as it goes.
+size_t json_nesting_depth(std::string_view s);
+
+enum class json_error { none, invalid_utf8, too_deep, syntax };
+
+struct json_read_options {
+    size_t max_depth = k_max_json_depth;
+    bool check_utf8 = true;
+};
+
+// Errors: invalid_argument, with a message that names what is wrong and where
+// ("not valid UTF-8 (byte offset 12)", "nests deeper than 100 levels",
+// "not valid JSON: ..."). `why`, when given, receives which check failed.
+result<nlohmann::json> parse_json(std::string_view text, const json_read_options & opts = {},
+                                  json_error * why = nullptr);
+
+// j.dump() that never throws: compact (indent < 0) or indented.
+std::string dump_json(const nlohmann::json & j, int indent = -1);
+
+}  // namespace warmctx

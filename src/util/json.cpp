@@ -1,0 +1,77 @@
+#include "warmctx/json.h"
+
+#include <algorithm>
+
+namespace warmctx {
+
+size_t find_invalid_utf8(std::string_view s) {
+    const auto * p = reinterpret_cast<const unsigned char *>(s.data());
+    const size_t n = s.size();
+    size_t i = 0;
+    while (i < n) {
+        const unsigned char c = p[i];
+        if (c < 0x80) { ++i; continue; }
+        size_t len = 0;
+        unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+        if (c >= 0xC2 && c <= 0xDF) { len = 2; }
+        else if (c == 0xE0) { len = 3; lo = 0xA0; }           // no overlong 3-byte forms
+        else if (c >= 0xE1 && c <= 0xEC) { len = 3; }
+        else if (c == 0xED) { len = 3; hi = 0x9F; }           // no surrogates
+        else if (c >= 0xEE && c <= 0xEF) { len = 3; }
+        else if (c == 0xF0) { len = 4; lo = 0x90; }           // no overlong 4-byte forms
+        else if (c >= 0xF1 && c <= 0xF3) { len = 4; }
+        else if (c == 0xF4) { len = 4; hi = 0x8F; }           // nothing above U+10FFFF
+        else return i;                                        // 0x80..0xC1, 0xF5..0xFF
+        if (i + len > n) return i;
+        if (p[i + 1] < lo || p[i + 1] > hi) return i;
+        for (size_t k = 2; k < len; ++k)
+            if (p[i + k] < 0x80 || p[i + k] > 0xBF) return i;
+        i += len;
+    }
+    return k_utf8_valid;
+}
+
+size_t json_nesting_depth(std::string_view s) {
+    size_t depth = 0, deepest = 0;
+    bool in_string = false, escaped = false;
+    for (char c : s) {
+        if (in_string) {
+            if (escaped) escaped = false;
+            else if (c == '\\') escaped = true;
+            else if (c == '"') in_string = false;
+            continue;
+        }
+        if (c == '"') in_string = true;
+        else if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
+        else if ((c == ']' || c == '}') && depth > 0) --depth;
+    }
+    return deepest;
+}
+
+result<nlohmann::json> parse_json(std::string_view text, const json_read_options & opts, json_error * why) {
+    auto fail = [why](json_error e, std::string m) -> result<nlohmann::json> {
+        if (why) *why = e;
+        return invalid_argument(std::move(m));
+    };
+    if (why) *why = json_error::none;
+    if (opts.check_utf8) {
+        if (size_t bad = find_invalid_utf8(text); bad != k_utf8_valid)
+            return fail(json_error::invalid_utf8, "not valid UTF-8 (byte offset " + std::to_string(bad) + ")");
+    }
+    if (json_nesting_depth(text) > opts.max_depth)
+        return fail(json_error::too_deep,
+                    "nests arrays/objects deeper than " + std::to_string(opts.max_depth) + " levels");
+    try {
+        return nlohmann::json::parse(text.begin(), text.end());
+    } catch (const nlohmann::json::exception & e) {
+        return fail(json_error::syntax, std::string("not valid JSON: ") + e.what());
+    } catch (const std::exception & e) {  // bad_alloc on a huge document
+        return fail(json_error::syntax, std::string("could not read JSON: ") + e.what());
+    }
+}
+
+std::string dump_json(const nlohmann::json & j, int indent) {
+    return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace warmctx
