@@ -16,7 +16,7 @@ jobs="${WARMCTX_JOBS:-$(nproc)}"
 
 # --- Debian packages ---------------------------------------------------------
 pkgs=(build-essential cmake ninja-build ccache git openssl ca-certificates
-      pkg-config libxxhash-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
+      pkg-config libxxhash-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
       libcpp-httplib-dev jq gnuplot-nox)
 command -v npm >/dev/null || pkgs+=(npm)
 missing=()

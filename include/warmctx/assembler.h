@@ -17,7 +17,7 @@
 //      boundary separates it from the last segment when that segment is cached, so
 //      the same segments with and without a generation prompt share every cached
 //      segment's KV;
-//   5. blocks: the canonical chunks the engine prefills (see engine.h, plan_chunks):
+//   5. blocks: the canonical chunks the engine prefills (warmctx/chunking.h, plan_chunks):
 //      every piece starts a chunk, except a piece that follows a piece of retention
 //      `none` (nothing from there on is ever cached, so no warm turn starts there:
 //      the uncached tail - question and generation prompt - is chunked together);
@@ -42,7 +42,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "warmctx/engine.h"   // token_id, pos_t only
+#include "warmctx/types.h"
 #include "warmctx/hash.h"
 #include "warmctx/kind_table.h"
 #include "warmctx/profile.h"
@@ -192,6 +192,17 @@ struct assembled_prompt {
     // moved a stable kind after a non-stable one).
     pos_t n_stable_tokens = 0;
 };
+
+// Where a warm run may start reusing: the end of the last of the first `n_blocks`
+// blocks that ends before the prompt's last token (that token's logits must be
+// computed). A block end is a canonical chunk start, so the tail's chunks are the cold
+// run's. This is the one snapping rule: the engine's cache, the tiers and explain all
+// use it.
+struct reuse_point {
+    size_t n_blocks = 0;  // blocks reused
+    pos_t n_tokens = 0;   // == blocks[n_blocks - 1].end (0 when none)
+};
+reuse_point snap_reuse(const assembled_prompt & ap, size_t n_blocks);
 
 // Errors: invalid_argument (validate_segments fails, no segments, chunk_tokens == 0
 // or differs from prof.chunk_tokens), out_of_range (more than INT32_MAX tokens), and

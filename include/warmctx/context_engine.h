@@ -22,8 +22,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "warmctx/assembler.h"
 #include "warmctx/engine.h"
 #include "warmctx/kind_table.h"
@@ -31,7 +29,10 @@
 #include "warmctx/profile.h"
 #include "warmctx/status.h"
 
-namespace warmctx { class snapshot_store; }
+namespace warmctx {
+class context_engine;
+class snapshot_store;
+}  // namespace warmctx
 
 namespace warmctx {
 
@@ -82,6 +83,10 @@ enum class miss_kind {
 };
 std::string_view miss_kind_name(miss_kind k);
 
+// Where a turn's reused KV came from.
+enum class kv_tier { none, engine, host, disk };
+std::string_view kv_tier_name(kv_tier t);  // "none" | "engine" | "host" | "disk"
+
 struct segment_explain {
     std::string id;
     segment_kind kind = segment_kind::user;
@@ -104,15 +109,13 @@ struct explain_report {
     std::vector<std::string> drifted_fields;   // profile_drift: "chunk_tokens: 512 -> 256"
     std::vector<std::string> changed_segments; // vs the workspace's previous turn
     std::optional<eviction_record> eviction;   // evicted: what, when, why
-    std::string tier = "none";        // where the reused KV came from: engine | host | disk | none
+    kv_tier tier = kv_tier::none;     // where the reused KV came from
     pos_t n_common_tokens = -1;       // token prefix shared with the previous turn (-1: none)
     pos_t snapped_from = -1;          // n_common_tokens when snapping moved the reuse point
     double predicted_prefill_ms = -1; // from the measured prefill rate (-1: not measured yet)
     std::string stable_prefix_hash;
     std::vector<segment_explain> segments;
-
-    nlohmann::json to_json() const;
-    std::string to_text() const;
+    // Formatting (JSON, text) is the HTTP and command-line layers' (warmctx/explain_format.h).
 };
 
 struct turn_result {
@@ -158,7 +161,11 @@ struct context_counters {
 };
 
 // A turn between begin_turn and finish_turn: its work sequence holds the prompt's KV.
-struct pending_turn {
+// Move-only. Destroying a turn that was neither finished nor aborted aborts it (clears
+// its work sequence), so no error path can leak a sequence's KV.
+// REQUIRES: destroyed before the context_engine that began it.
+class pending_turn {
+  public:
     std::string workspace;
     seq_id seq = -1;
     assembled_prompt ap;
@@ -166,8 +173,20 @@ struct pending_turn {
     uint64_t now = 0;
     bool cache = true;
     double t_assemble_ms = 0, t_copy_ms = 0, t_restore_ms = 0, t_prefill_ms = 0;
-};
 
+    pending_turn() = default;
+    pending_turn(const pending_turn &) = delete;
+    pending_turn & operator=(const pending_turn &) = delete;
+    pending_turn(pending_turn && o) noexcept;
+    pending_turn & operator=(pending_turn && o) noexcept;
+    ~pending_turn();
+    // True between begin_turn and finish_turn/abort_turn.
+    bool active() const { return owner_ != nullptr; }
+
+  private:
+    friend class context_engine;
+    context_engine * owner_ = nullptr;
+};
 
 class context_engine {
   public:
@@ -187,11 +206,18 @@ class context_engine {
     status finish_turn(pending_turn & t, size_t n_generated);
     void abort_turn(pending_turn & t);
     uint32_t n_work_seqs() const;
+    // For a caller that decodes itself: the sampling and stop decisions of one generation
+    // (the same generation_step engine::generate uses), and one batched decode step over
+    // work sequences that hold pending turns. Errors: those of generation_step::make and
+    // engine::decode_step; invalid_argument for a sequence that is not a work sequence.
+    result<std::unique_ptr<generation_step>> start_generation(const sampling_params & sp) const;
+    status decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits);
 
     // The same prompt computed cold in a fresh sequence, the cache untouched: the
     // reference every warm answer must equal.
     result<turn_result> run_cold(const turn_request & req);
-    // What run_turn would do, without running anything (no counters, no LRU touch).
+    // What run_turn would do, without running anything: no counter of the cache or of a
+    // tier moves, no LRU is touched, nothing is loaded.
     result<explain_report> explain(const turn_request & req) const;
     // Assembles without running (manifest, tokens, hashes).
     result<assembled_prompt> assemble_request(const turn_request & req) const;
@@ -238,8 +264,5 @@ class context_engine {
     explicit context_engine(std::unique_ptr<impl> p);
     std::unique_ptr<impl> p_;
 };
-
-// The text_model the assembler needs, over a real engine (tokenizer + chat template).
-std::unique_ptr<text_model> make_engine_text_model(const engine & e);
 
 }  // namespace warmctx

@@ -13,12 +13,9 @@
 //            run, so logits may differ in the last bits (measured: ~1e-3..1e-1).
 //
 // Canonical chunks
-//   The KV of a token depends (in the last bits) on which tokens were computed in the
-//   same batch. To make warm == cold, prefill() always splits the prompt the same way:
-//   a chunk never crosses a boundary, and inside the span between two boundaries a new
-//   chunk starts every `chunk_tokens` tokens counted from the span's start. A prefill
-//   may only start at a chunk start (is_chunk_start), so a warm run that reuses the KV
-//   of [0, P) computes [P, n) in exactly the chunks a cold run used.
+//   prefill() splits a prompt by the rule in warmctx/chunking.h (plan_chunks) and may
+//   only start at a chunk start (is_chunk_start), so a warm run that reuses the KV of
+//   [0, P) computes [P, n) in exactly the chunks a cold run used.
 #pragma once
 
 #include <cstdint>
@@ -28,13 +25,12 @@
 #include <string_view>
 #include <vector>
 
+#include "warmctx/chunking.h"  // the canonical chunking rule prefill() follows
 #include "warmctx/status.h"
+#include "warmctx/types.h"
 
 namespace warmctx {
 
-using token_id = int32_t;
-using seq_id = int32_t;
-using pos_t = int32_t;
 
 enum class kv_mode { exact, shared };
 std::string_view kv_mode_name(kv_mode m);
@@ -102,17 +98,6 @@ struct generation {
     double t_decode_ms = 0;
 };
 
-// Where a prefill's chunks begin; see "Canonical chunks" above. Pure, for tests.
-// Returns the [begin, end) positions of the chunks covering [pos0, pos0 + n_tokens).
-// `boundaries` are absolute positions (sorted or not, duplicates allowed).
-std::vector<std::pair<pos_t, pos_t>> plan_chunks(pos_t pos0, int32_t n_tokens,
-                                                 std::span<const pos_t> boundaries,
-                                                 int32_t chunk_tokens);
-
-// True when `pos` is where a canonical chunk begins: 0, a boundary, or a boundary plus
-// a multiple of chunk_tokens (with no boundary in between).
-bool is_chunk_start(pos_t pos, std::span<const pos_t> boundaries, int32_t chunk_tokens);
-
 // Picks the next token from logits: greedy (first maximum) when temperature <= 0,
 // else a seeded chain of top-k, top-p, temperature and a distribution sampler.
 // Deterministic for a given seed and logits sequence.
@@ -126,6 +111,44 @@ class token_sampler {
   private:
     struct impl;
     explicit token_sampler(std::unique_ptr<impl> p);
+    std::unique_ptr<impl> p_;
+};
+
+class engine;
+
+// The decisions of one generation, token by token: which token comes next and whether
+// the generation ends. engine::generate and the scheduler's batched loop both go through
+// it, so they stop for the same reasons in the same order:
+//   1. max_tokens reached                        -> length
+//   2. the sampled token ends generation         -> eos   (not counted, no text)
+//   3. the token's text completes a stop string  -> stop  (counted; text cut before it)
+//   4. max_tokens reached with this token        -> length
+//   5. the sequence has no room for this token   -> context_full
+//   otherwise the token is to be decoded at the sequence's next position.
+class generation_step {
+  public:
+    struct decision {
+        token_id token = -1;      // the sampled token (-1 when none was sampled: rule 1)
+        std::string delta;        // text now safe to emit (never part of a stop string or
+                                  // of a UTF-8 character)
+        bool finished = false;
+        finish_reason finish = finish_reason::length;  // when finished
+    };
+    // Errors: those of token_sampler::make.
+    static result<std::unique_ptr<generation_step>> make(const engine & e, const sampling_params & sp);
+    ~generation_step();
+
+    // `logits` follow the sequence's last token; `n_in_seq` tokens are in the sequence.
+    decision next(std::span<const float> logits, pos_t n_in_seq);
+    // The text held back when the generation ends without a stop string.
+    std::string finish();
+    int32_t n_generated() const;
+    const std::vector<token_id> & tokens() const;
+    const std::string & text() const;   // the whole text so far, cut before a stop string
+
+  private:
+    struct impl;
+    explicit generation_step(std::unique_ptr<impl> p);
     std::unique_ptr<impl> p_;
 };
 
@@ -180,6 +203,9 @@ class engine {
     // One decode step for several sequences at once (continuous batching): each input's
     // token is appended to its sequence at `pos`; `logits` receives one n_vocab vector
     // per input, in order. REQUIRES distinct sequences, at most chunk_tokens inputs.
+    // Errors (every llama_decode failure is mapped the same way, here and in prefill and
+    // generate): resource_exhausted (no free KV slot), cancelled (aborted),
+    // invalid_argument (a batch llama.cpp refused), engine_error (any other code).
     status decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits);
 
     // Sequence operations (positions are token positions).

@@ -1,4 +1,5 @@
-// warmctx/fs.h - the file-system seam of the snapshot store (LevelDB's Env, in small).
+// warmctx/fs.h - the file-system seam (LevelDB's Env, in small): every file warmctx reads
+// or writes (snapshots, model digests) goes through it.
 //
 // Everything warmctx writes to disk goes through a `file_system`, so the same code runs
 // on the real OS (posix_fs), in memory (mem_fs: tests, and a model of what survives a
@@ -56,6 +57,16 @@ class readable_file {
     virtual status read_at(uint64_t offset, size_t n, uint8_t * dst) const = 0;
 };
 
+// What identifies one version of a file: a change of any field means the bytes may have
+// changed. ctime and the inode catch a same-size rewrite with a restored mtime (cp -p,
+// rsync -t) and a replace by rename.
+struct file_version {
+    uint64_t size = 0;
+    int64_t mtime_ns = 0, ctime_ns = 0;
+    uint64_t inode = 0, device = 0;
+    bool operator==(const file_version &) const = default;
+};
+
 class file_system {
   public:
     virtual ~file_system() = default;
@@ -65,6 +76,8 @@ class file_system {
     virtual result<std::unique_ptr<readable_file>> open_readable(const std::string & path) = 0;
     // Bytes in the file. Errors: not_found.
     virtual result<uint64_t> file_size(const std::string & path) = 0;
+    // The version of a regular file. Errors: not_found, io_error (not a regular file).
+    virtual result<file_version> stat_file(const std::string & path) = 0;
     // Atomically replaces `to` by `from` (see the durability contract).
     virtual status rename_file(const std::string & from, const std::string & to) = 0;
     virtual status remove_file(const std::string & path) = 0;
@@ -87,7 +100,9 @@ class file_system {
 };
 
 // The real OS. open/write/fsync/rename/unlink, pread for reads; EINTR and short writes
-// retried; errno text in every error message. One process-wide instance.
+// retried; errno text in every error message. Opening for reading never blocks: a FIFO
+// or device where a file was expected is refused (io_error), not waited on. One
+// process-wide instance.
 file_system & posix_fs();
 
 // ---- in memory ----------------------------------------------------------------------
@@ -106,6 +121,7 @@ class mem_fs final : public file_system {
     result<std::unique_ptr<writable_file>> create_file(const std::string & path) override;
     result<std::unique_ptr<readable_file>> open_readable(const std::string & path) override;
     result<uint64_t> file_size(const std::string & path) override;
+    result<file_version> stat_file(const std::string & path) override;
     status rename_file(const std::string & from, const std::string & to) override;
     status remove_file(const std::string & path) override;
     result<std::vector<std::string>> list_dir(const std::string & dir) override;
@@ -177,6 +193,7 @@ class faulty_fs final : public file_system {
     result<std::unique_ptr<writable_file>> create_file(const std::string & path) override;
     result<std::unique_ptr<readable_file>> open_readable(const std::string & path) override;
     result<uint64_t> file_size(const std::string & path) override;
+    result<file_version> stat_file(const std::string & path) override;
     status rename_file(const std::string & from, const std::string & to) override;
     status remove_file(const std::string & path) override;
     result<std::vector<std::string>> list_dir(const std::string & dir) override;

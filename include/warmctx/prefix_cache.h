@@ -89,7 +89,8 @@
 #include <vector>
 
 #include "warmctx/assembler.h"  // block (the cache depends on context, never the reverse)
-#include "warmctx/engine.h"     // token_id, seq_id, pos_t only; this module never calls the engine
+#include "warmctx/eviction_policy.h"
+#include "warmctx/types.h"
 #include "warmctx/hash.h"
 #include "warmctx/segments.h"
 #include "warmctx/status.h"
@@ -113,14 +114,6 @@ class kv_ops {
     // Empties seq. Cannot fail.
     virtual void clear_seq(seq_id seq) = 0;
 };
-
-enum class eviction_policy { semantic, lru };
-enum class kv_accounting { per_holder, shared_cells };
-
-std::string_view eviction_policy_name(eviction_policy p);  // "semantic" | "lru"
-result<eviction_policy> parse_eviction_policy(std::string_view s);
-std::string_view kv_accounting_name(kv_accounting a);      // "per_holder" | "shared_cells"
-result<kv_accounting> parse_kv_accounting(std::string_view s);
 
 // Capacities; 0 means unlimited. Bytes are tokens * bytes_per_token (the engine's
 // context_info::kv_bytes_per_token), so max_bytes binds only when bytes_per_token > 0.

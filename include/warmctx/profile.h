@@ -21,6 +21,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "warmctx/fs.h"
 #include "warmctx/hash.h"
 #include "warmctx/status.h"
 
@@ -72,12 +73,12 @@ struct profile {
 };
 
 // XXH3-128 of a whole file's bytes (the same value as hash_bytes() over them),
-// read in 4 MiB buffers. Memoised in-process by (path, size, mtime, ctime, inode,
+// read in 4 MiB buffers through the file-system seam (the real one by default). Memoised in-process by (path, size, mtime, ctime, inode,
 // device): a second call on an unchanged file does not read it; any write, replace
 // or touch recomputes. A file that changes while being read is io_error (the memo is
 // not updated). Errors: not_found, io_error. Thread-safe; two threads digesting the
 // same new file may both read it (the digest is not computed under the lock).
-result<hash128> file_digest(const std::string & path);
+result<hash128> file_digest(const std::string & path, file_system & fs = posix_fs());
 
 // Like file_digest over the bytes [offset, offset + n_bytes) only - for a GGUF's
 // tensor data region, so that editing metadata does not change the model digest.
@@ -85,7 +86,8 @@ result<hash128> file_digest(const std::string & path);
 // (offset, n_bytes). Errors: as file_digest, and out_of_range when the range is not
 // inside the file.
 inline constexpr uint64_t k_to_end_of_file = ~uint64_t{0};
-result<hash128> digest_bytes(const std::string & path, uint64_t offset, uint64_t n_bytes);
+result<hash128> digest_bytes(const std::string & path, uint64_t offset, uint64_t n_bytes,
+                             file_system & fs = posix_fs());
 
 // Counters of the digest memo (for tests and metrics).
 struct file_digest_stats {

@@ -56,6 +56,11 @@ struct completion_event {
     // sequence (llama.cpp copies the data at the next decode, so inside t_prefill_ms),
     // prefilling the rest.
     double t_assemble_ms = 0, t_restore_ms = 0, t_copy_ms = 0, t_prefill_ms = 0;
+    // done, for a job whose turn asked keep_logits (verification): every generated token,
+    // the logits after the prompt and those of every generation step (n_vocab each),
+    // as turn_result carries them for run_turn and run_cold.
+    std::vector<token_id> tokens;
+    std::vector<float> prompt_logits, gen_logits;
 };
 
 // Returns false to cancel the job (e.g. the client went away).
@@ -96,7 +101,8 @@ class scheduler {
     status submit(completion_job job);
 
     // Runs `fn` on the engine thread between steps and waits for it: explain,
-    // manifest, pins, counters. `fn` must not block.
+    // manifest, pins, counters. `fn` must not block. Errors: failed_precondition (stopped),
+    // internal (fn threw; the engine thread carries on).
     status call(const std::function<void(context_engine &)> & fn);
 
     // Lock-free snapshot (approximate while the engine runs).

@@ -59,7 +59,7 @@
 #include <vector>
 
 #include "warmctx/fs.h"
-#include "warmctx/prefix_cache.h"  // eviction_policy
+#include "warmctx/eviction_policy.h"
 #include "warmctx/snapshot.h"
 
 namespace warmctx {
@@ -171,6 +171,8 @@ class snapshot_store {
     // file; ties go to the smallest file. Reads nothing.
     snapshot_match lookup(std::span<const hash128> path);
     snapshot_match lookup(std::span<const block> path);
+    // The same answer as lookup, counted nowhere: what a lookup would find (explain).
+    snapshot_match peek(std::span<const block> path) const;
 
     // Reads and fully verifies the file of `key`. When `expected` is given, a snapshot of
     // another profile is a miss (failed_precondition naming the drifted fields; the file
@@ -208,6 +210,8 @@ class snapshot_store {
     };
     explicit snapshot_store(snapshot_store_options opts);
     uint64_t now_ms() const;
+    // REQUIRES mu_. The longest prefix of `path` held by a file (lookup, uncounted).
+    snapshot_match find_locked(std::span<const hash128> path) const;
     // REQUIRES mu_. Index maintenance.
     void index_add(entry_state st);
     void index_remove(const std::string & file_name);

@@ -21,7 +21,7 @@
 #include <algorithm>
 #include <compare>
 
-#include "cache/prefix_index.h"
+#include "prefix_index.h"
 
 namespace warmctx {
 

@@ -1,4 +1,4 @@
-#include "cache/prefix_index.h"
+#include "prefix_index.h"
 
 #include <algorithm>
 #include <set>

@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "warmctx/context_engine.h"
+#include "warmctx/explain_format.h"
 #include "warmctx/snapshot_store.h"
 #include "warmctx/workload.h"
 
@@ -102,7 +103,7 @@ void run_demo(demo_args a) {
                                  {"tokens_reused", r.r.explain.n_reused}, {"tokens_prefilled", r.r.explain.n_prefilled},
                                  {"stable_prefix_hash", r.r.stable_prefix_hash},
                                  {"ratio_to_cold", cold_ms > 0 ? r.r.t_total_ms / cold_ms : 0.0},
-                                 {"explain", r.r.explain.to_json()}});
+                                 {"explain", explain_json(r.r.explain)}});
         std::printf("%s\n", j.dump(2).c_str());
         return;
     }
@@ -114,8 +115,8 @@ void run_demo(demo_args a) {
         std::printf("%-8s %10.1f %10.1f %8d %10d  %-14s %6.3fx\n", r.turn.c_str(), r.r.t_total_ms, r.r.t_first_token_ms,
                     r.r.explain.n_reused, r.r.explain.n_prefilled, r.r.stable_prefix_hash.substr(0, 12).c_str(),
                     cold_ms > 0 ? r.r.t_total_ms / cold_ms : 0.0);
-    std::printf("\nexplain, warm turn:\n%s\nexplain, edited turn:\n%s", rows[1].r.explain.to_text().c_str(),
-                rows[2].r.explain.to_text().c_str());
+    std::printf("\nexplain, warm turn:\n%s\nexplain, edited turn:\n%s", explain_text(rows[1].r.explain).c_str(),
+                explain_text(rows[2].r.explain).c_str());
 }
 
 // ---- verify -----------------------------------------------------------------
@@ -239,7 +240,7 @@ void run_verify(verify_args a) {
             };
             if (expect_min_reuse >= 0) expect(ex.n_reused >= expect_min_reuse, "expected a hit of at least " + std::to_string(expect_min_reuse) + " tokens");
             if (expect_max_reuse >= 0) expect(ex.n_reused <= expect_max_reuse, "expected a miss at token " + std::to_string(expect_max_reuse));
-            if (expect_tier) expect(ex.tier == expect_tier, std::string("expected a restore from the ") + expect_tier + " tier, got " + ex.tier);
+            if (expect_tier) expect(kv_tier_name(ex.tier) == expect_tier, std::string("expected a restore from the ") + expect_tier + " tier, got " + std::string(kv_tier_name(ex.tier)));
             if (expect_drift) {
                 expect(ex.kind == miss_kind::profile_drift, "expected the miss to be explained as profile drift");
                 bool named = false;
@@ -399,12 +400,12 @@ void run_assemble(const assemble_args & a) {
     auto ex = (*ce)->explain(req);
     if (!ex) { g_exit_code = fail(ex.error()); return; }
     if (a.json) {
-        nlohmann::json j = {{"manifest", ap->man.to_json()}, {"explain", ex->to_json()},
+        nlohmann::json j = {{"manifest", ap->man.to_json()}, {"explain", explain_json(*ex)},
                             {"profile", (*ce)->current_profile().to_json()}};
         std::printf("%s\n", j.dump(2).c_str());
         return;
     }
-    std::printf("%s\n%s", ap->man.to_table().c_str(), ex->to_text().c_str());
+    std::printf("%s\n%s", ap->man.to_table().c_str(), explain_text(*ex).c_str());
 }
 
 // ---- bench warm-overhead ----------------------------------------------------
@@ -638,7 +639,7 @@ void run_restore(restore_args a) {
             req.segments.back().content = g.question();
             auto ram = ce.run_turn(req);
             if (!ram) { g_exit_code = fail(ram.error()); return; }
-            row["ram_tier"] = ram->explain.tier;
+            row["ram_tier"] = kv_tier_name(ram->explain.tier);
             row["ram_reused_tokens"] = ram->explain.n_reused;
             row["ram_restore_ms"] = ram->t_restore_ms;
             row["ram_ttft_ms"] = ram->t_first_token_ms;
@@ -655,7 +656,7 @@ void run_restore(restore_args a) {
             req.segments.back().content = g.question();
             auto disk = ce.run_turn(req);
             if (!disk) { g_exit_code = fail(disk.error()); return; }
-            row["disk_tier"] = disk->explain.tier;
+            row["disk_tier"] = kv_tier_name(disk->explain.tier);
             row["disk_reused_tokens"] = disk->explain.n_reused;
             row["disk_restore_ms"] = disk->t_restore_ms;
             row["disk_ttft_ms"] = disk->t_first_token_ms;
@@ -676,7 +677,7 @@ void run_restore(restore_args a) {
             auto first = ce.run_turn(req);
             if (!first) { g_exit_code = fail(first.error()); return; }
             row["restart_open_ms"] = open_ms;
-            row["restart_tier"] = first->explain.tier;
+            row["restart_tier"] = kv_tier_name(first->explain.tier);
             row["restart_first_turn_ttft_ms"] = first->t_first_token_ms;
             row["restart_ratio_to_cold"] = first->t_first_token_ms / row["cold_ttft_ms"].get<double>();
         }

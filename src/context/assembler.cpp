@@ -1,4 +1,5 @@
 #include "warmctx/assembler.h"
+#include "warmctx/chunking.h"
 
 #include <algorithm>
 #include <bit>
@@ -11,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "context/quote.h"
+#include "quote.h"
 
 namespace warmctx {
 
@@ -263,27 +264,18 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
             out.boundaries.push_back(pc.begin);
     }
 
-    // Blocks: the engine's canonical chunks (plan_chunks(0, n, boundaries, chunk)),
-    // each named by the chain hash of everything up to its end.
+    // Blocks: the canonical chunks (warmctx/chunking.h) of the whole prompt, each named
+    // by the chain hash of everything up to its end. A block that spans several pieces
+    // is `none` (only pieces after a `none` one share a chunk) and is named after the
+    // piece it starts in.
     out.root_hash = root_hash(prof, tenant_salt);
     hash128 h = out.root_hash;
-    // A run is a piece and the pieces after it up to the next chunk start; a block of a
-    // run that spans several pieces is `none` (only pieces after a `none` one join a
-    // run) and is named after the piece it starts in.
-    for (size_t i = 0; i < pieces.size();) {
-        size_t j = i + 1;
-        while (j < pieces.size() && !starts_run[j]) ++j;
-        const pos_t run_end = pieces[j - 1].end;
-        size_t at = i;
-        for (pos_t b = pieces[i].begin; b < run_end;) {
-            const pos_t e = static_cast<pos_t>(std::min<int64_t>(int64_t(b) + chunk_tokens, run_end));
-            while (pieces[at].end <= b) ++at;
-            const bool one_piece = e <= pieces[at].end;
-            h = chain_hash(h, std::span(out.tokens).subspan(b, e - b));
-            out.blocks.push_back({h, b, e, one_piece ? pieces[at].cls : retention_class::none, pieces[at].segment_index});
-            b = e;
-        }
-        i = j;
+    size_t at = 0;
+    for (auto [b, e] : plan_chunks(0, n_tokens, out.boundaries, static_cast<int32_t>(chunk_tokens))) {
+        while (pieces[at].end <= b) ++at;
+        const bool one_piece = e <= pieces[at].end;
+        h = chain_hash(h, std::span(out.tokens).subspan(b, e - b));
+        out.blocks.push_back({h, b, e, one_piece ? pieces[at].cls : retention_class::none, pieces[at].segment_index});
     }
 
     // The stable prefix: the leading run of `stable` segments.
@@ -302,6 +294,13 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     man.stable_prefix_hash = out.stable_prefix_hash;
     man.profile_fingerprint = prof.fingerprint();
     return out;
+}
+
+reuse_point snap_reuse(const assembled_prompt & ap, size_t n_blocks) {
+    const auto n = static_cast<pos_t>(ap.tokens.size());
+    size_t k = std::min(n_blocks, ap.blocks.size());
+    while (k > 0 && ap.blocks[k - 1].end >= n) --k;
+    return {k, k == 0 ? 0 : ap.blocks[k - 1].end};
 }
 
 // ---- manifest JSON and table -------------------------------------------------------

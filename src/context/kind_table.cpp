@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "context/quote.h"
+#include "quote.h"
 
 namespace warmctx {
 

@@ -1,7 +1,6 @@
 #include "warmctx/profile.h"
 
 #include <charconv>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -9,16 +8,13 @@
 #include <tuple>
 #include <variant>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 // XXH3_state_t (streaming a file) is complete only with the static-linking declarations.
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
-#include "context/quote.h"
+#include "quote.h"
 
 namespace warmctx {
 
@@ -181,26 +177,6 @@ namespace {
 constexpr size_t k_digest_buffer_bytes = size_t{4} << 20;  // 4 MiB
 constexpr int k_digest_attempts = 3;  // a file rewritten while we read it: try again
 
-// What identifies one version of a file. ctime and the inode are beyond the brief's
-// (size, mtime): a same-size rewrite with a restored mtime (cp -p, rsync -t) or a
-// replace-by-rename still recomputes; a spurious recompute only costs time.
-struct file_identity {
-    uint64_t size = 0;
-    int64_t mtime_ns = 0, ctime_ns = 0;
-    uint64_t inode = 0, device = 0;
-    bool operator==(const file_identity &) const = default;
-};
-
-file_identity identity_of(const struct stat & s) {
-    file_identity id;
-    id.size = static_cast<uint64_t>(s.st_size);
-    id.mtime_ns = int64_t(s.st_mtim.tv_sec) * 1000000000 + s.st_mtim.tv_nsec;
-    id.ctime_ns = int64_t(s.st_ctim.tv_sec) * 1000000000 + s.st_ctim.tv_nsec;
-    id.inode = static_cast<uint64_t>(s.st_ino);
-    id.device = static_cast<uint64_t>(s.st_dev);
-    return id;
-}
-
 struct memo_key {
     std::string path;
     uint64_t offset = 0, n_bytes = 0;
@@ -210,7 +186,7 @@ struct memo_key {
 };
 
 struct memo_value {
-    file_identity identity;
+    file_version identity;
     hash128 digest;
 };
 
@@ -225,59 +201,42 @@ digest_memo & memo() {
     return m;
 }
 
-// Closes the descriptor on every path out.
-struct fd_closer {
-    int fd = -1;
-    ~fd_closer() {
-        if (fd >= 0) ::close(fd);
-    }
-};
-
-status errno_status(const std::string & what, const std::string & path, int err) {
-    std::string m = what + " " + quote_input(path) + ": " + std::strerror(err);
-    if (err == ENOENT || err == ENOTDIR) return not_found(std::move(m));
-    return io_error(std::move(m));
-}
-
-// One attempt: hash [offset, offset+n) of the open file, then check it did not change.
-// Returns failed_precondition when it changed while reading (the caller retries).
-result<hash128> hash_range(int fd, const std::string & path, uint64_t offset, uint64_t n,
-                           const file_identity & before, uint64_t & n_read) {
-    std::vector<unsigned char> buf(k_digest_buffer_bytes);
+// One attempt: hash [offset, offset+n) of the open file, then check the file's version
+// did not change. Returns failed_precondition when it changed while reading (the caller
+// retries).
+result<hash128> hash_range(file_system & fs, const readable_file & f, const std::string & path, uint64_t offset,
+                           uint64_t n, const file_version & before, uint64_t & n_read) {
+    std::vector<uint8_t> buf(k_digest_buffer_bytes);
     XXH3_state_t st;
     XXH3_128bits_reset(&st);
     uint64_t done = 0;
     while (done < n) {
         const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), n - done));
-        const ssize_t got = ::pread(fd, buf.data(), want, static_cast<off_t>(offset + done));
-        if (got < 0) {
-            if (errno == EINTR) continue;
-            return errno_status("reading", path, errno);
+        if (status r = f.read_at(offset + done, want, buf.data()); !r.ok()) {
+            if (r.code() == status_code::out_of_range)  // shorter than when it was opened
+                return failed_precondition("file " + quote_input(path) + " shrank while being read");
+            return r;
         }
-        if (got == 0) return failed_precondition("file " + quote_input(path) + " shrank while being read");
-        XXH3_128bits_update(&st, buf.data(), static_cast<size_t>(got));
-        done += static_cast<uint64_t>(got);
-        n_read += static_cast<uint64_t>(got);
+        XXH3_128bits_update(&st, buf.data(), want);
+        done += want;
+        n_read += want;
     }
-    struct stat s {};
-    if (::fstat(fd, &s) != 0) return errno_status("stat of", path, errno);
-    if (!(identity_of(s) == before)) return failed_precondition("file " + quote_input(path) + " changed while being read");
+    auto after = fs.stat_file(path);
+    if (!after.ok()) return after.error();
+    if (!(*after == before)) return failed_precondition("file " + quote_input(path) + " changed while being read");
     const XXH128_hash_t h = XXH3_128bits_digest(&st);
     return hash128{h.high64, h.low64};
 }
 
 }  // namespace
 
-result<hash128> digest_bytes(const std::string & path, uint64_t offset, uint64_t n_bytes) {
+result<hash128> digest_bytes(const std::string & path, uint64_t offset, uint64_t n_bytes, file_system & fs) {
     const memo_key key{path, offset, n_bytes};
     status last_change;
     for (int attempt = 0; attempt < k_digest_attempts; ++attempt) {
-        fd_closer f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-        if (f.fd < 0) return errno_status("cannot open", path, errno);
-        struct stat s {};
-        if (::fstat(f.fd, &s) != 0) return errno_status("stat of", path, errno);
-        if (!S_ISREG(s.st_mode)) return io_error("digest: " + quote_input(path) + " is not a regular file");
-        const file_identity id = identity_of(s);
+        auto v = fs.stat_file(path);
+        if (!v.ok()) return v.error().with_context("digest");
+        const file_version id = *v;
 
         {
             digest_memo & m = memo();
@@ -298,8 +257,10 @@ result<hash128> digest_bytes(const std::string & path, uint64_t offset, uint64_t
                                 ") is past the end of " + quote_input(path) + " (" + std::to_string(id.size) + " bytes)");
 
         // Read outside the lock: digesting a multi-GB model must not block other files.
+        auto f = fs.open_readable(path);
+        if (!f.ok()) return f.error().with_context("digest");
         uint64_t n_read = 0;
-        auto h = hash_range(f.fd, path, offset, n, id, n_read);
+        auto h = hash_range(fs, **f, path, offset, n, id, n_read);
         digest_memo & m = memo();
         std::lock_guard lock(m.mutex);
         m.stats.n_bytes_read += n_read;
@@ -314,7 +275,9 @@ result<hash128> digest_bytes(const std::string & path, uint64_t offset, uint64_t
     return io_error(last_change.message() + " (" + std::to_string(k_digest_attempts) + " attempts)");
 }
 
-result<hash128> file_digest(const std::string & path) { return digest_bytes(path, 0, k_to_end_of_file); }
+result<hash128> file_digest(const std::string & path, file_system & fs) {
+    return digest_bytes(path, 0, k_to_end_of_file, fs);
+}
 
 file_digest_stats get_file_digest_stats() {
     digest_memo & m = memo();

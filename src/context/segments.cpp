@@ -5,7 +5,7 @@
 #include <array>
 #include <string>
 
-#include "context/quote.h"
+#include "quote.h"
 
 namespace warmctx {
 namespace {

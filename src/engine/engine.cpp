@@ -45,45 +45,19 @@ std::string_view finish_reason_name(finish_reason r) {
     return "length";
 }
 
-std::vector<std::pair<pos_t, pos_t>> plan_chunks(pos_t pos0, int32_t n_tokens,
-                                                 std::span<const pos_t> boundaries,
-                                                 int32_t chunk_tokens) {
-    std::vector<std::pair<pos_t, pos_t>> chunks;
-    if (n_tokens <= 0) return chunks;
-    if (chunk_tokens <= 0) chunk_tokens = 1;
-    const pos_t end = pos0 + n_tokens;
-    std::vector<pos_t> b(boundaries.begin(), boundaries.end());
-    b.push_back(0);
-    std::sort(b.begin(), b.end());
-    b.erase(std::unique(b.begin(), b.end()), b.end());
-    // span_start = the last boundary <= pos0
-    auto it = std::upper_bound(b.begin(), b.end(), pos0);
-    pos_t span_start = *(it - 1);
-    pos_t next_boundary = it == b.end() ? end : std::min<pos_t>(*it, end);
-    pos_t p = pos0;
-    while (p < end) {
-        // inside [span_start, next_boundary): chunk starts at span_start + k*chunk
-        pos_t k = (p - span_start) / chunk_tokens;
-        pos_t chunk_end = std::min<pos_t>(span_start + (k + 1) * chunk_tokens, next_boundary);
-        chunks.emplace_back(p, chunk_end);
-        p = chunk_end;
-        if (p == next_boundary && p < end) {
-            span_start = p;
-            ++it;
-            next_boundary = it == b.end() ? end : std::min<pos_t>(*it, end);
-        }
-    }
-    return chunks;
+namespace {
+
+// The one mapping of llama_decode's return codes (llama.h: 0 ok, 1 no KV slot for the
+// batch, 2 aborted, -1 invalid batch, < -1 error).
+status decode_status(int32_t rc) {
+    if (rc == 0) return {};
+    if (rc == 1) return resource_exhausted("llama_decode: no free KV slot for the batch (context full)");
+    if (rc == 2) return {status_code::cancelled, "llama_decode: aborted"};
+    if (rc == -1) return invalid_argument("llama_decode: invalid batch");
+    return engine_error("llama_decode failed with code " + std::to_string(rc));
 }
 
-bool is_chunk_start(pos_t pos, std::span<const pos_t> boundaries, int32_t chunk_tokens) {
-    if (pos <= 0) return pos == 0;
-    if (chunk_tokens <= 0) chunk_tokens = 1;
-    pos_t span_start = 0;
-    for (pos_t b : boundaries)
-        if (b <= pos && b > span_start) span_start = b;
-    return (pos - span_start) % chunk_tokens == 0;
-}
+}  // namespace
 
 namespace {
 
@@ -218,12 +192,7 @@ struct engine::impl {
             batch.seq_id[i][0] = seq;
             batch.logits[i] = (want_last_logits && i == n - 1) ? 1 : 0;
         }
-        int32_t rc = llama_decode(ctx.get(), batch);
-        if (rc == 0) return {};
-        if (rc == 1) return resource_exhausted("llama_decode: no free KV slot for the batch (context full)");
-        if (rc == 2) return {status_code::cancelled, "llama_decode: aborted"};
-        if (rc == -1) return invalid_argument("llama_decode: invalid batch");
-        return engine_error("llama_decode failed with code " + std::to_string(rc));
+        return decode_status(llama_decode(ctx.get(), batch));
     }
 
     void copy_logits(std::vector<float> * out) const {
@@ -443,34 +412,79 @@ token_id token_sampler::sample(std::span<const float> l) {
     return arr.data[arr.selected].id;
 }
 
+struct generation_step::impl {
+    const engine * e = nullptr;
+    sampling_params sp;
+    std::unique_ptr<token_sampler> sampler;
+    text_stream text;
+    std::vector<token_id> tokens;
+    explicit impl(std::vector<std::string> stop) : text(std::move(stop)) {}
+};
+
+generation_step::generation_step(std::unique_ptr<impl> p) : p_(std::move(p)) {}
+generation_step::~generation_step() = default;
+
+result<std::unique_ptr<generation_step>> generation_step::make(const engine & e, const sampling_params & sp) {
+    auto sampler = token_sampler::make(sp);
+    if (!sampler.ok()) return sampler.error();
+    auto p = std::make_unique<impl>(sp.stop);
+    p->e = &e;
+    p->sp = sp;
+    p->sampler = std::move(sampler.value());
+    return std::unique_ptr<generation_step>(new generation_step(std::move(p)));
+}
+
+generation_step::decision generation_step::next(std::span<const float> logits, pos_t n_in_seq) {
+    decision d;
+    auto end = [&d](finish_reason r) {
+        d.finished = true;
+        d.finish = r;
+        return d;
+    };
+    if ((int32_t)p_->tokens.size() >= p_->sp.max_tokens) return end(finish_reason::length);
+    d.token = p_->sampler->sample(logits);
+    if (p_->e->is_end_of_generation(d.token)) return end(finish_reason::eos);
+    p_->tokens.push_back(d.token);
+    d.delta = p_->text.push(p_->e->token_piece(d.token));
+    if (p_->text.stopped()) return end(finish_reason::stop);
+    if ((int32_t)p_->tokens.size() >= p_->sp.max_tokens) return end(finish_reason::length);
+    if ((uint32_t)n_in_seq + 1 > p_->e->context().n_ctx_seq) return end(finish_reason::context_full);
+    return d;
+}
+
+std::string generation_step::finish() { return p_->text.finish(); }
+int32_t generation_step::n_generated() const { return (int32_t)p_->tokens.size(); }
+const std::vector<token_id> & generation_step::tokens() const { return p_->tokens; }
+const std::string & generation_step::text() const { return p_->text.text(); }
+
 result<generation> engine::generate(seq_id seq, std::vector<float> logits, const sampling_params & sp,
                                     std::vector<float> * logits_out) {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
     if ((int32_t)logits.size() != p_->minfo.n_vocab)
         return invalid_argument("generate: logits must have n_vocab entries (prefill first)");
-    auto sampler = token_sampler::make(sp);
-    if (!sampler.ok()) return sampler.error();
-    text_stream text(sp.stop);
+    auto gs = generation_step::make(*this, sp);
+    if (!gs.ok()) return gs.error();
+    generation_step & step = **gs;
 
     generation g;
     auto t0 = std::chrono::steady_clock::now();
     pos_t pos = seq_n_tokens(seq);
-    for (int32_t i = 0; i < sp.max_tokens; ++i) {
-        if (logits_out) logits_out->insert(logits_out->end(), logits.begin(), logits.end());
-        token_id t = (*sampler)->sample(logits);
-        if (is_end_of_generation(t)) { g.finish = finish_reason::eos; break; }
-        g.tokens.push_back(t);
-        text.push(token_piece(t));
-        if (text.stopped()) { g.finish = finish_reason::stop; break; }
-        if (i + 1 == sp.max_tokens) break;
-        if ((uint32_t)pos + 1 > p_->cinfo.n_ctx_seq) { g.finish = finish_reason::context_full; break; }
-        status st = p_->decode(seq, &t, 1, pos, true);
+    for (;;) {
+        if (logits_out && step.n_generated() < sp.max_tokens)
+            logits_out->insert(logits_out->end(), logits.begin(), logits.end());
+        auto d = step.next(logits, pos);
+        if (d.finished) {
+            g.finish = d.finish;
+            break;
+        }
+        status st = p_->decode(seq, &d.token, 1, pos, true);
         if (!st.ok()) return st.with_context("generate");
         ++pos;
         p_->copy_logits(&logits);
     }
-    text.finish();
-    g.text = text.text();
+    step.finish();
+    g.tokens = step.tokens();
+    g.text = step.text();
     g.t_decode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return g;
 }
@@ -493,8 +507,7 @@ status engine::decode_step(std::span<const step_input> inputs, std::vector<std::
         batch.seq_id[i][0] = in.seq;
         batch.logits[i] = 1;
     }
-    int32_t rc = llama_decode(p_->ctx.get(), batch);
-    if (rc != 0) return engine_error("decode_step: llama_decode failed with code " + std::to_string(rc));
+    WARMCTX_RETURN_IF_ERROR(decode_status(llama_decode(p_->ctx.get(), batch)).with_context("decode_step"));
     logits.resize(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
         const float * l = llama_get_logits_ith(p_->ctx.get(), (int32_t)i);

@@ -12,7 +12,6 @@
 #include <mutex>
 #include <thread>
 
-#include "warmctx/text_stream.h"
 
 namespace warmctx {
 
@@ -30,11 +29,10 @@ struct queued_job {
 struct active_job {
     queued_job q;
     pending_turn turn;
-    std::unique_ptr<token_sampler> sampler;
-    std::unique_ptr<text_stream> text;
+    std::unique_ptr<generation_step> gen;  // sampling and stop decisions (shared with engine::generate)
     std::vector<float> logits;   // of the last computed position
+    std::vector<float> prompt_logits, gen_logits;  // the turn asked keep_logits
     pos_t pos = 0;               // next position to write
-    int32_t n_generated = 0;
     token_id pending_token = -1; // sampled, to be decoded in the next step
     bool finished = false;
     bool cancelled = false;
@@ -56,6 +54,7 @@ struct scheduler::impl {
     struct pending_call {
         const std::function<void(context_engine &)> * fn;
         bool done = false;
+        status outcome;  // internal when fn threw: an exception never crosses the engine thread
     };
     std::deque<pending_call *> calls;
     std::condition_variable calls_done;
@@ -91,7 +90,7 @@ struct scheduler::impl {
         completion_usage u;
         u.prompt_tokens = j.turn.explain.n_prompt_tokens;
         u.cached_tokens = j.turn.explain.n_reused;
-        u.completion_tokens = j.n_generated;
+        u.completion_tokens = j.gen ? j.gen->n_generated() : 0;
         return u;
     }
 
@@ -106,15 +105,13 @@ struct scheduler::impl {
         auto j = std::make_unique<active_job>();
         j->q = std::move(q);
         j->t_queue_ms = ms_between(j->q.t_submit, clock_type::now());
-        const auto & sp = j->q.job.turn.sampling;
-        auto sampler = token_sampler::make(sp);
-        if (!sampler.ok()) {
+        auto gen = ce->start_generation(j->q.job.turn.sampling);
+        if (!gen.ok()) {
             a_failed++;
-            emit_error(j->q, sampler.error());
+            emit_error(j->q, gen.error());
             return;
         }
-        j->sampler = std::move(sampler.value());
-        j->text = std::make_unique<text_stream>(sp.stop);
+        j->gen = std::move(gen.value());
         auto t = ce->begin_turn(j->q.job.turn, (seq_id)slot, j->logits);
         if (!t.ok()) {
             a_failed++;
@@ -122,6 +119,7 @@ struct scheduler::impl {
             return;
         }
         j->turn = std::move(t.value());
+        if (j->q.job.turn.keep_logits) j->prompt_logits = j->logits;
         j->pos = (pos_t)j->turn.ap.tokens.size();
         j->t_first_token_ms = ms_between(j->q.t_submit, clock_type::now());
         completion_event ev;
@@ -136,25 +134,25 @@ struct scheduler::impl {
         a_active++;
     }
 
-    // Samples the next token of `j` from its logits, emits text, decides whether it ends.
+    // Samples the next token of `j` from its logits, emits text, decides whether it ends
+    // (generation_step: the same rules, in the same order, as engine::generate).
     void sample_next(active_job & j) {
-        const auto & sp = j.q.job.turn.sampling;
-        if (j.n_generated >= sp.max_tokens) { j.finished = true; j.finish = finish_reason::length; return; }
-        token_id t = j.sampler->sample(j.logits);
-        if (ce->raw_engine().is_end_of_generation(t)) { j.finished = true; j.finish = finish_reason::eos; return; }
-        j.n_generated++;
-        std::string delta = j.text->push(ce->raw_engine().token_piece(t));
-        if (!delta.empty()) {
+        if (j.q.job.turn.keep_logits && j.gen->n_generated() < j.q.job.turn.sampling.max_tokens)
+            j.gen_logits.insert(j.gen_logits.end(), j.logits.begin(), j.logits.end());
+        auto d = j.gen->next(j.logits, j.pos);
+        if (!d.delta.empty()) {
             completion_event ev;
             ev.what = completion_event::kind::delta;
-            ev.text = std::move(delta);
-            ev.token = t;
+            ev.text = std::move(d.delta);
+            ev.token = d.token;
             if (!emit(j, ev)) return;
         }
-        if (j.text->stopped()) { j.finished = true; j.finish = finish_reason::stop; return; }
-        if (j.n_generated >= sp.max_tokens) { j.finished = true; j.finish = finish_reason::length; return; }
-        if ((uint32_t)j.pos + 1 > cinfo.n_ctx_seq) { j.finished = true; j.finish = finish_reason::context_full; return; }
-        j.pending_token = t;
+        if (d.finished) {
+            j.finished = true;
+            j.finish = d.finish;
+            return;
+        }
+        j.pending_token = d.token;
     }
 
     void retire(size_t slot) {
@@ -166,14 +164,14 @@ struct scheduler::impl {
             ce->abort_turn(j.turn);
             a_cancelled++;
         } else {
-            std::string rest = j.text->finish();
+            std::string rest = j.gen->finish();
             if (!rest.empty()) {
                 completion_event ev;
                 ev.what = completion_event::kind::delta;
                 ev.text = std::move(rest);
                 emit(j, ev);
             }
-            status st = ce->finish_turn(j.turn, (size_t)j.n_generated);
+            status st = ce->finish_turn(j.turn, (size_t)j.gen->n_generated());
             completion_event ev;
             if (st.ok()) {
                 ev.what = completion_event::kind::done;
@@ -184,6 +182,11 @@ struct scheduler::impl {
                 ev.t_first_token_ms = j.t_first_token_ms;
                 set_phases(ev, j.turn);
                 ev.t_total_ms = ms_between(j.q.t_submit, clock_type::now());
+                if (j.q.job.turn.keep_logits) {
+                    ev.tokens = j.gen->tokens();
+                    ev.prompt_logits = std::move(j.prompt_logits);
+                    ev.gen_logits = std::move(j.gen_logits);
+                }
                 a_completed++;
             } else {
                 ev.what = completion_event::kind::error;
@@ -207,7 +210,7 @@ struct scheduler::impl {
         }
         if (in.empty()) return;
         std::vector<std::vector<float>> logits;
-        status st = ce->raw_engine().decode_step(in, logits);
+        status st = ce->decode_step(in, logits);
         if (in.size() > 1) a_batched++;
         for (size_t k = 0; k < who.size(); ++k) {
             active_job & j = *slots[who[k]];
@@ -231,7 +234,13 @@ struct scheduler::impl {
             pending_call * c = calls.front();
             calls.pop_front();
             lk.unlock();
-            try { (*c->fn)(*ce); } catch (...) {}
+            try {
+                (*c->fn)(*ce);
+            } catch (const std::exception & e) {
+                c->outcome = internal_error(std::string("a call on the engine thread threw: ") + e.what());
+            } catch (...) {
+                c->outcome = internal_error("a call on the engine thread threw");
+            }
             lk.lock();
             c->done = true;
         }
@@ -302,8 +311,8 @@ result<std::unique_ptr<scheduler>> scheduler::start(const scheduler_options & op
     auto ce = context_engine::open(co);
     if (!ce.ok()) return ce.error();
     p->ce = std::move(ce.value());
-    p->minfo = p->ce->raw_engine().model();
-    p->cinfo = p->ce->raw_engine().context();
+    p->minfo = p->ce->model();
+    p->cinfo = p->ce->context();
     p->slots.resize(opts.n_parallel);
     impl * raw = p.get();
     p->thread = std::thread([raw] { raw->loop(); });
@@ -332,7 +341,7 @@ status scheduler::call(const std::function<void(context_engine &)> & fn) {
     p_->calls.push_back(&c);
     p_->cv.notify_one();
     p_->calls_done.wait(lk, [&] { return c.done; });
-    return {};
+    return c.outcome;
 }
 
 scheduler_stats scheduler::stats() const {

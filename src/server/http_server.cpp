@@ -33,6 +33,7 @@
 #include "server/request_channel.h"
 #include "server/workspace_store.h"
 #include "warmctx/assembler.h"
+#include "warmctx/explain_format.h"
 
 namespace warmctx {
 
@@ -757,7 +758,7 @@ struct http_server::impl {
                 if (auto e = engine_call([&](context_engine & ce) { r.emplace(ce.explain(tr)); }))
                     return respond_error(res, *log, *e);
                 if (!r->ok()) return respond_error(res, *log, error_from_status(r->error()));
-                send_json(res, 200, (*r)->to_json());
+                send_json(res, 200, explain_json(**r));
             });
         for (bool pin : {true, false}) {
             add("POST", pin ? "/v1/workspaces/{id}/pin" : "/v1/workspaces/{id}/unpin",

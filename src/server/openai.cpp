@@ -436,7 +436,7 @@ json warmctx_json(const std::string & workspace, const explain_report & ex, cons
             {"tokens_prefilled", ex.n_prefilled},
             {"tokens_cacheable", ex.n_cacheable},
             {"result", miss_kind_name(ex.kind)},
-            {"tier", ex.tier},
+            {"tier", kv_tier_name(ex.tier)},
             {"reason", ex.reason},
             {"missed_segment", ex.missed_segment},
             {"stable_prefix_hash", ex.stable_prefix_hash},

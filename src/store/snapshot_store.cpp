@@ -285,9 +285,8 @@ result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta_in, std::s
 
 // ---- lookup and load ----------------------------------------------------------------------
 
-snapshot_match snapshot_store::lookup(std::span<const hash128> path) {
-    std::lock_guard lock(mu_);
-    ++stats_.n_lookups;
+// The longest prefix of `path` some file holds. REQUIRES mu_ held.
+snapshot_match snapshot_store::find_locked(std::span<const hash128> path) const {
     // From the longest prefix down: the first chain hash some file holds at the same
     // block index is the answer (a chain hash names the whole prefix before it).
     for (size_t i = path.size(); i-- > 0;) {
@@ -306,11 +305,25 @@ snapshot_match snapshot_store::lookup(std::span<const hash128> path) {
         m.n_blocks = i + 1;
         m.n_tokens = best->e.meta.blocks[i].end;
         m.file_n_tokens = best->e.meta.n_tokens();
-        ++stats_.n_lookup_hits;
         return m;
     }
-    ++stats_.n_lookup_misses;
     return {};
+}
+
+snapshot_match snapshot_store::lookup(std::span<const hash128> path) {
+    std::lock_guard lock(mu_);
+    ++stats_.n_lookups;
+    snapshot_match m = find_locked(path);
+    ++(m.n_blocks > 0 ? stats_.n_lookup_hits : stats_.n_lookup_misses);
+    return m;
+}
+
+snapshot_match snapshot_store::peek(std::span<const block> path) const {
+    std::vector<hash128> chains;
+    chains.reserve(path.size());
+    for (const block & b : path) chains.push_back(b.chain);
+    std::lock_guard lock(mu_);
+    return find_locked(chains);
 }
 
 snapshot_match snapshot_store::lookup(std::span<const block> path) {

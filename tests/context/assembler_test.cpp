@@ -7,6 +7,7 @@
 #include "fake_text_model.h"
 #include "test_workspace.h"
 #include "warmctx/assembler.h"
+#include "warmctx/chunking.h"
 
 namespace warmctx {
 namespace {
@@ -268,27 +269,27 @@ TEST(Assembler, BoundariesAreThePieceStartsAfterACachedPiece) {
     EXPECT_EQ(p.boundaries.back(), pcs[pcs.size() - 2].begin);
 }
 
-TEST(Assembler, BlocksAreRunBoundariesPlusEveryChunkFromTheRunStart) {
+TEST(Assembler, BlocksAreTheCanonicalChunksOfThePrompt) {
     for (uint32_t chunk : {1u, 5u, 16u, 64u, 4096u}) {
         const auto p = must_assemble(typical_workspace(), k_salt, true, kind_table{}, fake_text_model{}, chunk);
-        // Expected, built independently: runs are a piece plus the pieces after a
-        // `none` piece; for each run [b, e): b, b+N, b+2N, ... e.
+        // The boundaries are where runs start: every piece, except a piece after a
+        // `none` piece (the uncached tail is chunked together).
         const auto pcs = pieces_of(p);
-        std::vector<std::pair<pos_t, pos_t>> expected;
+        std::vector<pos_t> run_starts;
+        for (size_t i = 1; i < pcs.size(); ++i)
+            if (pcs[i - 1].cls != retention_class::none) run_starts.push_back(pcs[i].begin);
+        EXPECT_EQ(p.boundaries, run_starts) << "chunk " << chunk;
+        // The blocks are the chunks of the one rule (warmctx/chunking.h, tested on its
+        // own in plan_chunks_test), so the engine's prefill and the cache's blocks agree.
+        const auto expected = plan_chunks(0, static_cast<int32_t>(p.tokens.size()), p.boundaries,
+                                          static_cast<int32_t>(chunk));
         std::vector<int> expected_index;
         std::vector<retention_class> expected_cls;
-        for (size_t i = 0; i < pcs.size();) {
-            size_t j = i + 1;
-            while (j < pcs.size() && pcs[j - 1].cls == retention_class::none) ++j;
-            for (pos_t x = pcs[i].begin; x < pcs[j - 1].end; x += static_cast<pos_t>(chunk)) {
-                const pos_t e = std::min<pos_t>(x + static_cast<pos_t>(chunk), pcs[j - 1].end);
-                size_t k = i;
-                while (pcs[k].end <= x) ++k;
-                expected.emplace_back(x, e);
-                expected_index.push_back(pcs[k].index);
-                expected_cls.push_back(e <= pcs[k].end ? pcs[k].cls : retention_class::none);
-            }
-            i = j;
+        for (auto [x, e] : expected) {
+            size_t k = 0;
+            while (pcs[k].end <= x) ++k;
+            expected_index.push_back(pcs[k].index);
+            expected_cls.push_back(e <= pcs[k].end ? pcs[k].cls : retention_class::none);
         }
 
         ASSERT_EQ(p.blocks.size(), expected.size()) << "chunk " << chunk;

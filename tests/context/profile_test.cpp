@@ -276,6 +276,26 @@ TEST_F(FileDigest, Errors) {
     EXPECT_EQ(file_digest(dir_.string()).error().code(), status_code::io_error) << "a directory";
 }
 
+// The digest reads through the file-system seam: the same value on an in-memory file,
+// and a change of the bytes (same size) is seen, not served from the memo.
+TEST(FileDigestSeam, ReadsThroughTheFileSystemSeam) {
+    mem_fs fs;
+    ASSERT_TRUE(fs.create_dirs("/m").ok());
+    const std::string bytes = "model bytes, not a real model";
+    ASSERT_TRUE(fs.write_file("/m/model.gguf", std::span((const uint8_t *)bytes.data(), bytes.size())).ok());
+    auto a = file_digest("/m/model.gguf", fs);
+    ASSERT_TRUE(a.ok()) << a.error().to_string();
+    EXPECT_EQ(*a, hash_bytes(bytes.data(), bytes.size()));
+    const auto s0 = get_file_digest_stats();
+    EXPECT_EQ(*file_digest("/m/model.gguf", fs), *a);
+    EXPECT_EQ(get_file_digest_stats().n_memo_hits, s0.n_memo_hits + 1);
+    ASSERT_TRUE(fs.corrupt_byte("/m/model.gguf", 3, 0x01).ok());
+    auto b = file_digest("/m/model.gguf", fs);
+    ASSERT_TRUE(b.ok());
+    EXPECT_NE(*b, *a);
+    EXPECT_EQ(file_digest("/m/none.gguf", fs).error().code(), status_code::not_found);
+}
+
 TEST_F(FileDigest, ConcurrentCallersAgree) {
     std::vector<std::string> paths;
     for (int i = 0; i < 4; ++i) paths.push_back(write("f" + std::to_string(i), std::string(1000 + i, 'a' + i)));

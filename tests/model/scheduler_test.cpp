@@ -3,6 +3,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
+#include <optional>
 #include <mutex>
 #include <thread>
 
@@ -95,6 +97,9 @@ TEST(Scheduler, StreamsStartedDeltasAndDone) {
     EXPECT_EQ((*s)->stats().n_completed, 1u);
 }
 
+// A job decoded alone (the warm path: its prefix copied from the cache) gives the same
+// tokens and bit-identical logits, after the prompt and at every generation step, as
+// the cold reference run; and its streamed deltas are exactly the cold text.
 TEST(Scheduler, ALoneJobEqualsTheColdRun) {
     auto s = scheduler::start(tiny_scheduler(1));
     ASSERT_TRUE(s.ok());
@@ -103,22 +108,30 @@ TEST(Scheduler, ALoneJobEqualsTheColdRun) {
     ASSERT_TRUE((*s)->submit({req("a", segs, 12), first.sink()}).ok());
     ASSERT_TRUE(first.wait());
     segs.back().content = "and now another question";
-    ASSERT_TRUE((*s)->submit({req("a", segs, 12), second.sink()}).ok());
+    turn_request warm_req = req("a", segs, 12);
+    warm_req.keep_logits = true;
+    ASSERT_TRUE((*s)->submit({warm_req, second.sink()}).ok());
     ASSERT_TRUE(second.wait());
     ASSERT_EQ(second.last()->what, completion_event::kind::done);
-    EXPECT_GT(second.last()->usage.cached_tokens, 0);  // the warm path was taken
-    std::vector<token_id> warm;
-    for (auto & e : second.events) if (e.what == completion_event::kind::delta && e.token >= 0) warm.push_back(e.token);
-    std::vector<token_id> cold;
+    const completion_event & done = *second.last();
+    EXPECT_GT(done.usage.cached_tokens, 0);  // the warm path was taken
+    ASSERT_FALSE(done.tokens.empty());       // something was generated to compare
+    std::string streamed;
+    for (auto & e : second.events) if (e.what == completion_event::kind::delta) streamed += e.text;
+
+    std::optional<turn_result> cold;
     ASSERT_TRUE((*s)->call([&](context_engine & ce) {
-        auto r = ce.run_cold(req("a", segs, 12));
-        if (r.ok()) cold = r->gen.tokens;
+        auto r = ce.run_cold(warm_req);
+        if (r.ok()) cold = std::move(r.value());
     }).ok());
-    EXPECT_FALSE(cold.empty());
-    // Deltas carry the token that completed them; held-back text makes some deltas
-    // arrive later, so compare the tokens that were reported as a prefix of cold.
-    ASSERT_LE(warm.size(), cold.size());
-    for (size_t i = 0; i < warm.size(); ++i) EXPECT_EQ(warm[i], cold[i]) << i;
+    ASSERT_TRUE(cold.has_value());
+    EXPECT_EQ(done.tokens, cold->gen.tokens);
+    EXPECT_EQ(streamed, cold->gen.text);
+    ASSERT_EQ(done.prompt_logits.size(), cold->prompt_logits.size());
+    ASSERT_FALSE(done.prompt_logits.empty());
+    EXPECT_EQ(0, std::memcmp(done.prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
+    ASSERT_EQ(done.gen_logits.size(), cold->gen_logits.size());
+    EXPECT_EQ(0, std::memcmp(done.gen_logits.data(), cold->gen_logits.data(), cold->gen_logits.size() * 4));
 }
 
 TEST(Scheduler, BatchesConcurrentJobsAndCompletesThemAll) {

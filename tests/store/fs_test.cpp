@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <string>
 
+#include <sys/stat.h>
+
 #include "warmctx/fs.h"
 
 namespace warmctx {
@@ -86,6 +88,24 @@ TEST_P(fs_contract, write_read_rename_list_remove) {
     EXPECT_EQ(fs.list_dir(root_ + "/nope").error().code(), status_code::not_found);
 }
 
+// stat_file: a version that changes with the bytes, on both implementations.
+TEST_P(fs_contract, stat_file_tells_a_changed_file) {
+    const std::string p = root_ + "/v";
+    const std::vector<uint8_t> a = {1, 2, 3}, b = {4, 5, 6};
+    ASSERT_TRUE(fs_->write_file(p, a).ok());
+    auto v1 = fs_->stat_file(p);
+    ASSERT_TRUE(v1.ok()) << v1.error().to_string();
+    EXPECT_EQ(v1->size, 3u);
+    EXPECT_EQ(*fs_->stat_file(p), *v1);  // unchanged: the same version
+    // a same-size replace by rename is another version
+    ASSERT_TRUE(fs_->write_file(p + ".tmp", b).ok());
+    ASSERT_TRUE(fs_->rename_file(p + ".tmp", p).ok());
+    auto v2 = fs_->stat_file(p);
+    ASSERT_TRUE(v2.ok());
+    EXPECT_NE(*v2, *v1);
+    EXPECT_EQ(fs_->stat_file(root_ + "/missing").error().code(), status_code::not_found);
+}
+
 INSTANTIATE_TEST_SUITE_P(impls, fs_contract, ::testing::Values(true, false),
                          [](const auto & info) { return info.param ? "posix" : "mem"; });
 
@@ -93,6 +113,21 @@ TEST(posix_fs, errors_carry_the_errno_text) {
     auto r = posix_fs().open_readable("/definitely/not/here");
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.error().message().find("No such file or directory"), std::string::npos) << r.error().message();
+}
+
+// A FIFO where a file was expected (a snapshot's name, a model path) is refused at once;
+// a blocking open would wait for a writer forever.
+TEST(posix_fs, a_fifo_is_refused_not_waited_on) {
+    char tmpl[] = "/tmp/warmctx-fs-fifo-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    const std::string fifo = std::string(tmpl) + "/x.wcsnap";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    auto r = posix_fs().open_readable(fifo);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code(), status_code::io_error);
+    EXPECT_NE(r.error().message().find("not a regular file"), std::string::npos) << r.error().message();
+    EXPECT_EQ(posix_fs().stat_file(fifo).error().code(), status_code::io_error);
+    std::filesystem::remove_all(tmpl);
 }
 
 // ---- mem_fs: what a crash keeps ------------------------------------------------------------

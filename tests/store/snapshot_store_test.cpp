@@ -474,6 +474,7 @@ class gate_fs final : public file_system {
     }
     result<std::unique_ptr<writable_file>> create_file(const std::string & p) override { return base_.create_file(p); }
     result<uint64_t> file_size(const std::string & p) override { return base_.file_size(p); }
+    result<file_version> stat_file(const std::string & p) override { return base_.stat_file(p); }
     status rename_file(const std::string & a, const std::string & b) override { return base_.rename_file(a, b); }
     status remove_file(const std::string & p) override { return base_.remove_file(p); }
     result<std::vector<std::string>> list_dir(const std::string & d) override { return base_.list_dir(d); }

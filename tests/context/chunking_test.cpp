@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "warmctx/engine.h"
+#include "warmctx/chunking.h"
 
 namespace warmctx {
 namespace {

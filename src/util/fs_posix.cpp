@@ -122,7 +122,9 @@ class posix_file_system final : public file_system {
     result<std::unique_ptr<readable_file>> open_readable(const std::string & path) override {
         int fd;
         do {
-            fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+            // O_NONBLOCK: a FIFO named like a snapshot must not block the caller; it is
+            // refused below as not a regular file (for a regular file the flag is moot).
+            fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         } while (fd < 0 && errno == EINTR);
         if (fd < 0) return errno_status("open", path, errno);
         struct stat st;
@@ -142,6 +144,19 @@ class posix_file_system final : public file_system {
         struct stat st;
         if (::stat(path.c_str(), &st) != 0) return errno_status("stat", path, errno);
         return (uint64_t)st.st_size;
+    }
+
+    result<file_version> stat_file(const std::string & path) override {
+        struct stat st;
+        if (::stat(path.c_str(), &st) != 0) return errno_status("stat", path, errno);
+        if (!S_ISREG(st.st_mode)) return io_error("stat '" + path + "': not a regular file");
+        file_version v;
+        v.size = (uint64_t)st.st_size;
+        v.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+        v.ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+        v.inode = (uint64_t)st.st_ino;
+        v.device = (uint64_t)st.st_dev;
+        return v;
     }
 
     status rename_file(const std::string & from, const std::string & to) override {

@@ -247,6 +247,11 @@ result<uint64_t> faulty_fs::file_size(const std::string & path) {
     return base_.file_size(path);
 }
 
+result<file_version> faulty_fs::stat_file(const std::string & path) {
+    if (s_->is_crashed()) return crashed_status();
+    return base_.stat_file(path);
+}
+
 status faulty_fs::rename_file(const std::string & from, const std::string & to) {
     auto v = s_->decide(fs_op::rename);
     if (v.fault) return injected(fs_op::rename, *v.fault);

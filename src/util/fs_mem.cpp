@@ -13,6 +13,7 @@
 //            creates its directories once, at open).
 // One mutex guards all of it (the state is shared with open file handles).
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <random>
@@ -27,6 +28,12 @@ namespace {
 struct inode {
     std::vector<uint8_t> data;
     std::vector<uint8_t> synced;
+    uint64_t id = next_id();  // unique in the process: stat_file's inode number
+    uint64_t version = 0;     // bumped by every change of `data`: stat_file's mtime
+    static uint64_t next_id() {
+        static std::atomic<uint64_t> n{1};
+        return n.fetch_add(1);
+    }
 };
 
 struct journal_entry {
@@ -89,6 +96,7 @@ class mem_writable_file final : public writable_file {
         if (closed_) return internal_error("append to a closed file");
         std::lock_guard lock(s_->mu);
         node_->data.insert(node_->data.end(), data.begin(), data.end());
+        node_->version++;
         return {};
     }
     status sync() override {
@@ -155,6 +163,18 @@ result<uint64_t> mem_fs::file_size(const std::string & path_in) {
     auto it = s_->live.find(path);
     if (it == s_->live.end()) return not_found("stat '" + path + "': no such file");
     return (uint64_t)it->second->data.size();
+}
+
+result<file_version> mem_fs::stat_file(const std::string & path_in) {
+    std::string path = normalize(path_in);
+    std::lock_guard lock(s_->mu);
+    auto it = s_->live.find(path);
+    if (it == s_->live.end()) return not_found("stat '" + path + "': no such file");
+    file_version v;
+    v.size = it->second->data.size();
+    v.mtime_ns = (int64_t)it->second->version;
+    v.inode = it->second->id;
+    return v;
 }
 
 status mem_fs::rename_file(const std::string & from_in, const std::string & to_in) {
@@ -234,6 +254,7 @@ void mem_fs::crash(uint64_t seed) {
             node->data = node->synced;
         } else {
             node->data.resize(keep);
+            node->version++;
             node->synced = node->data;
         }
     }
@@ -248,6 +269,7 @@ status mem_fs::corrupt_byte(const std::string & path_in, uint64_t offset, uint8_
     inode & n = *it->second;
     if (offset >= n.data.size()) return out_of_range("corrupt '" + path + "': offset past the end");
     n.data[offset] ^= xor_mask;
+    n.version++;
     if (offset < n.synced.size()) n.synced[offset] ^= xor_mask;
     return {};
 }
@@ -260,6 +282,7 @@ status mem_fs::truncate(const std::string & path_in, uint64_t n_bytes) {
     inode & n = *it->second;
     if (n_bytes > n.data.size()) return out_of_range("truncate '" + path + "': would grow the file");
     n.data.resize(n_bytes);
+    n.version++;
     if (n.synced.size() > n_bytes) n.synced.resize(n_bytes);
     return {};
 }

@@ -1,0 +1,32 @@
+// warmctx/engine_adapters.h - the engine seen through the seams of the layers below it.
+//
+// The assembler tokenizes through a text_model and the prefix cache moves KV through
+// kv_ops; neither knows the engine. These adapters implement both over a real engine,
+// and engine_profile() computes the profile (the fingerprint that roots every chain
+// hash) of the KV an engine computes.
+#pragma once
+
+#include <memory>
+
+#include "warmctx/assembler.h"
+#include "warmctx/engine.h"
+#include "warmctx/prefix_cache.h"
+#include "warmctx/profile.h"
+
+namespace warmctx {
+
+// The model's tokenizer and chat template. Plain-text tokens of segment contents of 256
+// bytes and more are remembered by content hash (least recently used out past 8 M
+// tokens): an unchanged segment is not tokenized again next turn. Thread-safe.
+std::unique_ptr<text_model> make_engine_text_model(const engine & e);
+
+// llama_memory_seq_cp / seq_rm over `e`. Used by the engine thread only.
+std::unique_ptr<kv_ops> make_engine_kv_ops(engine & e);
+
+// Every field that decides the KV's bits: the model file's digest (memoised), the
+// tokenizer's, the chat template's, the llama.cpp commit, backend, n_ctx, RoPE, KV type
+// and streams, chunk size, KV mode, flash attention, GPU layers.
+// Errors: those of file_digest on the model file.
+result<profile> engine_profile(const engine & e, const engine_options & opts);
+
+}  // namespace warmctx

@@ -1,0 +1,19 @@
+// warmctx/explain_format.h - an explain_report as JSON (the HTTP API, --json) and as a
+// table for people (the command line). Formatting lives with the interfaces, not in
+// the runtime that produces the report.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "warmctx/context_engine.h"
+
+namespace warmctx {
+
+// Every field of the report; the keys are documented in docs/api.md ("explain").
+nlohmann::json explain_json(const explain_report & r);
+// One summary line, the reason, and a row per segment (tokens reused / prefilled).
+std::string explain_text(const explain_report & r);
+
+}  // namespace warmctx

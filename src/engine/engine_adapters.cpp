@@ -1,0 +1,129 @@
+// The engine behind the seams of the layers below it: text_model (assembler),
+// kv_ops (prefix cache), and the profile of the KV it computes.
+#include "warmctx/engine_adapters.h"
+
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+namespace warmctx {
+
+namespace {
+
+// text_model over the real engine: the model's tokenizer and its chat template.
+class engine_text_model final : public text_model {
+  public:
+    explicit engine_text_model(const engine & e) : e_(e) {
+        // The generation prompt is what add_generation_prompt appends to a conversation.
+        std::vector<chat_message> one = {{"user", "x"}};
+        auto with = e_.apply_chat_template(one, true);
+        auto without = e_.apply_chat_template(one, false);
+        if (with.ok() && without.ok() && with->size() >= without->size() &&
+            with->compare(0, without->size(), *without) == 0)
+            gen_prompt_ = with->substr(without->size());
+    }
+    result<std::vector<token_id>> tokenize(std::string_view text) const override { return e_.tokenize(text, true); }
+    // Segment contents repeat turn after turn (a 47k-token stable context is mostly
+    // the same few texts), and tokenizing them is most of a warm turn's CPU time; so
+    // their tokens are remembered by content hash, least recently used first out.
+    result<std::vector<token_id>> tokenize_plain(std::string_view text) const override {
+        if (text.size() < k_memo_min_bytes) return e_.tokenize(text, false);
+        const hash128 key = hash_string(text);
+        {
+            std::lock_guard lk(mu_);
+            if (auto it = memo_.find(key); it != memo_.end() && it->second->n_bytes == text.size()) {
+                lru_.splice(lru_.begin(), lru_, it->second);
+                return it->second->tokens;
+            }
+        }
+        auto t = e_.tokenize(text, false);
+        if (!t.ok() || t->size() > k_memo_max_tokens / 4) return t;
+        std::lock_guard lk(mu_);
+        if (memo_.count(key)) return t;
+        lru_.push_front({key, text.size(), *t});
+        memo_[key] = lru_.begin();
+        memo_tokens_ += t->size();
+        while (memo_tokens_ > k_memo_max_tokens && !lru_.empty()) {
+            memo_tokens_ -= lru_.back().tokens.size();
+            memo_.erase(lru_.back().key);
+            lru_.pop_back();
+        }
+        return t;
+    }
+    result<std::string> render_message(std::string_view role, std::string_view content) const override {
+        std::vector<chat_message> m = {{std::string(role), std::string(content)}};
+        return e_.apply_chat_template(m, false);
+    }
+    std::string generation_prompt() const override { return gen_prompt_; }
+
+  private:
+    static constexpr size_t k_memo_min_bytes = 256;
+    static constexpr size_t k_memo_max_tokens = 8u << 20;  // 32 MiB of token ids
+    struct memo_entry {
+        hash128 key;
+        size_t n_bytes = 0;
+        std::vector<token_id> tokens;
+    };
+    const engine & e_;
+    std::string gen_prompt_;
+    mutable std::mutex mu_;
+    mutable std::list<memo_entry> lru_;
+    mutable std::unordered_map<hash128, std::list<memo_entry>::iterator, hash128_hasher> memo_;
+    mutable size_t memo_tokens_ = 0;
+};
+
+// kv_ops over the real engine: the prefix cache moves KV only through these.
+class engine_kv_ops final : public kv_ops {
+  public:
+    explicit engine_kv_ops(engine & e) : e_(e) {}
+    status copy_seq(seq_id src, seq_id dst) override { return e_.copy_seq(src, dst); }
+    status trim_seq(seq_id seq, pos_t from) override { return e_.trim_seq(seq, from); }
+    void clear_seq(seq_id seq) override { e_.clear_seq(seq); }
+
+  private:
+    engine & e_;
+};
+
+std::string hex_digest_of_vocab(const engine & e) {
+    // Every token's piece, in id order, with a separator: two tokenizers that would
+    // map any text differently differ here (merges excepted; they are implied by the
+    // vocabulary for BPE files written by the same converter).
+    std::string all;
+    all.reserve((size_t)e.model().n_vocab * 8);
+    for (token_id t = 0; t < e.model().n_vocab; ++t) {
+        all += e.token_piece(t);
+        all.push_back('\x1f');
+    }
+    return hash_string(all).hex();
+}
+
+}  // namespace
+
+std::unique_ptr<text_model> make_engine_text_model(const engine & e) { return std::make_unique<engine_text_model>(e); }
+
+std::unique_ptr<kv_ops> make_engine_kv_ops(engine & e) { return std::make_unique<engine_kv_ops>(e); }
+
+result<profile> engine_profile(const engine & e, const engine_options & opts) {
+    const auto & mi = e.model();
+    const auto & ci = e.context();
+    auto md = file_digest(mi.path);
+    if (!md.ok()) return md.error().with_context("digest of the model file");
+    profile p;
+    p.model_digest = md->hex();
+    p.tokenizer_digest = hex_digest_of_vocab(e);
+    p.chat_template_digest = hash_string(mi.chat_template).hex();
+    p.llama_commit = std::string(llama_commit());
+    p.backend = ci.backend;
+    p.n_ctx = ci.n_ctx_seq;
+    p.rope_freq_base = mi.rope_freq_base;
+    p.rope_freq_scale = 1.0f;
+    p.kv_type = ci.kv_type;
+    p.chunk_tokens = ci.chunk_tokens;
+    p.kv_mode = std::string(kv_mode_name(ci.mode));
+    p.flash_attn = opts.flash_attn;
+    p.n_gpu_layers = opts.n_gpu_layers;
+    p.kv_streams = ci.mode == kv_mode::exact ? ci.n_seq_max : 1;
+    return p;
+}
+
+}  // namespace warmctx

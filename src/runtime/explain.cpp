@@ -1,0 +1,129 @@
+#include "explain.h"
+
+#include <algorithm>
+
+namespace warmctx {
+
+std::string_view miss_kind_name(miss_kind k) {
+    switch (k) {
+        case miss_kind::full_hit: return "full_hit";
+        case miss_kind::cold: return "cold";
+        case miss_kind::segment_changed: return "segment_changed";
+        case miss_kind::profile_drift: return "profile_drift";
+        case miss_kind::evicted: return "evicted";
+        case miss_kind::not_cached: return "not_cached";
+    }
+    return "cold";
+}
+
+std::string_view kv_tier_name(kv_tier t) {
+    switch (t) {
+        case kv_tier::none: return "none";
+        case kv_tier::engine: return "engine";
+        case kv_tier::host: return "host";
+        case kv_tier::disk: return "disk";
+    }
+    return "none";
+}
+
+explain_report explain_turn(const explain_inputs & in) {
+    const assembled_prompt & ap = in.ap;
+    const match & m = in.m;
+    const pos_t reuse = in.reuse;
+    explain_report r;
+    r.workspace = in.workspace;
+    r.n_prompt_tokens = (pos_t)ap.tokens.size();
+    r.n_reused = reuse;
+    r.n_prefilled = r.n_prompt_tokens - reuse;
+    r.matched_workspace = reuse > 0 ? m.workspace : "";
+    r.stable_prefix_hash = ap.stable_prefix_hash.hex();
+    r.n_cacheable = 0;
+    for (const auto & b : ap.blocks) {
+        if (b.cls == retention_class::none) break;
+        r.n_cacheable = b.end;
+    }
+    for (const auto & e : ap.man.segments) {
+        segment_explain s;
+        s.id = e.id;
+        s.kind = e.kind;
+        s.cls = e.cls;
+        s.token_begin = e.token_begin;
+        s.token_end = e.token_end;
+        s.n_reused = std::clamp(reuse - e.token_begin, 0, e.n_tokens());
+        s.n_prefilled = e.n_tokens() - s.n_reused;
+        r.segments.push_back(s);
+    }
+    if (in.prefill_tokens_per_ms > 0) r.predicted_prefill_ms = r.n_prefilled / in.prefill_tokens_per_ms;
+
+    const workspace_history * st = in.history;
+    if (st && st->has_turn) {
+        for (const auto & c : diff_manifests(st->last_manifest, ap.man))
+            if (c.what != segment_change_kind::moved) r.changed_segments.push_back(c.to_string());
+        pos_t common = 0;
+        const size_t n = std::min(st->last_tokens.size(), ap.tokens.size());
+        while ((size_t)common < n && st->last_tokens[common] == ap.tokens[common]) ++common;
+        r.n_common_tokens = common;
+    }
+    // Where did reuse stop, and why?
+    if (r.n_cacheable > 0 && m.n_tokens >= r.n_cacheable) {
+        r.kind = miss_kind::full_hit;
+        r.reason = "every cacheable block was reused; prefilling only the uncacheable tail";
+    } else if (r.n_cacheable == 0) {
+        r.kind = miss_kind::cold;
+        r.reason = "nothing in this prompt is cacheable (it starts with a segment of class none)";
+    } else {
+        size_t next = 0;  // the first block not reused
+        while (next + 1 < ap.blocks.size() && ap.blocks[next].end <= reuse) ++next;
+        const block & b = ap.blocks[next];
+        if (b.segment_index >= 0 && (size_t)b.segment_index < ap.man.segments.size())
+            r.missed_segment = ap.man.segments[(size_t)b.segment_index].id;
+        auto ev = in.cache.last_eviction(b.chain);
+        if (st && st->has_turn && !(st->last_profile == in.prof)) {
+            r.kind = miss_kind::profile_drift;
+            r.drifted_fields = st->last_profile.describe_drift(in.prof);
+            std::string f;
+            for (const auto & d : r.drifted_fields) f += (f.empty() ? "" : "; ") + d;
+            r.reason = "profile drift (" + f + "): KV computed under the old profile cannot be reused";
+        } else if (ev) {
+            r.kind = miss_kind::evicted;
+            r.eviction = ev;
+            r.reason = "segment '" + r.missed_segment + "' (class " + std::string(retention_class_name(ev->cls)) +
+                       ") was evicted at t=" + std::to_string(ev->at) + ": " + ev->reason + " (policy " +
+                       std::string(eviction_policy_name(ev->policy)) + ")";
+        } else if (st && st->has_turn) {
+            // The first change at or before the missed block explains the miss.
+            std::string changed;
+            for (const auto & c : diff_manifests(st->last_manifest, ap.man)) {
+                if (c.what == segment_change_kind::moved) continue;
+                if (c.after_begin > b.begin) continue;
+                changed = c.to_string();
+                break;
+            }
+            if (!changed.empty()) {
+                r.kind = miss_kind::segment_changed;
+                r.reason = changed + "; reuse stops at the first block that differs (token " +
+                           std::to_string(reuse) + ")";
+            } else {
+                r.kind = miss_kind::not_cached;
+                r.reason = "the prefix up to segment '" + r.missed_segment +
+                           "' is not resident (its holder was replaced or never kept it)";
+            }
+        } else {
+            r.kind = miss_kind::cold;
+            r.reason = reuse > 0 ? "first turn of workspace '" + in.workspace + "'; " + std::to_string(reuse) +
+                                       " tokens shared with workspace '" + m.workspace + "'"
+                                 : "first turn of workspace '" + in.workspace +
+                                       "' and no other workspace holds this prefix";
+        }
+    }
+    // Snapping: the previous turn shares more cacheable tokens than were reused,
+    // but reuse can only stop at a block end.
+    if (std::min(r.n_common_tokens, r.n_cacheable) > reuse) {
+        r.snapped_from = std::min(r.n_common_tokens, r.n_cacheable);
+        r.reason += "; " + std::to_string(r.snapped_from) + " cacheable tokens match the previous turn, reuse snapped to " +
+                    std::to_string(reuse) + " (a canonical block boundary)";
+    }
+    return r;
+}
+
+}  // namespace warmctx

@@ -1,0 +1,147 @@
+#include "tiers.h"
+
+#include <algorithm>
+
+namespace warmctx {
+
+snapshot make_snapshot(const profile & prof, const std::string & workspace, const manifest & man,
+                       std::vector<block> path, std::span<const token_id> prompt_tokens, std::vector<uint8_t> kv) {
+    snapshot snap;
+    snap.meta.prof = prof;
+    snap.meta.profile_fingerprint = prof.fingerprint();
+    snap.meta.workspace = workspace;
+    snap.meta.man = man;
+    const pos_t end = path.empty() ? 0 : path.back().end;
+    snap.meta.blocks = std::move(path);
+    snap.tokens.assign(prompt_tokens.begin(), prompt_tokens.begin() + end);
+    snap.kv = std::move(kv);
+    return snap;
+}
+
+result<std::unique_ptr<tier_set>> tier_set::open(const tier_options & opts, eviction_policy policy) {
+    std::unique_ptr<tier_set> t(new tier_set());
+    t->opts_ = opts;
+    if (opts.host_budget_bytes > 0) {
+        t->host_fs_ = std::make_unique<mem_fs>();
+        snapshot_store_options so;
+        so.dir = "/host-tier";
+        so.fs = t->host_fs_.get();
+        so.budget_bytes = opts.host_budget_bytes;
+        so.policy = policy;
+        auto h = snapshot_store::open(so);
+        if (!h.ok()) return h.error().with_context("host-RAM tier");
+        t->host_ = std::move(h.value());
+    }
+    if (!opts.cache_dir.empty()) {
+        snapshot_store_options so;
+        so.dir = opts.cache_dir;
+        so.budget_bytes = opts.disk_budget_bytes;
+        so.policy = policy;
+        auto d = snapshot_store::open(so);  // indexes the directory (headers only, no KV)
+        if (!d.ok()) return d.error().with_context("disk tier '" + opts.cache_dir + "'");
+        t->disk_ = std::move(d.value());
+    }
+    return t;
+}
+
+tier_set::hit tier_set::find(int t, const assembled_prompt & ap, pos_t better_than, bool counted) const {
+    hit h;
+    snapshot_store * s = store(t);
+    if (!s) return h;
+    h.file = counted ? s->lookup(ap.blocks) : s->peek(ap.blocks);
+    h.at = snap_reuse(ap, h.file.n_blocks);
+    if (h.at.n_tokens > better_than) h.tier = t == k_host ? kv_tier::host : kv_tier::disk;
+    return h;
+}
+
+tier_set::hit tier_set::peek(const assembled_prompt & ap, pos_t better_than) const {
+    for (int t : {k_host, k_disk})
+        if (hit h = find(t, ap, better_than, false); h.tier != kv_tier::none) return h;
+    return {};
+}
+
+tier_set::hit tier_set::restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than,
+                                seq_id seq) {
+    for (int t : {k_host, k_disk}) {
+        hit h = find(t, ap, better_than, true);
+        if (h.tier == kv_tier::none) continue;
+        // Requests admitted while an earlier restore of the same file is still being
+        // decoded share its bytes instead of reading the file again.
+        std::shared_ptr<const snapshot> snap;
+        const std::string key = std::to_string(t) + ":" + h.file.key.file_name();
+        auto it = std::find_if(recent_loads_.begin(), recent_loads_.end(), [&](const auto & r) { return r.first == key; });
+        if (it != recent_loads_.end()) {
+            snap = it->second;
+            ctr_.n_shared_restores++;
+        } else {
+            auto loaded = store(t)->load(h.file.key, &prof);
+            if (!loaded.ok()) { ctr_.n_restore_failures++; continue; }
+            snap = *loaded;
+            if (recent_loads_.size() >= k_recent_loads) recent_loads_.pop_front();  // the oldest
+            recent_loads_.emplace_back(key, snap);
+        }
+        e.clear_seq(seq);
+        status st = e.load_seq(seq, snap->kv);
+        if (st.ok()) st = e.trim_seq(seq, h.at.n_tokens);
+        if (!st.ok()) { e.clear_seq(seq); ctr_.n_restore_failures++; continue; }
+        (t == k_host ? ctr_.n_restores_host : ctr_.n_restores_disk)++;
+        ctr_.n_restored_tokens += (uint64_t)h.at.n_tokens;
+        return h;
+    }
+    return {};
+}
+
+void tier_set::write_prefix(int t, engine & e, const profile & prof, seq_id seq, const std::string & workspace,
+                            const assembled_prompt & ap, retention_class min_class) {
+    snapshot_store * s = store(t);
+    if (!s) return;
+    // The leading run of cacheable blocks of at least the tier's class.
+    size_t k = 0;
+    while (k < ap.blocks.size() && ap.blocks[k].cls != retention_class::none && ap.blocks[k].cls >= min_class) ++k;
+    if (k == 0) return;
+    std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
+    if (s->lookup(path).n_blocks >= k) return;  // held already
+    if (!e.trim_seq(seq, path.back().end).ok()) { ctr_.n_write_failures++; return; }
+    auto kv = e.save_seq(seq);
+    if (!kv.ok()) { ctr_.n_write_failures++; return; }
+    auto put = s->put(make_snapshot(prof, workspace, ap.man, std::move(path), ap.tokens, std::move(kv.value())));
+    if (!put.ok()) { ctr_.n_write_failures++; return; }
+    (t == k_host ? ctr_.n_writes_host : ctr_.n_writes_disk)++;
+}
+
+void tier_set::write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
+                             const assembled_prompt & ap) {
+    // The longer (host) prefix first, since each write trims the sequence to what it writes.
+    write_prefix(k_host, e, prof, seq, workspace, ap, opts_.host_min_class);
+    write_prefix(k_disk, e, prof, seq, workspace, ap, opts_.disk_min_class);
+}
+
+status tier_set::put_disk(const snapshot & snap) {
+    if (!disk_) return failed_precondition("no disk tier (start with a cache directory)");
+    auto put = disk_->put(snap);
+    if (!put.ok()) return put.error();
+    ctr_.n_writes_disk++;
+    return {};
+}
+
+void tier_set::clear_host() {
+    recent_loads_.clear();
+    if (host_) (void)host_->remove_all();
+}
+
+tier_counters tier_set::counters() const {
+    tier_counters c = ctr_;
+    if (host_) {
+        auto st = host_->stats();
+        c.host_bytes = st.n_bytes;
+        c.host_files = st.n_files;
+    }
+    if (disk_) {
+        auto st = disk_->stats();
+        c.disk_bytes = st.n_bytes;
+        c.disk_files = st.n_files;
+    }
+    return c;
+}
+
+}  // namespace warmctx

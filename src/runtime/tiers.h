@@ -1,0 +1,81 @@
+// runtime/tiers.h - the tiers below the engine's KV: host RAM and disk.
+//
+// Both are snapshot stores (docs/snapshot-format.md), the host tier over an in-memory
+// file system. Write-through: when a turn caches its prompt, the leading run of blocks
+// of at least a tier's class is saved to that tier unless it already holds it. A lookup
+// that finds a longer prefix in a tier than in the engine loads it (host before disk),
+// trims it at the snapped reuse point, and the turn's prefill continues from there.
+//
+// Thread safety: none; owned by the context_engine, used on the engine thread.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "warmctx/context_engine.h"
+#include "warmctx/fs.h"
+#include "warmctx/snapshot_store.h"
+
+namespace warmctx {
+
+// The one snapshot builder: [0, path.back().end) of a prompt, its KV already saved.
+snapshot make_snapshot(const profile & prof, const std::string & workspace, const manifest & man,
+                       std::vector<block> path, std::span<const token_id> prompt_tokens, std::vector<uint8_t> kv);
+
+class tier_set {
+  public:
+    // Errors: those of snapshot_store::open, with the tier named.
+    static result<std::unique_ptr<tier_set>> open(const tier_options & opts, eviction_policy policy);
+
+    bool empty() const { return !host_ && !disk_; }
+    snapshot_store * host() { return host_.get(); }
+    snapshot_store * disk() { return disk_.get(); }
+
+    // A prefix a tier holds beyond `better_than` tokens: its tier, the file, and the
+    // snapped reuse point.
+    struct hit {
+        kv_tier tier = kv_tier::none;
+        snapshot_match file;
+        reuse_point at;
+    };
+    // What restore() would try first, counted nowhere and loading nothing (explain).
+    hit peek(const assembled_prompt & ap, pos_t better_than) const;
+    // Loads the longest prefix a tier holds beyond `better_than` into `seq` (cleared
+    // first) and trims it at the reuse point; a file that fails its checks is counted
+    // and the next tier is tried. Returns kv_tier::none when nothing was restored (the
+    // sequence is then empty).
+    hit restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than, seq_id seq);
+
+    // Write-through of a finished turn whose prompt's KV is in `seq` (no copy pending).
+    // Trims `seq` to what it writes (the host prefix, then the disk prefix). Failures
+    // are counted, never fatal: the turn already succeeded.
+    void write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
+                       const assembled_prompt & ap);
+    // Puts a ready snapshot on disk. Errors: failed_precondition (no disk tier), put's.
+    status put_disk(const snapshot & snap);
+
+    // Restored snapshots are kept (the last few) until the engine caches their prefix
+    // again, so requests admitted meanwhile share the bytes.
+    void forget_recent_loads() { recent_loads_.clear(); }
+    void clear_host();
+    tier_counters counters() const;
+
+  private:
+    tier_set() = default;
+    enum { k_host = 0, k_disk = 1 };
+    snapshot_store * store(int t) const { return t == k_host ? host_.get() : disk_.get(); }
+    hit find(int t, const assembled_prompt & ap, pos_t better_than, bool counted) const;
+    void write_prefix(int t, engine & e, const profile & prof, seq_id seq, const std::string & workspace,
+                      const assembled_prompt & ap, retention_class min_class);
+
+    tier_options opts_;
+    std::unique_ptr<mem_fs> host_fs_;  // the host-RAM tier is a snapshot store in memory
+    std::unique_ptr<snapshot_store> host_, disk_;
+    tier_counters ctr_;
+    static constexpr size_t k_recent_loads = 4;
+    std::deque<std::pair<std::string, std::shared_ptr<const snapshot>>> recent_loads_;  // oldest first
+};
+
+}  // namespace warmctx
