@@ -75,6 +75,10 @@ struct scheduler_options {
     context_engine_options engine;   // engine.engine.n_seq_max is derived
     uint32_t n_parallel = 4;         // work sequences = jobs decoded at once
     size_t max_queue = 64;           // jobs waiting for a work sequence
+    // A test seam: called on the engine thread as a job is admitted. A throw from it is
+    // handled as any failure while serving a job (the job fails with `internal`, the
+    // engine thread carries on), which is what the tests of that boundary use it for.
+    std::function<void(const turn_request &)> before_admit;
 };
 
 struct scheduler_stats {

@@ -46,6 +46,7 @@
 #pragma once
 
 #include <array>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -79,6 +80,9 @@ struct snapshot_store_options {
     uint64_t workspace_budget_bytes = 0;   // each workspace's files; 0 = unlimited
     eviction_policy policy = eviction_policy::semantic;
     bool quarantine = true;                // a bad file goes to quarantine/ (false: removed)
+    // quarantine/ keeps at most this many files (oldest out first), and its bytes count
+    // against budget_bytes: a quarantined file goes before any snapshot is evicted.
+    size_t quarantine_max_files = 16;
     // Never change the directory at open/rescan: bad files are reported by rejected() but
     // left in place, temp files are left alone, the budget is not enforced. For readers
     // beside a live writer (the CLI's ls/show/verify). put/remove still work.
@@ -141,6 +145,9 @@ struct snapshot_store_stats {
     // "not_found", "io_error", "profile_drift", "corrupt:<defect>" (e.g. "corrupt:truncated")
     std::map<std::string, uint64_t> load_misses_by_reason;
     uint64_t n_quarantined = 0;        // moved to quarantine/ (at scan or load)
+    uint64_t quarantine_files = 0;     // gauge: files now in quarantine/ (reasons not counted)
+    uint64_t quarantine_bytes = 0;     // gauge: their bytes, reasons included (in the budget)
+    uint64_t n_quarantine_pruned = 0;  // quarantined files deleted to keep quarantine/ bounded
     uint64_t n_bad_removed = 0;        // bad files deleted (quarantine off)
     uint64_t n_temp_removed = 0;       // leftover temp files deleted by open/rescan
     std::array<uint64_t, k_retention_class_count> evictions_by_class{};  // files, by last block's class
@@ -218,6 +225,9 @@ class snapshot_store {
     // REQUIRES commit_mu_ (not mu_). Moves a bad file aside (or deletes it); records it.
     void reject(const std::string & file_name, snapshot_defect d, const std::string & reason, bool in_index,
                 uint64_t generation);
+    // REQUIRES commit_mu_ (not mu_). Deletes quarantined files, oldest first, while there
+    // are more than quarantine_max_files or live + quarantined bytes exceed the budget.
+    void prune_quarantine();
     // REQUIRES commit_mu_ (not mu_). Evicts to the budgets; `keep` (may be empty) is the
     // file just put. Returns resource_exhausted when `keep` had to go.
     status enforce_budget(const std::string & keep, const std::string & keep_workspace);
@@ -233,6 +243,8 @@ class snapshot_store {
     std::unordered_map<hash128, std::vector<std::pair<std::string, size_t>>, hash128_hasher> by_chain_;
     std::map<std::string, std::shared_ptr<inflight>> inflight_;  // loads in progress, by file name
     std::vector<rejected_file> rejected_;
+    // quarantine/: (file name, bytes with its .reason), oldest first
+    std::deque<std::pair<std::string, uint64_t>> quarantined_;
     std::set<std::string> writing_;   // temp file names of puts in progress (rescan skips them)
     snapshot_store_stats stats_;
     uint64_t generation_counter_ = 0;

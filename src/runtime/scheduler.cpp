@@ -36,6 +36,7 @@ struct active_job {
     token_id pending_token = -1; // sampled, to be decoded in the next step
     bool finished = false;
     bool cancelled = false;
+    bool failed = false;         // cancelled because serving it failed (counted as failed)
     finish_reason finish = finish_reason::length;
     double t_queue_ms = 0, t_first_token_ms = 0;
 };
@@ -101,37 +102,69 @@ struct scheduler::impl {
         ev.t_prefill_ms = t.t_prefill_ms;
     }
 
+    // The engine thread's exception boundary: a throw (bad_alloc, say) while serving one
+    // job fails that job with `internal` and the thread carries on.
+    static status thrown(const char * where) {
+        try {
+            throw;
+        } catch (const std::exception & e) {
+            return internal_error(std::string(where) + ": " + e.what());
+        } catch (...) {
+            return internal_error(std::string(where) + ": unknown exception");
+        }
+    }
+
     void admit(size_t slot, queued_job q) {
         auto j = std::make_unique<active_job>();
         j->q = std::move(q);
-        j->t_queue_ms = ms_between(j->q.t_submit, clock_type::now());
-        auto gen = ce->start_generation(j->q.job.turn.sampling);
-        if (!gen.ok()) {
+        status st;
+        try {
+            st = start(slot, *j);
+        } catch (...) {
+            st = thrown("admitting the job");
+        }
+        if (!st.ok()) {  // `j` goes, and with it its pending turn (aborted)
             a_failed++;
-            emit_error(j->q, gen.error());
+            emit_error(j->q, st);
             return;
         }
-        j->gen = std::move(gen.value());
-        auto t = ce->begin_turn(j->q.job.turn, (seq_id)slot, j->logits);
-        if (!t.ok()) {
-            a_failed++;
-            emit_error(j->q, t.error());
-            return;
-        }
-        j->turn = std::move(t.value());
-        if (j->q.job.turn.keep_logits) j->prompt_logits = j->logits;
-        j->pos = (pos_t)j->turn.ap.tokens.size();
-        j->t_first_token_ms = ms_between(j->q.t_submit, clock_type::now());
-        completion_event ev;
-        ev.what = completion_event::kind::started;
-        ev.usage = usage_of(*j);
-        ev.explain = j->turn.explain;
-        ev.t_queue_ms = j->t_queue_ms;
-        ev.t_first_token_ms = j->t_first_token_ms;
-        set_phases(ev, j->turn);
-        emit(*j, ev);
         slots[slot] = std::move(j);
         a_active++;
+    }
+
+    // Assembles and prefills the job in work sequence `slot`; emits `started`.
+    status start(size_t slot, active_job & j) {
+        if (opts.before_admit) opts.before_admit(j.q.job.turn);
+        j.t_queue_ms = ms_between(j.q.t_submit, clock_type::now());
+        auto gen = ce->start_generation(j.q.job.turn.sampling);
+        if (!gen.ok()) return gen.error();
+        j.gen = std::move(gen.value());
+        auto t = ce->begin_turn(j.q.job.turn, (seq_id)slot, j.logits);
+        if (!t.ok()) return t.error();
+        j.turn = std::move(t.value());
+        if (j.q.job.turn.keep_logits) j.prompt_logits = j.logits;
+        j.pos = (pos_t)j.turn.ap.tokens.size();
+        j.t_first_token_ms = ms_between(j.q.t_submit, clock_type::now());
+        completion_event ev;
+        ev.what = completion_event::kind::started;
+        ev.usage = usage_of(j);
+        ev.explain = j.turn.explain;
+        ev.t_queue_ms = j.t_queue_ms;
+        ev.t_first_token_ms = j.t_first_token_ms;
+        set_phases(ev, j.turn);
+        emit(j, ev);
+        return {};
+    }
+
+    // Fails a running job after a throw: its error is the last event; it is retired
+    // without caching.
+    void fail_job(active_job & j, status st) {
+        completion_event ev;
+        ev.what = completion_event::kind::error;
+        ev.error = std::move(st);
+        emit(j, ev);
+        j.cancelled = true;
+        j.failed = true;
     }
 
     // Samples the next token of `j` from its logits, emits text, decides whether it ends
@@ -162,7 +195,7 @@ struct scheduler::impl {
         a_active--;
         if (j.cancelled) {
             ce->abort_turn(j.turn);
-            a_cancelled++;
+            (j.failed ? a_failed : a_cancelled)++;
         } else {
             std::string rest = j.gen->finish();
             if (!rest.empty()) {
@@ -265,11 +298,34 @@ struct scheduler::impl {
                 run_calls();  // a prefill can be long: let waiting calls in between
             }
             // Sample for every job that has fresh logits, then decode them together.
-            for (auto & j : slots)
-                if (j && !j->finished && !j->cancelled && j->pending_token < 0) sample_next(*j);
-            for (size_t s = 0; s < slots.size(); ++s)
-                if (slots[s] && (slots[s]->finished || slots[s]->cancelled)) retire(s);
-            step();
+            for (auto & j : slots) {
+                if (!j || j->finished || j->cancelled || j->pending_token >= 0) continue;
+                try {
+                    sample_next(*j);
+                } catch (...) {
+                    fail_job(*j, thrown("sampling"));
+                }
+            }
+            for (size_t s = 0; s < slots.size(); ++s) {
+                if (!slots[s] || !(slots[s]->finished || slots[s]->cancelled)) continue;
+                try {
+                    retire(s);
+                } catch (...) {
+                    status st = thrown("finishing the job");
+                    if (slots[s]) {
+                        emit_error(slots[s]->q, st);
+                        slots[s].reset();  // aborts its turn if still pending
+                    }
+                    a_failed++;
+                }
+            }
+            try {
+                step();
+            } catch (...) {
+                status st = thrown("decoding");
+                for (auto & j : slots)
+                    if (j && !j->cancelled && j->pending_token >= 0) fail_job(*j, st);
+            }
             for (size_t s = 0; s < slots.size(); ++s)
                 if (slots[s] && slots[s]->cancelled) retire(s);
 

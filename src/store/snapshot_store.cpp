@@ -107,22 +107,51 @@ void snapshot_store::reject(const std::string & file_name, snapshot_defect d, co
                 // Best effort: the reason is for a human; the file itself is what matters.
                 (void)fs_.write_file(q + ".reason", std::span((const uint8_t *)line.data(), line.size()));
                 (void)fs_.sync_dir(quarantine_dir_);
+                auto bytes = fs_.file_size(q);
+                std::lock_guard lock(mu_);
+                quarantined_.emplace_back(file_name, (bytes.ok() ? *bytes : 0) + line.size());
+                stats_.quarantine_bytes += quarantined_.back().second;
             }
         }
         if (!rf.quarantined && fs_.remove_file(path).ok()) rf.removed = true;
         (void)fs_.sync_dir(opts_.dir);
     }
-    std::lock_guard lock(mu_);
-    if (rf.quarantined) ++stats_.n_quarantined;
-    if (rf.removed) ++stats_.n_bad_removed;
-    if (rejected_.size() >= k_max_rejected_records) rejected_.erase(rejected_.begin());
-    rejected_.push_back(std::move(rf));
+    {
+        std::lock_guard lock(mu_);
+        if (rf.quarantined) ++stats_.n_quarantined;
+        if (rf.removed) ++stats_.n_bad_removed;
+        if (rejected_.size() >= k_max_rejected_records) rejected_.erase(rejected_.begin());
+        rejected_.push_back(std::move(rf));
+    }
+    prune_quarantine();
+}
+
+void snapshot_store::prune_quarantine() {
+    if (opts_.scan_only) return;
+    std::vector<std::string> doomed;
+    {
+        std::lock_guard lock(mu_);
+        while (!quarantined_.empty() &&
+               (quarantined_.size() > opts_.quarantine_max_files ||
+                (opts_.budget_bytes > 0 && stats_.n_bytes + stats_.quarantine_bytes > opts_.budget_bytes))) {
+            doomed.push_back(quarantined_.front().first);
+            stats_.quarantine_bytes -= quarantined_.front().second;
+            ++stats_.n_quarantine_pruned;
+            quarantined_.pop_front();
+        }
+    }
+    for (const std::string & name : doomed) {
+        (void)fs_.remove_file(quarantine_dir_ + "/" + name);
+        (void)fs_.remove_file(quarantine_dir_ + "/" + name + ".reason");
+    }
+    if (!doomed.empty()) (void)fs_.sync_dir(quarantine_dir_);
 }
 
 // ---- budget -------------------------------------------------------------------------------
 
 status snapshot_store::enforce_budget(const std::string & keep, const std::string & keep_workspace) {
     if (opts_.scan_only || (opts_.budget_bytes == 0 && opts_.workspace_budget_bytes == 0)) return {};
+    prune_quarantine();  // quarantined files go before any snapshot
     std::vector<std::string> victims;
     bool drop_keep = false;
     uint64_t keep_bytes = 0;
@@ -169,7 +198,7 @@ status snapshot_store::enforce_budget(const std::string & keep, const std::strin
             }
         }
         if (opts_.budget_bytes && !drop_keep) {
-            while (stats_.n_bytes > opts_.budget_bytes) {
+            while (stats_.n_bytes + stats_.quarantine_bytes > opts_.budget_bytes) {
                 std::string v = pick([](const entry_state &) { return true; });
                 if (v.empty()) {
                     if (!keep.empty() && entries_.count(keep)) drop_keep = true;
@@ -548,6 +577,25 @@ status snapshot_store::rescan() {
         stats_.n_temp_removed += n_temp_removed;
     }
     if (changed) (void)fs_.sync_dir(opts_.dir);
+    // What an earlier run left in quarantine/ counts too (by name: no age is known).
+    if (opts_.quarantine && !opts_.scan_only) {
+        std::deque<std::pair<std::string, uint64_t>> q;
+        uint64_t q_bytes = 0;
+        if (auto qn = fs_.list_dir(quarantine_dir_); qn.ok()) {
+            for (const std::string & name : *qn) {
+                if (ends_with(name, ".reason")) continue;
+                auto b = fs_.file_size(quarantine_dir_ + "/" + name);
+                if (!b.ok()) continue;  // a directory, or gone
+                auto r = fs_.file_size(quarantine_dir_ + "/" + name + ".reason");
+                q.emplace_back(name, *b + (r.ok() ? *r : 0));
+                q_bytes += q.back().second;
+            }
+        }
+        std::lock_guard lock(mu_);
+        quarantined_ = std::move(q);
+        stats_.quarantine_bytes = q_bytes;
+    }
+    prune_quarantine();
     return enforce_budget("", "");
 }
 
@@ -577,6 +625,7 @@ snapshot_store_stats snapshot_store::stats() const {
     std::lock_guard lock(mu_);
     snapshot_store_stats s = stats_;
     s.n_files = entries_.size();
+    s.quarantine_files = quarantined_.size();
     s.n_pinned = 0;
     for (const auto & [name, e] : entries_) s.n_pinned += e.e.pinned ? 1 : 0;
     return s;

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <optional>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 #include <thread>
 
 #include "tiny_model.h"
@@ -94,6 +96,31 @@ TEST(Scheduler, StreamsStartedDeltasAndDone) {
     EXPECT_GT(done->usage.completion_tokens, 0);
     EXPECT_LE(done->usage.completion_tokens, 8);
     EXPECT_FALSE(c.text().empty());
+    EXPECT_EQ((*s)->stats().n_completed, 1u);
+}
+
+// A throw on the engine thread (bad_alloc while admitting a job, or inside a call)
+// fails that job or call with `internal`; the process and the other jobs carry on.
+TEST(Scheduler, AThrowOnTheEngineThreadFailsOnlyThatJob) {
+    auto o = tiny_scheduler(2);
+    o.before_admit = [](const turn_request & r) {
+        if (r.workspace == "boom") throw std::bad_alloc();
+    };
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok());
+    collector bad, good;
+    ASSERT_TRUE((*s)->submit({req("boom", small_workspace(1), 4), bad.sink()}).ok());
+    ASSERT_TRUE(bad.wait());
+    ASSERT_EQ(bad.last()->what, completion_event::kind::error);
+    EXPECT_EQ(bad.last()->error.code(), status_code::internal);
+    EXPECT_NE(bad.last()->error.message().find("bad_alloc"), std::string::npos) << bad.last()->error.message();
+    ASSERT_TRUE((*s)->submit({req("fine", small_workspace(1), 4), good.sink()}).ok());
+    ASSERT_TRUE(good.wait());
+    EXPECT_EQ(good.last()->what, completion_event::kind::done);
+    status thrown = (*s)->call([](context_engine &) { throw std::runtime_error("no"); });
+    EXPECT_EQ(thrown.code(), status_code::internal);
+    EXPECT_TRUE((*s)->call([](context_engine &) {}).ok());
+    EXPECT_EQ((*s)->stats().n_failed, 1u);
     EXPECT_EQ((*s)->stats().n_completed, 1u);
 }
 

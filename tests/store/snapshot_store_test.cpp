@@ -192,6 +192,44 @@ TEST(snapshot_store, open_quarantines_bad_heads_and_removes_temp_files) {
     EXPECT_EQ(m.n_blocks, 3u);
 }
 
+// quarantine/ is bounded: at most quarantine_max_files files (oldest out first), and its
+// bytes count against the budget, going before any good snapshot does.
+TEST(snapshot_store, quarantine_is_bounded_and_counted_in_the_budget) {
+    fixture fx;
+    ASSERT_TRUE(fx.mem.create_dirs(k_dir).ok());
+    for (int i = 0; i < 5; ++i)
+        ASSERT_TRUE(fx.mem.write_file(k_dir + "/bad" + std::to_string(i) + ".wcsnap", std::vector<uint8_t>(1000, 0)).ok());
+    auto o = fx.options();
+    o.quarantine_max_files = 2;
+    auto store = fx.open(o);
+    auto st = store->stats();
+    EXPECT_EQ(st.n_quarantined, 5u);
+    EXPECT_EQ(st.quarantine_files, 2u);
+    EXPECT_EQ(st.n_quarantine_pruned, 3u);
+    EXPECT_GE(st.quarantine_bytes, 2000u);
+    EXPECT_EQ(*fx.mem.list_dir(k_dir + "/quarantine"),
+              (std::vector<std::string>{"bad3.wcsnap", "bad3.wcsnap.reason", "bad4.wcsnap", "bad4.wcsnap.reason"}));
+    store.reset();
+
+    // With a budget, a put that needs room drops quarantined files first: the good
+    // snapshot stays and quarantine/ empties.
+    auto p = make_path(1, {rc::high, rc::low});
+    snapshot good = snapshot_of(p, p.blocks.size(), "ws");
+    {
+        auto probe = fx.open(fx.options());  // unlimited: measure the file
+        auto e = probe->put(good);
+        ASSERT_TRUE(e.ok());
+        o.budget_bytes = e->file_bytes + 100;  // room for the snapshot, not for the quarantine too
+    }
+    store = fx.open(o);
+    st = store->stats();
+    EXPECT_EQ(st.n_files, 1u) << "the good snapshot is kept";
+    EXPECT_EQ(st.quarantine_files, 0u);
+    EXPECT_EQ(st.quarantine_bytes, 0u);
+    EXPECT_LE(st.n_bytes + st.quarantine_bytes, o.budget_bytes);
+    EXPECT_EQ(*fx.mem.list_dir(k_dir + "/quarantine"), std::vector<std::string>{});
+}
+
 TEST(snapshot_store, a_file_under_another_files_name_is_misnamed) {
     fixture fx;
     auto p = make_path(1, {rc::high, rc::low});
