@@ -20,7 +20,6 @@
 #include <optional>
 #include <random>
 #include <regex>
-#include <set>
 #include <thread>
 #include <unordered_set>
 
@@ -383,15 +382,7 @@ struct http_server::impl {
                                      error_from_status(not_found("workspace '" + *path_ws +
                                                                  "' has no stored segments: PUT "
                                                                  "/v1/workspaces/{id}/segments/{segment} first")));
-            // The request's segments replace stored ones with the same id, for this
-            // request only.
-            std::set<std::string> ids;
-            for (const segment & s : cr.segments) ids.insert(s.id);
-            std::vector<segment> merged;
-            for (segment & s : *stored)
-                if (!ids.count(s.id)) merged.push_back(std::move(s));
-            for (segment & s : cr.segments) merged.push_back(std::move(s));
-            cr.segments = std::move(merged);
+            cr.segments = merge_stored_segments(std::move(*stored), std::move(cr.segments));
             cr.workspace = *path_ws;
         }
         if (status st = validate_segments(cr.segments, opts.kinds); !st.ok())
