@@ -3,7 +3,7 @@
 // library here: a handler can be called without a socket (tests/server/routes_test.cpp).
 //
 // The server's layers:
-//   http_server.cpp      the socket (cpp-httplib): bind, listen, stop; converts its
+//   http_server.cpp      the socket (the HTTP library): bind, listen, stop; converts its
 //                        requests and responses to and from the types below
 //   router.{h,cpp}       the route table, auth, dispatch, the request log line and the
 //                        metrics record; the shared plumbing of route_context
@@ -141,8 +141,9 @@ void send_json(http_response & res, int http_status, const nlohmann::json & j);
 // The error object (with Retry-After when the error has one); the log keeps its code.
 void respond_error(http_response & res, request_log & log, const api_error & e);
 
-// The request body as JSON (UTF-8 and nesting depth checked first): 400 invalid_utf8
-// or invalid_json otherwise.
+// The request body as JSON, through warmctx::parse_json (UTF-8, nesting depth, exactly
+// one value): 400 invalid_utf8 or invalid_json otherwise. Every route that reads a body
+// reads it here.
 maybe_error parse_body(const http_request & req, nlohmann::json & out);
 
 // ---- the route table -------------------------------------------------------------------

@@ -167,16 +167,16 @@ void respond_error(http_response & res, request_log & log, const api_error & e) 
 }
 
 maybe_error parse_body(const http_request & req, json & out) {
-    if (size_t bad = find_invalid_utf8(req.body); bad != k_utf8_valid)
-        return bad_request("invalid_utf8", "request body is not valid UTF-8 (byte offset " + std::to_string(bad) + ")");
-    if (json_nesting_depth(req.body) > k_max_json_depth)
-        return bad_request("invalid_json",
-                           "request body nests arrays/objects deeper than " + std::to_string(k_max_json_depth) + " levels");
-    try {
-        out = json::parse(req.body);
-    } catch (const json::exception & e) {
-        return bad_request("invalid_json", std::string("request body is not valid JSON: ") + e.what());
+    json_error why = json_error::none;
+    auto parsed = parse_json(req.body, json_read_options{}, &why);
+    if (!parsed.ok()) {
+        // parse_json's messages name the check: "not valid UTF-8 (byte offset 3)",
+        // "nests arrays/objects deeper than 100 levels", "not valid JSON: ...".
+        const std::string m = parsed.error().message();  // error() is a copy
+        const std::string message = (m.rfind("not ", 0) == 0 ? "request body is " : "request body ") + m;
+        return bad_request(why == json_error::invalid_utf8 ? "invalid_utf8" : "invalid_json", message);
     }
+    out = std::move(*parsed);
     return std::nullopt;
 }
 

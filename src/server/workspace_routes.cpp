@@ -228,8 +228,9 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
     // Branch: a new workspace starting from this one's last turn and stored segments;
     // body {"to": "<new id>"}.
     add_route(t, "POST", "/v1/workspaces/{id}/branch", [c](ws_call & call) -> reply {
-        json body = json::parse(call.req.body, nullptr, false);
-        if (body.is_discarded() || !body.is_object() || !body.contains("to") || !body["to"].is_string())
+        json body;
+        if (auto e = parse_body(call.req, body)) return *e;
+        if (!body.is_object() || !body.contains("to") || !body["to"].is_string())
             return bad_request("invalid_request", "body must be {\"to\": \"<workspace id>\"}", "to");
         const std::string to = body["to"].get<std::string>();
         if (auto e = validate_workspace_id(to, "to")) return *e;

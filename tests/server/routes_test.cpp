@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,23 @@ http_request request(std::string method, std::string path, std::string body = {}
     r.path = std::move(path);
     r.body = std::move(body);
     return r;
+}
+
+// The answer to a bad body before bodies went through parse_json: the old parse_body,
+// verbatim, so that these tests pin "the same status, code and message as before".
+api_error old_body_error(const std::string & body) {
+    if (size_t bad = find_invalid_utf8(body); bad != k_utf8_valid)
+        return bad_request("invalid_utf8", "request body is not valid UTF-8 (byte offset " + std::to_string(bad) + ")");
+    if (json_nesting_depth(body) > k_max_json_depth)
+        return bad_request("invalid_json",
+                           "request body nests arrays/objects deeper than " + std::to_string(k_max_json_depth) + " levels");
+    try {
+        json parsed = json::parse(body);
+        ADD_FAILURE() << "the body is valid JSON: " << parsed.dump().substr(0, 80);
+        return {};
+    } catch (const json::exception & e) {
+        return bad_request("invalid_json", std::string("request body is not valid JSON: ") + e.what());
+    }
 }
 
 class routes_test : public ::testing::Test {
@@ -134,6 +152,55 @@ TEST_F(routes_test, bad_workspace_id_is_400_on_every_workspace_route) {
     http_response seg8 = call("GET", "/v1/workspaces/ok/segments/caf\xC3\x28");
     EXPECT_EQ(seg8.body,
               R"({"error":{"code":"invalid_segment_id","message":"segment id is not valid UTF-8","param":"path","type":"invalid_request_error"}})");
+}
+
+TEST_F(routes_test, bad_bodies_are_400_exactly_as_before) {
+    const std::vector<std::string> bodies = {
+        "{\"messages\": [}",
+        "",
+        "{\"a\": 1} trailing",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"caf\xC3\x28 \xFF\"}]}",  // not UTF-8
+        R"({"messages": [{"role": "user", "content": "\ud800"}]})",                   // a lone surrogate escape
+        std::string(101, '[') + std::string(101, ']'),                                // one level too deep
+        R"({"tools": )" + std::string(100000, '[') + "}",
+    };
+    const std::vector<std::pair<std::string, std::string>> routes = {
+        {"POST", "/v1/chat/completions"},
+        {"POST", "/v1/completions"},
+        {"PUT", "/v1/workspaces/w/segments/s"},
+        {"POST", "/v1/workspaces/w/chat/completions"},
+        {"POST", "/v1/workspaces/w/branch"},
+    };
+    for (const auto & [method, path] : routes) {
+        for (const std::string & body : bodies) {
+            const api_error want = old_body_error(body);
+            http_response res = call(method, path, body);
+            EXPECT_EQ(res.status, 400) << method << " " << path << " " << body.substr(0, 40);
+            EXPECT_EQ(res.body, want.body()) << method << " " << path;
+        }
+    }
+    EXPECT_EQ(old_body_error(bodies[3]).code, "invalid_utf8");
+    EXPECT_EQ(old_body_error(bodies[5]).code, "invalid_json");
+}
+
+// The branch route read its body with nlohmann's own parser, past the UTF-8 and depth
+// guards; it now reads it as every route does.
+TEST_F(routes_test, branch_refuses_an_8_MiB_nesting_bomb_quickly) {
+    const std::string bomb(8u << 20, '[');
+    auto t0 = std::chrono::steady_clock::now();
+    http_response res = call("POST", "/v1/workspaces/w1/branch", bomb);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(res.status, 400);
+    EXPECT_EQ(parse(res)["error"]["code"], "invalid_json");
+    EXPECT_EQ(parse(res)["error"]["message"], "request body nests arrays/objects deeper than 100 levels");
+    EXPECT_LT(s, 2.0);
+    // A valid body of the wrong shape is still the branch route's own 400.
+    http_response shape = call("POST", "/v1/workspaces/w1/branch", R"({"to": 3})");
+    EXPECT_EQ(shape.status, 400);
+    EXPECT_EQ(parse(shape)["error"]["code"], "invalid_request");
+    http_response to = call("POST", "/v1/workspaces/w1/branch", R"({"to": "../x"})");
+    EXPECT_EQ(to.status, 400);
+    EXPECT_EQ(parse(to)["error"]["param"], "to");
 }
 
 TEST_F(routes_test, unknown_route_and_wrong_method) {
