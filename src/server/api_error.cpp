@@ -1,8 +1,8 @@
-#include "server/api_error.h"
+#include "api_error.h"
 
 #include <nlohmann/json.hpp>
 
-#include "server/json_util.h"
+#include "json_util.h"
 
 namespace warmctx::server_detail {
 

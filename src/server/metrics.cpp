@@ -1,4 +1,4 @@
-#include "server/metrics.h"
+#include "metrics.h"
 
 #include <algorithm>
 #include <charconv>

@@ -1,4 +1,4 @@
-#include "server/openai.h"
+#include "openai.h"
 
 #include <cmath>
 #include <cstdio>
@@ -6,7 +6,7 @@
 #include <optional>
 #include <random>
 
-#include "server/json_util.h"
+#include "json_util.h"
 #include "warmctx/assembler.h"
 #include "warmctx/hash.h"
 #include "warmctx/kind_table.h"

@@ -26,7 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "server/api_error.h"
+#include "api_error.h"
 #include "warmctx/context_engine.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/segments.h"

@@ -1,4 +1,6 @@
-#include "server/workspace_store.h"
+#include "workspace_store.h"
+
+#include <set>
 
 namespace warmctx::server_detail {
 
@@ -97,6 +99,16 @@ size_t workspace_store::n_bytes() const {
 size_t workspace_store::n_segments() const {
     std::lock_guard<std::mutex> lk(mu_);
     return n_segments_;
+}
+
+std::vector<segment> merge_stored_segments(std::vector<segment> stored, std::vector<segment> request) {
+    std::set<std::string> ids;
+    for (const segment & s : request) ids.insert(s.id);
+    std::vector<segment> merged;
+    for (segment & s : stored)
+        if (!ids.count(s.id)) merged.push_back(std::move(s));
+    for (segment & s : request) merged.push_back(std::move(s));
+    return merged;
 }
 
 }  // namespace warmctx::server_detail

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "server/api_error.h"
+#include "api_error.h"
 #include "warmctx/segments.h"
 
 namespace warmctx::server_detail {
@@ -57,5 +57,13 @@ class workspace_store {
     size_t n_bytes_ = 0;                                         // guarded by mu_
     size_t n_segments_ = 0;                                      // guarded by mu_
 };
+
+// The segments of a chat on a stored workspace: the stored segments (in their order,
+// by id) except those whose id one of the request's segments also has, then the
+// request's segments in their order. A request segment replaces the stored one of the
+// same id for this request only; the store is not changed. Nothing is validated here
+// (validate_segments runs on the result: duplicate ids within the request stay
+// duplicates, and are refused there).
+std::vector<segment> merge_stored_segments(std::vector<segment> stored, std::vector<segment> request);
 
 }  // namespace warmctx::server_detail

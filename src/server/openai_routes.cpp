@@ -1,0 +1,285 @@
+// The OpenAI routes: /v1/models, /v1/chat/completions, /v1/completions, and the
+// request -> job -> response flow they share with /v1/workspaces/{id}/chat/completions
+// (plain JSON or server-sent events). See docs/api.md.
+#include <ctime>
+#include <deque>
+
+#include "json_util.h"
+#include "route_context.h"
+#include "warmctx/assembler.h"
+
+namespace warmctx::server_detail {
+
+using json = nlohmann::json;
+
+namespace {
+
+// How long a waiting HTTP thread sleeps between looks at its channel. Events wake it
+// at once; the timeout only bounds how late it notices a dead client or a stop.
+constexpr auto k_poll = std::chrono::milliseconds(100);
+
+std::string sse(const json & j) { return "data: " + dump_json(j) + "\n\n"; }
+
+double ms_between(steady::time_point a, steady::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+void note_event(request_log & log, const timed_event & te) {
+    const completion_event & ev = te.ev;
+    if (ev.what == completion_event::kind::delta && log.ttft_ms < 0) log.ttft_ms = ms_between(log.t_start, te.at);
+    if (ev.what == completion_event::kind::started || ev.what == completion_event::kind::done) {
+        log.prompt_tokens = ev.usage.prompt_tokens;
+        log.tokens_reused = ev.usage.cached_tokens;
+        log.tokens_prefilled = ev.explain.n_prefilled;
+    }
+    if (ev.what == completion_event::kind::done) {
+        log.completion_tokens = ev.usage.completion_tokens;
+        if (log.ttft_ms < 0 && ev.usage.completion_tokens > 0) log.ttft_ms = ev.t_first_token_ms;
+    }
+}
+
+api_error job_error(const status & st) {
+    if (st.code() == status_code::cancelled) return unavailable("request cancelled: " + st.message(), 1);
+    return error_from_status(st);
+}
+
+// A streamed completion, between the handler's return and the stream's end.
+struct stream_state {
+    route_context * ctx = nullptr;
+    std::shared_ptr<request_channel> ch;
+    std::shared_ptr<request_log> log;
+    response_meta meta;
+    std::string workspace;
+    bool include_usage = false;
+    std::deque<timed_event> pending;
+    bool role_sent = false;
+    bool finished = false;  // the stream's last chunk was written, or the client left
+};
+
+// Writes `data`; on failure (the client went away) cancels the job.
+bool write_or_cancel(stream_state & st, chunk_sink & sink, const std::string & data) {
+    if (sink.write(data)) return true;
+    st.ch->cancel();
+    st.finished = true;
+    st.ctx->finish(*st.log, k_status_client_closed);
+    return false;
+}
+
+// One call of the transport: the role chunk first (chat), then whatever events are
+// there (waiting up to k_poll for some). true: call again (or done() was called).
+bool stream_step(stream_state & st, chunk_sink & sink) {
+    if (st.finished) return false;
+    if (!st.role_sent) {
+        st.role_sent = true;
+        if (st.meta.shape == api_shape::chat && !write_or_cancel(st, sink, sse(chunk_role(st.meta, st.include_usage))))
+            return false;
+    }
+    if (st.pending.empty()) {
+        for (auto & te : st.ch->pop_all(k_poll)) st.pending.push_back(std::move(te));
+        if (st.pending.empty()) return true;  // nothing yet: the transport calls again
+    }
+    while (!st.pending.empty()) {
+        timed_event te = std::move(st.pending.front());
+        st.pending.pop_front();
+        note_event(*st.log, te);
+        const completion_event & ev = te.ev;
+        switch (ev.what) {
+            case completion_event::kind::started: break;
+            case completion_event::kind::delta:
+                if (!ev.text.empty() && !write_or_cancel(st, sink, sse(chunk_delta(st.meta, ev.text, st.include_usage))))
+                    return false;
+                break;
+            case completion_event::kind::done: {
+                std::string out = sse(chunk_finish(st.meta, ev.finish, st.include_usage,
+                                                   warmctx_json(st.workspace, ev.explain, ev)));
+                if (st.include_usage) out += sse(chunk_usage(st.meta, ev.usage));
+                out += "data: [DONE]\n\n";
+                if (!write_or_cancel(st, sink, out)) return false;
+                st.finished = true;
+                sink.done();
+                st.ctx->finish(*st.log, 200);
+                return true;
+            }
+            case completion_event::kind::error: {
+                // Headers are sent: the error travels as a data chunk.
+                api_error e = job_error(ev.error);
+                st.log->error_code = e.code;
+                std::string out = "data: " + e.body() + "\n\ndata: [DONE]\n\n";
+                if (!write_or_cancel(st, sink, out)) return false;
+                st.finished = true;
+                sink.done();
+                st.ctx->finish(*st.log, 200);
+                return true;
+            }
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
+void run_completion(route_context & ctx, const http_request & req, http_response & res,
+                    const std::shared_ptr<request_log> & log, body_mode mode, const std::string * path_ws) {
+    json body;
+    if (auto e = parse_body(req, body)) return respond_error(res, *log, *e);
+    completion_request cr;
+    if (auto e = parse_completion_request(body, mode, ctx.limits, cr)) return respond_error(res, *log, *e);
+    if (path_ws) {
+        if (!cr.workspace.empty() && cr.workspace != *path_ws)
+            return respond_error(res, *log,
+                                 bad_request("invalid_workspace",
+                                             "the body names workspace '" + cr.workspace + "' but the path names '" +
+                                                 *path_ws + "'",
+                                             "workspace"));
+        auto stored = ctx.store.list(*path_ws);
+        if (!stored)
+            return respond_error(res, *log,
+                                 error_from_status(not_found("workspace '" + *path_ws +
+                                                             "' has no stored segments: PUT "
+                                                             "/v1/workspaces/{id}/segments/{segment} first")));
+        cr.segments = merge_stored_segments(std::move(*stored), std::move(cr.segments));
+        cr.workspace = *path_ws;
+    }
+    if (status st = validate_segments(cr.segments, ctx.opts.kinds); !st.ok())
+        return respond_error(res, *log, error_from_status(st));
+    if (cr.workspace.empty()) cr.workspace = derive_workspace(cr.segments);
+    log->workspace = cr.workspace;
+    if (!ctx.sched) return respond_error(res, *log, unavailable("the engine is stopping: no engine", 1));
+
+    auto ch = std::make_shared<request_channel>();
+    completion_job job;
+    job.turn.workspace = cr.workspace;
+    job.turn.segments = std::move(cr.segments);
+    job.turn.sampling = cr.sampling;
+    job.sink = [ch](const completion_event & ev) { return ch->push(ev); };
+    if (!ctx.register_channel(ch)) return respond_error(res, *log, unavailable("the server is shutting down", 1));
+    // Unregisters on every path out of this function, unless a stream takes over.
+    std::shared_ptr<request_channel> registered = ch;
+    struct unregister_guard {
+        route_context * ctx;
+        std::shared_ptr<request_channel> * ch;
+        ~unregister_guard() {
+            if (*ch) ctx->unregister_channel(*ch);
+        }
+    } guard{&ctx, &registered};
+
+    if (status st = ctx.sched->submit(std::move(job)); !st.ok()) {
+        if (st.code() == status_code::resource_exhausted)
+            return respond_error(res, *log,
+                                 too_many_requests("queue_full", "the request queue is full: " + st.message() +
+                                                                     "; retry after a second", 1));
+        if (st.code() == status_code::failed_precondition)
+            return respond_error(res, *log, unavailable("the engine is stopping: " + st.message(), 1));
+        return respond_error(res, *log, error_from_status(st));
+    }
+
+    // Wait for the first event: an error before anything was generated (prompt too
+    // long, bad segment) is still a plain HTTP error, even for a stream.
+    std::deque<timed_event> pending;
+    while (pending.empty())
+        for (auto & te : ch->pop_all(k_poll)) pending.push_back(std::move(te));
+    if (pending.front().ev.what == completion_event::kind::error)
+        return respond_error(res, *log, job_error(pending.front().ev.error));
+
+    response_meta meta;
+    meta.shape = cr.shape;
+    meta.id = ctx.next_request_id(cr.shape == api_shape::chat ? "chatcmpl-" : "cmpl-");
+    meta.created = static_cast<int64_t>(std::time(nullptr));
+    meta.model = ctx.model_name;
+
+    if (!cr.stream) {
+        std::string text;
+        for (;;) {
+            while (!pending.empty()) {
+                timed_event te = std::move(pending.front());
+                pending.pop_front();
+                note_event(*log, te);
+                const completion_event & ev = te.ev;
+                switch (ev.what) {
+                    case completion_event::kind::started: break;
+                    case completion_event::kind::delta: text += ev.text; break;
+                    case completion_event::kind::error: return respond_error(res, *log, job_error(ev.error));
+                    case completion_event::kind::done:
+                        send_json(res, 200,
+                                  completion_response(meta, text, ev.finish, ev.usage,
+                                                      warmctx_json(cr.workspace, ev.explain, ev)));
+                        return;
+                }
+            }
+            for (auto & te : ch->pop_all(k_poll)) pending.push_back(std::move(te));
+        }
+    }
+
+    // Streamed: the transport runs the steps after the handler returns; the channel
+    // stays registered until the stream ends (stream_end).
+    auto st = std::make_shared<stream_state>();
+    st->ctx = &ctx;
+    st->ch = ch;
+    st->log = log;
+    st->meta = meta;
+    st->workspace = cr.workspace;
+    st->include_usage = cr.include_usage;
+    st->pending = std::move(pending);
+    log->deferred = true;
+    registered.reset();  // stream_end unregisters
+    res.status = 200;
+    res.headers.emplace_back("Cache-Control", "no-cache");
+    res.headers.emplace_back("X-Accel-Buffering", "no");
+    res.content_type = "text/event-stream";
+    res.stream = [st](chunk_sink & sink) { return stream_step(*st, sink); };
+    res.stream_end = [st] {
+        // Called once the response is done with, however it ended.
+        if (!st->finished) {
+            st->finished = true;
+            st->ch->cancel();
+            st->ctx->finish(*st->log, k_status_client_closed);
+        }
+        st->ctx->unregister_channel(st->ch);
+    };
+}
+
+void add_openai_routes(route_table & t, route_context & ctx) {
+    route_context * c = &ctx;
+    auto model_json = [c] {
+        const model_info & m = c->sched->model();
+        const context_info & ci = c->sched->context();
+        return json{{"id", c->model_name},
+                    {"object", "model"},
+                    {"created", c->t_created},
+                    {"owned_by", "warmctx"},
+                    {"meta",
+                     {{"description", m.description},
+                      {"n_params", m.n_params},
+                      {"size_bytes", m.size_bytes},
+                      {"n_ctx_train", m.n_ctx_train},
+                      {"n_ctx_seq", ci.n_ctx_seq},
+                      {"n_parallel", c->sched->n_parallel()},
+                      {"chunk_tokens", ci.chunk_tokens},
+                      {"kv_type", ci.kv_type},
+                      {"kv_mode", kv_mode_name(ci.mode)},
+                      {"backend", ci.backend}}}};
+    };
+    t.push_back({"GET", "/v1/models", "/v1/models", true, [model_json](const http_request &, http_response & res, auto &) {
+                     send_json(res, 200, {{"object", "list"}, {"data", json::array({model_json()})}});
+                 }});
+    t.push_back({"GET", "/v1/models/{model}", "/v1/models/([^/]+)", true,
+                 [c, model_json](const http_request & req, http_response & res, const auto & log) {
+                     const std::string & name = req.params.at(0);
+                     if (name != c->model_name)
+                         return respond_error(res, *log,
+                                              error_from_status(not_found("no model '" + name.substr(0, 100) +
+                                                                          "' (this server serves '" + c->model_name + "')"),
+                                                                "model"));
+                     send_json(res, 200, model_json());
+                 }});
+    t.push_back({"POST", "/v1/chat/completions", "/v1/chat/completions", true,
+                 [c](const http_request & req, http_response & res, const auto & log) {
+                     run_completion(*c, req, res, log, body_mode::chat, nullptr);
+                 }});
+    t.push_back({"POST", "/v1/completions", "/v1/completions", true,
+                 [c](const http_request & req, http_response & res, const auto & log) {
+                     run_completion(*c, req, res, log, body_mode::text, nullptr);
+                 }});
+}
+
+}  // namespace warmctx::server_detail

@@ -1,0 +1,174 @@
+// server/route_context.h - what every route handler works with: a plain request, a plain
+// response, the request's record, and the server state the routes share. No HTTP
+// library here: a handler can be called without a socket (tests/server/routes_test.cpp).
+//
+// The server's layers:
+//   http_server.cpp      the socket (the HTTP library): bind, listen, stop; converts its
+//                        requests and responses to and from the types below
+//   router.{h,cpp}       the route table, auth, dispatch, the request log line and the
+//                        metrics record; the shared plumbing of route_context
+//   openai_routes.cpp    /v1/chat/completions, /v1/completions, /v1/models: request ->
+//                        job -> response, streaming (SSE)
+//   workspace_routes.cpp /v1/workspaces/...: the segment store, explain, pins, tiers
+//
+// Thread safety: route_context's members are safe to call from any HTTP thread (its
+// state is atomics, the mutex-guarded store/metrics/channel set, and constants).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api_error.h"
+#include "metrics.h"
+#include "openai.h"
+#include "request_channel.h"
+#include "workspace_store.h"
+#include "warmctx/scheduler.h"
+#include "warmctx/server.h"
+
+namespace warmctx::server_detail {
+
+struct http_request {
+    std::string method;                        // GET, POST, PUT, DELETE
+    std::string path;                          // without the query
+    std::vector<std::string> params;           // the route's captures in order ({id}, {segment}, {model})
+    std::map<std::string, std::string> query;  // ?key=value (a key's first value)
+    std::string authorization;                 // the Authorization header, "" when absent
+    std::string body;
+};
+
+// Where a streamed body goes (the transport's connection).
+class chunk_sink {
+  public:
+    virtual ~chunk_sink() = default;
+    virtual bool write(std::string_view data) = 0;  // false: the client went away
+    virtual void done() = 0;                        // the body is complete
+};
+
+struct http_response {
+    int status = 200;
+    std::vector<std::pair<std::string, std::string>> headers;  // besides Content-Type
+    std::string content_type;
+    std::string body;
+    // A streamed (chunked) body instead of `body`, when set: the transport calls
+    // `stream` until it calls done() (the body is complete) or returns false (abandon
+    // the response), then `stream_end` exactly once, however the response ended.
+    std::function<bool(chunk_sink &)> stream;
+    std::function<void()> stream_end;
+
+    // The value of header `name` (exact spelling), "" when absent.
+    std::string header(std::string_view name) const;
+};
+
+using steady = std::chrono::steady_clock;
+
+// What one request did, for its log line and the metrics. Filled by the handler; a
+// stream's is finished by the stream's end, not by the handler's return.
+struct request_log {
+    std::string method;
+    std::string route;               // the route pattern (bounded label set)
+    steady::time_point t_start = steady::now();
+    std::string workspace;
+    std::string error_code;          // for status >= 400
+    int64_t prompt_tokens = -1;      // -1: not a completion (null in the log)
+    int64_t tokens_reused = -1;
+    int64_t tokens_prefilled = -1;
+    int64_t completion_tokens = -1;
+    double ttft_ms = -1;
+    bool deferred = false;           // a stream: its end calls finish()
+    bool finished = false;
+};
+
+// Not an HTTP status a server sends: the metrics/log status of a stream whose client
+// went away before it ended (nginx's convention).
+inline constexpr int k_status_client_closed = 499;
+
+// The state the routes share. One per server (or per test).
+class route_context {
+  public:
+    // `sched` is null only in tests of routes that need no engine: engine_call and a
+    // completion then answer 503; the /v1/models routes must not be called.
+    route_context(scheduler * sched, server_options opts);
+
+    scheduler * const sched;
+    const server_options opts;
+    request_limits limits;
+    std::string model_name;
+    int64_t t_created = 0;
+    workspace_store store;
+    server_metrics metrics;
+    std::atomic<bool> stopping{false};
+
+    // "chatcmpl-" + 16 hex digits, unique in this process and unpredictable across runs.
+    std::string next_request_id(const char * prefix);
+
+    // Runs fn on the engine thread. A refused call, or one the scheduler dropped
+    // because it stopped meanwhile, is 503.
+    maybe_error engine_call(const std::function<void(context_engine &)> & fn);
+
+    // Channels of requests still waiting for the scheduler; stop_channels() (the
+    // server stopping) refuses new ones and aborts those registered.
+    bool register_channel(const std::shared_ptr<request_channel> & ch);
+    void unregister_channel(const std::shared_ptr<request_channel> & ch);
+    void stop_channels(const std::string & why);
+
+    // Records the request in the metrics and writes its log line, once (router.cpp).
+    void finish(request_log & log, int http_status);
+
+  private:
+    uint64_t id_salt_ = 0;
+    std::atomic<uint64_t> next_id_{1};
+    std::mutex live_mu_;
+    std::unordered_set<std::shared_ptr<request_channel>> live_;  // guarded by live_mu_
+    std::mutex log_mu_;                                          // one log line at a time
+};
+
+// ---- answering -----------------------------------------------------------------------
+
+void send_json(http_response & res, int http_status, const nlohmann::json & j);
+// The error object (with Retry-After when the error has one); the log keeps its code.
+void respond_error(http_response & res, request_log & log, const api_error & e);
+
+// The request body as JSON, through warmctx::parse_json (UTF-8, nesting depth, exactly
+// one value): 400 invalid_utf8 or invalid_json otherwise. Every route that reads a body
+// reads it here.
+maybe_error parse_body(const http_request & req, nlohmann::json & out);
+
+// ---- the route table -------------------------------------------------------------------
+
+using route_handler =
+    std::function<void(const http_request &, http_response &, const std::shared_ptr<request_log> &)>;
+
+struct route {
+    std::string method;
+    std::string pattern;     // the label in metrics, e.g. /v1/workspaces/{id}/segments
+    std::string regex_text;  // what the transport matches (the whole path); captures = params
+    bool auth = true;        // needs the API key (when the server has one)
+    route_handler fn;
+};
+
+using route_table = std::vector<route>;
+
+// Each group appends its routes in the order the transport matches them.
+void add_openai_routes(route_table & t, route_context & ctx);
+void add_workspace_routes(route_table & t, route_context & ctx);
+
+// The request -> job -> response flow of every completion route. `path_ws`: the
+// workspace of a /v1/workspaces/{id}/chat/completions path (already validated); its
+// stored segments are merged in (merge_stored_segments).
+void run_completion(route_context & ctx, const http_request & req, http_response & res,
+                    const std::shared_ptr<request_log> & log, body_mode mode, const std::string * path_ws);
+
+}  // namespace warmctx::server_detail

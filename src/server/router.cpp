@@ -1,0 +1,291 @@
+// The transport without the socket: route table, auth, dispatch, unmatched requests,
+// the per-request record (metrics + log line), and route_context's shared plumbing.
+#include "router.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <random>
+
+#include "json_util.h"
+
+namespace warmctx::server_detail {
+
+using json = nlohmann::json;
+
+namespace {
+
+std::string iso8601_now() {
+    auto now = std::chrono::system_clock::now();
+    std::time_t t = std::chrono::system_clock::to_time_t(now);
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char buf[64];
+    size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+    std::snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(ms));
+    return buf;
+}
+
+double ms_between(steady::time_point a, steady::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Compares without an early exit, so the time taken does not tell how many leading
+// bytes of a guessed key were right.
+bool constant_time_equal(std::string_view a, std::string_view b) {
+    volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
+    const size_t n = std::max(a.size(), b.size());
+    for (size_t i = 0; i < n; ++i) {
+        unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+        unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+        diff = diff | static_cast<unsigned char>(x ^ y);
+    }
+    return diff == 0;
+}
+
+std::string model_name_from_path(const std::string & path) {
+    auto slash = path.find_last_of('/');
+    std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+    auto dot = base.rfind(".gguf");
+    if (dot != std::string::npos && dot + 5 == base.size()) base.resize(dot);
+    return base.empty() ? "warmctx" : base;
+}
+
+}  // namespace
+
+// ---- route_context -----------------------------------------------------------------------
+
+route_context::route_context(scheduler * s, server_options o)
+    : sched(s), opts(std::move(o)),
+      store(store_limits{opts.max_workspaces, opts.max_segments_per_workspace, opts.max_segment_bytes,
+                         opts.max_store_bytes}) {
+    if (sched) limits.max_tokens_cap = static_cast<int32_t>(std::max<uint32_t>(1, sched->context().n_ctx_seq));
+    limits.default_max_tokens = std::max(1, opts.default_max_tokens);
+    model_name = !opts.model_name.empty() ? opts.model_name
+                 : sched                  ? model_name_from_path(sched->model().path)
+                                          : "warmctx";
+    t_created = static_cast<int64_t>(std::time(nullptr));
+    id_salt_ = std::random_device{}();
+    id_salt_ = (id_salt_ << 32) ^ std::random_device{}();
+}
+
+std::string route_context::next_request_id(const char * prefix) {
+    uint64_t v = (next_id_.fetch_add(1) * 0x9E3779B97F4A7C15ull) ^ id_salt_;
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%s%016llx", prefix, static_cast<unsigned long long>(v));
+    return buf;
+}
+
+maybe_error route_context::engine_call(const std::function<void(context_engine &)> & fn) {
+    if (!sched) return unavailable("the engine is stopping: no engine", 1);
+    bool ran = false;
+    status st = sched->call([&](context_engine & ce) {
+        fn(ce);
+        ran = true;
+    });
+    if (st.ok() && ran) return std::nullopt;
+    if (st.ok() || st.code() == status_code::failed_precondition)
+        return unavailable("the engine is stopping" + (st.ok() ? std::string() : ": " + st.message()), 1);
+    return error_from_status(st);
+}
+
+bool route_context::register_channel(const std::shared_ptr<request_channel> & ch) {
+    std::lock_guard<std::mutex> lk(live_mu_);
+    if (stopping.load()) return false;
+    live_.insert(ch);
+    return true;
+}
+
+void route_context::unregister_channel(const std::shared_ptr<request_channel> & ch) {
+    std::lock_guard<std::mutex> lk(live_mu_);
+    live_.erase(ch);
+}
+
+void route_context::stop_channels(const std::string & why) {
+    std::lock_guard<std::mutex> lk(live_mu_);
+    stopping = true;
+    for (const auto & ch : live_) ch->abort(why);
+}
+
+void route_context::finish(request_log & log, int http_status) {
+    if (log.finished) return;
+    log.finished = true;
+    const double duration_ms = ms_between(log.t_start, steady::now());
+    request_outcome o;
+    o.route = log.route;
+    o.status = http_status;
+    o.duration_s = duration_ms / 1000.0;
+    o.ttft_s = log.ttft_ms >= 0 ? log.ttft_ms / 1000.0 : -1;
+    o.prompt_tokens = log.prompt_tokens;
+    o.cached_tokens = log.tokens_reused;
+    o.prefilled_tokens = log.tokens_prefilled;
+    o.completion_tokens = log.completion_tokens;
+    metrics.record(o);
+    if (!opts.log_requests) return;
+    auto opt_int = [](int64_t v) { return v < 0 ? json(nullptr) : json(v); };
+    json line = {{"ts", iso8601_now()},
+                 {"method", log.method},
+                 {"route", log.route},
+                 {"status", http_status},
+                 {"workspace", log.workspace.empty() ? json(nullptr) : json(log.workspace)},
+                 {"prompt_tokens", opt_int(log.prompt_tokens)},
+                 {"tokens_reused", opt_int(log.tokens_reused)},
+                 {"tokens_prefilled", opt_int(log.tokens_prefilled)},
+                 {"completion_tokens", opt_int(log.completion_tokens)},
+                 {"ttft_ms", log.ttft_ms < 0 ? json(nullptr) : json(std::round(log.ttft_ms * 1000) / 1000)},
+                 {"duration_ms", std::round(duration_ms * 1000) / 1000}};
+    if (!log.error_code.empty()) line["error"] = log.error_code;
+    std::string s = dump_json(line) + "\n";
+    std::lock_guard<std::mutex> lk(log_mu_);
+    std::fputs(s.c_str(), stderr);
+    std::fflush(stderr);
+}
+
+// ---- answering -----------------------------------------------------------------------------
+
+std::string http_response::header(std::string_view name) const {
+    for (const auto & [k, v] : headers)
+        if (k == name) return v;
+    return {};
+}
+
+void send_json(http_response & res, int http_status, const json & j) {
+    res.status = http_status;
+    res.content_type = "application/json";
+    res.body = dump_json(j);
+}
+
+void respond_error(http_response & res, request_log & log, const api_error & e) {
+    res.status = e.http_status;
+    if (e.retry_after_s > 0) res.headers.emplace_back("Retry-After", std::to_string(e.retry_after_s));
+    res.content_type = "application/json";
+    res.body = e.body();
+    log.error_code = e.code;
+}
+
+maybe_error parse_body(const http_request & req, json & out) {
+    json_error why = json_error::none;
+    auto parsed = parse_json(req.body, json_read_options{}, &why);
+    if (!parsed.ok()) {
+        // parse_json's messages name the check: "not valid UTF-8 (byte offset 3)",
+        // "nests arrays/objects deeper than 100 levels", "not valid JSON: ...".
+        const std::string m = parsed.error().message();  // error() is a copy
+        const std::string message = (m.rfind("not ", 0) == 0 ? "request body is " : "request body ") + m;
+        return bad_request(why == json_error::invalid_utf8 ? "invalid_utf8" : "invalid_json", message);
+    }
+    out = std::move(*parsed);
+    return std::nullopt;
+}
+
+// ---- the router ----------------------------------------------------------------------------
+
+bool authorized(const std::string & h, const std::string & api_key) {
+    if (api_key.empty()) return true;
+    constexpr std::string_view scheme = "bearer ";
+    if (h.size() < scheme.size()) return false;
+    for (size_t i = 0; i < scheme.size(); ++i)
+        if (std::tolower(static_cast<unsigned char>(h[i])) != scheme[i]) return false;
+    std::string_view key = std::string_view(h).substr(scheme.size());
+    while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
+    return constant_time_equal(key, api_key);
+}
+
+router::router(route_context & ctx) : ctx_(ctx) {
+    route_context * c = &ctx_;
+    routes_.push_back({"GET", "/health", "/health", false, [c](const http_request &, http_response & res, auto &) {
+                           if (c->stopping.load()) send_json(res, 503, {{"status", "stopping"}});
+                           else send_json(res, 200, {{"status", "ok"}});
+                       }});
+    routes_.push_back({"GET", "/metrics", "/metrics", true, [c](const http_request &, http_response & res, auto &) {
+                           engine_snapshot snap;
+                           if (c->sched) {
+                               snap.sched = c->sched->stats();
+                               snap.n_parallel = c->sched->n_parallel();
+                           }
+                           snap.have_counters = !c->engine_call([&](context_engine & ce) { snap.counters = ce.counters(); });
+                           snap.store_workspaces = c->store.workspaces().size();
+                           snap.store_segments = c->store.n_segments();
+                           snap.store_bytes = c->store.n_bytes();
+                           res.status = 200;
+                           res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+                           res.body = c->metrics.render(snap);
+                       }});
+    add_openai_routes(routes_, ctx_);
+    add_workspace_routes(routes_, ctx_);
+    res_.reserve(routes_.size());
+    for (const route & r : routes_) res_.emplace_back(r.regex_text);
+}
+
+void router::dispatch(const route & r, const http_request & req, http_response & res) {
+    auto log = std::make_shared<request_log>();
+    log->method = req.method;
+    log->route = r.pattern;
+    try {
+        if (r.auth && !authorized(req.authorization, ctx_.opts.api_key)) {
+            respond_error(res, *log, unauthorized("missing or wrong API key: send \"Authorization: Bearer <key>\""));
+        } else {
+            r.fn(req, res, log);
+        }
+    } catch (const std::exception & e) {
+        // Nothing a client sends should land here (parsers check types first);
+        // this is the boundary that keeps one bad request from hurting others.
+        res = http_response{};
+        log->deferred = false;
+        respond_error(res, *log, server_error(std::string("internal error: ") + e.what()));
+    } catch (...) {
+        res = http_response{};
+        log->deferred = false;
+        respond_error(res, *log, server_error("internal error"));
+    }
+    if (!log->deferred) ctx_.finish(*log, res.status);
+}
+
+http_response router::handle(http_request req) {
+    http_response res;
+    for (size_t i = 0; i < routes_.size(); ++i) {
+        std::smatch m;
+        if (routes_[i].method != req.method || !std::regex_match(req.path, m, res_[i])) continue;
+        req.params.clear();
+        for (size_t k = 1; k < m.size(); ++k) req.params.push_back(m[k].str());
+        dispatch(routes_[i], req, res);
+        return res;
+    }
+    res.status = 404;
+    unmatched(req.method, req.path, res);
+    return res;
+}
+
+void router::unmatched(const std::string & method, const std::string & path, http_response & res) {
+    request_log log;
+    log.method = method;
+    log.route = "unmatched";
+    std::string allow;
+    for (size_t i = 0; i < routes_.size(); ++i) {
+        const route & r = routes_[i];
+        if (!std::regex_match(path, res_[i])) continue;
+        log.route = r.pattern;
+        if (r.method != method && allow.find(r.method) == std::string::npos)
+            allow += (allow.empty() ? "" : ", ") + r.method;
+    }
+    api_error e;
+    if (res.status == 404 && !allow.empty()) {
+        e = method_not_allowed("method " + method + " is not allowed on " + log.route + " (allowed: " + allow + ")");
+        res.headers.emplace_back("Allow", allow);
+    } else if (res.status == 404) {
+        e = not_found_route("no route " + method + " " + path.substr(0, 200));
+    } else if (res.status == 413) {
+        e = payload_too_large("request body larger than " + std::to_string(ctx_.opts.max_body_bytes) + " bytes");
+    } else if (res.status >= 500) {
+        e = server_error("HTTP error " + std::to_string(res.status));
+    } else {
+        e = bad_request("bad_request", "malformed HTTP request (status " + std::to_string(res.status) + ")");
+        e.http_status = res.status;
+    }
+    respond_error(res, log, e);
+    ctx_.finish(log, res.status);
+}
+
+}  // namespace warmctx::server_detail

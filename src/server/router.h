@@ -1,0 +1,57 @@
+// server/router.h - the transport's half that needs no socket: the route table, the
+// API key, dispatch (the boundary that catches everything a handler throws), the
+// OpenAI-shaped answer to what no route takes, and each request's record (metrics and
+// the log line).
+//
+// http_server.cpp hands it the requests its HTTP library already matched (dispatch)
+// and the errors that library answers itself (unmatched); tests hand it a request
+// (handle) and match as the library does.
+//
+// Thread safety: dispatch, handle and unmatched may be called from any thread; the
+// table is fixed once constructed.
+#pragma once
+
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "route_context.h"
+
+namespace warmctx::server_detail {
+
+// "Bearer <key>" (scheme case-insensitive, spaces after it ignored) against `api_key`,
+// compared in constant time. An empty api_key lets everyone in.
+bool authorized(const std::string & authorization, const std::string & api_key);
+
+class router {
+  public:
+    // Registers every route: /health and /metrics, then the OpenAI routes, then the
+    // workspace routes (the order the transport tries them in).
+    explicit router(route_context & ctx);
+    router(const router &) = delete;
+    router & operator=(const router &) = delete;
+
+    const std::vector<route> & routes() const { return routes_; }
+
+    // One request to `r`: auth, the handler, a 500 for anything it throws; the
+    // request is recorded here unless it became a stream (whose end records it).
+    void dispatch(const route & r, const http_request & req, http_response & res);
+
+    // Matches `req` as the transport does (the first route of its method whose
+    // pattern matches the whole path), fills req.params and dispatches; no route:
+    // unmatched with 404.
+    http_response handle(http_request req);
+
+    // An error the transport answers itself (res.status preset: 404 no route, 413
+    // body too large, 400 malformed request, 5xx): an OpenAI error object, 405 with
+    // Allow when the path is known under another method; recorded.
+    void unmatched(const std::string & method, const std::string & path, http_response & res);
+
+  private:
+    route_context & ctx_;
+    std::vector<route> routes_;
+    std::vector<std::regex> res_;  // routes_[i]'s compiled regex_text
+};
+
+}  // namespace warmctx::server_detail

@@ -1,0 +1,189 @@
+// The completion routes' handlers on the tiny model, without a socket: a request
+// struct in, a response struct (or a stream driven through a chunk_sink) out.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/router.h"
+#include "warmctx/scheduler.h"
+
+namespace warmctx::server_detail {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+scheduler_options tiny_options() {
+    scheduler_options o;
+    o.engine.engine.model_path = WARMCTX_TINY_MODEL;
+    o.engine.engine.n_ctx = 2048;
+    o.engine.engine.chunk_tokens = 64;
+    o.engine.engine.n_threads = 2;
+    o.engine.n_holders = 4;
+    o.n_parallel = 2;
+    o.max_queue = 8;
+    return o;
+}
+
+// Collects what a stream writes; `fail_after` writes succeed, then the client is gone.
+class string_sink final : public chunk_sink {
+  public:
+    explicit string_sink(size_t fail_after = SIZE_MAX) : fail_after_(fail_after) {}
+    bool write(std::string_view d) override {
+        if (n_writes_++ >= fail_after_) return false;
+        text.append(d);
+        return true;
+    }
+    void done() override { is_done = true; }
+    std::string text;
+    bool is_done = false;
+
+  private:
+    size_t fail_after_;
+    size_t n_writes_ = 0;
+};
+
+// Runs a streamed response as the transport does: steps until done or abandoned, then
+// its end, once.
+bool drive(http_response & res, string_sink & sink) {
+    bool completed = false;
+    for (int i = 0; i < 10000; ++i) {
+        if (!res.stream(sink)) break;
+        if (sink.is_done) {
+            completed = true;
+            break;
+        }
+    }
+    res.stream_end();
+    return completed;
+}
+
+class routes_model_test : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        auto s = scheduler::start(tiny_options());
+        ASSERT_TRUE(s.ok()) << s.error().to_string();
+        sched_ = std::move(*s);
+    }
+    static void TearDownTestSuite() {
+        if (sched_) sched_->stop();
+        sched_.reset();
+    }
+    void SetUp() override {
+        ASSERT_TRUE(sched_);
+        server_options o;
+        o.log_requests = false;
+        ctx_ = std::make_unique<route_context>(sched_.get(), o);
+        router_ = std::make_unique<router>(*ctx_);
+    }
+    http_response post(const std::string & path, const json & body) {
+        http_request r;
+        r.method = "POST";
+        r.path = path;
+        r.body = body.dump();
+        return router_->handle(r);
+    }
+    static json chat(const std::string & q, bool stream) {
+        return {{"messages", json::array({{{"role", "system"}, {"content", "Be terse."}}, {{"role", "user"}, {"content", q}}})},
+                {"max_tokens", 4},
+                {"temperature", 0},
+                {"stream", stream},
+                {"stream_options", {{"include_usage", true}}}};
+    }
+    std::string metrics() const { return ctx_->metrics.render(engine_snapshot{}); }
+
+    static std::unique_ptr<scheduler> sched_;
+    std::unique_ptr<route_context> ctx_;
+    std::unique_ptr<router> router_;
+};
+
+std::unique_ptr<scheduler> routes_model_test::sched_;
+
+TEST_F(routes_model_test, chat_answers_json) {
+    http_response res = post("/v1/chat/completions", chat("hello", false));
+    ASSERT_EQ(res.status, 200) << res.body;
+    EXPECT_FALSE(res.stream);
+    EXPECT_EQ(res.content_type, "application/json");
+    json j = json::parse(res.body);
+    EXPECT_EQ(j["object"], "chat.completion");
+    EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+    EXPECT_EQ(j["model"], "tiny-f16-seed1");
+    EXPECT_NE(metrics().find("warmctx_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 1\n"),
+              std::string::npos);
+}
+
+TEST_F(routes_model_test, stream_frames_sse_and_is_recorded_when_it_ends) {
+    http_response res = post("/v1/chat/completions", chat("count", true));
+    ASSERT_EQ(res.status, 200) << res.body;
+    ASSERT_TRUE(res.stream);
+    EXPECT_EQ(res.content_type, "text/event-stream");
+    EXPECT_EQ(res.header("Cache-Control"), "no-cache");
+    EXPECT_EQ(res.header("X-Accel-Buffering"), "no");
+    // Not recorded until the stream ends.
+    EXPECT_EQ(metrics().find("route=\"/v1/chat/completions\""), std::string::npos);
+    string_sink sink;
+    ASSERT_TRUE(drive(res, sink));
+    const std::string & t = sink.text;
+    ASSERT_GE(t.size(), 20u);
+    EXPECT_EQ(t.rfind("data: ", 0), 0u);
+    EXPECT_EQ(t.substr(t.size() - 14), "data: [DONE]\n\n");
+    std::vector<json> chunks;
+    for (size_t pos = 0; pos < t.size();) {
+        size_t end = t.find("\n\n", pos);
+        ASSERT_NE(end, std::string::npos);
+        std::string ev = t.substr(pos, end - pos);
+        pos = end + 2;
+        ASSERT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+        if (ev == "data: [DONE]") continue;
+        chunks.push_back(json::parse(ev.substr(6)));
+    }
+    ASSERT_GE(chunks.size(), 3u);  // role, finish, usage
+    EXPECT_EQ(chunks.front()["choices"][0]["delta"]["role"], "assistant");
+    EXPECT_TRUE(chunks.back()["choices"].empty());
+    EXPECT_GT(chunks.back()["usage"]["prompt_tokens"].get<int>(), 0);
+    EXPECT_TRUE(chunks[chunks.size() - 2].contains("warmctx"));
+    EXPECT_NE(metrics().find("warmctx_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 1\n"),
+              std::string::npos);
+}
+
+TEST_F(routes_model_test, a_client_gone_mid_stream_cancels_the_job_and_records_499) {
+    const uint64_t cancelled = sched_->stats().n_cancelled;
+    json body = chat("a long story", true);
+    body["max_tokens"] = 1500;
+    body["temperature"] = 1.0;
+    body["seed"] = 7;
+    http_response res = post("/v1/chat/completions", body);
+    ASSERT_EQ(res.status, 200) << res.body;
+    string_sink sink(2);  // the role chunk and one more, then the connection is gone
+    EXPECT_FALSE(drive(res, sink));
+    auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (sched_->stats().n_cancelled == cancelled && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(5ms);
+    EXPECT_GT(sched_->stats().n_cancelled, cancelled);
+    EXPECT_NE(metrics().find("warmctx_requests_total{route=\"/v1/chat/completions\",status=\"499\"} 1\n"),
+              std::string::npos);
+}
+
+TEST_F(routes_model_test, workspace_chat_merges_the_stored_segments) {
+    http_request put;
+    put.method = "PUT";
+    put.path = "/v1/workspaces/m1/segments/rules";
+    put.body = R"({"kind": "instructions", "content": "Always run the tests."})";
+    ASSERT_EQ(router_->handle(put).status, 201);
+    json body = {{"segments", json::array({{{"id", "rules"}, {"kind", "instructions"}, {"content", "Never run them."}},
+                                           {{"id", "q"}, {"kind", "user"}, {"content", "Why?"}}})},
+                 {"max_tokens", 2}};
+    http_response res = post("/v1/workspaces/m1/chat/completions", body);
+    ASSERT_EQ(res.status, 200) << res.body;
+    EXPECT_EQ(json::parse(res.body)["warmctx"]["workspace"], "m1");
+}
+
+}  // namespace
+}  // namespace warmctx::server_detail

@@ -1,0 +1,296 @@
+// The route handlers without a socket and without a model: requests as plain structs
+// through the router (auth, dispatch, the record), answers as plain structs. Routes
+// that reach the engine are in routes_model_test.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/json_util.h"
+#include "server/router.h"
+#include "server/workspace_store.h"
+
+namespace warmctx::server_detail {
+namespace {
+
+using json = nlohmann::json;
+
+http_request request(std::string method, std::string path, std::string body = {}) {
+    http_request r;
+    r.method = std::move(method);
+    r.path = std::move(path);
+    r.body = std::move(body);
+    return r;
+}
+
+// The answer to a bad body before bodies went through parse_json: the old parse_body,
+// verbatim, so that these tests pin "the same status, code and message as before".
+api_error old_body_error(const std::string & body) {
+    if (size_t bad = find_invalid_utf8(body); bad != k_utf8_valid)
+        return bad_request("invalid_utf8", "request body is not valid UTF-8 (byte offset " + std::to_string(bad) + ")");
+    if (json_nesting_depth(body) > k_max_json_depth)
+        return bad_request("invalid_json",
+                           "request body nests arrays/objects deeper than " + std::to_string(k_max_json_depth) + " levels");
+    try {
+        json parsed = json::parse(body);
+        ADD_FAILURE() << "the body is valid JSON: " << parsed.dump().substr(0, 80);
+        return {};
+    } catch (const json::exception & e) {
+        return bad_request("invalid_json", std::string("request body is not valid JSON: ") + e.what());
+    }
+}
+
+class routes_test : public ::testing::Test {
+  protected:
+    explicit routes_test(std::string api_key = {}) {
+        server_options o;
+        o.log_requests = false;
+        o.api_key = std::move(api_key);
+        ctx_ = std::make_unique<route_context>(nullptr, o);
+        router_ = std::make_unique<router>(*ctx_);
+    }
+    http_response call(std::string method, std::string path, std::string body = {}) {
+        return router_->handle(request(std::move(method), std::move(path), std::move(body)));
+    }
+    http_response put(const std::string & ws, const std::string & id, const json & body) {
+        return call("PUT", "/v1/workspaces/" + ws + "/segments/" + id, body.dump());
+    }
+    static json parse(const http_response & r) {
+        json j = json::parse(r.body, nullptr, false);
+        EXPECT_FALSE(j.is_discarded()) << r.body;
+        return j;
+    }
+    // requests_total of (route, status), from the metrics text.
+    uint64_t count(const std::string & route, int status) const {
+        const std::string series =
+            "warmctx_requests_total{route=\"" + route + "\",status=\"" + std::to_string(status) + "\"} ";
+        std::string t = ctx_->metrics.render(engine_snapshot{});
+        size_t p = t.find(series);
+        return p == std::string::npos ? 0 : std::stoull(t.substr(p + series.size()));
+    }
+
+    std::unique_ptr<route_context> ctx_;
+    std::unique_ptr<router> router_;
+};
+
+TEST_F(routes_test, segment_put_get_delete_round_trip) {
+    http_response p1 = put("proj", "src/map.txt", {{"kind", "repo_map"}, {"content", "a.cc"}, {"path", "src/map.txt"}});
+    EXPECT_EQ(p1.status, 201) << p1.body;
+    EXPECT_EQ(p1.content_type, "application/json");
+    EXPECT_EQ(p1.body, R"({"content_bytes":4,"created":true,"id":"src/map.txt","kind":"repo_map","workspace":"proj"})");
+    http_response p2 = put("proj", "src/map.txt", {{"kind", "repo_map"}, {"content", "a.cc b.cc"}});
+    EXPECT_EQ(p2.status, 200) << p2.body;
+    EXPECT_FALSE(parse(p2)["created"].get<bool>());
+    EXPECT_EQ(put("proj", "rules", {{"kind", "instructions"}, {"content", "test it"}}).status, 201);
+
+    http_response g = call("GET", "/v1/workspaces/proj/segments/src/map.txt");
+    EXPECT_EQ(g.status, 200) << g.body;
+    EXPECT_EQ(g.body, R"({"content":"a.cc b.cc","id":"src/map.txt","kind":"repo_map","workspace":"proj"})");
+    http_response list = call("GET", "/v1/workspaces/proj/segments");
+    ASSERT_EQ(list.status, 200) << list.body;
+    ASSERT_EQ(parse(list)["data"].size(), 2u);
+    EXPECT_EQ(parse(list)["data"][0]["id"], "rules");  // ordered by id
+    http_response ws = call("GET", "/v1/workspaces/proj");
+    EXPECT_EQ(ws.body, R"({"content_bytes":16,"id":"proj","object":"workspace","segments":["rules","src/map.txt"]})");
+    EXPECT_EQ(call("GET", "/v1/workspaces").body, R"({"data":[{"id":"proj","object":"workspace"}],"object":"list"})");
+
+    http_response d = call("DELETE", "/v1/workspaces/proj/segments/src/map.txt");
+    EXPECT_EQ(d.status, 200) << d.body;
+    EXPECT_EQ(d.body, R"({"deleted":true,"id":"src/map.txt","workspace":"proj"})");
+    http_response gone = call("GET", "/v1/workspaces/proj/segments/src/map.txt");
+    EXPECT_EQ(gone.status, 404);
+    EXPECT_EQ(gone.body, error_from_status(not_found("no segment 'src/map.txt' in workspace 'proj'")).body());
+    EXPECT_EQ(call("DELETE", "/v1/workspaces/proj/segments/src/map.txt").status, 404);
+    EXPECT_EQ(call("DELETE", "/v1/workspaces/proj/segments/rules").status, 200);
+    http_response empty = call("GET", "/v1/workspaces/proj/segments");  // a workspace exists while it stores one
+    EXPECT_EQ(empty.status, 404);
+    EXPECT_EQ(empty.body, error_from_status(not_found("workspace 'proj' has no stored segments")).body());
+
+    // Each request is recorded under its route pattern.
+    EXPECT_EQ(count("/v1/workspaces/{id}/segments/{segment}", 201), 2u);
+    EXPECT_EQ(count("/v1/workspaces/{id}/segments/{segment}", 404), 2u);
+}
+
+TEST_F(routes_test, segment_put_refusals) {
+    http_response user = put("proj", "q", {{"kind", "user"}, {"content", "no"}});
+    EXPECT_EQ(user.status, 400);
+    EXPECT_EQ(parse(user)["error"]["code"], "invalid_kind");
+    EXPECT_EQ(parse(put("proj", "x", {{"kind", "system"}}))["error"]["param"], "content");
+    http_response big = put("proj", "big", {{"kind", "system"}, {"content", std::string((4u << 20) + 1, 'x')}});
+    EXPECT_EQ(big.status, 413);
+    EXPECT_EQ(call("GET", "/v1/workspaces/proj").status, 404);  // nothing was stored
+}
+
+// Every route under /v1/workspaces/{id}: a bad id is the same 400 before anything else
+// (so no route reaches the store or the engine with it).
+TEST_F(routes_test, bad_workspace_id_is_400_on_every_workspace_route) {
+    const std::string expected =
+        R"({"error":{"code":"invalid_workspace","message":"invalid workspace id '.hidden': starts with '.'","param":"path","type":"invalid_request_error"}})";
+    size_t n = 0;
+    for (const route & r : router_->routes()) {
+        if (r.pattern.find("{id}") == std::string::npos) continue;
+        std::string path = r.pattern;
+        path.replace(path.find("{id}"), 4, ".hidden");
+        if (size_t s = path.find("{segment}"); s != std::string::npos) path.replace(s, 9, "a/b");
+        http_response res = call(r.method, path, "{}");
+        EXPECT_EQ(res.status, 400) << r.method << " " << r.pattern;
+        EXPECT_EQ(res.body, expected) << r.method << " " << r.pattern;
+        ++n;
+    }
+    EXPECT_EQ(n, 15u);  // every workspace route but the list
+    EXPECT_EQ(parse(call("GET", "/v1/workspaces/a%20b/manifest"))["error"]["code"], "invalid_workspace");
+    EXPECT_EQ(call("GET", "/v1/workspaces/" + std::string(65, 'w') + "/segments").status, 400);
+
+    http_response seg = call("PUT", "/v1/workspaces/ok/segments/a/../c", R"({"kind":"system","content":"x"})");
+    EXPECT_EQ(seg.status, 400);
+    EXPECT_EQ(parse(seg)["error"]["code"], "invalid_segment_id");
+    EXPECT_EQ(parse(seg)["error"]["param"], "path");
+    http_response seg8 = call("GET", "/v1/workspaces/ok/segments/caf\xC3\x28");
+    EXPECT_EQ(seg8.body,
+              R"({"error":{"code":"invalid_segment_id","message":"segment id is not valid UTF-8","param":"path","type":"invalid_request_error"}})");
+}
+
+TEST_F(routes_test, bad_bodies_are_400_exactly_as_before) {
+    const std::vector<std::string> bodies = {
+        "{\"messages\": [}",
+        "",
+        "{\"a\": 1} trailing",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"caf\xC3\x28 \xFF\"}]}",  // not UTF-8
+        R"({"messages": [{"role": "user", "content": "\ud800"}]})",                   // a lone surrogate escape
+        std::string(101, '[') + std::string(101, ']'),                                // one level too deep
+        R"({"tools": )" + std::string(100000, '[') + "}",
+    };
+    const std::vector<std::pair<std::string, std::string>> routes = {
+        {"POST", "/v1/chat/completions"},
+        {"POST", "/v1/completions"},
+        {"PUT", "/v1/workspaces/w/segments/s"},
+        {"POST", "/v1/workspaces/w/chat/completions"},
+        {"POST", "/v1/workspaces/w/branch"},
+    };
+    for (const auto & [method, path] : routes) {
+        for (const std::string & body : bodies) {
+            const api_error want = old_body_error(body);
+            http_response res = call(method, path, body);
+            EXPECT_EQ(res.status, 400) << method << " " << path << " " << body.substr(0, 40);
+            EXPECT_EQ(res.body, want.body()) << method << " " << path;
+        }
+    }
+    EXPECT_EQ(old_body_error(bodies[3]).code, "invalid_utf8");
+    EXPECT_EQ(old_body_error(bodies[5]).code, "invalid_json");
+}
+
+// The branch route read its body with nlohmann's own parser, past the UTF-8 and depth
+// guards; it now reads it as every route does.
+TEST_F(routes_test, branch_refuses_an_8_MiB_nesting_bomb_quickly) {
+    const std::string bomb(8u << 20, '[');
+    auto t0 = std::chrono::steady_clock::now();
+    http_response res = call("POST", "/v1/workspaces/w1/branch", bomb);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(res.status, 400);
+    EXPECT_EQ(parse(res)["error"]["code"], "invalid_json");
+    EXPECT_EQ(parse(res)["error"]["message"], "request body nests arrays/objects deeper than 100 levels");
+    EXPECT_LT(s, 2.0);
+    // A valid body of the wrong shape is still the branch route's own 400.
+    http_response shape = call("POST", "/v1/workspaces/w1/branch", R"({"to": 3})");
+    EXPECT_EQ(shape.status, 400);
+    EXPECT_EQ(parse(shape)["error"]["code"], "invalid_request");
+    http_response to = call("POST", "/v1/workspaces/w1/branch", R"({"to": "../x"})");
+    EXPECT_EQ(to.status, 400);
+    EXPECT_EQ(parse(to)["error"]["param"], "to");
+}
+
+TEST_F(routes_test, unknown_route_and_wrong_method) {
+    http_response none = call("GET", "/v1/nothing-here");
+    EXPECT_EQ(none.status, 404);
+    EXPECT_EQ(none.body, not_found_route("no route GET /v1/nothing-here").body());
+    http_response wrong = call("POST", "/v1/workspaces/w/segments/a");
+    EXPECT_EQ(wrong.status, 405);
+    EXPECT_EQ(wrong.header("Allow"), "PUT, GET, DELETE");
+    EXPECT_EQ(parse(wrong)["error"]["code"], "method_not_allowed");
+    EXPECT_EQ(count("unmatched", 404), 1u);
+    EXPECT_EQ(count("/v1/workspaces/{id}/segments/{segment}", 405), 1u);
+
+    http_response too_big;  // what the transport answers itself
+    too_big.status = 413;
+    router_->unmatched("POST", "/v1/chat/completions", too_big);
+    EXPECT_EQ(too_big.status, 413);
+    EXPECT_EQ(parse(too_big)["error"]["code"], "payload_too_large");
+}
+
+TEST_F(routes_test, workspace_chat_checks_before_the_engine) {
+    // No stored segments: 404, naming what to do.
+    http_response none = call("POST", "/v1/workspaces/w/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})");
+    EXPECT_EQ(none.status, 404);
+    EXPECT_NE(parse(none)["error"]["message"].get<std::string>().find("PUT /v1/workspaces/{id}/segments/{segment}"),
+              std::string::npos);
+    ASSERT_EQ(put("w", "rules", {{"kind", "instructions"}, {"content", "r"}}).status, 201);
+    http_response other = call("POST", "/v1/workspaces/w/chat/completions",
+                               R"({"workspace": "v", "messages": [{"role": "user", "content": "hi"}]})");
+    EXPECT_EQ(other.status, 400);
+    EXPECT_EQ(parse(other)["error"]["code"], "invalid_workspace");
+    EXPECT_EQ(parse(other)["error"]["param"], "workspace");
+    // A body segment with a stored id replaces it (no duplicate-id 400): the request
+    // passes validation and reaches for the engine, of which this test has none.
+    http_response replaced = call("POST", "/v1/workspaces/w/chat/completions",
+                                  R"({"segments": [{"id": "rules", "kind": "instructions", "content": "s"}]})");
+    EXPECT_EQ(replaced.status, 503) << replaced.body;
+    EXPECT_EQ(ctx_->store.get("w", "rules")->content, "r");  // the store is unchanged
+}
+
+class routes_auth_test : public routes_test {
+  protected:
+    routes_auth_test() : routes_test("s3cret-key") {}
+};
+
+TEST_F(routes_auth_test, missing_or_wrong_api_key_is_401) {
+    const std::string expected = unauthorized("missing or wrong API key: send \"Authorization: Bearer <key>\"").body();
+    http_response missing = call("GET", "/v1/workspaces");
+    EXPECT_EQ(missing.status, 401);
+    EXPECT_EQ(missing.body, expected);
+    EXPECT_EQ(parse(missing)["error"]["type"], "authentication_error");
+    for (const char * h : {"Bearer wrong-key!", "Bearer s3cret-ke", "s3cret-key", "Basic s3cret-key"}) {
+        http_request r = request("PUT", "/v1/workspaces/w/segments/s", R"({"kind":"system","content":"x"})");
+        r.authorization = h;
+        http_response res = router_->handle(r);
+        EXPECT_EQ(res.status, 401) << h;
+        EXPECT_EQ(res.body, expected) << h;
+    }
+    EXPECT_FALSE(ctx_->store.get("w", "s"));  // refused before the handler ran
+    EXPECT_EQ(count("/v1/workspaces/{id}/segments/{segment}", 401), 4u);
+
+    http_request ok = request("GET", "/v1/workspaces");
+    ok.authorization = "bearer   s3cret-key";  // the scheme in any case, spaces after it
+    EXPECT_EQ(router_->handle(ok).status, 200);
+    EXPECT_EQ(call("GET", "/health").status, 200);  // never needs the key
+    EXPECT_TRUE(authorized("", ""));
+    EXPECT_FALSE(authorized("Bearer ", "k"));
+}
+
+TEST(routes_log_test, one_line_per_request_with_the_error_code) {
+    server_options o;
+    o.log_requests = true;
+    route_context ctx(nullptr, o);
+    router rt(ctx);
+    ::testing::internal::CaptureStderr();
+    http_response res = rt.handle(request("PUT", "/v1/workspaces/logged/segments/s", "{oops"));
+    std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(res.status, 400);
+    ASSERT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    json line = json::parse(err);
+    EXPECT_EQ(line["method"], "PUT");
+    EXPECT_EQ(line["route"], "/v1/workspaces/{id}/segments/{segment}");
+    EXPECT_EQ(line["status"], 400);
+    EXPECT_EQ(line["workspace"], "logged");
+    EXPECT_EQ(line["error"], "invalid_json");
+    for (const char * f : {"prompt_tokens", "tokens_reused", "tokens_prefilled", "completion_tokens", "ttft_ms"})
+        EXPECT_TRUE(line[f].is_null()) << f;
+    EXPECT_TRUE(line["duration_ms"].is_number());
+    EXPECT_TRUE(line["ts"].is_string());
+}
+
+}  // namespace
+}  // namespace warmctx::server_detail
