@@ -31,6 +31,7 @@
 
 namespace warmctx {
 class context_engine;
+class file_system;
 class snapshot_store;
 }  // namespace warmctx
 
@@ -44,6 +45,8 @@ namespace warmctx {
 // again (promotion).
 struct tier_options {
     std::string cache_dir;                          // disk tier directory ("" = no disk tier)
+    file_system * disk_fs = nullptr;                // the disk tier's file system (nullptr: the real
+                                                    // one); must outlive the engine (tests inject faults)
     uint64_t disk_budget_bytes = 0;                 // 0 = unlimited
     retention_class disk_min_class = retention_class::high;
     uint64_t host_budget_bytes = 0;                 // host-RAM tier (0 = no host tier)
@@ -61,6 +64,12 @@ struct context_engine_options {
     kind_table kinds;
     std::string tenant_salt;          // two tenants never share a cache entry
     tier_options tiers;
+    // What the engine remembers per workspace (its last turn, for explain; its counters)
+    // is bounded: past this many workspaces, or past this many tokens of remembered
+    // prompts, the least recently used workspace is forgotten (its cached KV is not
+    // touched: reuse is by content; only explain's comparison with its last turn goes).
+    size_t max_workspaces = 1024;
+    size_t max_remembered_tokens = size_t{8} << 20;  // 32 MiB of token ids
 };
 
 struct turn_request {
@@ -147,10 +156,12 @@ struct workspace_counters {
 struct tier_counters {
     uint64_t n_restores_host = 0, n_restores_disk = 0;
     uint64_t n_restored_tokens = 0;
-    uint64_t n_writes_host = 0, n_writes_disk = 0, n_write_failures = 0;
+    uint64_t n_writes_host = 0, n_writes_disk = 0;
+    uint64_t n_write_failures_host = 0, n_write_failures_disk = 0;  // a full disk, say (also logged)
     uint64_t n_restore_failures = 0;     // a tier's file failed its checks: fell back
     uint64_t n_shared_restores = 0;      // restores served by an earlier restore's bytes
     uint64_t host_bytes = 0, host_files = 0, disk_bytes = 0, disk_files = 0;
+    uint64_t disk_quarantine_files = 0, disk_quarantine_bytes = 0;  // in the disk budget
 };
 
 struct context_counters {
@@ -224,7 +235,10 @@ class context_engine {
 
     // Pins (or unpins) the stable blocks of the workspace's last turn.
     status pin_workspace(const std::string & workspace, bool pinned);
+    // Forgets the workspace: its holders, its last turn and its counters.
     void drop_workspace(const std::string & workspace);
+    // How many workspaces the engine remembers (<= max_workspaces).
+    size_t n_remembered_workspaces() const;
 
     // Suspend: make sure the workspace's cached path is on disk (writing it now if
     // needed), then drop it from the engine's KV. Resume: load the workspace's last

@@ -63,7 +63,40 @@ struct context_engine::impl {
     uint64_t now = 0;
     double prefill_tokens_per_ms = 0;  // exponential average of measured prefills
     std::map<std::string, workspace_history> workspaces;
+    size_t n_remembered_tokens = 0;  // sum of workspaces' last_tokens
     context_counters ctr;
+
+    // Remembers `ws`'s last turn, then forgets least recently used workspaces (their
+    // history and counters) past the bounds. The workspace just remembered stays.
+    void remember(const std::string & ws, const pending_turn & t) {
+        auto & h = workspaces[ws];
+        n_remembered_tokens -= h.last_tokens.size();
+        h.last_manifest = t.ap.man;
+        h.last_profile = prof;
+        h.last_tokens = t.ap.tokens;
+        h.last_blocks = t.ap.blocks;
+        h.last_stable_end = t.ap.stable_end;
+        h.has_turn = true;
+        h.t_last_used = t.now;
+        n_remembered_tokens += h.last_tokens.size();
+        while (workspaces.size() > 1 &&
+               (workspaces.size() > opts.max_workspaces || n_remembered_tokens > opts.max_remembered_tokens)) {
+            auto oldest = workspaces.end();
+            for (auto it = workspaces.begin(); it != workspaces.end(); ++it)
+                if (it->first != ws && (oldest == workspaces.end() || it->second.t_last_used < oldest->second.t_last_used))
+                    oldest = it;
+            if (oldest == workspaces.end()) break;
+            forget(oldest->first);
+        }
+    }
+
+    void forget(const std::string & ws) {
+        if (auto it = workspaces.find(ws); it != workspaces.end()) {
+            n_remembered_tokens -= it->second.last_tokens.size();
+            workspaces.erase(it);
+        }
+        ctr.workspaces.erase(ws);
+    }
 
     result<assembled_prompt> assemble(const turn_request & req) const {
         if (req.workspace.empty()) return invalid_argument("workspace name is empty");
@@ -141,6 +174,7 @@ context_engine::~context_engine() = default;
 result<std::unique_ptr<context_engine>> context_engine::open(const context_engine_options & opts) {
     if (opts.n_holders < 1 || opts.n_holders > 64) return invalid_argument("n_holders must be in [1, 64]");
     if (opts.n_work_seqs < 1 || opts.n_work_seqs > 64) return invalid_argument("n_work_seqs must be in [1, 64]");
+    if (opts.max_workspaces < 1) return invalid_argument("max_workspaces must be at least 1");
     auto p = std::make_unique<impl>();
     p->opts = opts;
     p->cold_seq = (seq_id)opts.n_work_seqs;
@@ -251,14 +285,8 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
         p_->tiers->write_through(*p_->eng, p_->prof, t.seq, t.workspace, t.ap);
     }
     p_->eng->clear_seq(t.seq);
-    auto & ws = p_->workspaces[t.workspace];
-    ws.last_manifest = t.ap.man;
-    ws.last_profile = p_->prof;
-    ws.last_tokens = t.ap.tokens;
-    ws.last_blocks = t.ap.blocks;
-    ws.last_stable_end = t.ap.stable_end;
-    ws.has_turn = true;
     p_->count(t.workspace, t.explain, n_generated);
+    p_->remember(t.workspace, t);
     return result_st;
 }
 
@@ -336,8 +364,10 @@ status context_engine::pin_workspace(const std::string & workspace, bool pinned)
 
 void context_engine::drop_workspace(const std::string & workspace) {
     p_->cache->drop_workspace(workspace, ++p_->now);
-    p_->workspaces.erase(workspace);
+    p_->forget(workspace);
 }
+
+size_t context_engine::n_remembered_workspaces() const { return p_->workspaces.size(); }
 
 status context_engine::snapshot_workspace(const std::string & workspace) {
     snapshot_store * disk = p_->tiers->disk();
@@ -398,7 +428,9 @@ status context_engine::branch_workspace(const std::string & from, const std::str
     auto it = p_->workspaces.find(from);
     if (it == p_->workspaces.end()) return not_found("workspace '" + from + "' has no turn yet");
     if (p_->workspaces.count(to)) return failed_precondition("workspace '" + to + "' already exists");
-    p_->workspaces[to] = it->second;  // same manifest and prefix; the cache shares by content
+    workspace_history h = it->second;  // same manifest and prefix; the cache shares by content
+    p_->n_remembered_tokens += h.last_tokens.size();
+    p_->workspaces[to] = std::move(h);
     return {};
 }
 

@@ -17,6 +17,7 @@ struct workspace_history {
     std::vector<block> last_blocks;
     pos_t last_stable_end = 0;
     bool has_turn = false;
+    uint64_t t_last_used = 0;  // the turn clock of its last turn (least recently used goes first)
 };
 
 struct explain_inputs {

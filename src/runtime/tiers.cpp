@@ -1,6 +1,7 @@
 #include "tiers.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace warmctx {
 
@@ -35,6 +36,7 @@ result<std::unique_ptr<tier_set>> tier_set::open(const tier_options & opts, evic
     if (!opts.cache_dir.empty()) {
         snapshot_store_options so;
         so.dir = opts.cache_dir;
+        so.fs = opts.disk_fs;
         so.budget_bytes = opts.disk_budget_bytes;
         so.policy = policy;
         auto d = snapshot_store::open(so);  // indexes the directory (headers only, no KV)
@@ -101,12 +103,26 @@ void tier_set::write_prefix(int t, engine & e, const profile & prof, seq_id seq,
     if (k == 0) return;
     std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
     if (s->lookup(path).n_blocks >= k) return;  // held already
-    if (!e.trim_seq(seq, path.back().end).ok()) { ctr_.n_write_failures++; return; }
+    if (status st = e.trim_seq(seq, path.back().end); !st.ok()) return write_failed(t, st);
     auto kv = e.save_seq(seq);
-    if (!kv.ok()) { ctr_.n_write_failures++; return; }
+    if (!kv.ok()) return write_failed(t, kv.error());
     auto put = s->put(make_snapshot(prof, workspace, ap.man, std::move(path), ap.tokens, std::move(kv.value())));
-    if (!put.ok()) { ctr_.n_write_failures++; return; }
+    if (!put.ok()) return write_failed(t, put.error());
     (t == k_host ? ctr_.n_writes_host : ctr_.n_writes_disk)++;
+}
+
+void tier_set::write_failed(int t, const status & why) {
+    (t == k_host ? ctr_.n_write_failures_host : ctr_.n_write_failures_disk)++;
+    n_unreported_failures_[t]++;
+    const auto now = std::chrono::steady_clock::now();
+    if (t_last_warning_[t] != std::chrono::steady_clock::time_point{} && now - t_last_warning_[t] < std::chrono::seconds(10))
+        return;
+    std::fprintf(stderr, "warmctx: %s tier: a write failed (%llu since the last report): %s\n",
+                 t == k_host ? "host-RAM" : "disk", (unsigned long long)n_unreported_failures_[t],
+                 why.to_string().c_str());
+    std::fflush(stderr);
+    t_last_warning_[t] = now;
+    n_unreported_failures_[t] = 0;
 }
 
 void tier_set::write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
@@ -140,6 +156,8 @@ tier_counters tier_set::counters() const {
         auto st = disk_->stats();
         c.disk_bytes = st.n_bytes;
         c.disk_files = st.n_files;
+        c.disk_quarantine_files = st.quarantine_files;
+        c.disk_quarantine_bytes = st.quarantine_bytes;
     }
     return c;
 }

@@ -9,6 +9,7 @@
 // Thread safety: none; owned by the context_engine, used on the engine thread.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <string>
@@ -69,11 +70,16 @@ class tier_set {
     hit find(int t, const assembled_prompt & ap, pos_t better_than, bool counted) const;
     void write_prefix(int t, engine & e, const profile & prof, seq_id seq, const std::string & workspace,
                       const assembled_prompt & ap, retention_class min_class);
+    // Counts a failed write and says so on stderr (at most one line per 10 s per tier,
+    // with the count since the last line): a full disk must not fail silently.
+    void write_failed(int t, const status & why);
 
     tier_options opts_;
     std::unique_ptr<mem_fs> host_fs_;  // the host-RAM tier is a snapshot store in memory
     std::unique_ptr<snapshot_store> host_, disk_;
     tier_counters ctr_;
+    std::chrono::steady_clock::time_point t_last_warning_[2]{};
+    uint64_t n_unreported_failures_[2]{};
     static constexpr size_t k_recent_loads = 4;
     std::deque<std::pair<std::string, std::shared_ptr<const snapshot>>> recent_loads_;  // oldest first
 };

@@ -158,6 +158,15 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
         header(out, "warmctx_tier_writes_total", "counter", "Prefixes written through to a tier.");
         sample(out, "warmctx_tier_writes_total", "tier=\"host\"", static_cast<double>(t.n_writes_host));
         sample(out, "warmctx_tier_writes_total", "tier=\"disk\"", static_cast<double>(t.n_writes_disk));
+        header(out, "warmctx_tier_write_failures_total", "counter",
+               "Write-throughs to a tier that failed (a full disk, say); each is also logged.");
+        sample(out, "warmctx_tier_write_failures_total", "tier=\"host\"", static_cast<double>(t.n_write_failures_host));
+        sample(out, "warmctx_tier_write_failures_total", "tier=\"disk\"", static_cast<double>(t.n_write_failures_disk));
+        scalar(out, "warmctx_disk_quarantine_files", "gauge",
+               "Damaged snapshot files kept aside in quarantine/ (bounded; their bytes count in the disk budget).",
+               static_cast<double>(t.disk_quarantine_files));
+        scalar(out, "warmctx_disk_quarantine_bytes", "gauge", "Bytes in quarantine/.",
+               static_cast<double>(t.disk_quarantine_bytes));
         scalar(out, "warmctx_tier_restore_failures_total", "counter",
                "Tier files that failed their checks at restore (served as a miss).", static_cast<double>(t.n_restore_failures));
         scalar(out, "warmctx_cache_capacity_entries", "gauge", "Holders the cache may use.",

@@ -7,6 +7,7 @@
 
 #include "tiny_model.h"
 #include "warmctx/context_engine.h"
+#include "warmctx/fs.h"
 #include "warmctx/snapshot_store.h"
 #include "warmctx/workload.h"
 
@@ -255,6 +256,74 @@ TEST(Tiers, ExplainCountsNothingAndPredictsTheTurn) {
     EXPECT_EQ(t->explain.n_reused, ex->n_reused);
     EXPECT_EQ(t->explain.kind, ex->kind);
     EXPECT_GT(ce->disk_tier()->stats().n_lookups, disk_before.n_lookups);  // the turn does count
+}
+
+// A full disk fails the write-through, never the turn; the failure is counted and said
+// on stderr.
+TEST(Tiers, AFailedDiskWriteIsCountedAndLoggedAndTheTurnSucceeds) {
+    mem_fs mem;
+    faulty_fs faulty(mem);
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.n_ctx = 4096;
+    o.n_holders = 2;
+    o.tiers.cache_dir = "/disk";
+    o.tiers.disk_fs = &faulty;
+    auto ce = context_engine::open(o);
+    ASSERT_TRUE(ce.ok()) << ce.error().to_string();
+    faulty.inject_random(7, 1.0, {fs_fault::no_space});
+    ::testing::internal::CaptureStderr();
+    auto t = (*ce)->run_turn(tier_request(tier_workspace(), "a question"));
+    auto t2 = (*ce)->run_turn(tier_request(tier_workspace(), "another"));
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    ASSERT_TRUE(t2.ok());
+    const auto c = (*ce)->counters().tiers;
+    EXPECT_EQ(c.n_writes_disk, 0u);
+    EXPECT_EQ(c.n_write_failures_disk, 2u);
+    EXPECT_NE(err.find("disk tier: a write failed"), std::string::npos) << err;
+    EXPECT_NE(err.find("No space left on device"), std::string::npos) << err;
+    // one line per 10 s: the second failure is counted, not logged again
+    EXPECT_EQ(err.find("disk tier", err.find("disk tier") + 1), std::string::npos) << err;
+}
+
+// The engine's memory of workspaces (last turn, counters) is bounded, least recently
+// used out first, and drop_workspace frees it.
+TEST(ContextEngineBounds, RemembersAtMostMaxWorkspaces) {
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.n_ctx = 4096;
+    o.n_holders = 2;
+    o.max_workspaces = 3;
+    auto ce = context_engine::open(o);
+    ASSERT_TRUE(ce.ok());
+    auto segs = tier_workspace();
+    for (int i = 0; i < 6; ++i) {
+        turn_request r = tier_request(segs, "q" + std::to_string(i));
+        r.workspace = "ws" + std::to_string(i);
+        ASSERT_TRUE((*ce)->run_turn(r).ok());
+        EXPECT_LE((*ce)->n_remembered_workspaces(), 3u);
+    }
+    auto c = (*ce)->counters();
+    EXPECT_EQ(c.total.n_turns, 6u);
+    ASSERT_EQ(c.workspaces.size(), 3u);
+    EXPECT_TRUE(c.workspaces.count("ws3") && c.workspaces.count("ws4") && c.workspaces.count("ws5"));
+    // a forgotten workspace has no previous turn for explain to compare with, and still
+    // reuses by content
+    turn_request again = tier_request(segs, "q0 again");
+    again.workspace = "ws0";
+    auto ex = (*ce)->explain(again);
+    ASSERT_TRUE(ex.ok());
+    EXPECT_EQ(ex->n_common_tokens, -1);
+    again.workspace = "ws5";
+    auto remembered = (*ce)->explain(again);
+    ASSERT_TRUE(remembered.ok());
+    EXPECT_GT(remembered->n_common_tokens, 0);
+    EXPECT_GT(ex->n_reused, 0);
+    (*ce)->drop_workspace("ws5");
+    EXPECT_EQ((*ce)->n_remembered_workspaces(), 2u);
+    EXPECT_EQ((*ce)->counters().workspaces.count("ws5"), 0u);
+    EXPECT_EQ((*ce)->pin_workspace("ws5", true).code(), status_code::not_found);
 }
 
 TEST(Tiers, ARestartRestoresTheStablePrefixFromDiskExactly) {
