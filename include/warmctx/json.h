@@ -46,6 +46,23 @@ struct json_read_options {
 result<nlohmann::json> parse_json(std::string_view text, const json_read_options & opts = {},
                                   json_error * why = nullptr);
 
+// ---- typed reads -----------------------------------------------------------------------
+// The strict readers of every JSON format warmctx reads (manifest, profile, kind table,
+// request bodies) check types through these, so a wrong type reads the same everywhere.
+// `where` names the value ("manifest: segments[2], field 'id'"); errors are
+// invalid_argument: "<where>: must be a string, not an integer".
+
+// "a string", "an integer", "a number", "a boolean", "an array", "an object", "null".
+std::string_view json_type_name(const nlohmann::json & v);
+// obj[key], or invalid_argument "<where>: missing field '<key>'" (REQUIRES obj is an object).
+result<const nlohmann::json *> json_field(const nlohmann::json & obj, std::string_view key, std::string_view where);
+result<std::string> json_as_string(const nlohmann::json & v, std::string_view where);
+result<bool> json_as_bool(const nlohmann::json & v, std::string_view where);
+// An integer in [lo, hi]; "<where>: <v> is outside [lo, hi]" otherwise (huge values too).
+result<int64_t> json_as_int(const nlohmann::json & v, std::string_view where, int64_t lo, int64_t hi);
+// A finite number.
+result<double> json_as_number(const nlohmann::json & v, std::string_view where);
+
 // j.dump() that never throws: compact (indent < 0) or indented.
 std::string dump_json(const nlohmann::json & j, int indent = -1);
 

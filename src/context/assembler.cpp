@@ -1,5 +1,6 @@
 #include "warmctx/assembler.h"
 #include "warmctx/chunking.h"
+#include "warmctx/json.h"
 
 #include <algorithm>
 #include <bit>
@@ -338,28 +339,25 @@ nlohmann::json manifest::to_json() const {
 
 namespace {
 
-// Strict field readers for manifest::from_json; `where` names the object.
-status need(const nlohmann::json & j, const char * key, const std::string & where) {
-    if (!j.contains(key)) return invalid_argument(where + ": missing field '" + key + "'");
-    return {};
-}
+// Strict field readers for manifest::from_json (warmctx/json.h); `where` names the object.
+std::string field_where(const std::string & where, const char * key) { return where + ": field '" + key + "'"; }
 
 result<std::string> get_string(const nlohmann::json & j, const char * key, const std::string & where) {
-    WARMCTX_RETURN_IF_ERROR(need(j, key, where));
-    if (!j.at(key).is_string()) return invalid_argument(where + ": field '" + key + "' must be a string");
-    return j.at(key).get<std::string>();
+    auto f = json_field(j, key, where);
+    if (!f.ok()) return f.error();
+    return json_as_string(**f, field_where(where, key));
 }
 
 template <typename T>
 result<T> get_int(const nlohmann::json & j, const char * key, const std::string & where) {
-    WARMCTX_RETURN_IF_ERROR(need(j, key, where));
-    const auto & v = j.at(key);
-    if (!v.is_number_integer()) return invalid_argument(where + ": field '" + key + "' must be an integer");
-    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(std::numeric_limits<T>::max())
-                               : (v.get<int64_t>() < int64_t(std::numeric_limits<T>::min()) ||
-                                  (std::is_signed_v<T> && v.get<int64_t>() > int64_t(std::numeric_limits<T>::max()))))
-        return invalid_argument(where + ": field '" + key + "' is out of range");
-    return static_cast<T>(v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>()) : v.get<int64_t>());
+    auto f = json_field(j, key, where);
+    if (!f.ok()) return f.error();
+    constexpr int64_t hi = std::numeric_limits<T>::max() > uint64_t(std::numeric_limits<int64_t>::max())
+                               ? std::numeric_limits<int64_t>::max()
+                               : int64_t(std::numeric_limits<T>::max());
+    auto v = json_as_int(**f, field_where(where, key), int64_t(std::numeric_limits<T>::min()), hi);
+    if (!v.ok()) return v.error();
+    return static_cast<T>(*v);
 }
 
 result<hash128> get_hash(const nlohmann::json & j, const char * key, const std::string & where) {
@@ -390,8 +388,9 @@ result<manifest> manifest::from_json(const nlohmann::json & j) {
     WARMCTX_ASSIGN(m.n_stable_tokens, get_int<pos_t>(j, "n_stable_tokens", where));
     WARMCTX_ASSIGN(m.stable_prefix_hash, get_hash(j, "stable_prefix_hash", where));
     WARMCTX_ASSIGN(m.profile_fingerprint, get_hash(j, "profile_fingerprint", where));
-    WARMCTX_RETURN_IF_ERROR(need(j, "segments", where));
-    if (!j.at("segments").is_array()) return invalid_argument("manifest: field 'segments' must be an array");
+    auto segs_field = json_field(j, "segments", where);
+    if (!segs_field.ok()) return segs_field.error();
+    if (!(*segs_field)->is_array()) return invalid_argument("manifest: field 'segments' must be an array");
     for (size_t i = 0; i < j.at("segments").size(); ++i) {
         const auto & s = j.at("segments")[i];
         const std::string at = "manifest: segments[" + std::to_string(i) + "]";

@@ -101,35 +101,37 @@ result<kind_table> kind_table::from_json_value(const nlohmann::json & doc) {
         for (const auto & [field, v] : fields.items()) {
             const std::string at = where + ", field '" + field + "'";
             if (field == "stability") {
-                if (!v.is_string()) return invalid_argument(at + ": must be a string");
-                auto s = parse_stability(v.get<std::string>());
+                auto str = json_as_string(v, at);
+                if (!str.ok()) return str.error();
+                auto s = parse_stability(*str);
                 if (!s.ok()) return s.error().with_context(at);
                 p.stab = *s;
             } else if (field == "retention") {
-                if (!v.is_string()) return invalid_argument(at + ": must be a string");
-                auto r = parse_retention_class(v.get<std::string>());
+                auto str = json_as_string(v, at);
+                if (!str.ok()) return str.error();
+                auto r = parse_retention_class(*str);
                 if (!r.ok()) return r.error().with_context(at);
                 p.retention = *r;
             } else if (field == "order") {
-                if (!v.is_number_integer()) return invalid_argument(at + ": must be an integer");
-                const auto o = v.get<int64_t>();
-                if (o < 0 || o > k_max_order)
-                    return invalid_argument(at + ": " + std::to_string(o) + " is outside [0, " +
-                                            std::to_string(k_max_order) + "]");
-                p.order = static_cast<int>(o);
+                auto o = json_as_int(v, at, 0, k_max_order);
+                if (!o.ok()) return o.error();
+                p.order = static_cast<int>(*o);
             } else if (field == "role") {
-                if (!v.is_string()) return invalid_argument(at + ": must be a string");
-                const auto role = v.get<std::string>();
+                auto str = json_as_string(v, at);
+                if (!str.ok()) return str.error();
+                const std::string role = *str;
                 if (!is_chat_role(role))
                     return invalid_argument(at + ": unknown chat role " + quote_input(role) +
                                             " (expected one of system, user, assistant, tool)");
                 p.role = role;
             } else if (field == "segment_role") {
-                if (!v.is_boolean()) return invalid_argument(at + ": must be true or false");
-                p.role_from_segment = v.get<bool>();
+                auto b = json_as_bool(v, at);
+                if (!b.ok()) return b.error();
+                p.role_from_segment = *b;
             } else if (field == "header") {
-                if (!v.is_boolean()) return invalid_argument(at + ": must be true or false");
-                p.header = v.get<bool>();
+                auto b = json_as_bool(v, at);
+                if (!b.ok()) return b.error();
+                p.header = *b;
             } else {
                 return invalid_argument(where + ": unknown field " + quote_input(field) +
                                         " (expected stability, retention, order, role, segment_role, header)");

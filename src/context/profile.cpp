@@ -1,4 +1,5 @@
 #include "warmctx/profile.h"
+#include "warmctx/json.h"
 
 #include <charconv>
 #include <cstring>
@@ -136,29 +137,30 @@ result<profile> profile::from_json(const nlohmann::json & j) {
     profile p;
     for (const auto & f : k_fields) {
         const std::string name(f.name);
-        if (!j.contains(name)) return invalid_argument("profile: missing field '" + name + "'");
-        const nlohmann::json & v = j.at(name);
+        auto field = json_field(j, name, "profile");
+        if (!field.ok()) return field.error();
+        const nlohmann::json & v = **field;
+        const std::string where = "profile: field '" + name + "'";
         status st = std::visit(
             [&](auto ptr) -> status {
                 using T = std::remove_cvref_t<decltype(p.*ptr)>;
                 if constexpr (std::is_same_v<T, std::string>) {
-                    if (!v.is_string()) return invalid_argument("profile: field '" + name + "' must be a string");
-                    p.*ptr = v.get<std::string>();
+                    auto x = json_as_string(v, where);
+                    if (!x.ok()) return x.error();
+                    p.*ptr = *x;
                 } else if constexpr (std::is_same_v<T, bool>) {
-                    if (!v.is_boolean()) return invalid_argument("profile: field '" + name + "' must be a boolean");
-                    p.*ptr = v.get<bool>();
+                    auto x = json_as_bool(v, where);
+                    if (!x.ok()) return x.error();
+                    p.*ptr = *x;
                 } else if constexpr (std::is_same_v<T, float>) {
-                    if (!v.is_number()) return invalid_argument("profile: field '" + name + "' must be a number");
-                    p.*ptr = static_cast<float>(v.get<double>());
+                    auto x = json_as_number(v, where);
+                    if (!x.ok()) return x.error();
+                    p.*ptr = static_cast<float>(*x);
                 } else {
-                    if (!v.is_number_integer())
-                        return invalid_argument("profile: field '" + name + "' must be an integer");
-                    const int64_t x = v.get<int64_t>();
-                    if (v.is_number_unsigned() && v.get<uint64_t>() > (uint64_t)std::numeric_limits<int64_t>::max())
-                        return invalid_argument("profile: field '" + name + "' is out of range");
-                    if (x < (int64_t)std::numeric_limits<T>::min() || x > (int64_t)std::numeric_limits<T>::max())
-                        return invalid_argument("profile: field '" + name + "' is out of range");
-                    p.*ptr = static_cast<T>(x);
+                    auto x = json_as_int(v, where, (int64_t)std::numeric_limits<T>::min(),
+                                         (int64_t)std::numeric_limits<T>::max());
+                    if (!x.ok()) return x.error();
+                    p.*ptr = static_cast<T>(*x);
                 }
                 return {};
             },

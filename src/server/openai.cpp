@@ -17,22 +17,8 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string type_name(const json & j) {
-    switch (j.type()) {
-        case json::value_t::null: return "null";
-        case json::value_t::boolean: return "a boolean";
-        case json::value_t::string: return "a string";
-        case json::value_t::array: return "an array";
-        case json::value_t::object: return "an object";
-        case json::value_t::number_integer:
-        case json::value_t::number_unsigned: return "an integer";
-        case json::value_t::number_float: return "a number";
-        default: return "an unsupported value";
-    }
-}
-
 api_error wrong_type(std::string_view param, std::string_view expected, const json & got) {
-    return bad_request("invalid_type", std::string(param) + " must be " + std::string(expected) + ", not " + type_name(got),
+    return bad_request("invalid_type", std::string(param) + " must be " + std::string(expected) + ", not " + std::string(json_type_name(got)),
                        std::string(param));
 }
 

@@ -1,6 +1,8 @@
 #include "warmctx/json.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace warmctx {
 
@@ -68,6 +70,61 @@ result<nlohmann::json> parse_json(std::string_view text, const json_read_options
     } catch (const std::exception & e) {  // bad_alloc on a huge document
         return fail(json_error::syntax, std::string("could not read JSON: ") + e.what());
     }
+}
+
+std::string_view json_type_name(const nlohmann::json & v) {
+    using t = nlohmann::json::value_t;
+    switch (v.type()) {
+        case t::null: return "null";
+        case t::boolean: return "a boolean";
+        case t::string: return "a string";
+        case t::array: return "an array";
+        case t::object: return "an object";
+        case t::number_integer:
+        case t::number_unsigned: return "an integer";
+        case t::number_float: return "a number";
+        default: return "an unsupported value";
+    }
+}
+
+namespace {
+status wrong_type(std::string_view where, std::string_view expected, const nlohmann::json & got) {
+    return invalid_argument(std::string(where) + ": must be " + std::string(expected) + ", not " +
+                            std::string(json_type_name(got)));
+}
+}  // namespace
+
+result<const nlohmann::json *> json_field(const nlohmann::json & obj, std::string_view key, std::string_view where) {
+    auto it = obj.find(key);
+    if (it == obj.end()) return invalid_argument(std::string(where) + ": missing field '" + std::string(key) + "'");
+    return &*it;
+}
+
+result<std::string> json_as_string(const nlohmann::json & v, std::string_view where) {
+    if (!v.is_string()) return wrong_type(where, "a string", v);
+    return v.get<std::string>();
+}
+
+result<bool> json_as_bool(const nlohmann::json & v, std::string_view where) {
+    if (!v.is_boolean()) return wrong_type(where, "true or false", v);
+    return v.get<bool>();
+}
+
+result<int64_t> json_as_int(const nlohmann::json & v, std::string_view where, int64_t lo, int64_t hi) {
+    if (!v.is_number_integer()) return wrong_type(where, "an integer", v);
+    const bool huge = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max());
+    const int64_t x = huge ? std::numeric_limits<int64_t>::max() : v.get<int64_t>();
+    if (huge || x < lo || x > hi)
+        return invalid_argument(std::string(where) + ": " + v.dump() + " is outside [" + std::to_string(lo) + ", " +
+                                std::to_string(hi) + "]");
+    return x;
+}
+
+result<double> json_as_number(const nlohmann::json & v, std::string_view where) {
+    if (!v.is_number()) return wrong_type(where, "a number", v);
+    const double d = v.get<double>();
+    if (!std::isfinite(d)) return invalid_argument(std::string(where) + ": must be finite");
+    return d;
 }
 
 std::string dump_json(const nlohmann::json & j, int indent) {

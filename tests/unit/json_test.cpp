@@ -55,5 +55,20 @@ TEST(Json, DumpNeverThrowsOnInvalidUtf8) {
     EXPECT_EQ(dump_json(j), "{\"piece\":\"a\xEF\xBF\xBD" "b\"}");
 }
 
+TEST(Json, TypedReadsNameWhereAndWhat) {
+    const auto j = *parse_json(R"({"s": "x", "i": 7, "big": 18446744073709551615, "b": true, "f": 1.5})");
+    EXPECT_EQ(*json_as_string(j["s"], "t"), "x");
+    EXPECT_EQ(*json_as_int(j["i"], "t", 0, 10), 7);
+    EXPECT_TRUE(*json_as_bool(j["b"], "t"));
+    EXPECT_EQ(*json_as_number(j["f"], "t"), 1.5);
+    EXPECT_EQ(json_as_string(j["i"], "doc: field 'i'").error().message(), "doc: field 'i': must be a string, not an integer");
+    EXPECT_EQ(json_as_int(j["i"], "w", 0, 5).error().message(), "w: 7 is outside [0, 5]");
+    EXPECT_FALSE(json_as_int(j["big"], "w", 0, 5).ok());
+    EXPECT_FALSE(json_as_int(j["f"], "w", 0, 5).ok());
+    EXPECT_EQ(json_as_bool(j["s"], "w").error().message(), "w: must be true or false, not a string");
+    EXPECT_EQ(json_field(j, "nope", "doc").error().message(), "doc: missing field 'nope'");
+    EXPECT_EQ(*json_field(j, "s", "doc"), &j["s"]);
+}
+
 }  // namespace
 }  // namespace warmctx
