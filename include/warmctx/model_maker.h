@@ -35,7 +35,7 @@ struct make_model_options {
     std::string type = "f16";        // f16 | q8_0 | q4_0
     uint64_t seed = 0;
     std::string out_path;
-    std::string vocab_path;          // "" = the llama.cpp tree's models/ggml-vocab-qwen2.gguf
+    std::string vocab_path;          // "" = default_vocab_path()
     int32_t n_threads = 0;           // for quantization; 0 = all
     std::function<void(const std::string &)> progress;  // one line per step, may be empty
 };
@@ -45,7 +45,8 @@ struct make_model_options {
 //         io_error (cannot write), engine_error (quantization failed).
 status make_model(const make_model_options & opts);
 
-// The vocab file compiled in (the pinned llama.cpp tree's Qwen2 vocab).
+// The Qwen2 vocabulary shipped beside the binary (share/warmctx/ggml-vocab-qwen2.gguf,
+// from the pinned llama.cpp tree; found as warmctx/resources.h says).
 std::string default_vocab_path();
 
 // Where warmctx keeps generated models: $WARMCTX_HOME, else $XDG_CACHE_HOME/warmctx,

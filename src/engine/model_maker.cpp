@@ -2,6 +2,7 @@
 // Qwen2 tokenizer metadata copied from llama.cpp's vocab file, and quantization
 // through llama.cpp's own llama_model_quantize.
 #include "warmctx/model_maker.h"
+#include "warmctx/resources.h"
 
 #include <cmath>
 #include <cstdio>
@@ -15,9 +16,7 @@
 #include "gguf.h"
 #include "llama.h"
 
-#ifndef WARMCTX_DEFAULT_VOCAB
-#define WARMCTX_DEFAULT_VOCAB ""
-#endif
+constexpr const char * k_default_vocab_name = "ggml-vocab-qwen2.gguf";
 
 namespace fs = std::filesystem;
 
@@ -34,7 +33,12 @@ const std::vector<model_shape> & model_shapes() {
     return k_shapes;
 }
 
-std::string default_vocab_path() { return WARMCTX_DEFAULT_VOCAB; }
+std::string default_vocab_path() {
+    // Shipped beside the binary (share/warmctx/), found relative to it: the build tree
+    // and an installed prefix alike, never the source tree.
+    auto p = find_data_file(k_default_vocab_name);
+    return p.ok() ? *p : data_file_candidates(k_default_vocab_name).front();
+}
 
 std::string cache_home() {
     if (const char * h = std::getenv("WARMCTX_HOME"); h && *h) return h;

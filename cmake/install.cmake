@@ -1,0 +1,45 @@
+# cmake --install: the warmctx command, what it needs at run time, the C++ library and a
+# CMake package config, and the notices of the third-party code built in.
+#
+#   bin/warmctx
+#   libexec/warmctx/llama-server, llama-bench     (the side-by-side benchmarks run them)
+#   share/warmctx/ggml-vocab-qwen2.gguf           (embedded in generated models)
+#   share/doc/warmctx/                            LICENSE, THIRD_PARTY_NOTICES.md, licenses
+#   include/warmctx/*.h, lib/warmctx/*.a, lib/cmake/warmctx/warmctxConfig.cmake
+#
+# The binary finds share/ and libexec/ relative to itself (warmctx/resources.h), so the
+# prefix can be moved.
+include(GNUInstallDirs)
+
+install(TARGETS warmctx RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(PROGRAMS $<TARGET_FILE:llama-server> $<TARGET_FILE:llama-bench>
+        DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/warmctx)
+install(FILES ${PROJECT_BINARY_DIR}/share/warmctx/ggml-vocab-qwen2.gguf
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/warmctx)
+install(FILES ${PROJECT_SOURCE_DIR}/LICENSE ${PROJECT_SOURCE_DIR}/THIRD_PARTY_NOTICES.md
+        DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(FILES ${WARMCTX_LLAMA_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR}/licenses RENAME llama.cpp.LICENSE)
+foreach(pair "libcli11-dev:CLI11" "nlohmann-json3-dev:nlohmann-json" "libcpp-httplib-dev:cpp-httplib" "libxxhash-dev:xxhash")
+  string(REPLACE ":" ";" pair "${pair}")
+  list(GET pair 0 pkg)
+  list(GET pair 1 name)
+  if(EXISTS /usr/share/doc/${pkg}/copyright)
+    install(FILES /usr/share/doc/${pkg}/copyright DESTINATION ${CMAKE_INSTALL_DOCDIR}/licenses RENAME ${name}.copyright)
+  endif()
+endforeach()
+
+# The library: the layers up to the runtime (the HTTP server is the command's), and the
+# llama.cpp libraries they link, as one imported target warmctx::warmctx.
+set(WARMCTX_LIB_TARGETS warmctx_runtime warmctx_workload warmctx_engine warmctx_store warmctx_cache
+    warmctx_context warmctx_util llama ggml ggml-cpu ggml-base)
+if(WARMCTX_CUDA)
+  list(INSERT WARMCTX_LIB_TARGETS 9 ggml-cuda)
+endif()
+set(WARMCTX_LIB_FILES "")
+foreach(t ${WARMCTX_LIB_TARGETS})
+  install(FILES $<TARGET_FILE:${t}> DESTINATION ${CMAKE_INSTALL_LIBDIR}/warmctx)
+  list(APPEND WARMCTX_LIB_FILES "lib${t}.a")
+endforeach()
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/warmctx DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+configure_file(${PROJECT_SOURCE_DIR}/cmake/warmctxConfig.cmake.in ${PROJECT_BINARY_DIR}/warmctxConfig.cmake @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/warmctxConfig.cmake DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/warmctx)

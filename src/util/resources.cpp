@@ -1,0 +1,69 @@
+#include "warmctx/resources.h"
+
+#include <cstdlib>
+#include <unistd.h>
+#include <sys/stat.h>
+
+namespace warmctx {
+
+namespace {
+
+bool is_regular_file(const std::string & p) {
+    struct stat st;
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string env_dir(const char * var) {
+    const char * v = std::getenv(var);
+    return v && *v ? std::string(v) : std::string();
+}
+
+result<std::string> first_existing(std::string_view what, std::string_view name, const std::vector<std::string> & c) {
+    for (const auto & p : c)
+        if (is_regular_file(p)) return p;
+    std::string looked;
+    for (const auto & p : c) looked += (looked.empty() ? "" : ", ") + p;
+    return not_found(std::string(what) + " '" + std::string(name) + "' not found (looked at: " + looked + ")");
+}
+
+}  // namespace
+
+std::string executable_dir() {
+    char buf[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) return {};
+    std::string p(buf, (size_t)n);
+    const size_t slash = p.find_last_of('/');
+    return slash == std::string::npos ? std::string() : p.substr(0, slash);
+}
+
+std::vector<std::string> data_file_candidates(std::string_view name) {
+    std::vector<std::string> c;
+    const std::string n(name);
+    if (auto d = env_dir("WARMCTX_DATA_DIR"); !d.empty()) c.push_back(d + "/" + n);
+    if (auto e = executable_dir(); !e.empty()) {
+        c.push_back(e + "/../share/warmctx/" + n);
+        c.push_back(e + "/share/warmctx/" + n);
+    }
+    return c;
+}
+
+std::vector<std::string> tool_candidates(std::string_view name) {
+    std::vector<std::string> c;
+    const std::string n(name);
+    if (auto d = env_dir("WARMCTX_TOOLS_DIR"); !d.empty()) c.push_back(d + "/" + n);
+    if (auto e = executable_dir(); !e.empty()) {
+        c.push_back(e + "/../libexec/warmctx/" + n);
+        c.push_back(e + "/bin/" + n);
+        c.push_back(e + "/" + n);
+    }
+    return c;
+}
+
+result<std::string> find_data_file(std::string_view name) {
+    return first_existing("data file", name, data_file_candidates(name));
+}
+
+result<std::string> find_tool(std::string_view name) { return first_existing("tool", name, tool_candidates(name)); }
+
+}  // namespace warmctx
