@@ -358,9 +358,9 @@ result<std::unique_ptr<prompt_builder>> prompt_builder::open(const model_flags &
 }
 
 token_counter prompt_builder::counter() {
-    engine * e = &p_->ce->raw_engine();
-    return [e](const std::string & s) -> size_t {
-        auto t = e->tokenize(s, false);
+    const context_engine * ce = p_->ce.get();
+    return [ce](const std::string & s) -> size_t {
+        auto t = ce->tokenize(s);
         return t.ok() ? t->size() : s.size() / 4;
     };
 }
@@ -373,9 +373,9 @@ result<std::vector<token_id>> prompt_builder::tokens(const std::vector<segment> 
     return std::move(ap->tokens);
 }
 
-uint64_t prompt_builder::kv_bytes_per_token() const { return p_->ce->raw_engine().context().kv_bytes_per_token; }
+uint64_t prompt_builder::kv_bytes_per_token() const { return p_->ce->context().kv_bytes_per_token; }
 const std::string & prompt_builder::model_path() const { return p_->path; }
-std::string prompt_builder::model_description() const { return p_->ce->raw_engine().model().description; }
+std::string prompt_builder::model_description() const { return p_->ce->model().description; }
 
 double percentile(std::vector<double> v, double p) {
     if (v.empty()) return 0;

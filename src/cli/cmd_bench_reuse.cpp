@@ -47,7 +47,15 @@ int run_overhead(overhead_args a) {
     auto ce_r = context_engine::open(co);
     if (!ce_r) return fail(ce_r.error());
     context_engine & ce = **ce_r;
-    engine & e = ce.raw_engine();
+    // The by-hand steps run on an engine of their own with the same options (and so the
+    // same per-sequence KV buffers to copy): sequence 0 plays the holder, 1 the work
+    // sequence. The context engine's sequences stay its own.
+    engine_options ho = *eo;
+    ho.n_seq_max = 2;
+    auto he_r = engine::open(ho);
+    if (!he_r) return fail(he_r.error());
+    engine & e = **he_r;
+    const seq_id holder = 0, work = 1;
     workload_generator g(7, counter_for(ce));
     std::vector<segment> segs = make_workspace(g, a.prefix_tokens, 2);
     turn_request req;
@@ -57,7 +65,7 @@ int run_overhead(overhead_args a) {
     progress("priming the cache with a " + std::to_string(a.prefix_tokens) + "-token prefix");
     if (auto r = ce.run_turn(req); !r) return fail(r.error());
     std::vector<double> warm_prefill, warm_ttft, manual_copy_prefill, nocopy_prefill, fresh_prefill;
-    pos_t tail_tokens = 0, reused = 0;
+    pos_t tail_tokens = 0, reused = 0, held = 0;
     auto timed_prefill = [&](seq_id seq, std::span<const token_id> toks, pos_t pos0, const std::vector<pos_t> & bounds,
                              double & ms) -> status {
         std::vector<float> logits;
@@ -75,32 +83,39 @@ int run_overhead(overhead_args a) {
         warm_ttft.push_back(w->t_first_token_ms);
         tail_tokens = w->explain.n_prefilled;
         reused = w->explain.n_reused;
+        if (reused <= 0) return fail(internal_error("the warm turn reused nothing"));
         auto ap = ce.assemble_request(req);
         if (!ap) return fail(ap.error());
+        // The holder: the reused prefix, computed in the same canonical chunks.
+        if (held != reused) {
+            e.clear_seq(holder);
+            double ms = 0;
+            std::span<const token_id> prefix(ap->tokens.data(), (size_t)reused);
+            if (status st = timed_prefill(holder, prefix, 0, ap->boundaries, ms); !st.ok()) return fail(st);
+            held = reused;
+        }
         std::span<const token_id> tail(ap->tokens.data() + reused, ap->tokens.size() - (size_t)reused);
-        auto holders = ce.cache().holders();
-        if (holders.empty()) return fail(internal_error("no holder after a warm turn"));
         // 2. The same steps by hand: copy the holder, trim, prefill the tail. llama.cpp
         //    performs a sequence copy lazily inside the next decode, so the copy's cost
         //    lands in this prefill...
         double ms = 0;
-        e.clear_seq(1);
-        if (status st = e.copy_seq(holders[0].seq, 1); !st.ok()) return fail(st);
-        if (status st = e.trim_seq(1, reused); !st.ok()) return fail(st);
-        if (status st = timed_prefill(1, tail, reused, ap->boundaries, ms); !st.ok()) return fail(st);
+        e.clear_seq(work);
+        if (status st = e.copy_seq(holder, work); !st.ok()) return fail(st);
+        if (status st = e.trim_seq(work, reused); !st.ok()) return fail(st);
+        if (status st = timed_prefill(work, tail, reused, ap->boundaries, ms); !st.ok()) return fail(st);
         manual_copy_prefill.push_back(ms);
         // 3. ...and the same tail once more on the now-resident prefix, with no copy
         //    pending: the difference is the copy.
-        if (status st = e.trim_seq(1, reused); !st.ok()) return fail(st);
-        if (status st = timed_prefill(1, tail, reused, ap->boundaries, ms); !st.ok()) return fail(st);
+        if (status st = e.trim_seq(work, reused); !st.ok()) return fail(st);
+        if (status st = timed_prefill(work, tail, reused, ap->boundaries, ms); !st.ok()) return fail(st);
         nocopy_prefill.push_back(ms);
         // 4. The same tail tokens alone in a fresh sequence, same chunking.
         std::vector<pos_t> bounds;
         for (pos_t b : ap->boundaries) if (b > reused) bounds.push_back(b - reused);
-        e.clear_seq(1);
-        if (status st = timed_prefill(1, tail, 0, bounds, ms); !st.ok()) return fail(st);
+        e.clear_seq(work);
+        if (status st = timed_prefill(work, tail, 0, bounds, ms); !st.ok()) return fail(st);
         fresh_prefill.push_back(ms);
-        e.clear_seq(1);
+        e.clear_seq(work);
     }
     const double wp = median(warm_prefill), fp = median(fresh_prefill), np = median(nocopy_prefill);
     const double wc = std::max(0.0, median(manual_copy_prefill) - np);
