@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "warmctx/context_engine.h"
+#include "warmctx/json.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
 
@@ -60,13 +61,13 @@ turn_timing stream_post(int port, const std::string & path, const std::string & 
             if (line.rfind("data: ", 0) != 0) continue;
             std::string payload = line.substr(6);
             if (payload == "[DONE]") continue;
-            auto j = json::parse(payload, nullptr, false);
-            if (j.is_discarded()) continue;
-            if (!got_first && is_token_event(j)) {
+            auto j = parse_json(payload);
+            if (!j) continue;
+            if (!got_first && is_token_event(*j)) {
                 got_first = true;
                 t.ttft_ms = ms_between(t0, clock_type::now());
             }
-            on_event(j, t);
+            on_event(*j, t);
         }
         return true;
     };
@@ -420,11 +421,11 @@ result<llama_bench_rate> llama_bench_run(const std::string & binary, const engin
     progress("running: " + cmd);
     auto out = run_capture(cmd);
     if (!out) return out.error();
-    auto j = json::parse(*out, nullptr, false);
-    if (j.is_discarded() || !j.is_array() || j.empty()) return engine_error("cannot parse llama-bench's JSON output");
+    auto j = parse_json(*out);
+    if (!j || !j->is_array() || j->empty()) return engine_error("cannot parse llama-bench's JSON output");
     llama_bench_rate r;
-    r.tps = j[0].value("avg_ts", 0.0);
-    r.stddev = j[0].value("stddev_ts", 0.0);
+    r.tps = (*j)[0].value("avg_ts", 0.0);
+    r.stddev = (*j)[0].value("stddev_ts", 0.0);
     return r;
 }
 

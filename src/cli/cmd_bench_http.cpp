@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "warmctx/json.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
 
@@ -61,10 +62,10 @@ int run_http_bench(http_bench_args a) {
         auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
         wall_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
         if (!r || r->status != 200) return false;
-        auto j = json::parse(r->body, nullptr, false);
-        if (j.is_discarded()) return false;
-        engine_ms = j["warmctx"].value("total_ms", 0.0);
-        completion = j["usage"].value("completion_tokens", 0);
+        auto j = parse_json(r->body);
+        if (!j) return false;
+        engine_ms = (*j)["warmctx"].value("total_ms", 0.0);
+        completion = (*j)["usage"].value("completion_tokens", 0);
         return true;
     };
     {  // warm-up: model buffers and the shared system prompt's KV

@@ -1,9 +1,11 @@
 // warmctx demo | verify | assemble
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli.h"
 #include "warmctx/context_engine.h"
+#include "warmctx/json.h"
 #include "warmctx/verify.h"
 #include "warmctx/workload.h"
 
@@ -164,8 +166,11 @@ struct assemble_args {
 result<std::vector<segment>> read_segments(const std::string & path) {
     std::ifstream f(path);
     if (!f) return not_found("cannot open segments file '" + path + "'");
-    auto j = nlohmann::json::parse(f, nullptr, false);
-    if (j.is_discarded()) return invalid_argument("'" + path + "' is not valid JSON");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    auto doc = parse_json(ss.str());
+    if (!doc) return invalid_argument("'" + path + "': " + doc.error().message());
+    nlohmann::json j = std::move(*doc);
     if (j.is_object() && j.contains("segments")) j = j["segments"];
     if (!j.is_array()) return invalid_argument("expected a JSON array of segments (or {\"segments\": [...]})");
     std::vector<segment> out;
