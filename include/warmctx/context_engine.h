@@ -270,7 +270,6 @@ class context_engine {
     // a synthetic workload.
     result<std::vector<token_id>> tokenize(std::string_view text) const;
     context_counters counters() const;
-    engine & raw_engine();
     const prefix_cache & cache() const;
 
   private:

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "warmctx/context_engine.h"
+#include "warmctx/json.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
 
@@ -60,13 +61,13 @@ turn_timing stream_post(int port, const std::string & path, const std::string & 
             if (line.rfind("data: ", 0) != 0) continue;
             std::string payload = line.substr(6);
             if (payload == "[DONE]") continue;
-            auto j = json::parse(payload, nullptr, false);
-            if (j.is_discarded()) continue;
-            if (!got_first && is_token_event(j)) {
+            auto j = parse_json(payload);
+            if (!j) continue;
+            if (!got_first && is_token_event(*j)) {
                 got_first = true;
                 t.ttft_ms = ms_between(t0, clock_type::now());
             }
-            on_event(j, t);
+            on_event(*j, t);
         }
         return true;
     };
@@ -358,9 +359,9 @@ result<std::unique_ptr<prompt_builder>> prompt_builder::open(const model_flags &
 }
 
 token_counter prompt_builder::counter() {
-    engine * e = &p_->ce->raw_engine();
-    return [e](const std::string & s) -> size_t {
-        auto t = e->tokenize(s, false);
+    const context_engine * ce = p_->ce.get();
+    return [ce](const std::string & s) -> size_t {
+        auto t = ce->tokenize(s);
         return t.ok() ? t->size() : s.size() / 4;
     };
 }
@@ -373,9 +374,9 @@ result<std::vector<token_id>> prompt_builder::tokens(const std::vector<segment> 
     return std::move(ap->tokens);
 }
 
-uint64_t prompt_builder::kv_bytes_per_token() const { return p_->ce->raw_engine().context().kv_bytes_per_token; }
+uint64_t prompt_builder::kv_bytes_per_token() const { return p_->ce->context().kv_bytes_per_token; }
 const std::string & prompt_builder::model_path() const { return p_->path; }
-std::string prompt_builder::model_description() const { return p_->ce->raw_engine().model().description; }
+std::string prompt_builder::model_description() const { return p_->ce->model().description; }
 
 double percentile(std::vector<double> v, double p) {
     if (v.empty()) return 0;
@@ -420,11 +421,11 @@ result<llama_bench_rate> llama_bench_run(const std::string & binary, const engin
     progress("running: " + cmd);
     auto out = run_capture(cmd);
     if (!out) return out.error();
-    auto j = json::parse(*out, nullptr, false);
-    if (j.is_discarded() || !j.is_array() || j.empty()) return engine_error("cannot parse llama-bench's JSON output");
+    auto j = parse_json(*out);
+    if (!j || !j->is_array() || j->empty()) return engine_error("cannot parse llama-bench's JSON output");
     llama_bench_rate r;
-    r.tps = j[0].value("avg_ts", 0.0);
-    r.stddev = j[0].value("stddev_ts", 0.0);
+    r.tps = (*j)[0].value("avg_ts", 0.0);
+    r.stddev = (*j)[0].value("stddev_ts", 0.0);
     return r;
 }
 

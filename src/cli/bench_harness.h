@@ -9,15 +9,16 @@
 #include <vector>
 
 #include "cli.h"
+#include "warmctx/resources.h"
 #include "warmctx/segments.h"
 #include "warmctx/workload.h"
 
-#ifndef WARMCTX_LLAMA_BENCH
-#define WARMCTX_LLAMA_BENCH "llama-bench"
-#endif
-#ifndef WARMCTX_LLAMA_SERVER
-#define WARMCTX_LLAMA_SERVER "llama-server"
-#endif
+// llama-server and llama-bench of the same build: beside the binary (warmctx/resources.h:
+// libexec/warmctx/ when installed, bin/ in the build tree), else whatever PATH finds.
+inline std::string default_tool(const char * name) {
+    auto p = warmctx::find_tool(name);
+    return p.ok() ? *p : std::string(name);
+}
 
 namespace warmctx::cli {
 
@@ -59,7 +60,7 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
 
 struct llama_server_options {
     std::string name = "llama-server";
-    std::string binary = WARMCTX_LLAMA_SERVER;
+    std::string binary = default_tool("llama-server");
     model_flags mf;                 // model, n_ctx (per slot), threads, gpu layers, kv type, chunk, fa
     int slots = 1;
     int cache_ram_mib = -1;         // --cache-ram (-1: llama-server's default)

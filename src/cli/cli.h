@@ -28,9 +28,6 @@ struct model_flags {
     result<engine_options> to_options(uint32_t n_seq_max) const;
 };
 
-// The process exit code a subcommand's callback sets (CLI11 callbacks return void).
-extern int g_exit_code;
-
 // Flags that shape the context engine above the model: budgets, policy, kinds,
 // tenant, and the host-RAM and disk tiers.
 struct cache_flags {
@@ -57,15 +54,25 @@ void progress(const std::string & line);
 // Prints "error: <message>" to stderr and returns the process exit code for `st`.
 int fail(const status & st);
 
-void register_model_commands(CLI::App & app);
-void register_bench_commands(CLI::App & app);
-void register_context_commands(CLI::App & app);
-void register_overhead_bench(CLI::App & bench);
-void register_serve_command(CLI::App & app);
-void register_http_bench(CLI::App & bench);
-void register_s2_bench(CLI::App & bench);
-void register_trace_bench(CLI::App & bench);
-void register_s3_bench(CLI::App & bench);
-void register_snapshot_commands(CLI::App & app);
+// Makes `run` the action of command `c`. Every command's function returns its exit
+// code; CLI11 callbacks return void, so the callback stores it in `rc`, which main
+// returns.
+template <class F>
+void on_run(CLI::App * c, int & rc, F run) {
+    c->callback([&rc, run = std::move(run)] { rc = run(); });
+}
+
+// Each adds its subcommands to `app`; `rc` receives the exit code of the one that runs.
+void register_model_commands(CLI::App & app, int & rc);
+void register_bench_commands(CLI::App & app, int & rc);
+void register_context_commands(CLI::App & app, int & rc);
+void register_overhead_bench(CLI::App & bench, int & rc);
+void register_restore_bench(CLI::App & bench, int & rc);
+void register_serve_command(CLI::App & app, int & rc);
+void register_http_bench(CLI::App & bench, int & rc);
+void register_s2_bench(CLI::App & bench, int & rc);
+void register_trace_bench(CLI::App & bench, int & rc);
+void register_s3_bench(CLI::App & bench, int & rc);
+void register_snapshot_commands(CLI::App & app, int & rc);
 
 }  // namespace warmctx::cli

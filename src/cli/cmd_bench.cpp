@@ -23,7 +23,7 @@ struct bench_engine_args {
     int32_t n_prompt = 512;
     int32_t n_gen = 64;
     int32_t reps = 3;
-    std::string llama_bench = WARMCTX_LLAMA_BENCH;
+    std::string llama_bench = default_tool("llama-bench");
     bool skip_llama_bench = false;
     bool json = false;
 };
@@ -39,14 +39,14 @@ result<std::pair<rate, rate>> run_llama_bench(const bench_engine_args & a, const
     return std::pair<rate, rate>{{pp->tps, pp->stddev}, {tg->tps, tg->stddev}};
 }
 
-void run_bench_engine(const bench_engine_args & a) {
-    if (a.n_prompt < 1 || a.n_gen < 1 || a.reps < 1) { g_exit_code = fail(invalid_argument("--prompt-tokens, --gen-tokens and --reps must be >= 1")); return; }
+int run_bench_engine(const bench_engine_args & a) {
+    if (a.n_prompt < 1 || a.n_gen < 1 || a.reps < 1) return fail(invalid_argument("--prompt-tokens, --gen-tokens and --reps must be >= 1"));
     model_flags mf = a.mf;
     mf.n_ctx = (uint32_t)(a.n_prompt + a.n_gen + 1);
     auto opts = mf.to_options(1);
-    if (!opts) { g_exit_code = fail(opts.error()); return; }
+    if (!opts) return fail(opts.error());
     auto eng_r = engine::open(*opts);
-    if (!eng_r) { g_exit_code = fail(eng_r.error()); return; }
+    if (!eng_r) return fail(eng_r.error());
     engine & eng = **eng_r;
     const int32_t threads = eng.context().n_threads;
 
@@ -63,24 +63,24 @@ void run_bench_engine(const bench_engine_args & a) {
         return ms_since(t0);
     };
     progress("warmctx engine: warm-up");
-    { std::vector<float> l; auto w = prefill_once(&l); if (!w) { g_exit_code = fail(w.error()); return; } }
+    { std::vector<float> l; auto w = prefill_once(&l); if (!w) return fail(w.error()); }
     std::vector<double> pp, tg;
     for (int r = 0; r < a.reps; ++r) {
         std::vector<float> logits;
         auto ms = prefill_once(&logits);
-        if (!ms) { g_exit_code = fail(ms.error()); return; }
+        if (!ms) return fail(ms.error());
         pp.push_back(a.n_prompt * 1000.0 / *ms);
         // decode as llama-bench's tg test: from one token, n_gen single-token steps
         eng.clear_all();
         std::vector<float> l1;
         status st = eng.prefill(0, std::span<const token_id>(prompt.data(), 1), 0, {}, &l1);
-        if (!st.ok()) { g_exit_code = fail(st); return; }
+        if (!st.ok()) return fail(st);
         sampling_params sp;
         sp.max_tokens = a.n_gen + 1;  // n_gen decode steps after the first sampled token
         // force a fixed length: ignore end-of-generation by sampling over our own loop
         auto t0 = clock_type::now();
         auto g = eng.generate(0, std::move(l1), sp);
-        if (!g) { g_exit_code = fail(g.error()); return; }
+        if (!g) return fail(g.error());
         double ms_dec = ms_since(t0);
         const size_t steps = g->tokens.empty() ? 0 : g->tokens.size() - 1;
         if (steps > 0) tg.push_back((double)steps * 1000.0 / ms_dec);
@@ -96,7 +96,7 @@ void run_bench_engine(const bench_engine_args & a) {
     bool have_lb = false;
     if (!a.skip_llama_bench) {
         auto lb = run_llama_bench(a, *opts, threads);
-        if (!lb) { g_exit_code = fail(lb.error()); return; }
+        if (!lb) return fail(lb.error());
         lb_pp = lb->first; lb_tg = lb->second; have_lb = true;
     }
     auto row = [&](const std::string & test, rate ours, rate theirs) {
@@ -111,16 +111,17 @@ void run_bench_engine(const bench_engine_args & a) {
     row("pp" + std::to_string(a.n_prompt), ours_pp, lb_pp);
     row("tg" + std::to_string(a.n_gen), ours_tg, lb_tg);
     j["rows"] = rows;
-    if (a.json) { std::printf("%s\n", j.dump(2).c_str()); return; }
+    if (a.json) { std::printf("%s\n", j.dump(2).c_str()); return 0; }
     std::printf("%-8s %14s %14s %8s\n", "test", "warmctx tok/s", "llama-bench", "ratio");
     for (const auto & r : rows)
         std::printf("%-8s %14.1f %14.1f %8.3f\n", r["test"].get<std::string>().c_str(), r["warmctx_tps"].get<double>(),
                     r.value("llama_bench_tps", 0.0), r.value("ratio", 0.0));
+    return 0;
 }
 
 }  // namespace
 
-void register_bench_commands(CLI::App & app) {
+void register_bench_commands(CLI::App & app, int & rc) {
     auto * bench = app.add_subcommand("bench", "reproducible benchmarks with JSON output");
     bench->require_subcommand(1);
     auto a = std::make_shared<bench_engine_args>();
@@ -132,12 +133,12 @@ void register_bench_commands(CLI::App & app) {
     e->add_option("--llama-bench", a->llama_bench, "llama-bench binary")->capture_default_str();
     e->add_flag("--no-llama-bench", a->skip_llama_bench, "measure warmctx only");
     e->add_flag("--json", a->json, "print JSON");
-    e->callback([a] { run_bench_engine(*a); });
-    register_overhead_bench(*bench);
-    register_http_bench(*bench);
-    register_s2_bench(*bench);
-    register_trace_bench(*bench);
-    register_s3_bench(*bench);
+    on_run(e, rc, [a] { return run_bench_engine(*a); });
+    register_overhead_bench(*bench, rc);
+    register_http_bench(*bench, rc);
+    register_s2_bench(*bench, rc);
+    register_trace_bench(*bench, rc);
+    register_s3_bench(*bench, rc);
 }
 
 }  // namespace warmctx::cli

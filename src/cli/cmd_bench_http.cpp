@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "warmctx/json.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
 
@@ -34,22 +35,22 @@ double pct(std::vector<double> v, double p) {
     return v[std::min(v.size() - 1, (size_t)(p * (double)(v.size() - 1) + 0.5))];
 }
 
-void run_http_bench(http_bench_args a) {
+int run_http_bench(http_bench_args a) {
     auto eo = a.mf.to_options(1);
-    if (!eo) { g_exit_code = fail(eo.error()); return; }
+    if (!eo) return fail(eo.error());
     scheduler_options so;
     so.engine.engine = *eo;
     so.engine.n_holders = 4;
     so.n_parallel = a.parallel;
     so.max_queue = 1024;
     auto s = scheduler::start(so);
-    if (!s) { g_exit_code = fail(s.error()); return; }
+    if (!s) return fail(s.error());
     server_options sv;
     sv.port = 0;
     sv.log_requests = false;
     sv.n_http_threads = 32;
     auto h = http_server::start(**s, sv);
-    if (!h) { g_exit_code = fail(h.error()); return; }
+    if (!h) return fail(h.error());
     const int port = (*h)->port();
     const std::string system = "You are a careful coding agent. Follow the repository rules. "
                                "Prefer small changes and run the tests after each one.";
@@ -61,10 +62,10 @@ void run_http_bench(http_bench_args a) {
         auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
         wall_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
         if (!r || r->status != 200) return false;
-        auto j = json::parse(r->body, nullptr, false);
-        if (j.is_discarded()) return false;
-        engine_ms = j["warmctx"].value("total_ms", 0.0);
-        completion = j["usage"].value("completion_tokens", 0);
+        auto j = parse_json(r->body);
+        if (!j) return false;
+        engine_ms = (*j)["warmctx"].value("total_ms", 0.0);
+        completion = (*j)["usage"].value("completion_tokens", 0);
         return true;
     };
     {  // warm-up: model buffers and the shared system prompt's KV
@@ -116,7 +117,7 @@ void run_http_bench(http_bench_args a) {
               {"note", "engine_ms is submit..done inside the server; overhead = client wall time - engine_ms "
                        "(HTTP, JSON, queue hand-off)"},
               {"rows", rows}};
-    if (a.json_out) { std::printf("%s\n", j.dump(2).c_str()); return; }
+    if (a.json_out) { std::printf("%s\n", j.dump(2).c_str()); return 0; }
     std::printf("%8s %9s %10s %12s %12s %12s %14s\n", "clients", "req/s", "tok/s", "p50 ms", "p95 ms", "engine p50",
                 "overhead p50");
     for (const auto & r : rows)
@@ -124,11 +125,12 @@ void run_http_bench(http_bench_args a) {
                     r["requests_per_s"].get<double>(), r["completion_tokens_per_s"].get<double>(),
                     r["latency_ms_p50"].get<double>(), r["latency_ms_p95"].get<double>(),
                     r["engine_ms_p50"].get<double>(), r["server_overhead_ms_p50"].get<double>());
+    return 0;
 }
 
 }  // namespace
 
-void register_http_bench(CLI::App & bench) {
+void register_http_bench(CLI::App & bench, int & rc) {
     auto a = std::make_shared<http_bench_args>();
     auto * c = bench.add_subcommand("http", "server overhead per request and throughput with concurrent clients (loopback)");
     a->mf.add_to(*c);
@@ -137,7 +139,7 @@ void register_http_bench(CLI::App & bench) {
     c->add_option("-n,--max-tokens", a->max_tokens, "tokens per completion")->capture_default_str()->check(CLI::Range(1, 4096));
     c->add_option("--parallel", a->parallel, "work sequences (jobs decoded at once)")->capture_default_str()->check(CLI::Range(1, 64));
     c->add_flag("--json", a->json_out, "print JSON");
-    c->callback([a] { run_http_bench(*a); });
+    on_run(c, rc, [a] { return run_http_bench(*a); });
 }
 
 }  // namespace warmctx::cli

@@ -19,8 +19,8 @@ struct s2_args {
     std::vector<size_t> sizes = {2048, 8192};
     int warm_turns = 3;
     std::vector<std::string> systems = {"warmctx", "llama-server"};
-    std::string llama_server = WARMCTX_LLAMA_SERVER;
-    std::string llama_bench = WARMCTX_LLAMA_BENCH;
+    std::string llama_server = default_tool("llama-server");
+    std::string llama_bench = default_tool("llama-bench");
     bool skip_llama_bench = false;
     int cache_ram_mib = -1;
     uint64_t seed = 3;
@@ -35,31 +35,30 @@ struct s2_prompt {
     std::vector<std::vector<token_id>> warm_tokens;
 };
 
-void run_s2(const s2_args & a) {
-    if (a.sizes.empty() || a.warm_turns < 1) { g_exit_code = fail(invalid_argument("--sizes needs a size and --warm-turns >= 1")); return; }
+int run_s2(const s2_args & a) {
+    if (a.sizes.empty() || a.warm_turns < 1) return fail(invalid_argument("--sizes needs a size and --warm-turns >= 1"));
     for (const auto & s : a.systems)
         if (s != "warmctx" && s != "llama-server") {
-            g_exit_code = fail(invalid_argument("--systems: unknown system '" + s + "' (warmctx, llama-server)"));
-            return;
+            return fail(invalid_argument("--systems: unknown system '" + s + "' (warmctx, llama-server)"));
         }
     auto pb = prompt_builder::open(a.mf);
-    if (!pb) { g_exit_code = fail(pb.error()); return; }
+    if (!pb) return fail(pb.error());
     std::vector<s2_prompt> prompts;
     for (size_t size : a.sizes) {
-        if (size < 256) { g_exit_code = fail(invalid_argument("--sizes: each size must be at least 256 tokens")); return; }
+        if (size < 256) return fail(invalid_argument("--sizes: each size must be at least 256 tokens"));
         progress("building the S2 prompt with a ~" + std::to_string(size) + "-token stable prefix");
         workload_generator g(a.seed * 1000003ull + size, (*pb)->counter());
         s2_prompt p;
         p.target = size;
         p.cold = make_workspace(g, size, 2);
         auto t = (*pb)->tokens(p.cold);
-        if (!t) { g_exit_code = fail(t.error()); return; }
+        if (!t) return fail(t.error());
         p.cold_tokens = std::move(*t);
         for (int w = 0; w < a.warm_turns; ++w) {
             auto segs = p.cold;
             segs.back().content = g.question();
             auto wt = (*pb)->tokens(segs);
-            if (!wt) { g_exit_code = fail(wt.error()); return; }
+            if (!wt) return fail(wt.error());
             p.warm.push_back(std::move(segs));
             p.warm_tokens.push_back(std::move(*wt));
         }
@@ -80,9 +79,9 @@ void run_s2(const s2_args & a) {
     std::vector<token_id> warmup_tokens;
     {
         auto pb2 = prompt_builder::open(mf);
-        if (!pb2) { g_exit_code = fail(pb2.error()); return; }
+        if (!pb2) return fail(pb2.error());
         auto t = (*pb2)->tokens(warmup_segs);
-        if (!t) { g_exit_code = fail(t.error()); return; }
+        if (!t) return fail(t.error());
         warmup_tokens = std::move(*t);
     }
 
@@ -113,21 +112,20 @@ void run_s2(const s2_args & a) {
                 o.cache_ram_mib = a.cache_ram_mib;
                 sys = start_llama_server(o);
             }
-            if (!sys) { g_exit_code = fail(sys.error()); return; }
+            if (!sys) return fail(sys.error());
             if (auto w = (*sys)->send("warmup", warmup_segs, warmup_tokens, 1); !w.ok) {
-                g_exit_code = fail(engine_error(name + ": warm-up request failed: " + w.error));
-                return;
+                return fail(engine_error(name + ": warm-up request failed: " + w.error));
             }
             if (systems.size() < a.systems.size()) systems.push_back({{"name", name}, {"config", (*sys)->describe()}});
             progress(name + ": " + std::to_string(p.cold_tokens.size()) + "-token prompt, cold");
             auto cold = (*sys)->send(ws, p.cold, p.cold_tokens, 1);
-            if (!cold.ok) { g_exit_code = fail(engine_error(name + ": cold turn failed: " + cold.error)); return; }
+            if (!cold.ok) return fail(engine_error(name + ": cold turn failed: " + cold.error));
             std::vector<double> warm_ms, warm_server_ms;
             json warm_all = json::array(), warm_phases = json::array();
             int warm_cached = 0, warm_prompt = 0;
             for (size_t w = 0; w < p.warm.size(); ++w) {
                 auto t = (*sys)->send(ws, p.warm[w], p.warm_tokens[w], 1);
-                if (!t.ok) { g_exit_code = fail(engine_error(name + ": warm turn failed: " + t.error)); return; }
+                if (!t.ok) return fail(engine_error(name + ": warm turn failed: " + t.error));
                 warm_ms.push_back(t.ttft_ms);
                 warm_server_ms.push_back(t.server_ms);
                 warm_all.push_back(t.ttft_ms);
@@ -148,10 +146,10 @@ void run_s2(const s2_args & a) {
         }
         if (!a.skip_llama_bench) {
             auto eo = mf.to_options(1);
-            if (!eo) { g_exit_code = fail(eo.error()); return; }
+            if (!eo) return fail(eo.error());
             const int n = (int)p.cold_tokens.size();
             auto r = llama_bench_run(a.llama_bench, *eo, threads, n, 0, 0, 1, mf.gpu_layers != 0);
-            if (!r) { g_exit_code = fail(r.error()); return; }
+            if (!r) return fail(r.error());
             const double ms = r->tps > 0 ? n * 1000.0 / r->tps : 0;
             row["llama_bench"] = {{"pp_tps", r->tps}, {"prefill_ms", ms}};
             for (const auto & name : a.systems)
@@ -163,7 +161,7 @@ void run_s2(const s2_args & a) {
 
     out["systems"] = systems;
     out["rows"] = rows;
-    if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return; }
+    if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return 0; }
     std::printf("%8s  %-13s %12s %12s %9s %9s %12s\n", "prompt", "system", "cold ms", "warm ms", "warm/cold", "cached",
                 "cold/l-bench");
     for (const auto & r : rows)
@@ -175,11 +173,12 @@ void run_s2(const s2_args & a) {
                         x["warm_over_cold"].get<double>(), x["warm_cached_tokens"].get<int>(),
                         x.value("cold_over_llama_bench", 0.0));
         }
+    return 0;
 }
 
 }  // namespace
 
-void register_s2_bench(CLI::App & bench) {
+void register_s2_bench(CLI::App & bench, int & rc) {
     auto a = std::make_shared<s2_args>();
     auto * c = bench.add_subcommand("s2", "cold vs warm time to first token at 2k..47k-token stable prefixes, warmctx next to llama-server");
     a->mf.add_to(*c, false);
@@ -192,7 +191,7 @@ void register_s2_bench(CLI::App & bench) {
     c->add_option("--cache-ram", a->cache_ram_mib, "llama-server --cache-ram, MiB (-1 = its default)")->capture_default_str();
     c->add_option("--seed", a->seed, "workspace content seed")->capture_default_str();
     c->add_flag("--json", a->json_out, "print JSON");
-    c->callback([a] { run_s2(*a); });
+    on_run(c, rc, [a] { return run_s2(*a); });
 }
 
 }  // namespace warmctx::cli

@@ -26,7 +26,7 @@ struct s3_args {
     int n_gen = 32;
     int depth = 1024;
     int reps = 3;
-    std::string llama_bench = WARMCTX_LLAMA_BENCH;
+    std::string llama_bench = default_tool("llama-bench");
     bool skip_llama_bench = false;
     bool json_out = false;
 };
@@ -113,19 +113,16 @@ result<json> measure_engine(const s3_args & a, const engine_options & base) {
                 {"n_params", eng.model().n_params}};
 }
 
-void run_s3(const s3_args & a) {
+int run_s3(const s3_args & a) {
     if (a.n_prompt < 1 || a.n_gen < 1 || a.reps < 1 || a.depth < 0) {
-        g_exit_code = fail(invalid_argument("--prompt-tokens, --gen-tokens and --reps must be >= 1, --depth >= 0"));
-        return;
+        return fail(invalid_argument("--prompt-tokens, --gen-tokens and --reps must be >= 1, --depth >= 0"));
     }
     if (a.depth % (int)std::max<uint32_t>(1, a.mf.chunk) != 0) {
-        g_exit_code = fail(invalid_argument("--depth must be a multiple of --chunk (" + std::to_string(a.mf.chunk) +
-                                            "): a warm prefill starts at a canonical chunk start"));
-        return;
+        return fail(invalid_argument("--depth must be a multiple of --chunk (" + std::to_string(a.mf.chunk) +
+                                     "): a warm prefill starts at a canonical chunk start"));
     }
     if (!a.mf.model.empty()) {
-        g_exit_code = fail(invalid_argument("bench s3 generates its models by shape; use --shapes and --type, not --model"));
-        return;
+        return fail(invalid_argument("bench s3 generates its models by shape; use --shapes and --type, not --model"));
     }
     json out = {{"bench", "s3"}, {"backend", backend_name()}, {"type", a.type}, {"n_prompt", a.n_prompt},
                 {"n_gen", a.n_gen}, {"depth", a.depth}, {"reps", a.reps}, {"flash_attn", a.mf.flash_attn},
@@ -133,27 +130,27 @@ void run_s3(const s3_args & a) {
     json rows = json::array();
     for (const auto & shape : a.shapes) {
         auto path = ensure_model(shape, a.type, 0, progress);
-        if (!path) { g_exit_code = fail(path.error()); return; }
+        if (!path) return fail(path.error());
         model_flags mf = a.mf;
         mf.model = *path;
         auto eo = mf.to_options(2);
-        if (!eo) { g_exit_code = fail(eo.error()); return; }
+        if (!eo) return fail(eo.error());
         progress(shape + ": warmctx engine");
         auto m = measure_engine(a, *eo);
-        if (!m) { g_exit_code = fail(m.error()); return; }
+        if (!m) return fail(m.error());
         json row = {{"shape", shape}, {"model", *path}, {"warmctx", *m}};
         if (!a.skip_llama_bench) {
             const int threads = (*m)["threads"].get<int>();
             auto cold = llama_bench_run(a.llama_bench, *eo, threads, a.n_prompt, 0, 0, a.reps, true);
-            if (!cold) { g_exit_code = fail(cold.error()); return; }
+            if (!cold) return fail(cold.error());
             llama_bench_rate warm;
             if (a.depth > 0) {
                 auto w = llama_bench_run(a.llama_bench, *eo, threads, a.n_prompt, 0, a.depth, a.reps, true);
-                if (!w) { g_exit_code = fail(w.error()); return; }
+                if (!w) return fail(w.error());
                 warm = *w;
             }
             auto tg = llama_bench_run(a.llama_bench, *eo, threads, 0, a.n_gen, 0, a.reps, true);
-            if (!tg) { g_exit_code = fail(tg.error()); return; }
+            if (!tg) return fail(tg.error());
             row["llama_bench"] = {{"cold_pp_tps", cold->tps}, {"cold_pp_stddev", cold->stddev},
                                   {"warm_pp_tps", warm.tps},  {"warm_pp_stddev", warm.stddev},
                                   {"tg_tps", tg->tps},        {"tg_stddev", tg->stddev}};
@@ -165,7 +162,7 @@ void run_s3(const s3_args & a) {
         rows.push_back(std::move(row));
     }
     out["rows"] = rows;
-    if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return; }
+    if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return 0; }
     std::printf("%-14s %-8s %14s %14s %8s\n", "shape", "test", "warmctx tok/s", "llama-bench", "ratio");
     for (const auto & r : rows)
         for (const char * t : {"cold_pp", "warm_pp", "tg"}) {
@@ -174,11 +171,12 @@ void run_s3(const s3_args & a) {
                         r["warmctx"].value(k, 0.0), r.contains("llama_bench") ? r["llama_bench"].value(k, 0.0) : 0.0,
                         r.contains("ratio") ? r["ratio"].value(t, 0.0) : 0.0);
         }
+    return 0;
 }
 
 }  // namespace
 
-void register_s3_bench(CLI::App & bench) {
+void register_s3_bench(CLI::App & bench, int & rc) {
     auto a = std::make_shared<s3_args>();
     auto * c = bench.add_subcommand("s3", "cold and warm prefill and decode tok/s per model shape, next to llama-bench (same build)");
     a->mf.add_to(*c, false);
@@ -191,7 +189,7 @@ void register_s3_bench(CLI::App & bench) {
     c->add_option("--llama-bench", a->llama_bench, "llama-bench binary")->capture_default_str();
     c->add_flag("--no-llama-bench", a->skip_llama_bench, "measure warmctx only");
     c->add_flag("--json", a->json_out, "print JSON");
-    c->callback([a] { run_s3(*a); });
+    on_run(c, rc, [a] { return run_s3(*a); });
 }
 
 }  // namespace warmctx::cli

@@ -27,12 +27,12 @@ struct trace_args {
     double budget_mib = 0;          // 0 = 40% of the KV of all workspaces' stable prompts
     double server_cache_ram_mib = 0; // 0 = budget_mib less a mean prompt's KV (the slot)
     std::vector<std::string> systems = {"warmctx-semantic", "warmctx-lru", "llama-server"};
-    std::string llama_server = WARMCTX_LLAMA_SERVER;
+    std::string llama_server = default_tool("llama-server");
     bool quick = false;
     bool json_out = false;
 };
 
-void run_trace(trace_args a) {
+int run_trace(trace_args a) {
     if (a.quick) {
         a.t.n_workspaces = 4;
         a.t.n_turns = 24;
@@ -41,25 +41,24 @@ void run_trace(trace_args a) {
     }
     for (const auto & s : a.systems)
         if (s != "warmctx-semantic" && s != "warmctx-lru" && s != "llama-server") {
-            g_exit_code = fail(invalid_argument("--systems: unknown system '" + s +
-                                                "' (warmctx-semantic, warmctx-lru, llama-server)"));
-            return;
+            return fail(invalid_argument("--systems: unknown system '" + s +
+                                         "' (warmctx-semantic, warmctx-lru, llama-server)"));
         }
-    if (a.server_cache_ram_mib < 0) { g_exit_code = fail(invalid_argument("--server-cache-ram-mib must be >= 0")); return; }
-    if (a.budget_mib < 0) { g_exit_code = fail(invalid_argument("--budget-mib must be >= 0")); return; }
+    if (a.server_cache_ram_mib < 0) return fail(invalid_argument("--server-cache-ram-mib must be >= 0"));
+    if (a.budget_mib < 0) return fail(invalid_argument("--budget-mib must be >= 0"));
     auto pb = prompt_builder::open(a.mf);
-    if (!pb) { g_exit_code = fail(pb.error()); return; }
+    if (!pb) return fail(pb.error());
     progress("generating the trace: " + std::to_string(a.t.n_workspaces) + " workspaces, " +
              std::to_string(a.t.n_turns) + " turns");
     auto tr = make_agent_trace(a.t, (*pb)->counter());
-    if (!tr) { g_exit_code = fail(tr.error()); return; }
+    if (!tr) return fail(tr.error());
     std::vector<std::vector<token_id>> tokens;
     size_t max_prompt = 0, total_prompt = 0;
     std::vector<size_t> stable_prompt((size_t)a.t.n_workspaces, 0);
     int n_edits = 0;
     for (const auto & turn : tr->turns) {
         auto t = (*pb)->tokens(turn.segments);
-        if (!t) { g_exit_code = fail(t.error()); return; }
+        if (!t) return fail(t.error());
         max_prompt = std::max(max_prompt, t->size());
         total_prompt += t->size();
         // the stable part: everything before the diff
@@ -132,7 +131,7 @@ void run_trace(trace_args a) {
             o.cf.policy = name == "warmctx-lru" ? "lru" : "semantic";
             sys = start_warmctx_system(o);
         }
-        if (!sys) { g_exit_code = fail(sys.error()); return; }
+        if (!sys) return fail(sys.error());
         progress(name + ": replaying " + std::to_string(tr->turns.size()) + " turns");
         std::vector<double> ttft;
         json per_turn_ttft = json::array(), per_turn_cached = json::array(), per_turn_prompt = json::array();
@@ -142,8 +141,7 @@ void run_trace(trace_args a) {
             const auto & turn = tr->turns[i];
             auto r = (*sys)->send(tr->workspace_ids[(size_t)turn.workspace], turn.segments, tokens[i], 1);
             if (!r.ok) {
-                g_exit_code = fail(engine_error(name + ": turn " + std::to_string(i) + " failed: " + r.error));
-                return;
+                return fail(engine_error(name + ": turn " + std::to_string(i) + " failed: " + r.error));
             }
             if ((size_t)r.prompt_tokens != tokens[i].size())
                 progress(name + ": turn " + std::to_string(i) + " reports " + std::to_string(r.prompt_tokens) +
@@ -189,7 +187,7 @@ void run_trace(trace_args a) {
                 (*sem)["ttft_p50_ms"].get<double>() / (*ls)["ttft_p50_ms"].get<double>();
     }
     out["ratios"] = ratios;
-    if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return; }
+    if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return 0; }
     std::printf("budget %.0f MiB (%llu tokens of KV; llama-server: slot ~%.0f MiB + --cache-ram %d MiB); "
                 "%d turns over %d workspaces, %d edits\n", budget_mib, (unsigned long long)(bpt ? budget_bytes / bpt : 0),
                 slot_mib, server_cache_ram_mib, a.t.n_turns, a.t.n_workspaces, n_edits);
@@ -199,11 +197,12 @@ void run_trace(trace_args a) {
                     (unsigned long long)s["prefilled_tokens"].get<uint64_t>(), s["cached_ratio"].get<double>(),
                     s["ttft_p50_ms"].get<double>(), s["ttft_p95_ms"].get<double>(), s["wall_ms"].get<double>() / 1000);
     for (auto it = ratios.begin(); it != ratios.end(); ++it) std::printf("%s: %.3f\n", it.key().c_str(), it.value().get<double>());
+    return 0;
 }
 
 }  // namespace
 
-void register_trace_bench(CLI::App & bench) {
+void register_trace_bench(CLI::App & bench, int & rc) {
     auto a = std::make_shared<trace_args>();
     auto * c = bench.add_subcommand("trace", "replay a seeded multi-workspace agent trace against warmctx (semantic, LRU) and llama-server under one KV budget");
     a->mf.add_to(*c, false);
@@ -220,7 +219,7 @@ void register_trace_bench(CLI::App & bench) {
     c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
     c->add_flag("--quick", a->quick, "a small trace (4 workspaces, 24 turns, ~1.5k-token stable contexts)");
     c->add_flag("--json", a->json_out, "print JSON");
-    c->callback([a] { run_trace(*a); });
+    on_run(c, rc, [a] { return run_trace(*a); });
 }
 
 }  // namespace warmctx::cli

@@ -12,11 +12,11 @@ struct make_model_args {
     std::string shape = "tiny";
 };
 
-void run_info(const model_flags & mf, bool json) {
+int run_info(const model_flags & mf, bool json) {
     auto opts = mf.to_options(1);
-    if (!opts) { g_exit_code = fail(opts.error()); return; }
+    if (!opts) return fail(opts.error());
     auto eng = engine::open(*opts);
-    if (!eng) { g_exit_code = fail(eng.error()); return; }
+    if (!eng) return fail(eng.error());
     const auto & m = (*eng)->model();
     const auto & c = (*eng)->context();
     nlohmann::json j = {
@@ -27,8 +27,9 @@ void run_info(const model_flags & mf, bool json) {
         {"kv_type", c.kv_type}, {"kv_mode", kv_mode_name(c.mode)}, {"kv_bytes_per_token", c.kv_bytes_per_token},
         {"backend", c.backend}, {"threads", c.n_threads}, {"llama_commit", llama_commit()},
     };
-    if (json) { std::printf("%s\n", j.dump(2).c_str()); return; }
+    if (json) { std::printf("%s\n", j.dump(2).c_str()); return 0; }
     for (auto & [k, v] : j.items()) std::printf("%-20s %s\n", k.c_str(), v.is_string() ? v.get<std::string>().c_str() : v.dump().c_str());
+    return 0;
 }
 
 struct generate_args {
@@ -40,12 +41,12 @@ struct generate_args {
     bool json = false;
 };
 
-void run_generate(const generate_args & a) {
-    if (a.prompt.empty()) { g_exit_code = fail(invalid_argument("--prompt is empty")); return; }
+int run_generate(const generate_args & a) {
+    if (a.prompt.empty()) return fail(invalid_argument("--prompt is empty"));
     auto opts = a.mf.to_options(1);
-    if (!opts) { g_exit_code = fail(opts.error()); return; }
+    if (!opts) return fail(opts.error());
     auto eng_r = engine::open(*opts);
-    if (!eng_r) { g_exit_code = fail(eng_r.error()); return; }
+    if (!eng_r) return fail(eng_r.error());
     engine & eng = **eng_r;
     std::string text = a.prompt;
     if (!a.raw) {
@@ -53,33 +54,34 @@ void run_generate(const generate_args & a) {
         if (!a.system.empty()) msgs.push_back({"system", a.system});
         msgs.push_back({"user", a.prompt});
         auto t = eng.apply_chat_template(msgs, true);
-        if (!t) { g_exit_code = fail(t.error()); return; }
+        if (!t) return fail(t.error());
         text = *t;
     }
     auto toks = eng.tokenize(text);
-    if (!toks) { g_exit_code = fail(toks.error()); return; }
+    if (!toks) return fail(toks.error());
     std::vector<float> logits;
     auto t0 = std::chrono::steady_clock::now();
     status st = eng.prefill(0, *toks, 0, {}, &logits);
-    if (!st.ok()) { g_exit_code = fail(st); return; }
+    if (!st.ok()) return fail(st);
     double t_prefill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     auto g = eng.generate(0, std::move(logits), a.sp);
-    if (!g) { g_exit_code = fail(g.error()); return; }
+    if (!g) return fail(g.error());
     if (a.json) {
         nlohmann::json j = {{"text", g->text}, {"prompt_tokens", toks->size()}, {"completion_tokens", g->tokens.size()},
                             {"finish_reason", finish_reason_name(g->finish)}, {"t_prefill_ms", t_prefill_ms},
                             {"t_decode_ms", g->t_decode_ms}, {"tokens", g->tokens}};
         std::printf("%s\n", j.dump(2).c_str());
-        return;
+        return 0;
     }
     std::printf("%s\n", g->text.c_str());
     std::fprintf(stderr, "[%zu prompt tokens in %.1f ms, %zu generated in %.1f ms, finish: %s]\n", toks->size(),
                  t_prefill_ms, g->tokens.size(), g->t_decode_ms, std::string(finish_reason_name(g->finish)).c_str());
+    return 0;
 }
 
 }  // namespace
 
-void register_model_commands(CLI::App & app) {
+void register_model_commands(CLI::App & app, int & rc) {
     auto mm = std::make_shared<make_model_args>();
     auto * c = app.add_subcommand("make-model", "generate a Qwen2-architecture GGUF with the real Qwen2 tokenizer and seeded weights");
     std::string shapes;
@@ -90,10 +92,10 @@ void register_model_commands(CLI::App & app) {
     c->add_option("-o,--out", mm->o.out_path, "output GGUF path")->required();
     c->add_option("--vocab", mm->o.vocab_path, "tokenizer source GGUF (default: " + default_vocab_path() + ")");
     c->add_option("-t,--threads", mm->o.n_threads, "threads for quantization (0 = all)");
-    c->callback([mm] {
+    on_run(c, rc, [mm] {
         mm->o.progress = progress;
         status st = make_model(mm->o);
-        if (!st.ok()) g_exit_code = fail(st);
+        return st.ok() ? 0 : fail(st);
     });
 
     auto info_flags = std::make_shared<model_flags>();
@@ -101,7 +103,7 @@ void register_model_commands(CLI::App & app) {
     auto * i = app.add_subcommand("info", "load a model and print what warmctx sees of it");
     info_flags->add_to(*i);
     i->add_flag("--json", *info_json, "print JSON");
-    i->callback([info_flags, info_json] { run_info(*info_flags, *info_json); });
+    on_run(i, rc, [info_flags, info_json] { return run_info(*info_flags, *info_json); });
 
     auto ga = std::make_shared<generate_args>();
     auto * g = app.add_subcommand("generate", "prefill a prompt (through the chat template) and generate");
@@ -116,7 +118,7 @@ void register_model_commands(CLI::App & app) {
     g->add_option("--seed", ga->sp.seed, "sampler seed")->capture_default_str();
     g->add_option("--stop", ga->sp.stop, "stop string (repeatable)");
     g->add_flag("--json", ga->json, "print JSON");
-    g->callback([ga] { run_generate(*ga); });
+    on_run(g, rc, [ga] { return run_generate(*ga); });
 }
 
 }  // namespace warmctx::cli

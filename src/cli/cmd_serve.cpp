@@ -35,14 +35,14 @@ struct serve_args {
     bool quiet = false;
 };
 
-void run_serve(const serve_args & a) {
+int run_serve(const serve_args & a) {
     auto eo = a.mf.to_options(2 + a.holders + a.n_parallel);  // may generate the default model
-    if (!eo) { g_exit_code = fail(eo.error()); return; }
+    if (!eo) return fail(eo.error());
 
     scheduler_options so;
     so.engine.engine = *eo;
     so.engine.n_holders = a.holders;
-    if (status st = a.cf.apply(so.engine); !st.ok()) { g_exit_code = fail(st); return; }
+    if (status st = a.cf.apply(so.engine); !st.ok()) return fail(st);
     so.n_parallel = a.n_parallel;
     so.max_queue = a.max_queue;
 
@@ -69,12 +69,11 @@ void run_serve(const serve_args & a) {
 
     progress("serve: loading " + so.engine.engine.model_path);
     auto sched = scheduler::start(so);
-    if (!sched) { g_exit_code = fail(sched.error()); return; }
+    if (!sched) return fail(sched.error());
     auto server = http_server::start(**sched, sv);
     if (!server) {
         (*sched)->stop();
-        g_exit_code = fail(server.error());
-        return;
+        return fail(server.error());
     }
     const context_info & ci = (*sched)->context();
     std::printf("warmctx: listening on http://%s:%d (model %s, n_ctx %u per sequence, %u parallel, queue %zu%s)\n",
@@ -88,11 +87,12 @@ void run_serve(const serve_args & a) {
     (*server)->stop();
     (*sched)->stop();
     progress("serve: stopped");
+    return 0;
 }
 
 }  // namespace
 
-void register_serve_command(CLI::App & app) {
+void register_serve_command(CLI::App & app, int & rc) {
     auto a = std::make_shared<serve_args>();
     auto * c = app.add_subcommand("serve", "serve the OpenAI-compatible and workspace HTTP API (docs/api.md)");
     a->mf.add_to(*c);
@@ -108,7 +108,7 @@ void register_serve_command(CLI::App & app) {
     c->add_option("--default-max-tokens", a->default_max_tokens, "max_tokens of a request that names none")->capture_default_str()->check(CLI::Range(1, 1 << 20));
     c->add_option("--model-name", a->model_name, "model id in /v1/models and responses (default: the model file's name)");
     c->add_flag("-q,--quiet", a->quiet, "no per-request log lines on stderr");
-    c->callback([a] { run_serve(*a); });
+    on_run(c, rc, [a] { return run_serve(*a); });
 }
 
 }  // namespace warmctx::cli

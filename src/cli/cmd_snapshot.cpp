@@ -81,9 +81,9 @@ result<std::vector<snapshot_entry>> resolve(const snapshot_store & store, const 
     return out;
 }
 
-void run_ls(const snapshot_args & a) {
+int run_ls(const snapshot_args & a) {
     auto s = open_scan_only(a);
-    if (!s) { g_exit_code = fail(s.error()); return; }
+    if (!s) return fail(s.error());
     const snapshot_store & store = **s;
     const uint64_t now = now_unix_ms();
     auto entries = store.list();
@@ -97,7 +97,7 @@ void run_ls(const snapshot_args & a) {
         nlohmann::json j = {{"dir", store.options().dir}, {"n_files", entries.size()}, {"total_bytes", total},
                             {"files", files}, {"rejected", bad}};
         std::printf("%s\n", j.dump(2).c_str());
-        return;
+        return 0;
     }
     std::printf("%-14s  %-20s  %8s  %12s  %-8s  %-12s  %6s\n", "key", "workspace", "tokens", "bytes", "class", "profile", "age");
     for (const auto & e : entries) {
@@ -110,24 +110,23 @@ void run_ls(const snapshot_args & a) {
     std::printf("%zu files, %llu bytes in %s\n", entries.size(), (unsigned long long)total, store.options().dir.c_str());
     for (const auto & r : rejected)
         std::printf("BAD %s: %s\n", r.file_name.c_str(), r.reason.c_str());
+    return 0;
 }
 
-void run_show(const snapshot_args & a) {
+int run_show(const snapshot_args & a) {
     auto s = open_scan_only(a);
-    if (!s) { g_exit_code = fail(s.error()); return; }
+    if (!s) return fail(s.error());
     const snapshot_store & store = **s;
     for (const auto & r : store.rejected())
         if (!a.names.empty() && r.file_name == a.names[0]) {
-            g_exit_code = fail(corrupt(r.file_name + " fails its header check: " + r.reason));
-            return;
+            return fail(corrupt(r.file_name + " fails its header check: " + r.reason));
         }
     auto found = resolve(store, a.names.at(0));
-    if (!found) { g_exit_code = fail(found.error()); return; }
+    if (!found) return fail(found.error());
     if (found->size() > 1) {
         std::string m = "'" + a.names[0] + "' matches " + std::to_string(found->size()) + " snapshots:";
         for (const auto & e : *found) m += " " + e.file_name;
-        g_exit_code = fail(invalid_argument(m));
-        return;
+        return fail(invalid_argument(m));
     }
     const snapshot_entry & e = found->front();
     const uint64_t now = now_unix_ms();
@@ -141,7 +140,7 @@ void run_show(const snapshot_args & a) {
                               {"class", retention_class_name(b.cls)}, {"segment_index", b.segment_index}});
         j["blocks"] = blocks;
         std::printf("%s\n", j.dump(2).c_str());
-        return;
+        return 0;
     }
     std::printf("file        %s\n", e.file_name.c_str());
     std::printf("key         %s\n", e.key.chain.hex().c_str());
@@ -155,11 +154,12 @@ void run_show(const snapshot_args & a) {
     for (const auto & [name, value] : e.meta.prof.canonical_fields())
         std::printf("  %-20s %s\n", std::string(name).c_str(), value.c_str());
     std::printf("manifest\n%s", e.meta.man.to_table().c_str());
+    return 0;
 }
 
-void run_verify(const snapshot_args & a) {
+int run_verify(const snapshot_args & a) {
     auto s = open_scan_only(a);
-    if (!s) { g_exit_code = fail(s.error()); return; }
+    if (!s) return fail(s.error());
     snapshot_store & store = **s;
     nlohmann::json files = nlohmann::json::array();
     int n_ok = 0, n_bad = 0;
@@ -185,21 +185,20 @@ void run_verify(const snapshot_args & a) {
     } else {
         std::printf("%d ok, %d bad in %s\n", n_ok, n_bad, store.options().dir.c_str());
     }
-    if (n_bad > 0) g_exit_code = 1;
+    return n_bad > 0 ? 1 : 0;
 }
 
-void run_rm(const snapshot_args & a) {
+int run_rm(const snapshot_args & a) {
     if (a.all == !a.names.empty()) {
-        g_exit_code = fail(invalid_argument("rm: name snapshots (file names or key prefixes) or give --all"));
-        return;
+        return fail(invalid_argument("rm: name snapshots (file names or key prefixes) or give --all"));
     }
     auto s = open_scan_only(a);
-    if (!s) { g_exit_code = fail(s.error()); return; }
+    if (!s) return fail(s.error());
     snapshot_store & store = **s;
     size_t n_removed = 0;
     if (a.all) {
         auto n = store.remove_all();
-        if (!n) { g_exit_code = fail(n.error()); return; }
+        if (!n) return fail(n.error());
         n_removed = *n;
     } else {
         for (const std::string & name : a.names) {
@@ -209,29 +208,29 @@ void run_rm(const snapshot_args & a) {
                 if (r.file_name == name) was_bad = true;
             if (was_bad) {
                 status st = posix_fs().remove_file(store.path_of(name));
-                if (!st.ok()) { g_exit_code = fail(st); return; }
+                if (!st.ok()) return fail(st);
                 ++n_removed;
                 continue;
             }
             auto found = resolve(store, name);
-            if (!found) { g_exit_code = fail(found.error()); return; }
+            if (!found) return fail(found.error());
             if (found->size() > 1) {
-                g_exit_code = fail(invalid_argument("'" + name + "' matches " + std::to_string(found->size()) +
-                                                    " snapshots; give more of the key or the file name"));
-                return;
+                return fail(invalid_argument("'" + name + "' matches " + std::to_string(found->size()) +
+                                             " snapshots; give more of the key or the file name"));
             }
             status st = store.remove(found->front().key);
-            if (!st.ok()) { g_exit_code = fail(st); return; }
+            if (!st.ok()) return fail(st);
             ++n_removed;
         }
     }
     if (a.json) std::printf("%s\n", nlohmann::json({{"removed", n_removed}}).dump(2).c_str());
     else std::printf("removed %zu snapshot file%s\n", n_removed, n_removed == 1 ? "" : "s");
+    return 0;
 }
 
 }  // namespace
 
-void register_snapshot_commands(CLI::App & app) {
+void register_snapshot_commands(CLI::App & app, int & rc) {
     auto * snap = app.add_subcommand("snapshot", "list, inspect, verify and remove snapshot files (the disk tier)");
     snap->require_subcommand(1);
     auto add_common = [](CLI::App * c, snapshot_args & a) {
@@ -242,25 +241,25 @@ void register_snapshot_commands(CLI::App & app) {
     auto ls = std::make_shared<snapshot_args>();
     auto * c_ls = snap->add_subcommand("ls", "list snapshot files: workspace, tokens, bytes, class, profile, age");
     add_common(c_ls, *ls);
-    c_ls->callback([ls] { run_ls(*ls); });
+    on_run(c_ls, rc, [ls] { return run_ls(*ls); });
 
     auto show = std::make_shared<snapshot_args>();
     auto * c_show = snap->add_subcommand("show", "one file's header, profile and manifest");
     add_common(c_show, *show);
     c_show->add_option("snapshot", show->names, "file name or key prefix (>= 4 hex digits)")->required()->expected(1);
-    c_show->callback([show] { run_show(*show); });
+    on_run(c_show, rc, [show] { return run_show(*show); });
 
     auto verify = std::make_shared<snapshot_args>();
     auto * c_verify = snap->add_subcommand("verify", "read every file fully and check it; non-zero exit if any is bad");
     add_common(c_verify, *verify);
-    c_verify->callback([verify] { run_verify(*verify); });
+    on_run(c_verify, rc, [verify] { return run_verify(*verify); });
 
     auto rm = std::make_shared<snapshot_args>();
     auto * c_rm = snap->add_subcommand("rm", "remove snapshot files");
     add_common(c_rm, *rm);
     c_rm->add_option("snapshots", rm->names, "file names or key prefixes");
     c_rm->add_flag("--all", rm->all, "remove every snapshot file in the directory");
-    c_rm->callback([rm] { run_rm(*rm); });
+    on_run(c_rm, rc, [rm] { return run_rm(*rm); });
 }
 
 }  // namespace warmctx::cli

@@ -11,8 +11,6 @@
 
 namespace warmctx::cli {
 
-int g_exit_code = 0;
-
 void progress(const std::string & line) {
     std::fprintf(stderr, "%s\n", line.c_str());
     std::fflush(stderr);
@@ -120,11 +118,12 @@ int main(int argc, char ** argv) {
                                           std::string(warmctx::llama_commit()) + ", " +
                                           std::string(warmctx::backend_name()) + ")");
     app.require_subcommand(1);
-    register_model_commands(app);
-    register_bench_commands(app);
-    register_context_commands(app);
-    register_serve_command(app);
-    register_snapshot_commands(app);
+    int rc = 0;  // the exit code of the command that runs
+    register_model_commands(app, rc);
+    register_bench_commands(app, rc);
+    register_context_commands(app, rc);
+    register_serve_command(app, rc);
+    register_snapshot_commands(app, rc);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {
@@ -133,5 +132,5 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;
     }
-    return g_exit_code;
+    return rc;
 }

@@ -454,7 +454,6 @@ const model_info & context_engine::model() const { return p_->eng->model(); }
 const context_info & context_engine::context() const { return p_->eng->context(); }
 result<std::vector<token_id>> context_engine::tokenize(std::string_view text) const { return p_->eng->tokenize(text, true); }
 const prefix_cache & context_engine::cache() const { return *p_->cache; }
-engine & context_engine::raw_engine() { return *p_->eng; }
 
 context_counters context_engine::counters() const {
     context_counters c = p_->ctr;

@@ -1,0 +1,276 @@
+#include "warmctx/verify.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <stdlib.h>
+
+#include "warmctx/snapshot_store.h"
+#include "warmctx/workload.h"
+
+namespace warmctx {
+
+// ---- the report ---------------------------------------------------------------
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+struct comparison {
+    bool tokens_equal = false;
+    bool logits_equal = false;
+    float max_diff = 0;
+    size_t n_agree = 0, n_tokens = 0;
+};
+
+comparison compare(const turn_result & w, const turn_result & c) {
+    comparison o;
+    o.tokens_equal = w.gen.tokens == c.gen.tokens;
+    o.n_tokens = c.gen.tokens.size();
+    for (size_t i = 0; i < std::min(w.gen.tokens.size(), c.gen.tokens.size()); ++i) o.n_agree += w.gen.tokens[i] == c.gen.tokens[i];
+    auto diff = [&](const float * a, const float * b, size_t n) {
+        for (size_t i = 0; i < n; ++i) o.max_diff = std::max(o.max_diff, std::fabs(a[i] - b[i]));
+    };
+    diff(w.prompt_logits.data(), c.prompt_logits.data(), std::min(w.prompt_logits.size(), c.prompt_logits.size()));
+    // Generation logits compare only while the tokens agree (after a divergence the
+    // prompts differ and so must the logits).
+    const size_t n_vocab = w.prompt_logits.size();
+    const size_t same = o.tokens_equal ? w.gen_logits.size() : std::min(w.gen_logits.size(), (o.n_agree + 1) * n_vocab);
+    diff(w.gen_logits.data(), c.gen_logits.data(), std::min({same, w.gen_logits.size(), c.gen_logits.size()}));
+    o.logits_equal = w.prompt_logits.size() == c.prompt_logits.size() && w.gen_logits.size() == c.gen_logits.size() &&
+                     std::memcmp(w.prompt_logits.data(), c.prompt_logits.data(), w.prompt_logits.size() * sizeof(float)) == 0 &&
+                     std::memcmp(w.gen_logits.data(), c.gen_logits.data(), w.gen_logits.size() * sizeof(float)) == 0;
+    return o;
+}
+
+struct dir_cleanup {
+    std::string d;
+    ~dir_cleanup() {
+        if (d.empty()) return;
+        std::error_code ec;
+        std::filesystem::remove_all(d, ec);
+    }
+};
+
+turn_expectation at_least(pos_t n, const char * tier = "") {
+    turn_expectation e;
+    e.min_reuse = n;
+    e.tier = tier;
+    return e;
+}
+turn_expectation after_drift_of(const char * field) {
+    turn_expectation e;
+    e.drifted_field = field;
+    return e;
+}
+
+// One scenario: a workspace through every step, each turn warm and cold.
+class scenario_runner {
+  public:
+    scenario_runner(context_engine & ce, cache_model & cm, verify_report & rep, const verify_options & o, int sc)
+        : ce_(ce), cm_(cm), rep_(rep), o_(o), sc_(sc), ws_("scenario-" + std::to_string(sc)),
+          g_(o.seed * 1000003ull + (uint64_t)sc, [&ce](const std::string & s) -> size_t {
+              auto t = ce.tokenize(s);
+              return t.ok() ? t->size() : s.size() / 4;
+          }) {}
+
+    status run() {
+        auto & rng = g_.rng();
+        const size_t stable = 150 + rng() % std::max<size_t>(1, o_.stable_tokens_max - 150);
+        segs_ = make_workspace(g_, stable, (int)(rng() % 3));
+
+        WARMCTX_RETURN_IF_ERROR(step("cold turn", {}));
+        segs_.back().content = g_.question();
+        WARMCTX_RETURN_IF_ERROR(step("new question", at_least(stable_end())));
+        if (o_.tiers) {
+            // Evicted from the engine: served from host RAM, then (host gone) from disk.
+            ce_.drop_engine_cache();
+            segs_.back().content = g_.question();
+            WARMCTX_RETURN_IF_ERROR(step("host-RAM restore", at_least(stable_end(), "host")));
+            ce_.drop_engine_cache();
+            ce_.clear_host_tier();
+            segs_.back().content = g_.question();
+            WARMCTX_RETURN_IF_ERROR(step("disk restore", at_least(stable_end(), "disk")));
+        }
+        add_history();
+        segs_.push_back({"diff", segment_kind::diff, "", "", g_.diff("src/x.cc", 2)});
+        WARMCTX_RETURN_IF_ERROR(step("history + diff", at_least(stable_end())));
+        add_history();
+        for (auto & s : segs_)
+            if (s.id == "diff") s.content = g_.diff("src/y.cc", 1);  // volatile edit
+        segs_.push_back({"tests", segment_kind::test_output, "", "", g_.test_output(1)});
+        WARMCTX_RETURN_IF_ERROR(step("volatile edit", at_least(stable_end())));
+        // A stable edit: one line of a random stable segment.
+        std::vector<size_t> stable_idx;
+        for (size_t i = 0; i < segs_.size(); ++i)
+            if (segs_[i].kind == segment_kind::tools || segs_[i].kind == segment_kind::repo_map ||
+                segs_[i].kind == segment_kind::pinned_file)
+                stable_idx.push_back(i);
+        segment & edited = segs_[stable_idx[rng() % stable_idx.size()]];
+        edited.content = g_.edit_one_line(edited.content);
+        segs_.back().content = g_.test_output(2);
+        // Reuse stops exactly at the last block end before the first changed token: the
+        // blocks before it are the previous turn's, the block holding it is new.
+        turn_expectation edit;
+        edit.min_reuse = edit.max_reuse = last_block_end_before_change();
+        edit.changed_segment = edited.id;
+        WARMCTX_RETURN_IF_ERROR(step("stable edit of '" + edited.id + "'", edit));
+        if (rng() % 2 == 0) {
+            // Profile drift: a different chunk size computes different KV bits. Sizes
+            // repeat every chunk/2 scenarios, so a later scenario may find what all
+            // prompts start with (the system prompt, the head of the tool schemas)
+            // cached under its drifted size by an earlier one: a legitimate hit, bounded
+            // by the cache model.
+            const uint32_t chunk = ce_.context().chunk_tokens;
+            const uint32_t drifted = std::max<uint32_t>(1, chunk - 1 - (uint32_t)sc_ % std::max<uint32_t>(1, chunk / 2));
+            WARMCTX_RETURN_IF_ERROR(ce_.set_chunk_tokens(drifted));
+            status st = step("profile drift", after_drift_of("chunk_tokens"));
+            WARMCTX_RETURN_IF_ERROR(ce_.set_chunk_tokens(chunk));
+            WARMCTX_RETURN_IF_ERROR(st);
+        }
+        if (mismatch_) ++rep_.mismatched_scenarios;
+        return {};
+    }
+
+    bool mismatch() const { return mismatch_; }
+
+  private:
+    turn_request request(std::vector<segment> s) const {
+        turn_request r;
+        r.workspace = ws_;
+        r.segments = std::move(s);
+        r.sampling.max_tokens = o_.max_tokens;
+        r.keep_logits = true;
+        return r;
+    }
+
+    // Runs the current segments warm and cold, compares them and checks `want`.
+    status step(const std::string & what, turn_expectation want) {
+        std::vector<segment> shuffled = segs_;
+        std::shuffle(shuffled.begin(), shuffled.end(), g_.rng());  // input order must not matter
+        const turn_request req = request(std::move(shuffled));
+        // What the cache may hold for this prompt, before the turn adds to it.
+        auto ap = ce_.assemble_request(req);
+        if (!ap) return ap.error().with_context(ws_ + " " + what);
+        want.max_cached = cm_.max_reuse(ap->blocks, (pos_t)ap->tokens.size());
+        auto w = ce_.run_turn(req);
+        if (!w) return w.error().with_context(ws_ + " " + what);
+        cm_.note_cached(ap->blocks);
+        prev_tokens_ = ap->tokens;
+        auto c = ce_.run_cold(req);
+        if (!c) return c.error().with_context(ws_ + " " + what + " (cold)");
+        ++rep_.turns;
+        const comparison cmp = compare(*w, *c);
+        rep_.max_logit_diff = std::max(rep_.max_logit_diff, cmp.max_diff);
+        rep_.n_tokens_agree += cmp.n_agree;
+        rep_.n_tokens_compared += cmp.n_tokens;
+        if (!cmp.tokens_equal || !cmp.logits_equal) {
+            mismatch_ = true;
+            rep_.mismatches.push_back({sc_, what, cmp.tokens_equal, cmp.logits_equal, cmp.max_diff, cmp.n_agree, cmp.n_tokens});
+        }
+        const explain_report & ex = w->explain;
+        rep_.tokens_reused += (uint64_t)ex.n_reused;
+        rep_.tokens_prefilled += (uint64_t)ex.n_prefilled;
+        rep_.results[std::string(miss_kind_name(ex.kind))]++;
+        if (ex.n_reused > 0) rep_.reuses_by_tier[std::string(kv_tier_name(ex.tier))]++;
+        if (!want.drifted_field.empty()) {
+            rep_.drift_turns++;
+            if (ex.n_reused > 0) rep_.drift_turns_reused++;
+        }
+        for (auto & m : check_turn(want, ex)) rep_.failures.push_back({sc_, what, std::move(m), ex.n_reused, ex.reason});
+        return {};
+    }
+
+    pos_t stable_end() const {
+        auto ap = ce_.assemble_request(request(segs_));
+        return ap.ok() ? ap->stable_end : 0;
+    }
+    // The last block end of the current segments at or before their first token that
+    // differs from the previous turn's prompt.
+    pos_t last_block_end_before_change() const {
+        auto ap = ce_.assemble_request(request(segs_));
+        if (!ap.ok()) return 0;
+        size_t common = 0;
+        while (common < ap->tokens.size() && common < prev_tokens_.size() && ap->tokens[common] == prev_tokens_[common])
+            ++common;
+        pos_t end = 0;
+        for (const block & b : ap->blocks)
+            if ((size_t)b.end <= common) end = b.end;
+        return end;
+    }
+    void add_history() {
+        ++n_hist_;
+        char id[32];
+        std::snprintf(id, sizeof id, "h%04d", n_hist_);
+        segs_.push_back({std::string(id) + "a", segment_kind::history, "", "user", g_.question()});
+        segs_.push_back({std::string(id) + "b", segment_kind::history, "", "assistant", g_.terminal_log(2)});
+    }
+
+    context_engine & ce_;
+    cache_model & cm_;
+    verify_report & rep_;
+    const verify_options & o_;
+    const int sc_;
+    const std::string ws_;
+    workload_generator g_;
+    std::vector<segment> segs_;
+    std::vector<token_id> prev_tokens_;  // the previous warm turn's prompt
+    int n_hist_ = 0;
+    bool mismatch_ = false;
+};
+
+}  // namespace
+
+result<verify_report> run_verify(const verify_options & opts, const verify_progress & progress) {
+    if (opts.scenarios < 1) return invalid_argument("verify needs at least one scenario");
+    if (opts.stable_tokens_max < 200) return invalid_argument("verify's largest stable prefix must be at least 200 tokens");
+    context_engine_options co = opts.engine;
+    const uint32_t need = (uint32_t)opts.stable_tokens_max + 2048;
+    if (co.engine.n_ctx < need) co.engine.n_ctx = need;
+    // Scenarios also go through host-RAM and disk restores (a private directory unless
+    // the options name one).
+    dir_cleanup cleanup;
+    if (opts.tiers) {
+        if (co.tiers.host_budget_bytes == 0) co.tiers.host_budget_bytes = 1ull << 30;
+        if (co.tiers.cache_dir.empty()) {
+            char templ[] = "/tmp/warmctx-verify-XXXXXX";
+            if (!mkdtemp(templ)) return io_error("cannot create a temporary cache directory");
+            cleanup.d = co.tiers.cache_dir = templ;
+        }
+    }
+    auto ce_r = context_engine::open(co);
+    if (!ce_r) return ce_r.error();
+    context_engine & ce = **ce_r;
+
+    verify_report rep;
+    rep.mode = std::string(kv_mode_name(co.engine.mode));
+    rep.model = co.engine.model_path;
+    rep.seed = opts.seed;
+    rep.policy = std::string(eviction_policy_name(co.policy));
+    rep.budget_tokens = co.budget.max_tokens;
+    rep.scenarios = opts.scenarios;
+    cache_model cm;
+    if (ce.disk_tier())  // a directory from an earlier run may already serve these prompts
+        for (const auto & e : ce.disk_tier()->list()) cm.note_cached(e.meta.blocks);
+
+    const auto t_start = clock_type::now();
+    for (int sc = 0; sc < opts.scenarios; ++sc) {
+        scenario_runner s(ce, cm, rep, opts, sc);
+        WARMCTX_RETURN_IF_ERROR(s.run());
+        if (progress)
+            progress("scenario " + std::to_string(sc + 1) + "/" + std::to_string(opts.scenarios) + ": " +
+                     (s.mismatch() ? "MISMATCH" : "ok"));
+    }
+    rep.elapsed_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t_start).count();
+    const auto c = ce.counters().cache;
+    for (int k = 1; k < k_retention_class_count; ++k)
+        rep.evictions_by_class[std::string(retention_class_name((retention_class)k))] = c.evictions_by_class[(size_t)k];
+    rep.whole_holder_evictions = c.n_whole_holder_evictions;
+    return rep;
+}
+
+}  // namespace warmctx
