@@ -1,6 +1,7 @@
 #include "warmctx/profile.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -149,7 +150,12 @@ result<profile> profile::from_json(const nlohmann::json & j) {
                     p.*ptr = v.get<bool>();
                 } else if constexpr (std::is_same_v<T, float>) {
                     if (!v.is_number()) return invalid_argument("profile: field '" + name + "' must be a number");
-                    p.*ptr = static_cast<float>(v.get<double>());
+                    // A double beyond float's range would become infinity, which to_json
+                    // writes as null: a profile that could never be read back.
+                    const double d = v.get<double>();
+                    if (!(std::fabs(d) <= static_cast<double>(std::numeric_limits<float>::max())))
+                        return invalid_argument("profile: field '" + name + "' is out of range");
+                    p.*ptr = static_cast<float>(d);
                 } else {
                     if (!v.is_number_integer())
                         return invalid_argument("profile: field '" + name + "' must be an integer");
