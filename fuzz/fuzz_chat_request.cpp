@@ -9,7 +9,7 @@
 // POST /v1/workspaces/{id}/chat/completions (workspace_chat, over a fixed set of stored
 // segments) and POST /v1/completions (text).
 //
-// Checks, besides no crash: every error is a 400 whose body is valid JSON; a parsed
+// Checks, besides no crash: every error is a 400 whose body is valid UTF-8; a parsed
 // request keeps its sampling inside the documented ranges; a derived workspace id is a
 // valid one; each segment survives segment_json -> parse_segment_body; a validated set
 // of segments assembles, its blocks cover the prompt, its manifest survives to_json ->
@@ -36,7 +36,7 @@ namespace {
 void check_error(const api_error & e) {
     FUZZ_CHECK(e.http_status == 400);
     FUZZ_CHECK(!e.code.empty());
-    fuzz::check_json_text(e.body());
+    fuzz::check_error_body(e.body());
 }
 
 bool same_segment(const segment & a, const segment & b) {

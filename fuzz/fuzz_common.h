@@ -40,6 +40,13 @@ inline std::string_view as_text(const uint8_t * data, size_t size) {
     return {reinterpret_cast<const char *>(data), size};
 }
 
+// An error body (api_error::body()): dump_json's output, so JSON by construction; what
+// could go wrong is a message that cut a character of the input in half.
+inline void check_error_body(const std::string & body) {
+    FUZZ_CHECK_MSG(find_invalid_utf8(body) == k_utf8_valid, body);
+    FUZZ_CHECK(body.rfind("{\"error\":{", 0) == 0);
+}
+
 // Text that warmctx writes as JSON must read back through the strict reader.
 inline void check_json_text(const std::string & text) {
     FUZZ_CHECK(find_invalid_utf8(text) == k_utf8_valid);

@@ -14,7 +14,7 @@
 // The routes' own glue (path_workspace, path_segment, the branch body's check) is a few
 // lines inside the route table, which links the engine; it is mirrored here line for line.
 //
-// Checks, besides no crash: every refusal is a 4xx with a valid JSON body; a stored
+// Checks, besides no crash: every refusal is a 4xx whose body is valid UTF-8; a stored
 // segment reads back as it was put; the store's byte and segment counts follow every
 // put, replace and erase, and return to their start; a merge keeps one segment per id.
 #include <cstddef>
@@ -38,7 +38,7 @@ namespace {
 void check_error(const api_error & e) {
     FUZZ_CHECK(e.http_status >= 400 && e.http_status < 500);
     FUZZ_CHECK(!e.code.empty());
-    fuzz::check_json_text(e.body());
+    fuzz::check_error_body(e.body());
 }
 
 bool same_segment(const segment & a, const segment & b) {
