@@ -2,6 +2,7 @@
 #include "warmctx/json.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -155,6 +156,10 @@ result<profile> profile::from_json(const nlohmann::json & j) {
                 } else if constexpr (std::is_same_v<T, float>) {
                     auto x = json_as_number(v, where);
                     if (!x.ok()) return x.error();
+                    // A double beyond float's range would become infinity, which to_json
+                    // writes as null: a profile that could never be read back.
+                    if (!(std::fabs(*x) <= static_cast<double>(std::numeric_limits<float>::max())))
+                        return invalid_argument(where + " is out of range");
                     p.*ptr = static_cast<float>(*x);
                 } else {
                     auto x = json_as_int(v, where, (int64_t)std::numeric_limits<T>::min(),

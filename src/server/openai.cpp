@@ -1,5 +1,6 @@
 #include "openai.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -322,7 +323,10 @@ maybe_error parse_completion_request(const json & body, body_mode mode, const re
     sp.temperature = static_cast<float>(temperature.value_or(1.0));
     if (auto e = get_number(body, "top_p", "top_p", top_p)) return e;
     if (top_p && (*top_p <= 0 || *top_p > 1)) return bad_request("invalid_value", "top_p must be in (0, 1]", "top_p");
-    sp.top_p = static_cast<float>(top_p.value_or(1.0));
+    // A positive top_p below float's smallest normal value rounds to 0 or to a denormal
+    // (0 where denormals are flushed), which the engine refuses after queueing the job;
+    // the smallest normal float keeps the same one most likely token.
+    sp.top_p = std::max(static_cast<float>(top_p.value_or(1.0)), std::numeric_limits<float>::min());
     if (auto e = get_int(body, "top_k", "top_k", top_k)) return e;
     if (top_k && (*top_k < 0 || *top_k > 1000000)) return bad_request("invalid_value", "top_k must be in [0, 1000000]", "top_k");
     sp.top_k = static_cast<int32_t>(top_k.value_or(0));

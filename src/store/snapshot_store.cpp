@@ -187,7 +187,8 @@ status snapshot_store::enforce_budget(const std::string & keep, const std::strin
             for (auto & [ws, bytes] : usage) {
                 if (!keep.empty() && ws != keep_workspace) continue;
                 while (bytes > opts_.workspace_budget_bytes) {
-                    std::string v = pick([&](const entry_state & s) { return s.e.key.workspace == ws; });
+                    // (an init-capture: clang before 16 cannot capture a structured binding)
+                    std::string v = pick([&ws = ws](const entry_state & s) { return s.e.key.workspace == ws; });
                     if (v.empty()) {
                         if (!keep.empty() && ws == keep_workspace && entries_.count(keep)) drop_keep = true;
                         break;

@@ -161,6 +161,29 @@ TEST(Profile, FromJsonIsStrict) {
     expect_bad(nlohmann::json::array(), "object");
 }
 
+// Found by fuzz/fuzz_profile.cpp: a number no float holds became infinity, which to_json
+// writes as null, so the profile (and a snapshot written under it) could not be read back.
+TEST(Profile, FromJsonRefusesANumberNoFloatHolds) {
+    for (double big : {1e300, -1e300, 3.5e38, 1.8446744073709552e19 * 1e20}) {
+        auto j = test_profile().to_json();
+        j["rope_freq_base"] = big;
+        auto r = profile::from_json(j);
+        ASSERT_FALSE(r.ok()) << big;
+        EXPECT_EQ(r.error().code(), status_code::invalid_argument);
+        EXPECT_NE(r.error().message().find("'rope_freq_base' is out of range"), std::string::npos) << r.error().message();
+    }
+    // The largest float and the smallest magnitudes still read, and read back the same.
+    for (double ok : {3.4028234663852886e38, -3.4028234663852886e38, 1e-50, 0.0}) {
+        auto j = test_profile().to_json();
+        j["rope_freq_scale"] = ok;
+        auto p = profile::from_json(j);
+        ASSERT_TRUE(p.ok()) << ok << ": " << p.error().to_string();
+        auto back = profile::from_json(nlohmann::json::parse(p->to_json().dump()));
+        ASSERT_TRUE(back.ok()) << back.error().to_string();
+        EXPECT_EQ(back->fingerprint(), p->fingerprint());
+    }
+}
+
 // ---- file digests ------------------------------------------------------------------
 
 class FileDigest : public ::testing::Test {

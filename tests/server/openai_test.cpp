@@ -2,6 +2,8 @@
 // workspace store, the error table and the metrics text. No model, no sockets.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
@@ -118,6 +120,18 @@ TEST(openai_mapping, sampling_fields) {
                                      {"stop", json::array({"a", "b"})}});
     EXPECT_EQ(d.sampling.max_tokens, 256);
     EXPECT_EQ(d.sampling.stop.size(), 2u);
+}
+
+// Found by fuzz/fuzz_chat_request.cpp: a top_p in (0, 1] but below float's smallest
+// normal value became 0 (or a denormal), which the engine refuses after the request
+// was queued.
+TEST(openai_mapping, a_tiny_top_p_stays_positive) {
+    json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
+    for (double tiny : {1e-50, 1e-300, 5e-324}) {
+        completion_request cr = parse_ok({{"messages", msgs}, {"temperature", 1}, {"top_p", tiny}});
+        EXPECT_GE(cr.sampling.top_p, std::numeric_limits<float>::min()) << tiny;
+        EXPECT_LE(cr.sampling.top_p, 1.0f) << tiny;
+    }
 }
 
 TEST(openai_mapping, errors_name_the_field) {

@@ -1,0 +1,159 @@
+// The chat routes' request path, from the raw body to an assembled prompt:
+//
+//   body bytes -> parse_json (what parse_body does for every route) ->
+//   parse_completion_request (messages mapping, `tools`, the `segments` extension,
+//   sampling) -> merge_stored_segments (the workspace chat) -> validate_segments ->
+//   derive_workspace -> assemble (on a byte-per-token stand-in for the model)
+//
+// Each body is read as all three routes read theirs: POST /v1/chat/completions (chat),
+// POST /v1/workspaces/{id}/chat/completions (workspace_chat, over a fixed set of stored
+// segments) and POST /v1/completions (text).
+//
+// Checks, besides no crash: every error is a 400 whose body is valid UTF-8; a parsed
+// request keeps its sampling inside the documented ranges; a derived workspace id is a
+// valid one; each segment survives segment_json -> parse_segment_body; a validated set
+// of segments assembles, its blocks cover the prompt, its manifest survives to_json ->
+// from_json, and the prompt does not depend on the order the segments came in.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "fake_text_model.h"
+#include "fuzz_common.h"
+#include "openai.h"
+#include "workspace_store.h"
+#include "warmctx/assembler.h"
+#include "warmctx/kind_table.h"
+
+using namespace warmctx;
+using namespace warmctx::server_detail;
+using json = nlohmann::json;
+
+namespace {
+
+void check_error(const api_error & e) {
+    FUZZ_CHECK(e.http_status == 400);
+    FUZZ_CHECK(!e.code.empty());
+    fuzz::check_error_body(e.body());
+}
+
+bool same_segment(const segment & a, const segment & b) {
+    return a.id == b.id && a.kind == b.kind && a.path == b.path && a.role == b.role && a.content == b.content;
+}
+
+std::vector<segment> stored_fixture() {
+    return {
+        {"repo-map", segment_kind::repo_map, "map.txt", "", "src/\n  main.cc\n"},
+        {"rules", segment_kind::instructions, "", "", "Answer briefly."},
+        {"h0000", segment_kind::history, "", "assistant", "an earlier answer"},
+    };
+}
+
+// The stand-in model records every text it is given (for its own tests); a fuzzer that
+// kept those records would grow without bound.
+void forget_calls(const testing::fake_text_model & model) {
+    model.tokenize_calls.clear();
+    model.plain_calls.clear();
+}
+
+void check_assembly(const std::vector<segment> & segs, const kind_table & kinds, bool check_order) {
+    static const testing::fake_text_model model;
+    static const profile prof = fuzz::fixture_profile();
+    auto ap = assemble(segs, kinds, model, prof, "tenant", prof.chunk_tokens);
+    FUZZ_CHECK_MSG(ap.ok(), ap.error().message());
+    forget_calls(model);
+
+    const pos_t n = static_cast<pos_t>(ap->tokens.size());
+    FUZZ_CHECK(n > 0);
+    FUZZ_CHECK(ap->man.n_tokens == n);
+    FUZZ_CHECK(ap->man.segments.size() == segs.size());
+    pos_t at = 0;
+    for (const block & b : ap->blocks) {
+        FUZZ_CHECK(b.begin == at && b.end > b.begin);
+        FUZZ_CHECK(b.end - b.begin <= static_cast<pos_t>(prof.chunk_tokens));
+        FUZZ_CHECK(b.segment_index == k_generation_prompt_index ||
+                   (b.segment_index >= 0 && static_cast<size_t>(b.segment_index) < segs.size()));
+        at = b.end;
+    }
+    FUZZ_CHECK(at == n);
+    for (pos_t bd : ap->boundaries) FUZZ_CHECK(bd > 0 && bd < n);
+    for (size_t k = 0; k <= ap->blocks.size(); ++k) {
+        reuse_point r = snap_reuse(*ap, k);
+        FUZZ_CHECK(r.n_blocks <= k && r.n_tokens < n);
+    }
+
+    auto man = manifest::from_json(ap->man.to_json());
+    FUZZ_CHECK_MSG(man.ok(), man.error().message());
+    FUZZ_CHECK(*man == ap->man);
+    fuzz::check_json_text(dump_json(ap->man.to_json()));
+
+    // Canonical order: the same segments in another order give the same prompt.
+    if (!check_order) return;
+    std::vector<segment> reversed(segs.rbegin(), segs.rend());
+    auto again = assemble(reversed, kinds, model, prof, "tenant", prof.chunk_tokens);
+    FUZZ_CHECK(again.ok());
+    forget_calls(model);
+    FUZZ_CHECK(again->tokens == ap->tokens);
+    FUZZ_CHECK(again->blocks == ap->blocks);
+    FUZZ_CHECK(again->man == ap->man);
+}
+
+void check_request(const json & body, body_mode mode) {
+    static const kind_table kinds;
+    request_limits lim;
+    lim.max_tokens_cap = 2048;
+    lim.default_max_tokens = 256;
+    completion_request cr;
+    if (auto e = parse_completion_request(body, mode, lim, cr)) return check_error(*e);
+
+    FUZZ_CHECK(!cr.segments.empty());
+    FUZZ_CHECK((cr.shape == api_shape::text) == (mode == body_mode::text));
+    const sampling_params & sp = cr.sampling;
+    FUZZ_CHECK(sp.max_tokens >= 1 && sp.max_tokens <= lim.max_tokens_cap);
+    FUZZ_CHECK(sp.temperature >= 0 && sp.temperature <= 2);
+    FUZZ_CHECK(sp.top_p >= std::numeric_limits<float>::min() && sp.top_p <= 1);  // the engine reads it as a float
+    FUZZ_CHECK(sp.top_k >= 0 && sp.top_k <= 1000000);
+    FUZZ_CHECK(sp.stop.size() <= k_max_stop_strings);
+    for (const std::string & s : sp.stop) FUZZ_CHECK(!s.empty());
+    if (!cr.workspace.empty()) FUZZ_CHECK(!validate_workspace_id(cr.workspace));
+
+    std::vector<segment> segs = cr.segments;
+    if (mode == body_mode::workspace_chat) segs = merge_stored_segments(stored_fixture(), std::move(segs));
+
+    const std::string ws = derive_workspace(segs);
+    FUZZ_CHECK(!validate_workspace_id(ws));
+    FUZZ_CHECK(derive_workspace(segs) == ws);
+
+    status st = validate_segments(segs, kinds);
+    if (!st.ok()) {
+        api_error e = error_from_status(st);
+        return check_error(e);
+    }
+    for (const segment & s : segs) {
+        const json j = segment_json(s);
+        fuzz::check_json_text(dump_json(j));
+        segment back;
+        auto e = parse_segment_body(j, s.id, "segments[0]", back);
+        FUZZ_CHECK_MSG(!e, e->message);
+        FUZZ_CHECK(same_segment(back, s));
+    }
+    // (The order check once per body: the workspace chat's segments are the most.)
+    check_assembly(segs, kinds, mode == body_mode::workspace_chat);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
+    // What parse_body does (src/server/router.cpp): the strict reader, default options.
+    json_error why = json_error::none;
+    auto body = parse_json(fuzz::as_text(data, size), json_read_options{}, &why);
+    if (!body.ok()) {
+        check_error(bad_request(why == json_error::invalid_utf8 ? "invalid_utf8" : "invalid_json",
+                                "request body " + body.error().message()));
+        return 0;
+    }
+    for (body_mode mode : {body_mode::chat, body_mode::workspace_chat, body_mode::text}) check_request(*body, mode);
+    return 0;
+}
