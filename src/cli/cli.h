@@ -8,6 +8,7 @@
 #include "warmctx/context_engine.h"
 #include "warmctx/engine.h"
 #include "warmctx/model_maker.h"
+#include "warmctx/workload.h"
 
 namespace warmctx::cli {
 
@@ -74,5 +75,13 @@ void register_s2_bench(CLI::App & bench, int & rc);
 void register_trace_bench(CLI::App & bench, int & rc);
 void register_s3_bench(CLI::App & bench, int & rc);
 void register_snapshot_commands(CLI::App & app, int & rc);
+
+// Sizes synthetic workloads with the model's own tokenizer (a rough estimate on error).
+inline token_counter counter_for(const context_engine & ce) {
+    return [&ce](const std::string & s) -> size_t {
+        auto t = ce.tokenize(s);
+        return t.ok() ? t->size() : s.size() / 4;
+    };
+}
 
 }  // namespace warmctx::cli

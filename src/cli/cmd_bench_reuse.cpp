@@ -19,13 +19,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-token_counter counter_for(const context_engine & ce) {
-    return [&ce](const std::string & s) -> size_t {
-        auto t = ce.tokenize(s);
-        return t.ok() ? t->size() : s.size() / 4;
-    };
-}
-
 // ---- bench warm-overhead ----------------------------------------------------
 
 struct overhead_args {

@@ -13,13 +13,6 @@
 namespace warmctx::cli {
 namespace {
 
-token_counter counter_for(const context_engine & ce) {
-    return [&ce](const std::string & s) -> size_t {
-        auto t = ce.tokenize(s);
-        return t.ok() ? t->size() : s.size() / 4;
-    };
-}
-
 // ---- demo -------------------------------------------------------------------
 
 struct demo_args {

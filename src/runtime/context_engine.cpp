@@ -219,10 +219,7 @@ result<explain_report> context_engine::explain(const turn_request & req) const {
     if (tier_set::hit h = p_->tiers->peek(*ap, at.n_tokens); h.tier != kv_tier::none) {
         tier = h.tier;
         at = h.at;
-        m.n_blocks = h.at.n_blocks;
-        m.n_tokens = h.at.n_tokens;
-        m.holder = -1;
-        m.workspace = h.file.key.workspace;
+        m = h.as_match();
     }
     return p_->explain(req.workspace, *ap, m, at.n_tokens, tier);
 }
@@ -256,10 +253,7 @@ result<pending_turn> context_engine::begin_turn(const turn_request & req, seq_id
         if (tier_set::hit h = p_->tiers->restore(*p_->eng, p_->prof, ap, at.n_tokens, seq); h.tier != kv_tier::none) {
             tier = h.tier;
             at = h.at;
-            m.n_blocks = h.at.n_blocks;
-            m.n_tokens = h.at.n_tokens;
-            m.holder = -1;
-            m.workspace = h.file.key.workspace;
+            m = h.as_match();
             t.t_restore_ms = ms_between(tr, clock_type::now());
         }
     }

@@ -40,6 +40,14 @@ class tier_set {
         kv_tier tier = kv_tier::none;
         snapshot_match file;
         reuse_point at;
+        // The hit as the match explain reports (no holder: the KV came from a file).
+        match as_match() const {
+            match m;
+            m.n_blocks = at.n_blocks;
+            m.n_tokens = at.n_tokens;
+            m.workspace = file.key.workspace;
+            return m;
+        }
     };
     // What restore() would try first, counted nowhere and loading nothing (explain).
     hit peek(const assembled_prompt & ap, pos_t better_than) const;
