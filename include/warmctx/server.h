@@ -13,18 +13,33 @@
 // and how a plain `messages` array becomes segments).
 //
 // Contracts
-//   - start() binds the socket and begins serving before it returns; the scheduler
-//     must already be started (it is: a scheduler exists only once started), so
-//     GET /health answers 200 from the first request on.
+//   - start() binds the socket and serves before it returns. Without a scheduler
+//     (start(options)), GET /health answers 503 {"status":"loading"} and every other
+//     route but /metrics 503 (code "loading") until attach(); start(scheduler, ...)
+//     is start + attach, so GET /health answers 200 from the first request on.
 //   - The scheduler must outlive the server. stop() (or the destructor) returns only
 //     when no HTTP thread runs any more; requests still waiting for the scheduler are
 //     answered 503 (streams end with an error chunk) and their jobs cancelled.
 //   - Bad input never affects other requests: every handler catches everything at
 //     its boundary and answers an OpenAI error object.
+//   - No request body larger than max_body_bytes is ever held, whatever its framing
+//     (Content-Length, chunked, compressed): it is read through a running count and
+//     refused with 413 at the first byte past the limit. A request the server refuses
+//     on its headers alone (no or a wrong API key, a Content-Length over the limit, the
+//     model still loading) is answered before its body is read, and its connection
+//     closed. A body is read as JSON whatever its Content-Type. A request with neither
+//     Content-Length nor Transfer-Encoding has no body (RFC 9112 6.3).
+//   - Slow clients cannot hold the HTTP threads: a request's line and headers must
+//     arrive within header_timeout_ms of its first byte and its body within
+//     body_timeout_ms of its headers (else the connection is closed, 408 for a body);
+//     and when every thread is busy, a new connection takes the thread of the
+//     connection that has waited longest for its next request or is still sending
+//     one. Threads answering a request are never taken.
 //   - start() sets SIGPIPE to SIG_IGN for the process: a client that disconnects
 //     mid-stream must be a failed write, not a killed server.
 //
-// Thread safety: start/stop/port/wait may be called from any thread; stop is idempotent.
+// Thread safety: start/attach/stop/port/wait may be called from any thread; stop is
+// idempotent; attach is called at most once.
 #pragma once
 
 #include <cstddef>
@@ -44,9 +59,19 @@ struct server_options {
     std::string api_key;                   // non-empty: every route but /health needs
                                            // "Authorization: Bearer <api_key>"
     size_t max_body_bytes = 8u << 20;      // larger request bodies get 413
-    int n_http_threads = 8;                // concurrent requests being handled; keep it
-                                           // above n_parallel + max_queue so the
-                                           // scheduler's queue, not the pool, says 429
+    // HTTP threads (each connection holds one while it is open). The scheduler's
+    // queue, not the thread pool, must say 429: every job the scheduler holds
+    // (n_parallel decoding + max_queue waiting) needs its thread, plus headroom for
+    // /health, /metrics and quick answers: min_http_threads(). 0 = exactly that; an
+    // explicit value below it is raised to it (options() tells the value in force).
+    // Threads start on demand.
+    int n_http_threads = 0;
+    size_t max_queue = 64;                 // the scheduler's max_queue (scheduler_options)
+    std::string cors_origin;               // "" = no CORS; "*" or a comma-separated list
+                                           // of origins: OPTIONS preflights are answered
+                                           // and responses carry Access-Control-* headers
+    int header_timeout_ms = 10000;         // request line + headers, from their first byte
+    int body_timeout_ms = 60000;           // the body, from the end of the headers
     std::string model_name;                // id in /v1/models and responses ("" = the
                                            // model file's name without directory)
     int32_t default_max_tokens = 256;      // when a request names no max_tokens
@@ -64,18 +89,36 @@ struct server_options {
     size_t max_store_bytes = 256u << 20;   // content + path of every stored segment
 };
 
+// Threads /health, /metrics and quick answers (401, 404, 429, the workspace routes)
+// get beyond the scheduler's jobs.
+inline constexpr int k_http_thread_headroom = 4;
+// The fewest HTTP threads for a scheduler with these bounds: n_parallel + max_queue +
+// k_http_thread_headroom.
+size_t min_http_threads(uint32_t n_parallel, size_t max_queue);
+
 class http_server {
   public:
-    // Binds host:port and serves on a background thread. Errors: invalid_argument
-    // (bad option), io_error (the address cannot be bound, e.g. the port is in use).
+    static constexpr int k_max_http_threads = 1024;
+
+    // Binds host:port and serves on a background thread, answering 503 "loading" until
+    // attach(). Errors: invalid_argument (bad option), io_error (the address cannot be
+    // bound, e.g. the port is in use).
+    static result<std::unique_ptr<http_server>> start(server_options opts);
+    // start(opts), then attach(sched).
     static result<std::unique_ptr<http_server>> start(scheduler & sched, server_options opts);
     ~http_server();  // stop()
     http_server(const http_server &) = delete;
     http_server & operator=(const http_server &) = delete;
 
+    // Serves with `sched` from now on. Errors: invalid_argument (min_http_threads is
+    // above k_max_http_threads), failed_precondition (already attached, or stopped).
+    // On error the server keeps answering "loading".
+    status attach(scheduler & sched);
+
     // The bound port (the ephemeral one when options.port was 0).
     int port() const;
-    const server_options & options() const;
+    // The options in force (n_http_threads resolved by attach()).
+    server_options options() const;
 
     // Stops accepting connections, answers requests still waiting for the scheduler
     // with 503, waits for the HTTP threads (idempotent). /health answers 503 from the

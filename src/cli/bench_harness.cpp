@@ -236,7 +236,7 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
     server_options sv;
     sv.port = 0;
     sv.log_requests = false;
-    sv.n_http_threads = 4;
+    sv.max_queue = so.max_queue;  // n_http_threads 0: parallel + queue + headroom
     sv.kinds = so.engine.kinds;
     sv.max_body_bytes = 64u << 20;
     sv.max_segment_bytes = 16u << 20;

@@ -42,13 +42,13 @@ int run_http_bench(http_bench_args a) {
     so.engine.engine = *eo;
     so.engine.n_holders = 4;
     so.n_parallel = a.parallel;
-    so.max_queue = 1024;
+    so.max_queue = 256;
     auto s = scheduler::start(so);
     if (!s) return fail(s.error());
     server_options sv;
     sv.port = 0;
     sv.log_requests = false;
-    sv.n_http_threads = 32;
+    sv.max_queue = so.max_queue;  // n_http_threads 0: parallel + queue + headroom
     auto h = http_server::start(**s, sv);
     if (!h) return fail(h.error());
     const int port = (*h)->port();

@@ -1,11 +1,20 @@
 // warmctx serve - the HTTP server (OpenAI-compatible and workspace routes, docs/api.md).
 //
+// Start-up: the flags are checked, the port is bound (GET /health answers 503
+// "loading"), then the model is loaded (or generated) and the server attached to it;
+// stdout's "listening" line says it is ready.
+//
 // Shutdown: SIGINT and SIGTERM are blocked in every thread (the mask is set before
-// the scheduler and the HTTP pool start, and threads inherit it), and the main thread
+// the HTTP pool and the scheduler start, and threads inherit it), and the main thread
 // takes them with sigwait(). So no code runs in a signal handler; the main thread
-// stops the HTTP server (requests still waiting get 503), then the scheduler.
+// stops the HTTP server (requests still waiting get 503), then the scheduler. A
+// signal during the load waits for the load to end.
+//
+// Every flag can also come from the environment: WARMCTX_ + its long name in capitals,
+// '-' as '_' (--port: WARMCTX_PORT); a flag on the command line wins.
 #include <pthread.h>
 
+#include <cctype>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -29,18 +38,32 @@ struct serve_args {
     cache_flags cf;
     std::string api_key;
     size_t max_body_bytes = 8u << 20;
-    int http_threads = 0;            // 0 = n_parallel + max_queue + 4, at most 64
+    int http_threads = 0;            // 0 = min_http_threads(n_parallel, max_queue)
+    std::string cors_origin;
     int32_t default_max_tokens = 256;
     std::string model_name;
     bool quiet = false;
 };
 
 int run_serve(const serve_args & a) {
-    auto eo = a.mf.to_options(2 + a.holders + a.n_parallel);  // may generate the default model
-    if (!eo) return fail(eo.error());
+    // The server's rule (warmctx/server.h): the scheduler's queue, not the HTTP pool,
+    // says 429, so every job it holds has a thread, and /health still gets one.
+    const size_t need = min_http_threads(a.n_parallel, a.max_queue);
+    if (need > static_cast<size_t>(http_server::k_max_http_threads)) {
+        return fail(invalid_argument("--parallel " + std::to_string(a.n_parallel) + " + --queue " +
+                                            std::to_string(a.max_queue) + " + " + std::to_string(k_http_thread_headroom) +
+                                            " need " + std::to_string(need) + " HTTP threads, more than the " +
+                                            std::to_string(http_server::k_max_http_threads) + " allowed: lower --queue"));
+    }
+    if (a.http_threads > 0 && static_cast<size_t>(a.http_threads) < need) {
+        return fail(invalid_argument(
+            "--http-threads " + std::to_string(a.http_threads) + " is too few: --parallel " + std::to_string(a.n_parallel) +
+            " + --queue " + std::to_string(a.max_queue) + " + " + std::to_string(k_http_thread_headroom) +
+            " (for /health, /metrics and quick answers) = " + std::to_string(need) +
+            " are needed so that a full queue answers 429 instead of leaving requests unanswered (0 = that many)"));
+    }
 
     scheduler_options so;
-    so.engine.engine = *eo;
     so.engine.n_holders = a.holders;
     if (status st = a.cf.apply(so.engine); !st.ok()) return fail(st);
     so.n_parallel = a.n_parallel;
@@ -51,9 +74,9 @@ int run_serve(const serve_args & a) {
     sv.port = a.port;
     sv.api_key = a.api_key;
     sv.max_body_bytes = a.max_body_bytes;
-    sv.n_http_threads = a.http_threads > 0
-                            ? a.http_threads
-                            : static_cast<int>(std::min<size_t>(64, a.n_parallel + a.max_queue + 4));
+    sv.n_http_threads = a.http_threads;
+    sv.max_queue = a.max_queue;
+    sv.cors_origin = a.cors_origin;
     sv.default_max_tokens = a.default_max_tokens;
     sv.model_name = a.model_name;
     sv.log_requests = !a.quiet;
@@ -67,13 +90,26 @@ int run_serve(const serve_args & a) {
     sigaddset(&signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+    auto server = http_server::start(sv);
+    if (!server) return fail(server.error());
+    progress("serve: bound http://" + sv.host + ":" + std::to_string((*server)->port()) +
+             ", loading the model (GET /health: 503 until ready)");
+    auto eo = a.mf.to_options(2 + a.holders + a.n_parallel);  // may generate the default model
+    if (!eo) {
+        (*server)->stop();
+        return fail(eo.error());
+    }
+    so.engine.engine = *eo;
     progress("serve: loading " + so.engine.engine.model_path);
     auto sched = scheduler::start(so);
-    if (!sched) return fail(sched.error());
-    auto server = http_server::start(**sched, sv);
-    if (!server) {
+    if (!sched) {
+        (*server)->stop();
+        return fail(sched.error());
+    }
+    if (status st = (*server)->attach(**sched); !st.ok()) {
+        (*server)->stop();
         (*sched)->stop();
-        return fail(server.error());
+        return fail(st);
     }
     const context_info & ci = (*sched)->context();
     std::printf("warmctx: listening on http://%s:%d (model %s, n_ctx %u per sequence, %u parallel, queue %zu%s)\n",
@@ -90,6 +126,14 @@ int run_serve(const serve_args & a) {
     return 0;
 }
 
+// WARMCTX_ + the option's first long name in capitals, '-' as '_'.
+std::string env_name_of(const CLI::Option & o) {
+    if (o.get_lnames().empty()) return {};
+    std::string n = "WARMCTX_";
+    for (char ch : o.get_lnames().front()) n += ch == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    return n;
+}
+
 }  // namespace
 
 void register_serve_command(CLI::App & app, int & rc) {
@@ -104,10 +148,19 @@ void register_serve_command(CLI::App & app, int & rc) {
     a->cf.add_to(*c);
     c->add_option("--api-key", a->api_key, "require \"Authorization: Bearer KEY\" on every route but /health")->envname("WARMCTX_API_KEY");
     c->add_option("--max-body-bytes", a->max_body_bytes, "larger request bodies get 413")->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 32));
-    c->add_option("--http-threads", a->http_threads, "HTTP worker threads (0 = parallel + queue + 4, at most 64)")->capture_default_str()->check(CLI::Range(0, 1024));
+    c->add_option("--http-threads", a->http_threads,
+                  "HTTP threads, at least parallel + queue + 4 so that a full queue answers 429 (0 = that many)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, http_server::k_max_http_threads));
+    c->add_option("--cors-origin", a->cors_origin,
+                  "allow browsers from these origins: '*' or a comma-separated list (default: no CORS)");
     c->add_option("--default-max-tokens", a->default_max_tokens, "max_tokens of a request that names none")->capture_default_str()->check(CLI::Range(1, 1 << 20));
     c->add_option("--model-name", a->model_name, "model id in /v1/models and responses (default: the model file's name)");
     c->add_flag("-q,--quiet", a->quiet, "no per-request log lines on stderr");
+    for (CLI::Option * o : c->get_options())
+        if (o->get_envname().empty() && !env_name_of(*o).empty() && o != c->get_help_ptr()) o->envname(env_name_of(*o));
+    c->footer("Every flag may also be set in the environment: WARMCTX_ + its long name in capitals, '-' as '_' "
+              "(shown as Env above); a flag on the command line wins.");
     on_run(c, rc, [a] { return run_serve(*a); });
 }
 

@@ -124,10 +124,26 @@ int main(int argc, char ** argv) {
     register_context_commands(app, rc);
     register_serve_command(app, rc);
     register_snapshot_commands(app, rc);
+    // An unknown first word is named, with the commands that exist (CLI11 alone says
+    // only "A subcommand is required").
+    if (argc > 1 && argv[1][0] != '-') {
+        std::string names;
+        bool known = false;
+        for (const CLI::App * sub : app.get_subcommands({})) {
+            known = known || sub->check_name(argv[1]);
+            names += (names.empty() ? "" : ", ") + sub->get_name();
+        }
+        if (!known) {
+            std::fprintf(stderr, "error: unknown command '%s' (commands: %s; see --help)\n", argv[1], names.c_str());
+            return 2;
+        }
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {
-        return app.exit(e);
+        // --help and --version exit 0; every usage error exits 2, as POSIX tools do.
+        const int code = app.exit(e);
+        return code == 0 ? 0 : 2;
     } catch (const std::exception & e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;

@@ -81,6 +81,9 @@ api_error method_not_allowed(std::string message) {
 api_error payload_too_large(std::string message) {
     return make(413, "invalid_request_error", "payload_too_large", std::move(message));
 }
+api_error request_timeout(std::string message) {
+    return make(408, "invalid_request_error", "request_timeout", std::move(message));
+}
 api_error too_many_requests(std::string code, std::string message, int retry_after_s) {
     return make(429, "rate_limit_error", std::move(code), std::move(message), {}, retry_after_s);
 }

@@ -50,6 +50,7 @@ api_error unauthorized(std::string message);
 api_error not_found_route(std::string message);
 api_error method_not_allowed(std::string message);
 api_error payload_too_large(std::string message);
+api_error request_timeout(std::string message);
 api_error too_many_requests(std::string code, std::string message, int retry_after_s);
 api_error unavailable(std::string message, int retry_after_s);
 api_error server_error(std::string message);

@@ -1,24 +1,481 @@
-// The HTTP server's socket: cpp-httplib's set-up, bind/listen/stop, and the conversion
-// of its requests and responses to the plain types the routes use (route_context.h).
-// Routes, auth, dispatch and the per-request record are the router's (router.h). See
-// warmctx/server.h and docs/api.md.
+// The HTTP server's socket: cpp-httplib's set-up, bind/listen/stop, the conversion of its
+// requests and responses to the plain types the routes use (route_context.h), and what
+// the library does not bound by itself: how long and how much a client may send, and
+// who gets a thread. Routes, auth, dispatch and the per-request record are the router's
+// (router.h). See warmctx/server.h and docs/api.md.
+//
+// Each connection is served by our own loop (guarded_server::process_and_close_socket)
+// over our own stream (conn_stream), so that every byte the library reads passes one
+// place that knows what the connection is doing (conn_phase):
+//
+//   idle      waiting for the next request (keep-alive)      sheddable
+//   headers   request line + headers: a deadline from the first byte, a byte cap
+//   routing   headers parsed, nothing read until a handler asks (a body the library
+//             would read on its own, e.g. for a method we route nowhere, fails)
+//   body      a handler reads the body: a deadline, a wire-byte cap, and the handler's
+//             running count of decoded bytes against max_body_bytes
+//   handling  the route runs and answers                        never shed
+//   closing   after a refused body: a short drain so that the client sees the answer
+//
+// The thread pool (conn_pool) starts threads on demand up to the limit; when a new
+// connection finds none free, it takes the thread of the sheddable connection that has
+// waited longest (conn_registry::shed_one), so trickling clients cannot starve /health.
+//
+// Built against Debian's cpp-httplib 0.11 and llama.cpp's vendored one (0.5x): their
+// Stream and process_request differ, the rest is the same API.
 #include "warmctx/server.h"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <cstring>
+#include <list>
 #include <mutex>
 #include <thread>
 
 #include "router.h"
 
+#if defined(CPPHTTPLIB_VERSION_NUM)
+#define WARMCTX_HTTPLIB_V2 1  // the vendored 0.5x: wait_readable/wait_writable, addresses in process_request
+#else
+#define WARMCTX_HTTPLIB_V2 0  // Debian's 0.11
+#endif
+
 namespace warmctx {
 
 using namespace server_detail;
 
+size_t min_http_threads(uint32_t n_parallel, size_t max_queue) {
+    return static_cast<size_t>(n_parallel) + max_queue + static_cast<size_t>(k_http_thread_headroom);
+}
+
 namespace {
+
+using steady_clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr size_t k_max_header_bytes = 64u << 10;      // request line + headers
+constexpr auto k_slice = milliseconds(100);           // how late a waiting read notices a stop or a shed
+constexpr auto k_linger = milliseconds(1000);         // drain after a refused body, at most this long
+constexpr size_t k_linger_bytes = 8u << 20;           // ... and this many bytes
+
+// ---- connections ---------------------------------------------------------------------------
+
+enum class conn_phase { idle, headers, routing, body, handling, closing };
+
+// One connection's state. The phase and its limits are written by the connection's own
+// thread under the registry's mutex (the shedder reads them under it); the flags below
+// them by that thread alone.
+struct conn_state {
+    socket_t fd = INVALID_SOCKET;
+    conn_phase phase = conn_phase::idle;
+    steady_clock::time_point since = steady_clock::now();      // the phase's start
+    steady_clock::time_point deadline = steady_clock::time_point::max();
+    size_t cap = 0;          // bytes the phase may deliver
+    size_t phase_bytes = 0;  // bytes delivered in the phase
+    std::atomic<bool> shed{false};
+
+    bool timed_out = false;      // a read passed the deadline
+    bool over_cap = false;       // a read passed the cap
+    bool body_framed = false;    // the request has a body (Content-Length > 0 or Transfer-Encoding)
+    bool body_consumed = false;  // ... and it was read to its end
+
+    bool reads_allowed() const { return phase == conn_phase::headers || phase == conn_phase::body; }
+    // The connection cannot carry another request: its stream is not at a request's start.
+    bool must_close() const { return shed.load() || timed_out || over_cap || (body_framed && !body_consumed); }
+};
+
+// The connection this thread serves (handlers run on the connection's thread).
+thread_local conn_state * t_conn = nullptr;
+
+int shed_rank(conn_phase p) {
+    switch (p) {
+        case conn_phase::closing: return 0;
+        case conn_phase::idle: return 1;
+        case conn_phase::headers: return 2;
+        case conn_phase::body: return 3;
+        default: return -1;  // routing, handling: a request is being answered
+    }
+}
+
+class conn_registry {
+  public:
+    explicit conn_registry(server_metrics & m) : metrics_(m) {}
+
+    void add(conn_state & c) {
+        std::lock_guard<std::mutex> lk(mu_);
+        live_.push_back(&c);
+    }
+    // Before the socket is closed: a shed never reaches a closed (reused) descriptor.
+    void remove(conn_state & c) {
+        std::lock_guard<std::mutex> lk(mu_);
+        live_.remove(&c);
+    }
+    void enter(conn_state & c, conn_phase p, milliseconds timeout = milliseconds(0), size_t cap = 0) {
+        std::lock_guard<std::mutex> lk(mu_);
+        c.phase = p;
+        c.since = steady_clock::now();
+        c.deadline = timeout.count() > 0 ? c.since + timeout : steady_clock::time_point::max();
+        c.cap = cap;
+        c.phase_bytes = 0;
+    }
+    // Takes the thread of the connection that waits longest without a request being
+    // answered: draining first, then idle, then sending headers, then sending a body.
+    bool shed_one() {
+        std::lock_guard<std::mutex> lk(mu_);
+        conn_state * best = nullptr;
+        for (conn_state * c : live_) {
+            const int r = shed_rank(c->phase);
+            if (r < 0 || c->shed.load()) continue;
+            if (!best || r < shed_rank(best->phase) || (r == shed_rank(best->phase) && c->since < best->since))
+                best = c;
+        }
+        if (!best) return false;
+        best->shed = true;
+        ::shutdown(best->fd, SHUT_RDWR);  // its blocked poll/recv returns at once
+        metrics_.count_shed_connection();
+        return true;
+    }
+    // Connections shed whose threads have not let go yet.
+    size_t shedding() const {
+        std::lock_guard<std::mutex> lk(mu_);
+        return static_cast<size_t>(std::count_if(live_.begin(), live_.end(), [](conn_state * c) { return c->shed.load(); }));
+    }
+    // The server stops: every connection not answering a request is closed now.
+    void shed_all() {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (conn_state * c : live_) {
+            if (shed_rank(c->phase) < 0 || c->shed.load()) continue;
+            c->shed = true;
+            ::shutdown(c->fd, SHUT_RDWR);
+        }
+    }
+
+    // Accepted connections wait for a thread and the pool may start no more.
+    std::atomic<bool> starved{false};
+
+  private:
+    server_metrics & metrics_;
+    mutable std::mutex mu_;
+    std::list<conn_state *> live_;
+};
+
+// Threads on demand up to `max_threads`; a connection that finds none free takes the
+// thread of a sheddable connection.
+class conn_pool final : public httplib::TaskQueue {
+  public:
+    conn_pool(conn_registry & reg, const std::atomic<size_t> & max_threads) : reg_(reg), max_threads_(max_threads) {}
+    ~conn_pool() override { shutdown(); }
+
+#if WARMCTX_HTTPLIB_V2
+    bool enqueue(std::function<void()> fn) override {
+        add(std::move(fn));
+        return true;
+    }
+#else
+    void enqueue(std::function<void()> fn) override { add(std::move(fn)); }
+#endif
+
+    void shutdown() override {
+        std::vector<std::thread> threads;
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            shutdown_ = true;
+            threads.swap(threads_);
+        }
+        cv_.notify_all();
+        for (auto & t : threads) t.join();
+    }
+
+  private:
+    void add(std::function<void()> fn) {
+        std::unique_lock<std::mutex> lk(mu_);
+        jobs_.push_back(std::move(fn));
+        if (jobs_.size() > free_threads() && n_threads_ < max_threads_.load()) {
+            threads_.emplace_back([this] { work(); });
+            ++n_threads_;
+        } else {
+            shed_for_waiting();
+        }
+        lk.unlock();
+        cv_.notify_one();
+    }
+
+    // Threads not running a connection (waiting for one, or just started). Holds mu_.
+    size_t free_threads() const { return n_threads_ - busy_; }
+
+    // Connections wait for a thread, none is free or about to be, and no more may
+    // start: free one. Called again each time a thread takes a connection, so that a
+    // queue of waiting connections (trickling clients that reconnect, say) drains at
+    // once rather than one per new arrival. Holds mu_.
+    void shed_for_waiting() {
+        const bool starved = !jobs_.empty() && n_threads_ >= max_threads_.load() && jobs_.size() > free_threads();
+        reg_.starved = starved;
+        if (starved && jobs_.size() > free_threads() + reg_.shedding()) reg_.shed_one();
+    }
+
+    void work() {
+        std::unique_lock<std::mutex> lk(mu_);
+        for (;;) {
+            cv_.wait(lk, [&] { return shutdown_ || !jobs_.empty(); });
+            if (jobs_.empty()) return;  // shutting down, nothing left
+            std::function<void()> fn = std::move(jobs_.front());
+            jobs_.pop_front();
+            ++busy_;
+            shed_for_waiting();
+            lk.unlock();
+            fn();
+            lk.lock();
+            --busy_;
+            reg_.starved = !jobs_.empty() && jobs_.size() > free_threads();
+        }
+    }
+
+    conn_registry & reg_;
+    const std::atomic<size_t> & max_threads_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::list<std::function<void()>> jobs_;
+    std::vector<std::thread> threads_;
+    size_t n_threads_ = 0;  // started (they end only at shutdown)
+    size_t busy_ = 0;       // running a connection
+    bool shutdown_ = false;
+};
+
+// Waits until `fd` is ready for `events`, `limit` passes (false), or `stop()` says so
+// (false), looking every k_slice.
+template <typename Stop>
+bool wait_fd(socket_t fd, short events, steady_clock::time_point limit, const Stop & stop) {
+    for (;;) {
+        if (stop()) return false;
+        const auto now = steady_clock::now();
+        if (now >= limit) return false;
+        const auto left = std::chrono::ceil<milliseconds>(limit - now);
+        pollfd p{fd, events, 0};
+        const int r = ::poll(&p, 1, static_cast<int>(std::min(left, milliseconds(k_slice)).count()));
+        if (r > 0) return true;  // ready, or an error/hang-up the next recv/send reports
+        if (r < 0 && errno != EINTR) return false;
+    }
+}
+
+void address_of(socket_t fd, bool peer, std::string & ip, int & port) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if ((peer ? ::getpeername(fd, reinterpret_cast<sockaddr *>(&addr), &len)
+              : ::getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &len)) != 0)
+        return;
+    char host[NI_MAXHOST] = "";
+    char serv[NI_MAXSERV] = "";
+    if (::getnameinfo(reinterpret_cast<sockaddr *>(&addr), len, host, sizeof host, serv, sizeof serv,
+                      NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+        ip = host;
+        port = std::atoi(serv);
+    }
+}
+
+// The library's view of a connection: reads only in the phases that read, within the
+// phase's deadline and cap; buffered, and kept across the connection's requests.
+class conn_stream final : public httplib::Stream {
+  public:
+    conn_stream(conn_state & c, const std::atomic<socket_t> & listening, milliseconds read_timeout,
+                milliseconds write_timeout)
+        : c_(c), listening_(listening), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+
+#if WARMCTX_HTTPLIB_V2
+    bool is_readable() const override { return buffered(); }
+    bool wait_readable() const override { return buffered() || wait_input(); }
+    bool wait_writable() const override { return wait_output(); }
+    time_t duration() const override {
+        return std::chrono::duration_cast<milliseconds>(steady_clock::now() - created_).count();
+    }
+#else
+    bool is_readable() const override { return buffered() || wait_input(); }
+    bool is_writable() const override { return wait_output(); }
+#endif
+
+    ssize_t read(char * ptr, size_t size) override {
+        if (!c_.reads_allowed()) return -1;
+        if (c_.phase_bytes >= c_.cap) {
+            c_.over_cap = true;
+            return -1;
+        }
+        size = std::min(size, c_.cap - c_.phase_bytes);
+        if (!buffered()) {
+            if (!wait_input()) return -1;
+            ssize_t n;
+            do {
+                n = ::recv(c_.fd, buf_, sizeof buf_, 0);
+            } while (n < 0 && errno == EINTR);
+            if (n <= 0) return n;  // 0: the peer closed (or the connection was shed)
+            off_ = 0;
+            len_ = static_cast<size_t>(n);
+        }
+        const size_t n = std::min(size, len_ - off_);
+        std::memcpy(ptr, buf_ + off_, n);
+        off_ += n;
+        c_.phase_bytes += n;
+        return static_cast<ssize_t>(n);
+    }
+
+    ssize_t write(const char * ptr, size_t size) override {
+        if (!wait_output()) return -1;
+        ssize_t n;
+        do {
+            n = ::send(c_.fd, ptr, size, MSG_NOSIGNAL);
+        } while (n < 0 && errno == EINTR);
+        return n;
+    }
+
+    void get_remote_ip_and_port(std::string & ip, int & port) const override { address_of(c_.fd, true, ip, port); }
+    void get_local_ip_and_port(std::string & ip, int & port) const override { address_of(c_.fd, false, ip, port); }
+    socket_t socket() const override { return c_.fd; }
+
+    bool buffered() const { return off_ < len_; }
+    // Bytes to read right now (buffered, or in the socket).
+    bool input_now() const {
+        pollfd p{c_.fd, POLLIN, 0};
+        return buffered() || ::poll(&p, 1, 0) > 0;
+    }
+
+    // Waits for the next request (keep-alive): false on timeout, a shed or a stop.
+    bool wait_request(milliseconds timeout) const {
+        return buffered() || wait_fd(c_.fd, POLLIN, steady_clock::now() + timeout, [this] { return stopped(); });
+    }
+
+  private:
+    bool stopped() const { return listening_.load() == INVALID_SOCKET || c_.shed.load(); }
+
+    // Data (or EOF) to read within the read timeout and the phase's deadline.
+    bool wait_input() const {
+        auto limit = steady_clock::now() + read_timeout_;
+        const bool by_deadline = c_.deadline < limit;
+        if (by_deadline) limit = c_.deadline;
+        if (wait_fd(c_.fd, POLLIN, limit, [this] { return stopped(); })) return true;
+        if (by_deadline && steady_clock::now() >= c_.deadline) c_.timed_out = true;
+        return false;
+    }
+    bool wait_output() const {
+        return wait_fd(c_.fd, POLLOUT, steady_clock::now() + write_timeout_, [this] { return c_.shed.load(); });
+    }
+
+    conn_state & c_;
+    const std::atomic<socket_t> & listening_;
+    const milliseconds read_timeout_;
+    const milliseconds write_timeout_;
+    const steady_clock::time_point created_ = steady_clock::now();
+    char buf_[16384];
+    size_t off_ = 0;
+    size_t len_ = 0;
+};
+
+uint64_t content_length(const httplib::Request & req, bool & valid) {
+    valid = true;
+    if (!req.has_header("Content-Length")) return 0;
+    const std::string v = req.get_header_value("Content-Length");
+    char * end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+    valid = !v.empty() && end && *end == '\0' && errno == 0 && v.find('-') == std::string::npos;
+    return valid ? n : 0;
+}
+
+// The server with our connection loop.
+class guarded_server final : public httplib::Server {
+  public:
+    guarded_server(conn_registry & reg, const server_options & o) : reg_(reg), opts_(o) {}
+
+  private:
+    bool process_and_close_socket(socket_t sock) override {
+        conn_state c;
+        c.fd = sock;
+        reg_.add(c);
+        bool ret = false;
+        t_conn = &c;
+        try {
+            ret = serve_connection(c);
+        } catch (...) {
+            ret = false;  // a throw outside routing (e.g. in a stream's writer): drop this connection only
+        }
+        t_conn = nullptr;
+        if (c.body_framed && !c.body_consumed && !c.shed.load()) linger(c);
+        reg_.remove(c);
+        ::shutdown(sock, SHUT_RDWR);
+        ::close(sock);
+        return ret;
+    }
+
+    bool serve_connection(conn_state & c) {
+        using std::chrono::seconds;
+        using std::chrono::microseconds;
+        const auto rt = std::chrono::duration_cast<milliseconds>(seconds(read_timeout_sec_) + microseconds(read_timeout_usec_));
+        const auto wt = std::chrono::duration_cast<milliseconds>(seconds(write_timeout_sec_) + microseconds(write_timeout_usec_));
+        conn_stream strm(c, svr_sock_, rt, wt);
+#if WARMCTX_HTTPLIB_V2
+        std::string remote_addr, local_addr;
+        int remote_port = 0, local_port = 0;
+        strm.get_remote_ip_and_port(remote_addr, remote_port);
+        strm.get_local_ip_and_port(local_addr, local_port);
+#endif
+        const auto setup = [this, &c](httplib::Request & req) { on_headers(c, req); };
+        bool ret = false;
+        for (size_t count = keep_alive_max_count_; count > 0; --count) {
+            // A connection waiting for a thread gets this one rather than a keep-alive
+            // that has not sent its next request.
+            if (count != keep_alive_max_count_ && reg_.starved.load() && !strm.input_now()) break;
+            if (!strm.wait_request(std::chrono::duration_cast<milliseconds>(seconds(keep_alive_timeout_sec_)))) break;
+            reg_.enter(c, conn_phase::headers, milliseconds(opts_.header_timeout_ms), k_max_header_bytes);
+            c.body_framed = c.body_consumed = false;
+            bool connection_closed = false;
+#if WARMCTX_HTTPLIB_V2
+            ret = process_request(strm, remote_addr, remote_port, local_addr, local_port, count == 1,
+                                  connection_closed, setup);
+#else
+            ret = process_request(strm, count == 1, connection_closed, setup);
+#endif
+            reg_.enter(c, conn_phase::idle);
+            if (!ret || connection_closed || c.must_close()) break;
+        }
+        return ret;
+    }
+
+    // The headers are in: nothing more is read until a handler asks for the body.
+    void on_headers(conn_state & c, httplib::Request & req) {
+        reg_.enter(c, conn_phase::routing);
+        bool valid = true;
+        c.body_framed = req.has_header("Transfer-Encoding") || content_length(req, valid) > 0 || !valid;
+        // Bodies are JSON whatever they are labelled: the library must not read a form
+        // (8 KB limit) or split multipart parts.
+        req.headers.erase("Content-Type");
+    }
+
+    // After answering a request whose body was not read: stop sending, then read and
+    // drop what the client still sends for a moment, so that it sees the answer rather
+    // than a reset.
+    void linger(conn_state & c) {
+        reg_.enter(c, conn_phase::closing);
+        ::shutdown(c.fd, SHUT_WR);
+        const auto until = steady_clock::now() + k_linger;
+        size_t drained = 0;
+        char buf[16384];
+        while (drained < k_linger_bytes &&
+               wait_fd(c.fd, POLLIN, until, [&c] { return c.shed.load(); })) {
+            const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+            if (n <= 0) break;
+            drained += static_cast<size_t>(n);
+        }
+    }
+
+    conn_registry & reg_;
+    const server_options & opts_;
+};
 
 http_request from_httplib(const httplib::Request & req) {
     http_request r;
@@ -27,7 +484,8 @@ http_request from_httplib(const httplib::Request & req) {
     for (size_t i = 1; i < req.matches.size(); ++i) r.params.push_back(req.matches[i].str());
     for (const auto & [k, v] : req.params) r.query.emplace(k, v);  // a key's first value wins
     r.authorization = req.get_header_value("Authorization");
-    r.body = req.body;
+    r.origin = req.get_header_value("Origin");
+    r.cors_request_headers = req.get_header_value("Access-Control-Request-Headers");
     return r;
 }
 
@@ -63,51 +521,132 @@ void to_httplib(http_response && r, httplib::Response & res) {
 }  // namespace
 
 struct http_server::impl {
-    impl(scheduler & s, server_options o) : ctx(&s, std::move(o)), routes(ctx) {}
+    explicit impl(server_options o) : ctx(std::move(o)), routes(ctx), reg(ctx.metrics), svr(reg, ctx.opts) {}
 
     route_context ctx;
     router routes;
-
-    httplib::Server svr;
+    conn_registry reg;
+    guarded_server svr;
+    std::atomic<size_t> max_threads{1};
     int bound_port = 0;
     std::thread listener;
+    std::atomic<bool> listener_done{false};
     int listen_fd = -1;  // the listening socket, from httplib's socket-options hook
 
-    std::mutex stop_mu;  // serialises stop(); guards stopped
+    std::mutex stop_mu;  // serialises stop() and attach(); guards stopped, attached
     std::condition_variable stop_cv;
     bool stopped = false;
+    bool attached = false;
 
-    void serve(const route & r, const httplib::Request & req, httplib::Response & res) {
-        http_response out;
-        routes.dispatch(r, from_httplib(req), out);
-        to_httplib(std::move(out), res);
+    // Reads the body of a request to `r` through a running count; an error (nothing
+    // dispatched) when it is too large, too slow, or not readable.
+    maybe_error read_body(conn_state & c, const httplib::Request & req, httplib::Response & res,
+                          const httplib::ContentReader & reader, std::string & body) {
+        const size_t max = ctx.opts.max_body_bytes;
+        const auto too_large = [&] { return payload_too_large("request body larger than " + std::to_string(max) + " bytes"); };
+        bool valid = true;
+        if (content_length(req, valid) > max) return too_large();
+        // The wire may carry a little more than the body: chunk-size lines.
+        reg.enter(c, conn_phase::body, milliseconds(ctx.opts.body_timeout_ms), max + max / 4 + (64u << 10));
+        bool over = false;
+        const bool ok = reader([&](const char * data, size_t n) {
+            if (n > max - body.size()) {
+                over = true;
+                return false;
+            }
+            body.append(data, n);
+            return true;
+        });
+        reg.enter(c, conn_phase::handling);
+        if (over || c.over_cap || res.status == 413) return too_large();
+        if (c.timed_out)
+            return request_timeout("the request body did not arrive within " + std::to_string(ctx.opts.body_timeout_ms) +
+                                   " ms");
+        if (!ok) {
+            if (res.status == 415) {
+                api_error e = bad_request("unsupported_content_encoding", "unsupported Content-Encoding");
+                e.http_status = 415;
+                return e;
+            }
+            return bad_request("bad_request", "the request body could not be read (malformed chunked encoding, "
+                                              "or the connection closed before its end)");
+        }
+        c.body_consumed = true;
+        return std::nullopt;
     }
 
-    // httplib's own error responses (no route, wrong method, body too large, bad
-    // request line) arrive here with an empty body: give them the OpenAI shape.
+    // Every routed request. `reader`: the route takes a body (POST, PUT, DELETE).
+    void serve(const route & r, const httplib::Request & req, httplib::Response & res,
+               const httplib::ContentReader * reader) {
+        http_request in = from_httplib(req);
+        http_response out;
+        conn_state * c = t_conn;
+        if (c && c->body_framed) {
+            if (routes.refuse_early(r, in, out)) return answer(std::move(out), res);
+            if (reader) {
+                if (auto e = read_body(*c, req, res, *reader, in.body)) {
+                    routes.refuse(r, in, *e, out);
+                    return answer(std::move(out), res);
+                }
+            }
+        }
+        if (c) reg.enter(*c, conn_phase::handling);
+        routes.dispatch(r, in, out);
+        answer(std::move(out), res);
+    }
+
+    void answer(http_response && out, httplib::Response & res) {
+        to_httplib(std::move(out), res);
+        // A body left unread: the connection ends with this answer.
+        if (t_conn && t_conn->body_framed && !t_conn->body_consumed) res.set_header("Connection", "close");
+    }
+
+    // Any path and method no route takes (the body is never read).
+    void serve_unmatched(const httplib::Request & req, httplib::Response & res) {
+        if (t_conn) reg.enter(*t_conn, conn_phase::handling);
+        http_request in = from_httplib(req);
+        http_response out;
+        if (req.method == "OPTIONS") {
+            routes.preflight(in, out);
+        } else {
+            out.status = 404;
+            routes.unmatched(in, out);
+        }
+        answer(std::move(out), res);
+    }
+
+    // httplib's own error responses (no route, bad request line, headers too slow)
+    // arrive here with an empty body: give them the OpenAI shape.
     void on_http_error(const httplib::Request & req, httplib::Response & res) {
         if (!res.body.empty()) return;  // ours, already counted and logged
         http_response out;
-        out.status = res.status;
-        routes.unmatched(req.method, req.path, out);
-        to_httplib(std::move(out), res);
+        out.status = t_conn && t_conn->timed_out ? 408 : res.status;
+        routes.unmatched(from_httplib(req), out);
+        answer(std::move(out), res);
+    }
+
+    void set_threads(size_t n_parallel) {
+        const size_t need = min_http_threads(n_parallel, ctx.opts.max_queue);
+        max_threads = std::max<size_t>(static_cast<size_t>(std::max(0, ctx.opts.n_http_threads)), need);
     }
 };
 
-result<std::unique_ptr<http_server>> http_server::start(scheduler & sched, server_options opts) {
+result<std::unique_ptr<http_server>> http_server::start(server_options opts) {
     if (opts.port < 0 || opts.port > 65535) return invalid_argument("port must be in [0, 65535]");
-    if (opts.n_http_threads < 1 || opts.n_http_threads > 1024) return invalid_argument("HTTP threads must be in [1, 1024]");
+    if (opts.n_http_threads < 0 || opts.n_http_threads > k_max_http_threads)
+        return invalid_argument("HTTP threads must be in [0, " + std::to_string(k_max_http_threads) + "] (0 = derived)");
     if (opts.max_body_bytes == 0) return invalid_argument("max body bytes must be positive");
     if (opts.host.empty()) return invalid_argument("host is empty");
+    if (opts.header_timeout_ms <= 0 || opts.body_timeout_ms <= 0) return invalid_argument("timeouts must be positive");
 
     // A client that disconnects mid-stream must be a failed write, not a signal.
     std::signal(SIGPIPE, SIG_IGN);
 
-    auto p = std::make_unique<impl>(sched, std::move(opts));
+    auto p = std::make_unique<impl>(std::move(opts));
     impl & s = *p;
     const server_options & o = s.ctx.opts;
-    const int n_threads = o.n_http_threads;
-    s.svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
+    s.set_threads(1);  // until attach() says how many sequences the scheduler has
+    s.svr.new_task_queue = [&s] { return new conn_pool(s.reg, s.max_threads); };
     // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port
     // and silently take half the connections; SO_REUSEADDR alone still allows a quick
     // restart (TIME_WAIT) but makes a port in use an error.
@@ -119,6 +658,8 @@ result<std::unique_ptr<http_server>> http_server::start(scheduler & sched, serve
     // Responses and SSE chunks are small writes: without TCP_NODELAY, Nagle's algorithm
     // meets the client's delayed ACK and each one waits ~40 ms.
     s.svr.set_tcp_nodelay(true);
+    // The routes count body bytes themselves (impl::read_body); the library's own limit
+    // stays as a second line.
     s.svr.set_payload_max_length(o.max_body_bytes);
     s.svr.set_write_timeout(10, 0);
     s.svr.set_keep_alive_timeout(5);
@@ -138,12 +679,24 @@ result<std::unique_ptr<http_server>> http_server::start(scheduler & sched, serve
     });
     for (const route & r : s.routes.routes()) {
         const route * rp = &r;
-        auto h = [&s, rp](const httplib::Request & req, httplib::Response & res) { s.serve(*rp, req, res); };
-        if (r.method == "GET") s.svr.Get(r.regex_text, h);
-        else if (r.method == "POST") s.svr.Post(r.regex_text, h);
-        else if (r.method == "PUT") s.svr.Put(r.regex_text, h);
-        else if (r.method == "DELETE") s.svr.Delete(r.regex_text, h);
+        auto plain = [&s, rp](const httplib::Request & req, httplib::Response & res) { s.serve(*rp, req, res, nullptr); };
+        auto with_body = [&s, rp](const httplib::Request & req, httplib::Response & res,
+                                  const httplib::ContentReader & reader) { s.serve(*rp, req, res, &reader); };
+        if (r.method == "GET") s.svr.Get(r.regex_text, plain);
+        else if (r.method == "POST") s.svr.Post(r.regex_text, with_body);
+        else if (r.method == "PUT") s.svr.Put(r.regex_text, with_body);
+        else if (r.method == "DELETE") s.svr.Delete(r.regex_text, with_body);
     }
+    // What no route takes: answered without reading a body (the library would read it
+    // whole before its own 404).
+    auto unmatched_body = [&s](const httplib::Request & req, httplib::Response & res, const httplib::ContentReader &) {
+        s.serve_unmatched(req, res);
+    };
+    s.svr.Post(".*", unmatched_body);
+    s.svr.Put(".*", unmatched_body);
+    s.svr.Delete(".*", unmatched_body);
+    s.svr.Patch(".*", unmatched_body);
+    s.svr.Options(".*", [&s](const httplib::Request & req, httplib::Response & res) { s.serve_unmatched(req, res); });
 
     if (o.port == 0) {
         int port = s.svr.bind_to_any_port(o.host);
@@ -159,8 +712,42 @@ result<std::unique_ptr<http_server>> http_server::start(scheduler & sched, serve
     // then overflows the accept queue and connections are dropped. listen() again on the
     // bound socket raises the backlog.
     if (s.listen_fd >= 0) ::listen(s.listen_fd, SOMAXCONN);
-    s.listener = std::thread([&s] { s.svr.listen_after_bind(); });
+    s.listener = std::thread([&s] {
+        s.svr.listen_after_bind();
+        s.listener_done = true;
+    });
+    // httplib's stop() only acts on a server that is running (it sets that flag on the
+    // listener thread): return once it is, or a stop() right after start() is lost and
+    // the listener serves on with nobody left to stop it.
+    while (!s.svr.is_running() && !s.listener_done.load()) std::this_thread::sleep_for(milliseconds(1));
+    if (!s.svr.is_running()) {
+        s.listener.join();
+        return io_error("cannot listen on " + o.host + ":" + std::to_string(s.bound_port));
+    }
     return std::unique_ptr<http_server>(new http_server(std::move(p)));
+}
+
+result<std::unique_ptr<http_server>> http_server::start(scheduler & sched, server_options opts) {
+    auto h = start(std::move(opts));
+    if (!h) return h.error();
+    if (status st = (*h)->attach(sched); !st.ok()) return st;
+    return h;
+}
+
+status http_server::attach(scheduler & sched) {
+    std::lock_guard<std::mutex> lk(p_->stop_mu);
+    if (p_->stopped) return failed_precondition("the server is stopped");
+    if (p_->attached) return failed_precondition("the server already serves a scheduler");
+    const size_t need = min_http_threads(sched.n_parallel(), p_->ctx.opts.max_queue);
+    if (need > static_cast<size_t>(k_max_http_threads))
+        return invalid_argument(std::to_string(sched.n_parallel()) + " parallel sequences + a queue of " +
+                                std::to_string(p_->ctx.opts.max_queue) + " + " + std::to_string(k_http_thread_headroom) +
+                                " need " + std::to_string(need) + " HTTP threads, more than the " +
+                                std::to_string(k_max_http_threads) + " allowed: lower the queue");
+    p_->set_threads(sched.n_parallel());
+    p_->ctx.attach(sched);
+    p_->attached = true;
+    return status::ok_status();
 }
 
 http_server::http_server(std::unique_ptr<impl> p) : p_(std::move(p)) {}
@@ -169,13 +756,18 @@ http_server::~http_server() { stop(); }
 
 int http_server::port() const { return p_->bound_port; }
 
-const server_options & http_server::options() const { return p_->ctx.opts; }
+server_options http_server::options() const {
+    server_options o = p_->ctx.opts;
+    o.n_http_threads = static_cast<int>(p_->max_threads.load());
+    return o;
+}
 
 void http_server::stop() {
     std::unique_lock<std::mutex> lk(p_->stop_mu);
     if (p_->stopped) return;
     p_->ctx.stop_channels("the server is shutting down");
     p_->svr.stop();
+    p_->reg.shed_all();  // idle and half-received connections end now, not at their timeouts
     if (p_->listener.joinable()) p_->listener.join();
     p_->stopped = true;
     p_->stop_cv.notify_all();

@@ -88,6 +88,11 @@ void server_metrics::record(const request_outcome & o) {
     completion_tokens_ += static_cast<uint64_t>(std::max<int64_t>(0, o.completion_tokens));
 }
 
+void server_metrics::count_shed_connection() {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++shed_connections_;
+}
+
 std::string server_metrics::render(const engine_snapshot & snap) const {
     std::string out;
     out.reserve(8192);
@@ -112,6 +117,9 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
         header(out, "warmctx_request_duration_seconds", "histogram",
                "Time from receiving a request to its last byte (streams: the end of the stream).");
         duration_.render(out, "warmctx_request_duration_seconds");
+        scalar(out, "warmctx_http_connections_shed_total", "counter",
+               "Connections closed to give their thread to another (idle, or still sending a request).",
+               static_cast<double>(shed_connections_));
     }
 
     const scheduler_stats & s = snap.sched;

@@ -63,12 +63,15 @@ struct engine_snapshot {
 class server_metrics {
   public:
     void record(const request_outcome & o);
+    // A connection closed to free its thread for another (it was idle or still sending).
+    void count_shed_connection();
     std::string render(const engine_snapshot & snap) const;
 
   private:
     mutable std::mutex mu_;
     std::map<std::pair<std::string, int>, uint64_t> requests_;  // (route, status) -> count
     uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, prefilled_tokens_ = 0, completion_tokens_ = 0;
+    uint64_t shed_connections_ = 0;
     histogram ttft_, duration_;
 };
 

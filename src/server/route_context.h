@@ -46,6 +46,8 @@ struct http_request {
     std::vector<std::string> params;           // the route's captures in order ({id}, {segment}, {model})
     std::map<std::string, std::string> query;  // ?key=value (a key's first value)
     std::string authorization;                 // the Authorization header, "" when absent
+    std::string origin;                        // the Origin header (CORS), "" when absent
+    std::string cors_request_headers;          // Access-Control-Request-Headers (preflight)
     std::string body;
 };
 
@@ -98,11 +100,23 @@ inline constexpr int k_status_client_closed = 499;
 // The state the routes share. One per server (or per test).
 class route_context {
   public:
-    // `sched` is null only in tests of routes that need no engine: engine_call and a
-    // completion then answer 503; the /v1/models routes must not be called.
+    // Serving at once. `sched` is null only in tests of routes that need no engine:
+    // engine_call and a completion then answer 503; the /v1/models routes must not be
+    // called.
     route_context(scheduler * sched, server_options opts);
+    // Loading: the router answers 503 "loading" (but /health and /metrics) until
+    // attach().
+    explicit route_context(server_options opts);
 
-    scheduler * const sched;
+    // The scheduler is ready: sets sched, limits and model_name, then ends loading.
+    // Once, before any handler but /health's and /metrics' runs.
+    void attach(scheduler & s);
+    // True until attach() (acquire: once false, sched, limits and model_name are set).
+    bool loading() const { return loading_.load(std::memory_order_acquire); }
+
+    // Written once, by the constructor or by attach() before loading() turns false;
+    // read by handlers only once loading() is false (the router sees to it).
+    scheduler * sched = nullptr;
     const server_options opts;
     request_limits limits;
     std::string model_name;
@@ -128,6 +142,7 @@ class route_context {
     void finish(request_log & log, int http_status);
 
   private:
+    std::atomic<bool> loading_{false};
     uint64_t id_salt_ = 0;
     std::atomic<uint64_t> next_id_{1};
     std::mutex live_mu_;

@@ -58,18 +58,31 @@ std::string model_name_from_path(const std::string & path) {
 
 // ---- route_context -----------------------------------------------------------------------
 
-route_context::route_context(scheduler * s, server_options o)
-    : sched(s), opts(std::move(o)),
+route_context::route_context(server_options o)
+    : opts(std::move(o)),
       store(store_limits{opts.max_workspaces, opts.max_segments_per_workspace, opts.max_segment_bytes,
                          opts.max_store_bytes}) {
-    if (sched) limits.max_tokens_cap = static_cast<int32_t>(std::max<uint32_t>(1, sched->context().n_ctx_seq));
     limits.default_max_tokens = std::max(1, opts.default_max_tokens);
-    model_name = !opts.model_name.empty() ? opts.model_name
-                 : sched                  ? model_name_from_path(sched->model().path)
-                                          : "warmctx";
+    model_name = !opts.model_name.empty() ? opts.model_name : "warmctx";
     t_created = static_cast<int64_t>(std::time(nullptr));
     id_salt_ = std::random_device{}();
     id_salt_ = (id_salt_ << 32) ^ std::random_device{}();
+    loading_.store(true, std::memory_order_relaxed);
+}
+
+route_context::route_context(scheduler * s, server_options o) : route_context(std::move(o)) {
+    if (s) {
+        attach(*s);
+    } else {
+        loading_.store(false, std::memory_order_release);
+    }
+}
+
+void route_context::attach(scheduler & s) {
+    sched = &s;
+    limits.max_tokens_cap = static_cast<int32_t>(std::max<uint32_t>(1, s.context().n_ctx_seq));
+    if (opts.model_name.empty()) model_name = model_name_from_path(s.model().path);
+    loading_.store(false, std::memory_order_release);
 }
 
 std::string route_context::next_request_id(const char * prefix) {
@@ -80,6 +93,7 @@ std::string route_context::next_request_id(const char * prefix) {
 }
 
 maybe_error route_context::engine_call(const std::function<void(context_engine &)> & fn) {
+    if (loading()) return unavailable("the model is loading", 1);
     if (!sched) return unavailable("the engine is stopping: no engine", 1);
     bool ran = false;
     status st = sched->call([&](context_engine & ce) {
@@ -196,12 +210,18 @@ bool authorized(const std::string & h, const std::string & api_key) {
 router::router(route_context & ctx) : ctx_(ctx) {
     route_context * c = &ctx_;
     routes_.push_back({"GET", "/health", "/health", false, [c](const http_request &, http_response & res, auto &) {
-                           if (c->stopping.load()) send_json(res, 503, {{"status", "stopping"}});
-                           else send_json(res, 200, {{"status", "ok"}});
+                           if (c->stopping.load()) {
+                               send_json(res, 503, {{"status", "stopping"}});
+                           } else if (c->loading()) {
+                               send_json(res, 503, {{"status", "loading"}});
+                               res.headers.emplace_back("Retry-After", "1");
+                           } else {
+                               send_json(res, 200, {{"status", "ok"}});
+                           }
                        }});
     routes_.push_back({"GET", "/metrics", "/metrics", true, [c](const http_request &, http_response & res, auto &) {
                            engine_snapshot snap;
-                           if (c->sched) {
+                           if (!c->loading() && c->sched) {
                                snap.sched = c->sched->stats();
                                snap.n_parallel = c->sched->n_parallel();
                            }
@@ -217,6 +237,96 @@ router::router(route_context & ctx) : ctx_(ctx) {
     add_workspace_routes(routes_, ctx_);
     res_.reserve(routes_.size());
     for (const route & r : routes_) res_.emplace_back(r.regex_text);
+
+    // --cors-origin: "*" or origins separated by commas (spaces around them ignored).
+    const std::string & co = ctx_.opts.cors_origin;
+    for (size_t pos = 0; pos <= co.size();) {
+        size_t end = co.find(',', pos);
+        if (end == std::string::npos) end = co.size();
+        std::string o = co.substr(pos, end - pos);
+        while (!o.empty() && o.front() == ' ') o.erase(o.begin());
+        while (!o.empty() && o.back() == ' ') o.pop_back();
+        if (o == "*") cors_any_ = true;
+        else if (!o.empty()) cors_origins_.push_back(o);
+        pos = end + 1;
+    }
+}
+
+bool router::cors_allows(const std::string & origin) const {
+    if (origin.empty()) return false;
+    return cors_any_ || std::find(cors_origins_.begin(), cors_origins_.end(), origin) != cors_origins_.end();
+}
+
+void router::add_cors(const http_request & req, http_response & res) const {
+    if (!cors_allows(req.origin)) return;
+    res.headers.emplace_back("Access-Control-Allow-Origin", cors_any_ ? "*" : req.origin);
+    if (!cors_any_) res.headers.emplace_back("Vary", "Origin");
+    res.headers.emplace_back("Access-Control-Expose-Headers", "Retry-After");
+}
+
+namespace {
+// Routes that answer while the model loads: they tell how the server is.
+bool served_while_loading(const route & r) { return r.pattern == "/health" || r.pattern == "/metrics"; }
+}  // namespace
+
+bool router::answered_on_headers(const route & r, const http_request & req, http_response & res,
+                                 request_log & log) const {
+    if (ctx_.loading() && !served_while_loading(r)) {
+        api_error e = unavailable("the model is loading; GET /health says when the server is ready", 1);
+        e.code = "loading";
+        respond_error(res, log, e);
+        return true;
+    }
+    if (r.auth && !authorized(req.authorization, ctx_.opts.api_key)) {
+        respond_error(res, log, unauthorized("missing or wrong API key: send \"Authorization: Bearer <key>\""));
+        return true;
+    }
+    return false;
+}
+
+bool router::refuse_early(const route & r, const http_request & req, http_response & res) {
+    request_log log;
+    log.method = req.method;
+    log.route = r.pattern;
+    if (!answered_on_headers(r, req, res, log)) return false;
+    add_cors(req, res);
+    ctx_.finish(log, res.status);
+    return true;
+}
+
+void router::refuse(const route & r, const http_request & req, const api_error & e, http_response & res) {
+    request_log log;
+    log.method = req.method;
+    log.route = r.pattern;
+    respond_error(res, log, e);
+    add_cors(req, res);
+    ctx_.finish(log, res.status);
+}
+
+void router::preflight(const http_request & req, http_response & res) {
+    std::string allow;
+    std::string pattern;
+    for (size_t i = 0; i < routes_.size(); ++i) {
+        if (!std::regex_match(req.path, res_[i])) continue;
+        if (pattern.empty()) pattern = routes_[i].pattern;
+        if (allow.find(routes_[i].method) == std::string::npos)
+            allow += (allow.empty() ? "" : ", ") + routes_[i].method;
+    }
+    if (allow.empty() || !cors_allows(req.origin)) {
+        res.status = 404;  // unmatched: 405 with Allow for a known path, else 404
+        return unmatched(req, res);
+    }
+    request_log log;
+    log.method = req.method;
+    log.route = pattern;
+    res.status = 204;
+    res.headers.emplace_back("Access-Control-Allow-Origin", cors_any_ ? "*" : req.origin);
+    res.headers.emplace_back("Vary", cors_any_ ? "Access-Control-Request-Headers" : "Origin, Access-Control-Request-Headers");
+    res.headers.emplace_back("Access-Control-Allow-Methods", allow + ", OPTIONS");
+    res.headers.emplace_back("Access-Control-Allow-Headers",
+                             req.cors_request_headers.empty() ? "Authorization, Content-Type" : req.cors_request_headers);
+    res.headers.emplace_back("Access-Control-Max-Age", "600");
+    ctx_.finish(log, res.status);
 }
 
 void router::dispatch(const route & r, const http_request & req, http_response & res) {
@@ -224,11 +334,7 @@ void router::dispatch(const route & r, const http_request & req, http_response &
     log->method = req.method;
     log->route = r.pattern;
     try {
-        if (r.auth && !authorized(req.authorization, ctx_.opts.api_key)) {
-            respond_error(res, *log, unauthorized("missing or wrong API key: send \"Authorization: Bearer <key>\""));
-        } else {
-            r.fn(req, res, log);
-        }
+        if (!answered_on_headers(r, req, res, *log)) r.fn(req, res, log);
     } catch (const std::exception & e) {
         // Nothing a client sends should land here (parsers check types first);
         // this is the boundary that keeps one bad request from hurting others.
@@ -240,6 +346,7 @@ void router::dispatch(const route & r, const http_request & req, http_response &
         log->deferred = false;
         respond_error(res, *log, server_error("internal error"));
     }
+    add_cors(req, res);
     if (!log->deferred) ctx_.finish(*log, res.status);
 }
 
@@ -253,12 +360,18 @@ http_response router::handle(http_request req) {
         dispatch(routes_[i], req, res);
         return res;
     }
+    if (req.method == "OPTIONS") {
+        preflight(req, res);
+        return res;
+    }
     res.status = 404;
-    unmatched(req.method, req.path, res);
+    unmatched(req, res);
     return res;
 }
 
-void router::unmatched(const std::string & method, const std::string & path, http_response & res) {
+void router::unmatched(const http_request & req, http_response & res) {
+    const std::string & method = req.method;
+    const std::string & path = req.path;
     request_log log;
     log.method = method;
     log.route = "unmatched";
@@ -278,6 +391,9 @@ void router::unmatched(const std::string & method, const std::string & path, htt
         e = not_found_route("no route " + method + " " + path.substr(0, 200));
     } else if (res.status == 413) {
         e = payload_too_large("request body larger than " + std::to_string(ctx_.opts.max_body_bytes) + " bytes");
+    } else if (res.status == 408) {
+        e = request_timeout("the request line and headers did not arrive within " +
+                            std::to_string(ctx_.opts.header_timeout_ms) + " ms");
     } else if (res.status >= 500) {
         e = server_error("HTTP error " + std::to_string(res.status));
     } else {
@@ -285,6 +401,7 @@ void router::unmatched(const std::string & method, const std::string & path, htt
         e.http_status = res.status;
     }
     respond_error(res, log, e);
+    add_cors(req, res);
     ctx_.finish(log, res.status);
 }
 

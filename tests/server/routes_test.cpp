@@ -216,7 +216,7 @@ TEST_F(routes_test, unknown_route_and_wrong_method) {
 
     http_response too_big;  // what the transport answers itself
     too_big.status = 413;
-    router_->unmatched("POST", "/v1/chat/completions", too_big);
+    router_->unmatched(request("POST", "/v1/chat/completions"), too_big);
     EXPECT_EQ(too_big.status, 413);
     EXPECT_EQ(parse(too_big)["error"]["code"], "payload_too_large");
 }
@@ -290,6 +290,83 @@ TEST(routes_log_test, one_line_per_request_with_the_error_code) {
         EXPECT_TRUE(line[f].is_null()) << f;
     EXPECT_TRUE(line["duration_ms"].is_number());
     EXPECT_TRUE(line["ts"].is_string());
+}
+
+// The router while the model loads: /health and /metrics answer, everything else is
+// 503 "loading" before its handler (or its body) is reached; the key still comes first
+// for nothing, since loading answers first.
+TEST(routes_loading_test, only_health_and_metrics_answer_while_loading) {
+    server_options o;
+    o.log_requests = false;
+    route_context ctx(o);  // loading until attach()
+    router r(ctx);
+    ASSERT_TRUE(ctx.loading());
+    http_response health = r.handle(request("GET", "/health"));
+    EXPECT_EQ(health.status, 503);
+    EXPECT_EQ(json::parse(health.body)["status"], "loading");
+    EXPECT_EQ(health.header("Retry-After"), "1");
+    EXPECT_EQ(r.handle(request("GET", "/metrics")).status, 200);
+    for (auto [method, path] : {std::pair{"POST", "/v1/chat/completions"}, {"GET", "/v1/models"},
+                                {"PUT", "/v1/workspaces/w/segments/s"}, {"GET", "/v1/workspaces"}}) {
+        http_response res = r.handle(request(method, path, R"({"kind":"instructions","content":"x"})"));
+        EXPECT_EQ(res.status, 503) << method << " " << path;
+        EXPECT_EQ(json::parse(res.body)["error"]["code"], "loading") << res.body;
+        EXPECT_EQ(res.header("Retry-After"), "1");
+    }
+    EXPECT_EQ(ctx.store.n_segments(), 0u);  // the PUT never ran
+    // The transport's question before it reads a body gets the same answer.
+    http_response early;
+    EXPECT_TRUE(r.refuse_early(r.routes()[2], request("POST", "/v1/chat/completions"), early));
+    EXPECT_EQ(early.status, 503);
+}
+
+// CORS off: OPTIONS is 405 with Allow, no Access-Control-* header anywhere.
+TEST_F(routes_test, cors_off_by_default) {
+    http_request pre = request("OPTIONS", "/v1/chat/completions");
+    pre.origin = "http://app.test";
+    http_response res = router_->handle(pre);
+    EXPECT_EQ(res.status, 405);
+    EXPECT_EQ(res.header("Allow"), "POST");
+    EXPECT_EQ(res.header("Access-Control-Allow-Origin"), "");
+    http_request get = request("GET", "/health");
+    get.origin = "http://app.test";
+    EXPECT_EQ(router_->handle(get).header("Access-Control-Allow-Origin"), "");
+}
+
+TEST(routes_cors_test, preflight_and_response_headers) {
+    server_options o;
+    o.log_requests = false;
+    o.api_key = "k";
+    o.cors_origin = " http://a.test ,http://b.test";
+    route_context ctx(nullptr, o);
+    router r(ctx);
+    http_request pre = request("OPTIONS", "/v1/workspaces/w/segments/s");
+    pre.origin = "http://b.test";
+    http_response res = r.handle(pre);
+    EXPECT_EQ(res.status, 204);
+    EXPECT_EQ(res.header("Access-Control-Allow-Origin"), "http://b.test");
+    EXPECT_EQ(res.header("Access-Control-Allow-Methods"), "PUT, GET, DELETE, OPTIONS");
+    EXPECT_EQ(res.header("Access-Control-Allow-Headers"), "Authorization, Content-Type");
+    EXPECT_EQ(res.header("Access-Control-Max-Age"), "600");
+    pre.cors_request_headers = "authorization,x-custom";
+    EXPECT_EQ(r.handle(pre).header("Access-Control-Allow-Headers"), "authorization,x-custom");
+    // An unknown path or another origin: no preflight.
+    http_request nowhere = request("OPTIONS", "/nowhere");
+    nowhere.origin = "http://a.test";
+    EXPECT_EQ(r.handle(nowhere).status, 404);
+    pre.origin = "http://c.test";
+    EXPECT_EQ(r.handle(pre).status, 405);
+    // Every answer to an allowed origin carries it, a 401 included.
+    http_request get = request("GET", "/v1/workspaces");
+    get.origin = "http://a.test";
+    http_response denied = r.handle(get);
+    EXPECT_EQ(denied.status, 401);
+    EXPECT_EQ(denied.header("Access-Control-Allow-Origin"), "http://a.test");
+    EXPECT_EQ(denied.header("Vary"), "Origin");
+    get.authorization = "Bearer k";
+    EXPECT_EQ(r.handle(get).header("Access-Control-Allow-Origin"), "http://a.test");
+    get.origin = "http://c.test";
+    EXPECT_EQ(r.handle(get).header("Access-Control-Allow-Origin"), "");
 }
 
 }  // namespace

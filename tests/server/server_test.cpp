@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server_test_util.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
 
@@ -28,28 +29,9 @@ namespace {
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
-scheduler_options tiny_scheduler_options(uint32_t n_parallel = 4, size_t max_queue = 64) {
-    scheduler_options o;
-    o.engine.engine.model_path = WARMCTX_TINY_MODEL;
-    o.engine.engine.n_ctx = 2048;
-    o.engine.engine.chunk_tokens = 64;
-    o.engine.engine.n_threads = 2;
-    o.engine.n_holders = 4;
-    o.n_parallel = n_parallel;
-    o.max_queue = max_queue;
-    return o;
-}
-
-// Polls `pred` until it holds or `deadline` passes (synchronisation without sleeps
-// that guess how long something takes).
-bool eventually(const std::function<bool()> & pred, std::chrono::milliseconds deadline = 30s) {
-    auto end = std::chrono::steady_clock::now() + deadline;
-    while (std::chrono::steady_clock::now() < end) {
-        if (pred()) return true;
-        std::this_thread::sleep_for(5ms);
-    }
-    return pred();
-}
+using testing_http::eventually;
+using testing_http::raw_connection;
+using testing_http::tiny_scheduler_options;
 
 struct sse_event {
     bool done = false;  // "data: [DONE]"
@@ -97,7 +79,6 @@ class server_test : public ::testing::Test {
         server_options so;
         so.port = 0;
         so.max_body_bytes = 256 * 1024;
-        so.n_http_threads = 24;
         so.log_requests = false;
         auto h = http_server::start(*sched_, so);
         ASSERT_TRUE(h.ok()) << h.error().to_string();
@@ -337,48 +318,6 @@ TEST_F(server_test, sixteen_parallel_clients) {
     for (int i = 0; i < n; ++i) EXPECT_EQ(results[i].get(), 200) << "client " << i;
 }
 
-// A raw socket: the test closes it mid-stream, which httplib's client cannot do.
-class raw_connection {
-  public:
-    explicit raw_connection(int port) {
-        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_port = htons(static_cast<uint16_t>(port));
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        ok_ = fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0;
-    }
-    ~raw_connection() { close(); }
-    bool ok() const { return ok_; }
-    bool send_all(const std::string & s) {
-        size_t off = 0;
-        while (off < s.size()) {
-            ssize_t n = ::send(fd_, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-            if (n <= 0) return false;
-            off += static_cast<size_t>(n);
-        }
-        return true;
-    }
-    // Reads until `needle` appears (true) or the peer closes (false).
-    bool read_until(const std::string & needle, std::string & got) {
-        char buf[4096];
-        while (got.find(needle) == std::string::npos) {
-            ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-            if (n <= 0) return false;
-            got.append(buf, static_cast<size_t>(n));
-        }
-        return true;
-    }
-    void close() {
-        if (fd_ >= 0) ::close(fd_);
-        fd_ = -1;
-    }
-
-  private:
-    int fd_ = -1;
-    bool ok_ = false;
-};
-
 TEST_F(server_test, client_disconnect_mid_stream_cancels_the_job) {
     const uint64_t cancelled_before = sched_->stats().n_cancelled;
     json body = chat_body("Write a very long story.", 1500);
@@ -421,12 +360,12 @@ TEST_F(server_test, auth_on_needs_the_bearer_key) {
 
     json e = expect_error(client(port)->Get("/v1/models"), 401);
     EXPECT_EQ(e["type"], "authentication_error");
-    expect_error(client(port)->Get("/v1/models", {{"Authorization", "Bearer wrong-key!"}}), 401);
-    expect_error(client(port)->Get("/v1/models", {{"Authorization", "Bearer s3cret-ke"}}), 401);
+    expect_error(client(port)->Get("/v1/models", httplib::Headers{{"Authorization", "Bearer wrong-key!"}}), 401);
+    expect_error(client(port)->Get("/v1/models", httplib::Headers{{"Authorization", "Bearer s3cret-ke"}}), 401);
     expect_error(client(port)->Get("/metrics"), 401);
     expect_error(client(port)->Post("/v1/chat/completions", chat_body("hi").dump(), "application/json"), 401);
 
-    auto ok = client(port)->Get("/v1/models", {{"Authorization", "Bearer s3cret-key"}});
+    auto ok = client(port)->Get("/v1/models", httplib::Headers{{"Authorization", "Bearer s3cret-key"}});
     ASSERT_TRUE(ok);
     EXPECT_EQ(ok->status, 200);
     auto chat = client(port)->Post("/v1/chat/completions", {{"Authorization", "Bearer s3cret-key"}},
@@ -769,7 +708,7 @@ TEST(server_queue_test, full_queue_answers_429_with_retry_after) {
     scheduler & sched = **s;
     server_options so;
     so.port = 0;
-    so.n_http_threads = 16;
+    so.max_queue = max_queue;
     so.log_requests = false;
     auto h = http_server::start(sched, so);
     ASSERT_TRUE(h.ok());
