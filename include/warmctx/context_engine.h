@@ -2,16 +2,21 @@
 //
 //   segments ─▶ assemble (canonical order, per-segment tokens, manifest, block chain)
 //            ─▶ prefix cache lookup (longest cached prefix, snapped to a block end)
-//            ─▶ copy the holder into the work sequence, trim at the reuse point
+//            ─▶ in place (the work stream still holds it from its last turn): trim at
+//               the reuse point; else load the prefix from the RAM pool into the work
+//               stream at positions 0..P-1 (a cold run's cell layout), trim
 //            ─▶ prefill the rest in canonical chunks ─▶ decode
-//            ─▶ insert the prompt's cacheable blocks (evicting under budgets)
+//            ─▶ insert the prompt's cacheable blocks into the pool (evicting under
+//               budgets); the work stream keeps them for the next turn
 //
 // Every turn carries an explain_report: per segment the tokens reused and prefilled,
 // and for a miss the reason (segment changed, profile drift, eviction, snapping, cold).
 // explain() produces the same report for a hypothetical request without running it.
 //
-// Sequences: 0 .. n_work_seqs-1 are work sequences (one per turn in flight), then one
-// cold-reference sequence (run_cold), then n_holders sequences of the prefix cache.
+// KV streams (engine sequences of n_ctx cells each): 0 .. n_work_seqs-1 are work
+// sequences (one per turn in flight), then one cold-reference and scratch sequence.
+// Cached prefixes are not streams: the prefix cache's holders are compact saved states
+// in RAM (the pool), each the size of its own tokens, bounded by the byte budget.
 //
 // Thread safety: none. One thread (the engine thread) owns a context_engine.
 #pragma once
@@ -54,8 +59,9 @@ struct tier_options {
 };
 
 struct context_engine_options {
-    engine_options engine;            // its n_seq_max is set to n_work_seqs + 1 + n_holders
-    uint32_t n_holders = 4;           // cached prefixes kept resident at once
+    engine_options engine;            // its n_seq_max is set to n_work_seqs + 1
+    uint32_t n_holders = 4096;        // at most this many cached prefixes in the pool (each
+                                      // is compact: the byte budget is the real bound)
     uint32_t n_work_seqs = 1;         // turns in flight at once (the scheduler's n_parallel)
     cache_budget budget;              // bytes_per_token is filled from the engine
     uint64_t workspace_max_bytes = 0; // per-workspace byte budget (0 = none); becomes a
@@ -119,6 +125,8 @@ struct explain_report {
     std::vector<std::string> changed_segments; // vs the workspace's previous turn
     std::optional<eviction_record> eviction;   // evicted: what, when, why
     kv_tier tier = kv_tier::none;     // where the reused KV came from
+    bool in_place = false;            // engine tier: the work stream still held the prefix
+                                      // from its last turn (trimmed; nothing copied)
     pos_t n_common_tokens = -1;       // token prefix shared with the previous turn (-1: none)
     pos_t snapped_from = -1;          // n_common_tokens when snapping moved the reuse point
     double predicted_prefill_ms = -1; // from the measured prefill rate (-1: not measured yet)
@@ -164,11 +172,30 @@ struct tier_counters {
     uint64_t disk_quarantine_files = 0, disk_quarantine_bytes = 0;  // in the disk budget
 };
 
+// Every byte of KV the engine holds. Streams are allocated whole (n_ctx cells each) when
+// the engine opens; the pool holds each cached prefix's own cells.
+struct kv_memory {
+    uint64_t streams_allocated_bytes = 0;  // n_streams * n_ctx * bytes per token
+    uint64_t streams_used_bytes = 0;       // tokens in the streams * bytes per token
+    uint64_t pool_bytes = 0;               // cached prefixes' saved states
+    uint64_t pool_allocated_bytes = 0;     // their buffers
+    uint64_t pool_entries = 0;
+    uint64_t host_tier_bytes = 0;          // the optional host-RAM snapshot tier
+    uint64_t allocated_bytes = 0;          // streams + pool + host tier, allocated
+    uint64_t used_bytes = 0;               // streams + pool + host tier, used
+    uint64_t n_pool_loads = 0, pool_loaded_bytes = 0;
+    double pool_load_ms = 0;
+    uint64_t n_pool_saves = 0, pool_saved_bytes = 0;
+    double pool_save_ms = 0;
+    uint64_t n_in_place_turns = 0;         // warm turns that copied nothing
+};
+
 struct context_counters {
     workspace_counters total;
     std::map<std::string, workspace_counters> workspaces;
     cache_counters cache;
     tier_counters tiers;
+    kv_memory memory;
 };
 
 // A turn between begin_turn and finish_turn: its work sequence holds the prompt's KV.
@@ -217,6 +244,10 @@ class context_engine {
     status finish_turn(pending_turn & t, size_t n_generated);
     void abort_turn(pending_turn & t);
     uint32_t n_work_seqs() const;
+    // Which of `free_seqs` a turn of `workspace` should run in: the one its last turn
+    // left (so the turn reuses it in place), else an empty one, else the one left
+    // longest ago. -1 when none of them is a free work sequence.
+    seq_id pick_work_seq(std::string_view workspace, std::span<const seq_id> free_seqs) const;
     // For a caller that decodes itself: the sampling and stop decisions of one generation
     // (the same generation_step engine::generate uses), and one batched decode step over
     // work sequences that hold pending turns. Errors: those of generation_step::make and

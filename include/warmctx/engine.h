@@ -38,7 +38,10 @@ result<kv_mode> parse_kv_mode(std::string_view s);
 
 struct engine_options {
     std::string model_path;
-    uint32_t n_ctx = 8192;        // context per sequence, tokens
+    uint32_t n_ctx = 8192;        // context per sequence, tokens; 0 = automatic: the model's
+                                  // training context, or the largest (a multiple of 256)
+                                  // whose n_seq_max streams fit auto_ctx_max_bytes
+    uint64_t auto_ctx_max_bytes = 0;  // for n_ctx 0: the streams' KV bytes at most (0 = no bound)
     uint32_t n_seq_max = 4;       // sequences the context can hold at once
     uint32_t chunk_tokens = 512;  // canonical chunk size (also llama's n_batch/n_ubatch)
     int32_t n_threads = 0;        // 0 = all hardware threads
@@ -77,6 +80,7 @@ struct context_info {
     std::string backend;           // "CPU" or "CUDA"
     int32_t n_threads = 0;
     uint64_t kv_bytes_per_token = 0;  // K+V, all layers
+    std::string n_ctx_reason;      // how n_ctx_seq was chosen, for a start-up line
 };
 
 struct sampling_params {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <string>
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -26,6 +27,15 @@ std::string executable_dir();
 // every place looked at.
 result<std::string> find_data_file(std::string_view name);
 result<std::string> find_tool(std::string_view name);
+
+// Physical memory of the machine in bytes (0 if unknown).
+uint64_t physical_memory_bytes();
+
+// The share of memory warmctx takes for each of its two KV uses by default - the work
+// streams (they size the default context) and the pool of cached prefixes (the default
+// byte budget): a quarter of physical memory, at most 8 GiB (llama-server keeps 8 GiB
+// of prompts by default); 2 GiB when the memory is unknown.
+uint64_t default_kv_share_bytes();
 
 // The candidate paths, in order (for messages and tests).
 std::vector<std::string> data_file_candidates(std::string_view name);

@@ -8,6 +8,7 @@
 #include "warmctx/context_engine.h"
 #include "warmctx/engine.h"
 #include "warmctx/model_maker.h"
+#include "warmctx/resources.h"
 #include "warmctx/workload.h"
 
 namespace warmctx::cli {
@@ -15,7 +16,7 @@ namespace warmctx::cli {
 // Options every command that loads a model takes.
 struct model_flags {
     std::string model;          // "" = the default model (generated once, cached)
-    uint32_t n_ctx = 8192;
+    uint32_t n_ctx = 0;         // 0 = automatic (engine_options::n_ctx)
     int32_t threads = 0;
     int32_t gpu_layers = 0;
     std::string kv_type = "f16";
@@ -33,7 +34,7 @@ struct model_flags {
 // tenant, and the host-RAM and disk tiers.
 struct cache_flags {
     uint64_t budget_tokens = 0;
-    uint64_t budget_bytes = 0;
+    uint64_t budget_bytes = default_kv_share_bytes();
     uint64_t workspace_budget_tokens = 0;
     uint64_t workspace_budget_bytes = 0;
     std::string policy = "semantic";

@@ -236,7 +236,7 @@ void register_context_commands(CLI::App & app, int & rc) {
     verify->add_option("--seed", v->seed, "scenario seed")->capture_default_str();
     verify->add_option("--stable-tokens", v->stable_tokens_max, "largest stable prefix of a scenario, tokens")->capture_default_str()->check(CLI::Range(200, 100000));
     verify->add_option("-n,--max-tokens", v->max_tokens, "greedy tokens per turn")->capture_default_str()->check(CLI::Range(1, 1024));
-    verify->add_option("--holders", v->holders, "cached prefixes kept resident")->capture_default_str()->check(CLI::Range(1, 32));
+    verify->add_option("--holders", v->holders, "cached prefixes the pool keeps at most (a small number makes scenarios evict)")->capture_default_str()->check(CLI::Range(1, 32));
     verify->add_option("--tiers", v->tiers, "also replay host-RAM and disk restores (true/false)")->capture_default_str();
     verify->add_flag("--json", v->json, "print one JSON object");
     on_run(verify, rc, [v] { return run_verify(*v); });

@@ -34,7 +34,6 @@ struct serve_args {
     int port = 8080;
     uint32_t n_parallel = 4;
     size_t max_queue = 64;
-    uint32_t holders = 4;
     cache_flags cf;
     std::string api_key;
     size_t max_body_bytes = 8u << 20;
@@ -64,7 +63,6 @@ int run_serve(const serve_args & a) {
     }
 
     scheduler_options so;
-    so.engine.n_holders = a.holders;
     if (status st = a.cf.apply(so.engine); !st.ok()) return fail(st);
     so.n_parallel = a.n_parallel;
     so.max_queue = a.max_queue;
@@ -94,7 +92,7 @@ int run_serve(const serve_args & a) {
     if (!server) return fail(server.error());
     progress("serve: bound http://" + sv.host + ":" + std::to_string((*server)->port()) +
              ", loading the model (GET /health: 503 until ready)");
-    auto eo = a.mf.to_options(2 + a.holders + a.n_parallel);  // may generate the default model
+    auto eo = a.mf.to_options(1 + a.n_parallel);  // may generate the default model
     if (!eo) {
         (*server)->stop();
         return fail(eo.error());
@@ -116,6 +114,12 @@ int run_serve(const serve_args & a) {
                 sv.host.c_str(), (*server)->port(), so.engine.engine.model_path.c_str(), ci.n_ctx_seq,
                 (*sched)->n_parallel(), so.max_queue, sv.api_key.empty() ? "" : ", API key required");
     std::fflush(stdout);
+    const uint64_t bpt = ci.kv_bytes_per_token;
+    progress("serve: context " + std::to_string(ci.n_ctx_seq) + " tokens per sequence (" + ci.n_ctx_reason +
+             "; -c to change); KV streams " + std::to_string(((uint64_t)ci.n_seq_max * ci.n_ctx_seq * bpt) >> 20) +
+             " MiB allocated; cached prefixes up to " +
+             (so.engine.budget.max_bytes ? std::to_string(so.engine.budget.max_bytes >> 20) + " MiB" : std::string("unlimited")) +
+             " of RAM (--budget-bytes)");
 
     int sig = 0;
     sigwait(&signals, &sig);
@@ -144,7 +148,6 @@ void register_serve_command(CLI::App & app, int & rc) {
     c->add_option("--port", a->port, "port to listen on (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
     c->add_option("--parallel", a->n_parallel, "requests decoded at once (work sequences)")->capture_default_str()->check(CLI::Range(1, 64));
     c->add_option("--queue", a->max_queue, "requests waiting for a work sequence; beyond it 429")->capture_default_str()->check(CLI::Range(1, 100000));
-    c->add_option("--holders", a->holders, "cached prefixes kept resident")->capture_default_str()->check(CLI::Range(1, 256));
     a->cf.add_to(*c);
     c->add_option("--api-key", a->api_key, "require \"Authorization: Bearer KEY\" on every route but /health")->envname("WARMCTX_API_KEY");
     c->add_option("--max-body-bytes", a->max_body_bytes, "larger request bodies get 413")->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 32));

@@ -29,7 +29,11 @@ int fail(const status & st) {
 void model_flags::add_to(CLI::App & app, bool with_ctx) {
     app.add_option("-m,--model", model,
                    "GGUF model file (default: a generated qwen2.5-0.5b q4_0, cached under $WARMCTX_HOME or ~/.cache/warmctx)");
-    if (with_ctx) app.add_option("-c,--n-ctx", n_ctx, "context per sequence, tokens")->capture_default_str();
+    if (with_ctx)
+        app.add_option("-c,--n-ctx", n_ctx,
+                       "context per sequence, tokens (0 = the model's training context, or the largest whose KV "
+                       "streams fit " + std::to_string(default_kv_share_bytes() >> 20) + " MiB, a quarter of RAM up to 8 GiB)")
+            ->capture_default_str();
     app.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
     app.add_option("--gpu-layers", gpu_layers, "layers to offload to the GPU in a CUDA build (-1 = all)")->capture_default_str();
     app.add_option("--kv-type", kv_type, "KV cache type: f32, f16, bf16, q8_0, q4_0, ...")->capture_default_str();
@@ -42,7 +46,10 @@ void model_flags::add_to(CLI::App & app, bool with_ctx) {
 
 void cache_flags::add_to(CLI::App & app) {
     app.add_option("--budget-tokens", budget_tokens, "global KV budget of the prefix cache, tokens (0 = unlimited)")->capture_default_str();
-    app.add_option("--budget-bytes", budget_bytes, "global KV budget of the prefix cache, bytes (0 = unlimited)")->capture_default_str();
+    app.add_option("--budget-bytes", budget_bytes,
+                   "bytes of KV the cached prefixes may hold in RAM, all together (default: a quarter of RAM, at most "
+                   "8 GiB; 0 = unlimited)")
+        ->capture_default_str();
     app.add_option("--workspace-budget-tokens", workspace_budget_tokens, "per-workspace KV budget, tokens (0 = unlimited)")->capture_default_str();
     app.add_option("--workspace-budget-bytes", workspace_budget_bytes, "per-workspace KV budget, bytes (0 = unlimited)")->capture_default_str();
     app.add_option("--policy", policy, "eviction policy: semantic (volatile content first, then stable content least reused first; see docs/architecture.md) or lru")->capture_default_str();
@@ -99,6 +106,7 @@ result<engine_options> model_flags::to_options(uint32_t n_seq_max) const {
     if (!mode) return mode.error();
     o.mode = *mode;
     o.n_ctx = n_ctx;
+    o.auto_ctx_max_bytes = default_kv_share_bytes();
     o.n_seq_max = n_seq_max;
     o.chunk_tokens = chunk;
     o.n_threads = threads;

@@ -208,7 +208,7 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     WARMCTX_RETURN_IF_ERROR(check_gguf_file(opts.model_path));
     auto kvt = parse_kv_type(opts.kv_type);
     if (!kvt) return kvt.error();
-    if (opts.n_ctx < 16) return invalid_argument("n_ctx must be at least 16 tokens");
+    if (opts.n_ctx != 0 && opts.n_ctx < 16) return invalid_argument("n_ctx must be at least 16 tokens");
     if (opts.n_seq_max < 1 || opts.n_seq_max > 256) return invalid_argument("n_seq_max must be in [1, 256]");
     if (opts.chunk_tokens < 1 || opts.chunk_tokens > 8192) return invalid_argument("chunk_tokens must be in [1, 8192]");
     if (ggml_is_quantized(*kvt) && !opts.flash_attn)
@@ -238,10 +238,34 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     p->minfo.n_params = llama_model_n_params(p->model.get());
 
     const int32_t n_threads = opts.n_threads > 0 ? opts.n_threads : (int32_t)std::max(1u, std::thread::hardware_concurrency());
+    const int32_t n_head = llama_model_n_head(p->model.get());
+    const int32_t n_head_kv = llama_model_n_head_kv(p->model.get());
+    const uint64_t head_dim = n_head > 0 ? (uint64_t)p->minfo.n_embd / (uint64_t)n_head : 0;
+    const double bytes_per_elem = ggml_type_sizef(*kvt);
+    const uint64_t kv_bytes_per_token =
+        (uint64_t)((double)p->minfo.n_layer * 2.0 * (double)n_head_kv * (double)head_dim * bytes_per_elem);
+
+    uint32_t n_ctx = opts.n_ctx;
+    if (n_ctx == 0) {
+        const uint32_t train = p->minfo.n_ctx_train > 0 ? (uint32_t)p->minfo.n_ctx_train : 4096;
+        n_ctx = train;
+        p->cinfo.n_ctx_reason = "the model's training context";
+        if (opts.auto_ctx_max_bytes > 0 && kv_bytes_per_token > 0) {
+            const uint64_t fit = opts.auto_ctx_max_bytes / ((uint64_t)opts.n_seq_max * kv_bytes_per_token) / 256 * 256;
+            if (fit < n_ctx) {
+                n_ctx = (uint32_t)std::max<uint64_t>(fit, 256);
+                p->cinfo.n_ctx_reason = "the largest whose " + std::to_string(opts.n_seq_max) + " KV streams fit " +
+                                        std::to_string(opts.auto_ctx_max_bytes >> 20) + " MiB (training context " +
+                                        std::to_string(train) + ")";
+            }
+        }
+    } else {
+        p->cinfo.n_ctx_reason = "as asked";
+    }
     llama_context_params cp = llama_context_default_params();
     // Every sequence may hold n_ctx tokens. In exact mode each has its own stream of
     // n_ctx cells; in shared mode one stream holds n_ctx * n_seq_max cells.
-    cp.n_ctx = opts.n_ctx * opts.n_seq_max;
+    cp.n_ctx = n_ctx * opts.n_seq_max;
     cp.n_seq_max = opts.n_seq_max;
     cp.n_batch = opts.chunk_tokens;
     cp.n_ubatch = opts.chunk_tokens;
@@ -256,20 +280,15 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     if (!p->ctx) return engine_error("llama.cpp could not create a context (n_ctx=" + std::to_string(cp.n_ctx) +
                                      ", KV type " + opts.kv_type + "); try a smaller --n-ctx");
 
-    p->cinfo.n_ctx_seq = opts.mode == kv_mode::exact ? llama_n_ctx_seq(p->ctx.get()) : opts.n_ctx;
-    p->cinfo.n_ctx_seq = std::min(p->cinfo.n_ctx_seq, opts.n_ctx);
+    p->cinfo.n_ctx_seq = opts.mode == kv_mode::exact ? llama_n_ctx_seq(p->ctx.get()) : n_ctx;
+    p->cinfo.n_ctx_seq = std::min(p->cinfo.n_ctx_seq, n_ctx);
     p->cinfo.n_seq_max = opts.n_seq_max;
     p->cinfo.chunk_tokens = opts.chunk_tokens;
     p->cinfo.kv_type = opts.kv_type;
     p->cinfo.mode = opts.mode;
     p->cinfo.backend = std::string(backend_name());
     p->cinfo.n_threads = n_threads;
-    const int32_t n_head = llama_model_n_head(p->model.get());
-    const int32_t n_head_kv = llama_model_n_head_kv(p->model.get());
-    const uint64_t head_dim = n_head > 0 ? (uint64_t)p->minfo.n_embd / (uint64_t)n_head : 0;
-    const double bytes_per_elem = ggml_type_sizef(*kvt);
-    p->cinfo.kv_bytes_per_token =
-        (uint64_t)((double)p->minfo.n_layer * 2.0 * (double)n_head_kv * (double)head_dim * bytes_per_elem);
+    p->cinfo.kv_bytes_per_token = kv_bytes_per_token;
 
     p->batch = llama_batch_init((int32_t)opts.chunk_tokens, 0, 1);
     return std::unique_ptr<engine>(new engine(std::move(p)));

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "explain.h"
+#include "kv_pool.h"
 #include "tiers.h"
 #include "warmctx/engine_adapters.h"
 
@@ -50,13 +51,25 @@ pending_turn::~pending_turn() {
     if (owner_) owner_->abort_turn(*this);
 }
 
+// What a work stream holds between turns: the cached blocks of the last prompt it ran
+// (trimmed to them), so that the next turn that shares them reuses them in place.
+struct stream_state {
+    std::vector<block> blocks;  // [0, blocks.back().end) is in the stream
+    std::string workspace;      // whose turn left it
+    uint64_t t_finished = 0;
+    bool busy = false;          // a pending turn runs in it
+};
+
+// Holder ids of the RAM pool: far above any engine sequence.
+constexpr seq_id k_first_pool_holder = seq_id{1} << 20;
+
 struct context_engine::impl {
     context_engine_options opts;
-    seq_id cold_seq = 1;       // after the work sequences
-    seq_id first_holder = 2;
+    seq_id cold_seq = 1;       // after the work sequences; also the pool's scratch
     std::unique_ptr<engine> eng;
     std::unique_ptr<text_model> tm;
-    std::unique_ptr<kv_ops> kv;
+    std::unique_ptr<kv_pool> pool;
+    std::vector<stream_state> streams;  // one per work sequence
     std::unique_ptr<prefix_cache> cache;
     std::unique_ptr<tier_set> tiers;
     profile prof;
@@ -159,12 +172,33 @@ struct context_engine::impl {
         return {};
     }
 
-    // Copies a resident holder's prefix into `seq` (cleared first) and trims it at `reuse`.
+    // Loads a pool holder's prefix into `seq` (cleared first) and trims it at `reuse`.
     status copy_from_holder(seq_id holder, seq_id seq, pos_t reuse) {
-        status st = eng->copy_seq(holder, seq);
+        status st = pool->copy_seq(holder, seq);
         if (st.ok()) st = eng->trim_seq(seq, reuse);
         if (!st.ok()) eng->clear_seq(seq);
         return st;
+    }
+
+    // True when work stream `seq` still holds the first `n_blocks` blocks of `blocks`
+    // (equal chain hashes name equal whole prefixes).
+    bool stream_holds(seq_id seq, const std::vector<block> & blocks, size_t n_blocks) const {
+        const stream_state & s = streams[(size_t)seq];
+        return n_blocks > 0 && s.blocks.size() >= n_blocks && s.blocks[n_blocks - 1].chain == blocks[n_blocks - 1].chain;
+    }
+
+    void clear_stream(seq_id seq) {
+        eng->clear_seq(seq);
+        stream_state & s = streams[(size_t)seq];
+        s.blocks.clear();
+        s.workspace.clear();
+    }
+
+    // The leading blocks of `ap` the cache may keep: up to the first of class none.
+    static size_t n_cacheable_blocks(const assembled_prompt & ap) {
+        size_t n = 0;
+        while (n < ap.blocks.size() && ap.blocks[n].cls != retention_class::none) ++n;
+        return n;
     }
 };
 
@@ -172,20 +206,25 @@ context_engine::context_engine(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 context_engine::~context_engine() = default;
 
 result<std::unique_ptr<context_engine>> context_engine::open(const context_engine_options & opts) {
-    if (opts.n_holders < 1 || opts.n_holders > 64) return invalid_argument("n_holders must be in [1, 64]");
+    if (opts.n_holders < 1 || opts.n_holders > 65536) return invalid_argument("n_holders must be in [1, 65536]");
     if (opts.n_work_seqs < 1 || opts.n_work_seqs > 64) return invalid_argument("n_work_seqs must be in [1, 64]");
     if (opts.max_workspaces < 1) return invalid_argument("max_workspaces must be at least 1");
     auto p = std::make_unique<impl>();
     p->opts = opts;
     p->cold_seq = (seq_id)opts.n_work_seqs;
-    p->first_holder = p->cold_seq + 1;
-    p->opts.engine.n_seq_max = opts.n_work_seqs + 1 + opts.n_holders;
+    // The engine's KV streams: the work sequences and the cold/scratch one. Cached
+    // prefixes live in the RAM pool, not in streams.
+    p->opts.engine.n_seq_max = opts.n_work_seqs + 1;
     auto e = engine::open(p->opts.engine);
     if (!e.ok()) return e.error();
     p->eng = std::move(e.value());
     p->tm = make_engine_text_model(*p->eng);
-    p->kv = make_engine_kv_ops(*p->eng);
-    p->opts.budget.bytes_per_token = p->eng->context().kv_bytes_per_token;
+    p->pool = std::make_unique<kv_pool>(*p->eng, k_first_pool_holder, opts.n_holders, p->cold_seq);
+    p->streams.resize(opts.n_work_seqs);
+    // A held prefix's bytes: its cells' K and V, and per cell the position and
+    // sequence id llama.cpp's saved state carries.
+    const uint64_t bpt = p->eng->context().kv_bytes_per_token;
+    p->opts.budget.bytes_per_token = bpt > 0 ? bpt + k_pool_bytes_per_cell_meta : 0;
     if (opts.workspace_max_bytes > 0 && p->opts.budget.bytes_per_token > 0) {
         const uint64_t t = opts.workspace_max_bytes / p->opts.budget.bytes_per_token;
         if (t == 0) return invalid_argument("the per-workspace byte budget holds less than one token of KV");
@@ -193,11 +232,9 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
         w = w == 0 ? t : std::min(w, t);
     }
     WARMCTX_RETURN_IF_ERROR(validate_budget(p->opts.budget));
-    std::vector<seq_id> holders;
-    for (uint32_t i = 0; i < opts.n_holders; ++i) holders.push_back(p->first_holder + (seq_id)i);
-    p->cache = std::make_unique<prefix_cache>(*p->kv, holders, p->opts.budget, opts.policy,
-                                              opts.engine.mode == kv_mode::exact ? kv_accounting::per_holder
-                                                                                 : kv_accounting::shared_cells);
+    // Every held prefix is its own copy of its cells, whatever the KV mode.
+    p->cache = std::make_unique<prefix_cache>(*p->pool, p->pool->holder_ids(), p->opts.budget, opts.policy,
+                                              kv_accounting::per_holder);
     auto tiers = tier_set::open(opts.tiers, opts.policy);
     if (!tiers.ok()) return tiers.error();
     p->tiers = std::move(tiers.value());
@@ -239,11 +276,17 @@ result<pending_turn> context_engine::begin_turn(const turn_request & req, seq_id
     t.t_assemble_ms = ms_between(t0, clock_type::now());
     if (ap.tokens.size() > p_->eng->context().n_ctx_seq)
         return out_of_range("prompt needs " + std::to_string(ap.tokens.size()) + " tokens but the context holds " +
-                            std::to_string(p_->eng->context().n_ctx_seq));
+                            std::to_string(p_->eng->context().n_ctx_seq) +
+                            " per sequence (start the server with a larger -c/--n-ctx)");
+    if (p_->streams[(size_t)seq].busy)
+        return failed_precondition("work sequence " + std::to_string(seq) + " already runs a turn");
     t.now = ++p_->now;
     match m = p_->cache->lookup(ap.blocks, t.now, req.workspace);
     reuse_point at = snap_reuse(ap, m.n_blocks);
-    p_->eng->clear_seq(seq);
+    // In place: the stream still holds the reused blocks from the turn it ran last.
+    bool in_place = at.n_tokens > 0 && p_->stream_holds(seq, ap.blocks, at.n_blocks);
+    if (!in_place) p_->clear_stream(seq);
+    p_->streams[(size_t)seq].busy = true;
     t.owner_ = this;  // from here on, an early return aborts the turn (clears `seq`)
 
     // A tier may hold a longer prefix than the engine (evicted, or before a restart).
@@ -254,15 +297,24 @@ result<pending_turn> context_engine::begin_turn(const turn_request & req, seq_id
             tier = h.tier;
             at = h.at;
             m = h.as_match();
+            in_place = false;  // the restore replaced the stream's content
             t.t_restore_ms = ms_between(tr, clock_type::now());
         }
     }
     t.explain = p_->explain(req.workspace, ap, m, at.n_tokens, tier);
+    t.explain.in_place = in_place;
+    if (in_place) p_->ctr.memory.n_in_place_turns++;
     if (tier == kv_tier::engine) {
         auto tc = clock_type::now();
-        WARMCTX_RETURN_IF_ERROR(p_->copy_from_holder(m.holder, seq, at.n_tokens));
+        if (in_place) {
+            status st = p_->eng->trim_seq(seq, at.n_tokens);
+            if (!st.ok()) return st;  // aborts the turn
+        } else {
+            WARMCTX_RETURN_IF_ERROR(p_->copy_from_holder(m.holder, seq, at.n_tokens));
+        }
         t.t_copy_ms = ms_between(tc, clock_type::now());
     }
+    p_->streams[(size_t)seq].blocks.clear();  // until finish_turn says what it keeps
     WARMCTX_RETURN_IF_ERROR(p_->prefill(seq, ap, at.n_tokens, logits, t.t_prefill_ms));
     return t;
 }
@@ -271,14 +323,30 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     if (t.owner_ != this) return failed_precondition("finish_turn: the turn is not pending on this engine");
     t.owner_ = nullptr;
     status result_st;
-    if (t.cache) {
-        status ins = p_->cache->insert(t.workspace, t.ap.blocks, t.seq, t.now);
-        // resource_exhausted: nothing fit the budget; the turn itself succeeded.
-        if (!ins.ok() && ins.code() != status_code::resource_exhausted) result_st = ins.with_context("cache update");
-        p_->tiers->forget_recent_loads();
-        p_->tiers->write_through(*p_->eng, p_->prof, t.seq, t.workspace, t.ap);
+    stream_state & s = p_->streams[(size_t)t.seq];
+    s.busy = false;
+    const size_t n_keep = t.cache ? impl::n_cacheable_blocks(t.ap) : 0;
+    if (n_keep > 0) {
+        // The stream keeps the cacheable blocks (the tail and the generated tokens go):
+        // the pool saves exactly them, and the next turn may reuse them in place.
+        std::span<const block> path(t.ap.blocks.data(), n_keep);
+        status st = p_->eng->trim_seq(t.seq, path.back().end);
+        if (st.ok()) {
+            st = p_->cache->insert(t.workspace, path, t.seq, t.now);
+            // resource_exhausted: nothing fit the budget; the turn itself succeeded.
+            if (!st.ok() && st.code() != status_code::resource_exhausted) result_st = st.with_context("cache update");
+            p_->tiers->forget_recent_loads();
+            p_->tiers->write_through(*p_->eng, p_->prof, t.seq, p_->cold_seq, t.workspace, t.ap);
+            s.blocks.assign(path.begin(), path.end());
+            s.workspace = t.workspace;
+            s.t_finished = t.now;
+        } else {
+            result_st = st.with_context("cache update");
+            p_->clear_stream(t.seq);
+        }
+    } else {
+        p_->clear_stream(t.seq);
     }
-    p_->eng->clear_seq(t.seq);
     p_->count(t.workspace, t.explain, n_generated);
     p_->remember(t.workspace, t);
     return result_st;
@@ -287,7 +355,27 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
 void context_engine::abort_turn(pending_turn & t) {
     if (t.owner_ != this) return;
     t.owner_ = nullptr;
-    p_->eng->clear_seq(t.seq);
+    p_->streams[(size_t)t.seq].busy = false;
+    p_->clear_stream(t.seq);
+}
+
+seq_id context_engine::pick_work_seq(std::string_view workspace, std::span<const seq_id> free_seqs) const {
+    // The stream this workspace's last turn left (reused in place), else an empty one,
+    // else the one left longest ago.
+    seq_id best = -1;
+    int best_rank = -1;
+    uint64_t best_t = 0;
+    for (seq_id s : free_seqs) {
+        if (s < 0 || (uint32_t)s >= p_->opts.n_work_seqs || p_->streams[(size_t)s].busy) continue;
+        const stream_state & st = p_->streams[(size_t)s];
+        const int rank = st.workspace == workspace && !st.blocks.empty() ? 2 : st.blocks.empty() ? 1 : 0;
+        if (rank > best_rank || (rank == best_rank && rank == 0 && st.t_finished < best_t)) {
+            best = s;
+            best_rank = rank;
+            best_t = st.t_finished;
+        }
+    }
+    return best;
 }
 
 uint32_t context_engine::n_work_seqs() const { return p_->opts.n_work_seqs; }
@@ -358,6 +446,8 @@ status context_engine::pin_workspace(const std::string & workspace, bool pinned)
 
 void context_engine::drop_workspace(const std::string & workspace) {
     p_->cache->drop_workspace(workspace, ++p_->now);
+    for (size_t s = 0; s < p_->streams.size(); ++s)
+        if (!p_->streams[s].busy && p_->streams[s].workspace == workspace) p_->clear_stream((seq_id)s);
     p_->forget(workspace);
 }
 
@@ -374,21 +464,21 @@ status context_engine::snapshot_workspace(const std::string & workspace) {
         if (disk->lookup(ws->last_blocks).n_blocks > 0) return {};
         return not_found("workspace '" + workspace + "' has nothing cached to snapshot");
     }
-    // The holder may be the destination of a lazy copy: materialize it first.
     engine & e = *p_->eng;
-    e.clear_seq(p_->cold_seq);
-    WARMCTX_RETURN_IF_ERROR(e.apply_pending_copies(p_->cold_seq));
     std::vector<block> path(ws->last_blocks.begin(), ws->last_blocks.begin() + (long)m.n_blocks);
     if (disk->lookup(path).n_blocks >= path.size()) return {};
-    auto kv = e.save_seq(m.holder);
-    if (!kv.ok()) return kv.error();
+    const std::vector<uint8_t> * held = p_->pool->state(m.holder);
+    if (!held) return internal_error("snapshot: the cache's holder has no state in the pool");
+    result<std::vector<uint8_t>> kv = *held;
     // The holder may hold more than this workspace's path (another workspace's longer
     // path through the same blocks): keep only the matched part.
-    if (e.seq_n_tokens(m.holder) != path.back().end) {
-        WARMCTX_RETURN_IF_ERROR(e.load_seq(p_->cold_seq, *kv));
-        WARMCTX_RETURN_IF_ERROR(e.trim_seq(p_->cold_seq, path.back().end));
-        kv = e.save_seq(p_->cold_seq);
+    if (p_->pool->n_tokens(m.holder) != path.back().end) {
         e.clear_seq(p_->cold_seq);
+        status st = e.load_seq(p_->cold_seq, *kv);
+        if (st.ok()) st = e.trim_seq(p_->cold_seq, path.back().end);
+        if (st.ok()) kv = e.save_seq(p_->cold_seq);
+        e.clear_seq(p_->cold_seq);
+        WARMCTX_RETURN_IF_ERROR(st);
         if (!kv.ok()) return kv.error();
     }
     return p_->tiers->put_disk(
@@ -430,6 +520,8 @@ status context_engine::branch_workspace(const std::string & from, const std::str
 
 void context_engine::drop_engine_cache() {
     p_->cache->clear();
+    for (size_t s = 0; s < p_->streams.size(); ++s)
+        if (!p_->streams[s].busy) p_->clear_stream((seq_id)s);
     p_->tiers->forget_recent_loads();
 }
 void context_engine::clear_host_tier() { p_->tiers->clear_host(); }
@@ -453,6 +545,24 @@ context_counters context_engine::counters() const {
     context_counters c = p_->ctr;
     c.cache = p_->cache->counters();
     c.tiers = p_->tiers->counters();
+    kv_memory & m = c.memory;
+    const context_info & ci = p_->eng->context();
+    const uint64_t bpt = ci.kv_bytes_per_token;
+    m.streams_allocated_bytes = (uint64_t)ci.n_seq_max * ci.n_ctx_seq * bpt;
+    for (uint32_t s = 0; s < ci.n_seq_max; ++s) m.streams_used_bytes += (uint64_t)p_->eng->seq_n_tokens((seq_id)s) * bpt;
+    const kv_pool_counters pc = p_->pool->counters();
+    m.pool_bytes = pc.used_bytes;
+    m.pool_allocated_bytes = pc.allocated_bytes;
+    m.pool_entries = pc.n_entries;
+    m.host_tier_bytes = c.tiers.host_bytes;
+    m.allocated_bytes = m.streams_allocated_bytes + m.pool_allocated_bytes + m.host_tier_bytes;
+    m.used_bytes = m.streams_used_bytes + m.pool_bytes + m.host_tier_bytes;
+    m.n_pool_loads = pc.n_loads;
+    m.pool_loaded_bytes = pc.loaded_bytes;
+    m.pool_load_ms = pc.load_ms;
+    m.n_pool_saves = pc.n_saves;
+    m.pool_saved_bytes = pc.saved_bytes;
+    m.pool_save_ms = pc.save_ms;
     return c;
 }
 

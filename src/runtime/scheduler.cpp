@@ -283,9 +283,13 @@ struct scheduler::impl {
     void loop() {
         for (;;) {
             run_calls();
-            // Admit queued jobs into free work sequences.
-            for (size_t s = 0; s < slots.size(); ++s) {
-                if (slots[s]) continue;
+            // Admit queued jobs into free work sequences: each into the one its
+            // workspace's last turn left, where the turn reuses the prefix in place.
+            for (;;) {
+                std::vector<seq_id> free_seqs;
+                for (size_t s = 0; s < slots.size(); ++s)
+                    if (!slots[s]) free_seqs.push_back((seq_id)s);
+                if (free_seqs.empty()) break;
                 queued_job q;
                 {
                     std::lock_guard<std::mutex> lk(mu);
@@ -294,7 +298,9 @@ struct scheduler::impl {
                     queue.pop_front();
                     a_queue_depth = queue.size();
                 }
-                admit(s, std::move(q));
+                seq_id s = ce->pick_work_seq(q.job.turn.workspace, free_seqs);
+                if (s < 0) s = free_seqs.front();
+                admit((size_t)s, std::move(q));
                 run_calls();  // a prefill can be long: let waiting calls in between
             }
             // Sample for every job that has fresh logits, then decode them together.

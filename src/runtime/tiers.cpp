@@ -93,8 +93,8 @@ tier_set::hit tier_set::restore(engine & e, const profile & prof, const assemble
     return {};
 }
 
-void tier_set::write_prefix(int t, engine & e, const profile & prof, seq_id seq, const std::string & workspace,
-                            const assembled_prompt & ap, retention_class min_class) {
+void tier_set::write_prefix(int t, engine & e, const profile & prof, seq_id seq, seq_id scratch,
+                            const std::string & workspace, const assembled_prompt & ap, retention_class min_class) {
     snapshot_store * s = store(t);
     if (!s) return;
     // The leading run of cacheable blocks of at least the tier's class.
@@ -103,9 +103,18 @@ void tier_set::write_prefix(int t, engine & e, const profile & prof, seq_id seq,
     if (k == 0) return;
     std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
     if (s->lookup(path).n_blocks >= k) return;  // held already
-    if (status st = e.trim_seq(seq, path.back().end); !st.ok()) return write_failed(t, st);
     auto kv = e.save_seq(seq);
     if (!kv.ok()) return write_failed(t, kv.error());
+    if (e.seq_n_tokens(seq) > path.back().end) {
+        // The sequence holds more (it stays as it is, for in-place reuse): cut a copy.
+        e.clear_seq(scratch);
+        status st = e.load_seq(scratch, *kv);
+        if (st.ok()) st = e.trim_seq(scratch, path.back().end);
+        if (st.ok()) kv = e.save_seq(scratch);
+        e.clear_seq(scratch);
+        if (!st.ok()) return write_failed(t, st);
+        if (!kv.ok()) return write_failed(t, kv.error());
+    }
     auto put = s->put(make_snapshot(prof, workspace, ap.man, std::move(path), ap.tokens, std::move(kv.value())));
     if (!put.ok()) return write_failed(t, put.error());
     (t == k_host ? ctr_.n_writes_host : ctr_.n_writes_disk)++;
@@ -125,11 +134,10 @@ void tier_set::write_failed(int t, const status & why) {
     n_unreported_failures_[t] = 0;
 }
 
-void tier_set::write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
-                             const assembled_prompt & ap) {
-    // The longer (host) prefix first, since each write trims the sequence to what it writes.
-    write_prefix(k_host, e, prof, seq, workspace, ap, opts_.host_min_class);
-    write_prefix(k_disk, e, prof, seq, workspace, ap, opts_.disk_min_class);
+void tier_set::write_through(engine & e, const profile & prof, seq_id seq, seq_id scratch,
+                             const std::string & workspace, const assembled_prompt & ap) {
+    write_prefix(k_host, e, prof, seq, scratch, workspace, ap, opts_.host_min_class);
+    write_prefix(k_disk, e, prof, seq, scratch, workspace, ap, opts_.disk_min_class);
 }
 
 status tier_set::put_disk(const snapshot & snap) {

@@ -58,9 +58,10 @@ class tier_set {
     hit restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than, seq_id seq);
 
     // Write-through of a finished turn whose prompt's KV is in `seq` (no copy pending).
-    // Trims `seq` to what it writes (the host prefix, then the disk prefix). Failures
-    // are counted, never fatal: the turn already succeeded.
-    void write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
+    // `seq` is left as it is; a prefix shorter than it is cut through `scratch` (an
+    // empty sequence, left empty). Failures are counted, never fatal: the turn already
+    // succeeded.
+    void write_through(engine & e, const profile & prof, seq_id seq, seq_id scratch, const std::string & workspace,
                        const assembled_prompt & ap);
     // Puts a ready snapshot on disk. Errors: failed_precondition (no disk tier), put's.
     status put_disk(const snapshot & snap);
@@ -76,8 +77,8 @@ class tier_set {
     enum { k_host = 0, k_disk = 1 };
     snapshot_store * store(int t) const { return t == k_host ? host_.get() : disk_.get(); }
     hit find(int t, const assembled_prompt & ap, pos_t better_than, bool counted) const;
-    void write_prefix(int t, engine & e, const profile & prof, seq_id seq, const std::string & workspace,
-                      const assembled_prompt & ap, retention_class min_class);
+    void write_prefix(int t, engine & e, const profile & prof, seq_id seq, seq_id scratch,
+                      const std::string & workspace, const assembled_prompt & ap, retention_class min_class);
     // Counts a failed write and says so on stderr (at most one line per 10 s per tier,
     // with the count since the last line): a full disk must not fail silently.
     void write_failed(int t, const status & why);

@@ -17,7 +17,7 @@ nlohmann::json explain_json(const explain_report & r) {
         {"reason", r.reason}, {"missed_segment", r.missed_segment}, {"matched_workspace", r.matched_workspace},
         {"drifted_fields", r.drifted_fields}, {"changed_segments", r.changed_segments},
         {"common_tokens_with_previous_turn", r.n_common_tokens}, {"snapped_from", r.snapped_from},
-        {"predicted_prefill_ms", r.predicted_prefill_ms}, {"stable_prefix_hash", r.stable_prefix_hash}, {"tier", kv_tier_name(r.tier)},
+        {"predicted_prefill_ms", r.predicted_prefill_ms}, {"stable_prefix_hash", r.stable_prefix_hash}, {"tier", kv_tier_name(r.tier)}, {"in_place", r.in_place},
         {"segments", segs},
     };
     if (r.eviction) {

@@ -191,6 +191,21 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
             sample(out, "warmctx_evicted_tokens_total",
                    "class=\"" + std::string(retention_class_name(static_cast<retention_class>(k))) + "\"",
                    static_cast<double>(c.evicted_tokens_by_class[k]));
+        const kv_memory & m = snap.counters.memory;
+        scalar(out, "warmctx_kv_allocated_bytes", "gauge",
+               "Every byte of KV the process allocated: work streams (whole), the pool of cached prefixes, the host tier.",
+               static_cast<double>(m.allocated_bytes));
+        scalar(out, "warmctx_kv_used_bytes", "gauge", "Bytes of that KV holding tokens.", static_cast<double>(m.used_bytes));
+        header(out, "warmctx_kv_allocated_bytes_by_part", "gauge", "Allocated KV bytes, by where they live.");
+        sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"streams\"", static_cast<double>(m.streams_allocated_bytes));
+        sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"pool\"", static_cast<double>(m.pool_allocated_bytes));
+        sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"host_tier\"", static_cast<double>(m.host_tier_bytes));
+        scalar(out, "warmctx_pool_loads_total", "counter", "Cached prefixes loaded from the pool into a work stream.",
+               static_cast<double>(m.n_pool_loads));
+        scalar(out, "warmctx_pool_loaded_bytes_total", "counter", "Bytes loaded from the pool.",
+               static_cast<double>(m.pool_loaded_bytes));
+        scalar(out, "warmctx_in_place_turns_total", "counter",
+               "Warm turns whose work stream still held the prefix (nothing copied).", static_cast<double>(m.n_in_place_turns));
         scalar(out, "warmctx_cache_lookups_total", "counter", "Prefix cache lookups.", static_cast<double>(c.n_lookups));
         scalar(out, "warmctx_cache_lookup_hits_total", "counter", "Prefix cache lookups that reused something.",
                static_cast<double>(c.n_lookup_hits));

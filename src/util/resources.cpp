@@ -1,5 +1,6 @@
 #include "warmctx/resources.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <unistd.h>
 #include <sys/stat.h>
@@ -27,6 +28,17 @@ result<std::string> first_existing(std::string_view what, std::string_view name,
 }
 
 }  // namespace
+
+uint64_t physical_memory_bytes() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+uint64_t default_kv_share_bytes() {
+    const uint64_t phys = physical_memory_bytes();
+    if (phys == 0) return uint64_t{2} << 30;
+    return std::min(phys / 4, uint64_t{8} << 30);
+}
 
 std::string executable_dir() {
     char buf[4096];

@@ -450,5 +450,100 @@ TEST(Tiers, AnotherStreamLayoutIsAProfileMissNotALoadFailure) {
     EXPECT_EQ(ce->counters().tiers.n_restore_failures, 0u);  // never even tried: the chain roots differ
 }
 
+// ---- The RAM pool and in-place turns --------------------------------------------------
+
+bool same_logits(const turn_result & a, const turn_result & b) {
+    return a.prompt_logits.size() == b.prompt_logits.size() && !a.prompt_logits.empty() &&
+           std::memcmp(a.prompt_logits.data(), b.prompt_logits.data(), a.prompt_logits.size() * 4) == 0 &&
+           a.gen_logits == b.gen_logits && a.gen.tokens == b.gen.tokens;
+}
+
+TEST(KvPool, ASecondTurnOfTheSameWorkspaceReusesItsStreamInPlace) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    auto segs = make_workspace(*f.gen, 600, 1);
+    ASSERT_TRUE(f.ce->run_turn(f.request("a", segs)).ok());
+    const uint64_t loads = f.ce->counters().memory.n_pool_loads;
+    segs.back().content = "a different question";
+    auto req = f.request("a", segs);
+    auto t = f.ce->run_turn(req);
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->explain.kind, miss_kind::full_hit);
+    EXPECT_EQ(t->explain.tier, kv_tier::engine);
+    EXPECT_TRUE(t->explain.in_place);
+    EXPECT_GT(t->explain.n_reused, 0);
+    auto c = f.ce->counters();
+    EXPECT_EQ(c.memory.n_pool_loads, loads);  // nothing copied
+    EXPECT_EQ(c.memory.n_in_place_turns, 1u);
+    auto cold = f.ce->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_TRUE(same_logits(*t, *cold));
+}
+
+TEST(KvPool, APrefixLoadedFromThePoolHasTheColdLayout) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    auto a = make_workspace(*f.gen, 700, 1);
+    auto b = make_workspace(*f.gen, 500, 2);
+    ASSERT_TRUE(f.ce->run_turn(f.request("a", a)).ok());
+    ASSERT_TRUE(f.ce->run_turn(f.request("b", b)).ok());  // the one work stream now holds b
+    a.back().content = "and now?";
+    auto req = f.request("a", a);
+    auto t = f.ce->run_turn(req);
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->explain.kind, miss_kind::full_hit);
+    EXPECT_FALSE(t->explain.in_place);
+    EXPECT_GT(t->explain.n_reused, 0);
+    EXPECT_EQ(f.ce->counters().memory.n_pool_loads, 1u);
+    auto cold = f.ce->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_TRUE(same_logits(*t, *cold));  // positions 0..P-1 of the stream, as cold
+}
+
+TEST(KvPool, HowManyPrefixesStayCachedIsBoundedByBytesNotByStreams) {
+    // Twelve workspaces, one work stream: every one of them stays warm.
+    fixture f({}, 4096);
+    ASSERT_TRUE(f.ce);
+    std::vector<std::vector<segment>> ws;
+    for (int i = 0; i < 12; ++i) ws.push_back(make_workspace(*f.gen, 300 + 20 * (size_t)i, 1));
+    for (int i = 0; i < 12; ++i) ASSERT_TRUE(f.ce->run_turn(f.request("w" + std::to_string(i), ws[i])).ok());
+    for (int i = 0; i < 12; ++i) {
+        ws[i].back().content = "next";
+        auto t = f.ce->run_turn(f.request("w" + std::to_string(i), ws[i]));
+        ASSERT_TRUE(t.ok());
+        EXPECT_EQ(t->explain.kind, miss_kind::full_hit) << i;
+    }
+    auto c = f.ce->counters();
+    const context_info & ci = f.ce->context();
+    EXPECT_EQ(ci.n_seq_max, 2u);  // one work stream and the cold one: no holder streams
+    EXPECT_EQ(c.memory.streams_allocated_bytes, 2ull * ci.n_ctx_seq * ci.kv_bytes_per_token);
+    EXPECT_GE(c.memory.pool_entries, 12u);
+    EXPECT_EQ(c.memory.allocated_bytes, c.memory.streams_allocated_bytes + c.memory.pool_allocated_bytes);
+    // Each held prefix is its own cells: K and V plus llama.cpp's few bytes per cell.
+    const uint64_t per_token = ci.kv_bytes_per_token;
+    EXPECT_GE(c.memory.pool_bytes, c.cache.resident_tokens * per_token);
+    EXPECT_LE(c.memory.pool_bytes, c.cache.resident_tokens * (per_token + 12) + c.memory.pool_entries * 4096);
+    EXPECT_EQ(c.cache.resident_bytes, c.cache.resident_tokens * (per_token + 12));
+}
+
+TEST(KvPool, TheByteBudgetBindsThePool) {
+    cache_budget b;
+    b.max_bytes = 3 * 400 * (256 + 12);  // about three prefixes of ~400 tokens (tiny model: 256 B per token)
+    fixture f(b, 4096);
+    ASSERT_TRUE(f.ce);
+    for (int i = 0; i < 8; ++i) {
+        auto segs = make_workspace(*f.gen, 380, 1);
+        ASSERT_TRUE(f.ce->run_turn(f.request("w" + std::to_string(i), segs)).ok());
+        auto c = f.ce->counters();
+        EXPECT_LE(c.cache.resident_bytes, b.max_bytes);
+        EXPECT_LE(c.memory.pool_bytes, b.max_bytes + c.memory.pool_entries * 4096);
+    }
+    auto c = f.ce->counters();
+    uint64_t evicted = 0;
+    for (auto e : c.cache.evictions_by_class) evicted += e;
+    EXPECT_GT(evicted, 0u);
+    EXPECT_TRUE(f.ce->cache().check_invariants().ok());
+}
+
 }  // namespace
 }  // namespace warmctx

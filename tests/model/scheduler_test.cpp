@@ -223,5 +223,29 @@ TEST(Scheduler, AFullQueueRejectsAndErrorsAreEvents) {
     EXPECT_EQ(bad.last()->error.code(), status_code::invalid_argument);
 }
 
+// Two workspaces take turns on two work streams: each turn runs in the stream its
+// workspace's last turn left, and reuses its prefix in place (nothing copied).
+TEST(Scheduler, AWorkspacesTurnRunsInTheStreamItsLastTurnLeft) {
+    auto s = scheduler::start(tiny_scheduler(2));
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+    auto wa = small_workspace(1), wb = small_workspace(2);
+    auto run = [&](const std::string & ws, std::vector<segment> segs, const std::string & q) {
+        segs.back().content = q;
+        collector c;
+        EXPECT_TRUE((*s)->submit({req(ws, segs, 2), c.sink()}).ok());
+        EXPECT_TRUE(c.wait());
+        return c.last() ? c.last()->explain : explain_report{};
+    };
+    run("a", wa, "first");
+    run("b", wb, "first");
+    for (int round = 0; round < 2; ++round) {
+        for (const char * ws : {"a", "b"}) {
+            explain_report r = run(ws, ws[0] == 'a' ? wa : wb, "round " + std::to_string(round));
+            EXPECT_EQ(r.kind, miss_kind::full_hit) << ws;
+            EXPECT_TRUE(r.in_place) << ws << " round " << round;
+        }
+    }
+}
+
 }  // namespace
 }  // namespace warmctx
