@@ -61,7 +61,7 @@ constexpr int k_n_types = 9;
 constexpr const char * k_type_names[k_n_types] = {"chat",         "chat_stream",   "chat_segments", "workspace_chat", "large_prompt",
                                                   "abandoned",    "workspace_api", "bad_request",   "monitoring"};
 constexpr const char * k_type_what[k_n_types] = {
-    "chat completion, not streamed, an agent set-up's system prompt (+ tools) and 0-6 turns of history",
+    "chat completion, not streamed, an agent set-up's system prompt (+ tools) and 0-3 earlier turns",
     "the same, streamed, read to [DONE]",
     "chat with a `workspace` and `segments` (instructions, repo map, diff, test output), streamed or not",
     "chat on the client's own stored segments (workspace API) plus a diff, streamed or not",
