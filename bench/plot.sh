@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Draws one PNG chart per benchmark result (gnuplot, jq; both Debian packages) into
-# docs/img/. Reads the JSON that `warmctx bench s2|trace|s3 --json` writes.
+# docs/img/. Reads the JSON that `warmctx bench s2|trace|s3|soak --json` writes.
 # usage: bench/plot.sh [RESULTS_DIR] [IMG_DIR]   (default: bench/results docs/img)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -98,6 +98,26 @@ plot "$tmp/warm_pp.tsv" using 2:xtic(1) title "warmctx" lc rgb "#1f77b4", '' usi
 set title "decode, $(jq -r .n_gen "$f") tokens"
 plot "$tmp/tg.tsv" using 2:xtic(1) title "warmctx" lc rgb "#1f77b4", '' using 3 title "llama-bench" lc rgb "#7f7f7f"
 unset multiplot
+GP
+  echo "plot: $img/$name.png"
+done
+
+# Soak: RSS over time (and the heap in use), the warm-up third shaded.
+for f in "$res"/soak-*.json; do
+  earlier "$f" && continue
+  [ -s "$f" ] && jq -e ".rss.samples" "$f" >/dev/null 2>&1 || { echo "plot: skipping $f (not a finished result)"; continue; }
+  name="$(basename "$f" .json)"
+  jq -r '.rss.samples[] | [.t_s, .rss_mib] | @tsv' "$f" >"$tmp/rss.tsv"
+  n=$(jq '.rss.samples | length' "$f")
+  warm=$(jq ".rss.samples[$((n / 3))].t_s" "$f")
+  gnuplot <<GP
+$term
+set output "$img/$name.png"
+set title "soak: RSS of the process, $(jq -r .clients "$f") clients for $(jq -r .duration_s "$f") s ($(where_of "$f")); $(jq -r '.requests.requests' "$f") requests, $(jq -r .n_5xx "$f") 5xx"
+set xlabel "seconds since the clients started"; set ylabel "MiB"; set yrange [0:*]
+set object 1 rect from 0, graph 0 to $warm, graph 1 fc rgb "#eeeeee" fs solid 1.0 noborder behind
+set label 1 "warm-up (not judged)" at graph 0.01, graph 0.95; set key bottom right
+plot "$tmp/rss.tsv" using 1:2 with linespoints pt 7 ps 0.5 lc rgb "#1f77b4" title "VmRSS"
 GP
   echo "plot: $img/$name.png"
 done

@@ -57,4 +57,9 @@ if [ "$which" = side-by-side ]; then side_by_side; exit 0; fi
 # The server: overhead per request and throughput with 1, 4 and 16 clients.
 "$w" bench http -m "$tiny" --requests 8 --json > "$out/http-tiny-f16-cpu2.json"
 
+# The soak: 64 clients for 10 minutes, a realistic request mix; no 5xx, flat RSS
+# (docs/hardening.md). One llama.cpp thread: on a shared 2-core machine two threads
+# wait on each other at every barrier.
+"$w" bench soak -m "$tiny" -t 1 --clients 64 --duration-s 600 --json > "$out/soak-tiny-f16-cpu2.json"
+
 side_by_side

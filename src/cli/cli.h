@@ -75,6 +75,7 @@ void register_http_bench(CLI::App & bench, int & rc);
 void register_s2_bench(CLI::App & bench, int & rc);
 void register_trace_bench(CLI::App & bench, int & rc);
 void register_s3_bench(CLI::App & bench, int & rc);
+void register_soak_bench(CLI::App & bench, int & rc);
 void register_snapshot_commands(CLI::App & app, int & rc);
 
 // Sizes synthetic workloads with the model's own tokenizer (a rough estimate on error).
