@@ -44,7 +44,7 @@ namespace warmctx {
 namespace snapshot_format {
 inline constexpr std::array<char, 8> k_magic = {'W', 'C', 'T', 'X', 'S', 'N', 'A', 'P'};
 // 2: the KV section is engine::save_seq's one-stream form (1: llama.cpp's state with
-// the saving context's stream count).
+// the saving context's stream count), and the profile has no n_ctx or kv_streams.
 inline constexpr uint32_t k_version = 2;
 
 // The fixed header: field offsets.

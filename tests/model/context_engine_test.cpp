@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "tiny_model.h"
@@ -196,7 +197,8 @@ struct temp_dir {
     ~temp_dir() { std::error_code ec; std::filesystem::remove_all(path, ec); }
 };
 
-std::unique_ptr<context_engine> tiered(const std::string & dir, uint32_t n_work = 1, uint64_t host_bytes = 0) {
+std::unique_ptr<context_engine> tiered(const std::string & dir, uint32_t n_work = 1, uint64_t host_bytes = 0,
+                                       const std::function<void(context_engine_options &)> & tweak = {}) {
     context_engine_options o;
     o.engine = testing::tiny_options();
     o.engine.n_ctx = 4096;
@@ -204,6 +206,7 @@ std::unique_ptr<context_engine> tiered(const std::string & dir, uint32_t n_work 
     o.n_work_seqs = n_work;
     o.tiers.cache_dir = dir;
     o.tiers.host_budget_bytes = host_bytes;
+    if (tweak) tweak(o);
     auto r = context_engine::open(o);
     EXPECT_TRUE(r.ok()) << r.error().to_string();
     return r.ok() ? std::move(r.value()) : nullptr;
@@ -390,7 +393,7 @@ TEST(Tiers, ConcurrentRestoresOfOnePrefixShareOneLoad) {
     temp_dir d;
     auto segs = tier_workspace();
     {
-        auto ce = tiered(d.path, 2);  // the same KV stream layout as the reader below
+        auto ce = tiered(d.path, 2);
         ASSERT_TRUE(ce);
         ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
     }
@@ -434,20 +437,49 @@ TEST(Tiers, SuspendResumeAndBranch) {
     EXPECT_EQ(ce->suspend_workspace("nope").code(), status_code::not_found);
 }
 
-TEST(Tiers, AnotherStreamLayoutIsAProfileMissNotALoadFailure) {
+// --parallel (work sequences), holders, the context per sequence (-c) and the budgets size
+// the cache; they do not change the KV. A restart that changes only them restores the
+// stable prefix from disk, and the turn equals a cold run of the new engine bit for bit.
+TEST(Tiers, ParallelContextSizeAndBudgetsDoNotVoidTheDiskTier) {
     temp_dir d;
     auto segs = tier_workspace();
+    pos_t stable_end = 0;
+    profile before;
     {
-        auto ce = tiered(d.path, 1);
+        auto ce = tiered(d.path);  // 1 work sequence, 2 holders: 4 sequences of 4096 tokens
         ASSERT_TRUE(ce);
         ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
+        stable_end = ce->assemble_request(tier_request(segs, "first"))->stable_end;
+        before = ce->current_profile();
+        ASSERT_EQ(ce->counters().tiers.n_writes_disk, 1u);
     }
-    auto ce = tiered(d.path, 2);
+    auto ce = tiered(d.path, 3, 0, [](context_engine_options & o) {
+        o.n_holders = 4;                     // 3 + 1 + 4 = 8 sequences (KV streams)
+        o.engine.n_ctx = 2048;               // of 2048 tokens each
+        o.budget.max_tokens = 3000;
+        o.tiers.disk_budget_bytes = 256u << 20;
+    });
     ASSERT_TRUE(ce);
-    auto t = ce->run_turn(tier_request(segs, "second"));
-    ASSERT_TRUE(t.ok());
-    EXPECT_EQ(t->explain.n_reused, 0);
-    EXPECT_EQ(ce->counters().tiers.n_restore_failures, 0u);  // never even tried: the chain roots differ
+    ASSERT_EQ(ce->context().n_seq_max, 8u);
+    EXPECT_TRUE(ce->current_profile() == before)
+        << ::testing::PrintToString(before.describe_drift(ce->current_profile()));
+    auto req = tier_request(segs, "after the restart");
+    auto ex = ce->explain(req);
+    ASSERT_TRUE(ex.ok());
+    EXPECT_EQ(ex->tier, kv_tier::disk);
+    EXPECT_NE(ex->kind, miss_kind::profile_drift) << ex->reason;
+    auto warm = ce->run_turn(req);
+    ASSERT_TRUE(warm.ok()) << warm.error().to_string();
+    EXPECT_EQ(warm->explain.tier, kv_tier::disk);
+    EXPECT_GT(stable_end, 0);
+    EXPECT_EQ(warm->explain.n_reused, stable_end);
+    EXPECT_EQ(ce->counters().tiers.n_restores_disk, 1u);
+    EXPECT_EQ(ce->counters().tiers.n_restore_failures, 0u);
+    auto cold = ce->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_EQ(warm->gen.tokens, cold->gen.tokens);
+    ASSERT_EQ(warm->prompt_logits.size(), cold->prompt_logits.size());
+    EXPECT_EQ(0, std::memcmp(warm->prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
 }
 
 }  // namespace
