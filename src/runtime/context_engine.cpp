@@ -198,7 +198,7 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     p->cache = std::make_unique<prefix_cache>(*p->kv, holders, p->opts.budget, opts.policy,
                                               opts.engine.mode == kv_mode::exact ? kv_accounting::per_holder
                                                                                  : kv_accounting::shared_cells);
-    auto tiers = tier_set::open(opts.tiers, opts.policy);
+    auto tiers = tier_set::open(opts.tiers, opts.policy, (pos_t)p->eng->context().n_ctx_seq);
     if (!tiers.ok()) return tiers.error();
     p->tiers = std::move(tiers.value());
     auto prof = engine_profile(*p->eng, p->opts.engine);

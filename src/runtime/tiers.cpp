@@ -19,9 +19,11 @@ snapshot make_snapshot(const profile & prof, const std::string & workspace, cons
     return snap;
 }
 
-result<std::unique_ptr<tier_set>> tier_set::open(const tier_options & opts, eviction_policy policy) {
+result<std::unique_ptr<tier_set>> tier_set::open(const tier_options & opts, eviction_policy policy,
+                                                  pos_t max_file_tokens) {
     std::unique_ptr<tier_set> t(new tier_set());
     t->opts_ = opts;
+    t->max_file_tokens_ = max_file_tokens;
     if (opts.host_budget_bytes > 0) {
         t->host_fs_ = std::make_unique<mem_fs>();
         snapshot_store_options so;
@@ -50,7 +52,7 @@ tier_set::hit tier_set::find(int t, const assembled_prompt & ap, pos_t better_th
     hit h;
     snapshot_store * s = store(t);
     if (!s) return h;
-    h.file = counted ? s->lookup(ap.blocks) : s->peek(ap.blocks);
+    h.file = counted ? s->lookup(ap.blocks, max_file_tokens_) : s->peek(ap.blocks, max_file_tokens_);
     h.at = snap_reuse(ap, h.file.n_blocks);
     if (h.at.n_tokens > better_than) h.tier = t == k_host ? kv_tier::host : kv_tier::disk;
     return h;
@@ -102,7 +104,7 @@ void tier_set::write_prefix(int t, engine & e, const profile & prof, seq_id seq,
     while (k < ap.blocks.size() && ap.blocks[k].cls != retention_class::none && ap.blocks[k].cls >= min_class) ++k;
     if (k == 0) return;
     std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
-    if (s->lookup(path).n_blocks >= k) return;  // held already
+    if (s->lookup(path, max_file_tokens_).n_blocks >= k) return;  // held already
     if (status st = e.trim_seq(seq, path.back().end); !st.ok()) return write_failed(t, st);
     auto kv = e.save_seq(seq);
     if (!kv.ok()) return write_failed(t, kv.error());

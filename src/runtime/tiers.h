@@ -27,8 +27,11 @@ snapshot make_snapshot(const profile & prof, const std::string & workspace, cons
 
 class tier_set {
   public:
+    // `max_file_tokens` > 0: the engine's sequences hold that many tokens, so a file of
+    // more (made with a larger context) is never looked up nor loaded: a miss.
     // Errors: those of snapshot_store::open, with the tier named.
-    static result<std::unique_ptr<tier_set>> open(const tier_options & opts, eviction_policy policy);
+    static result<std::unique_ptr<tier_set>> open(const tier_options & opts, eviction_policy policy,
+                                                  pos_t max_file_tokens = 0);
 
     bool empty() const { return !host_ && !disk_; }
     snapshot_store * host() { return host_.get(); }
@@ -83,6 +86,7 @@ class tier_set {
     void write_failed(int t, const status & why);
 
     tier_options opts_;
+    pos_t max_file_tokens_ = 0;        // 0: no limit
     std::unique_ptr<mem_fs> host_fs_;  // the host-RAM tier is a snapshot store in memory
     std::unique_ptr<snapshot_store> host_, disk_;
     tier_counters ctr_;

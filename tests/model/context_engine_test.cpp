@@ -482,5 +482,39 @@ TEST(Tiers, ParallelContextSizeAndBudgetsDoNotVoidTheDiskTier) {
     EXPECT_EQ(0, std::memcmp(warm->prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
 }
 
+// A snapshot made with longer sequences than this engine's may hold more tokens than
+// a sequence here: it is not looked up (a miss, nothing read), never a load failure.
+TEST(Tiers, ASnapshotLongerThanTheContextIsAMissNotALoadFailure) {
+    temp_dir d;
+    auto segs = tier_workspace();
+    workload_generator g(22, [](const std::string & s) { return s.size() / 3; });
+    auto big = segs;
+    big.insert(big.end() - 1, segment{"pin-big", segment_kind::pinned_file, "src/big.cc", "",
+                                      g.source_file("src/big.cc", 1200)});
+    {
+        auto ce = tiered(d.path);
+        ASSERT_TRUE(ce);
+        ASSERT_TRUE(ce->run_turn(tier_request(big, "first")).ok());
+        ASSERT_EQ(ce->disk_tier()->list().size(), 1u);
+    }
+    auto ce = tiered(d.path, 1, 0, [](context_engine_options & o) { o.engine.n_ctx = 1024; });
+    ASSERT_TRUE(ce);
+    ASSERT_EQ(ce->disk_tier()->list().size(), 1u);
+    ASSERT_GT(ce->disk_tier()->list()[0].meta.n_tokens(), (pos_t)ce->context().n_ctx_seq);
+    // The smaller workspace shares the file's first segments but fits the context.
+    auto req = tier_request(segs, "smaller");
+    auto ap = ce->assemble_request(req);
+    ASSERT_TRUE(ap.ok());
+    ASSERT_LE(ap->tokens.size(), ce->context().n_ctx_seq);
+    ASSERT_GT(ce->disk_tier()->peek(ap->blocks).n_blocks, 0u);  // the file holds a prefix of it
+    EXPECT_EQ(ce->disk_tier()->peek(ap->blocks, (pos_t)ce->context().n_ctx_seq).n_blocks, 0u);
+    auto t = ce->run_turn(req);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_NE(t->explain.tier, kv_tier::disk);
+    EXPECT_EQ(ce->counters().tiers.n_restores_disk, 0u);
+    EXPECT_EQ(ce->counters().tiers.n_restore_failures, 0u);
+    EXPECT_EQ(ce->disk_tier()->stats().n_loads, 0u);
+}
+
 }  // namespace
 }  // namespace warmctx

@@ -149,6 +149,30 @@ TEST(snapshot_store, lookup_finds_the_longest_prefix_any_file_holds) {
     EXPECT_EQ(st.n_lookup_misses, 2u);
 }
 
+// A reader whose sequences hold fewer tokens than a file cannot load it: with
+// max_file_tokens, lookup passes such a file over for a shorter one of the same prefix,
+// or misses.
+TEST(snapshot_store, lookup_passes_over_files_longer_than_the_reader_holds) {
+    fixture fx;
+    auto store = fx.open();
+    auto p = make_path(1, {rc::highest, rc::high, rc::medium, rc::low});
+    snapshot a = snapshot_of(p, 5, "ws-a");
+    snapshot b = snapshot_of(p, 9, "ws-b");
+    ASSERT_TRUE(store->put(a).ok());
+    ASSERT_TRUE(store->put(b).ok());
+    auto path = chains_of(p);
+    auto m = store->lookup(path, b.meta.n_tokens());  // b fits exactly
+    EXPECT_EQ(m.key, key_of(b));
+    EXPECT_EQ(m.n_blocks, 9u);
+    m = store->lookup(path, b.meta.n_tokens() - 1);    // b does not: a serves its 5 blocks
+    EXPECT_EQ(m.key, key_of(a));
+    EXPECT_EQ(m.n_blocks, 5u);
+    EXPECT_EQ(store->peek(p.blocks, b.meta.n_tokens() - 1).key, key_of(a));
+    EXPECT_FALSE(store->lookup(path, a.meta.n_tokens() - 1).hit());
+    EXPECT_FALSE(store->peek(p.blocks, a.meta.n_tokens() - 1).hit());
+    EXPECT_EQ(store->stats().n_lookup_misses, 1u);
+}
+
 // ---- damage: at scan and at load ------------------------------------------------------------------
 
 TEST(snapshot_store, open_quarantines_bad_heads_and_removes_temp_files) {
