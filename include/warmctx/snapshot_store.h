@@ -182,6 +182,9 @@ class snapshot_store {
     snapshot_match lookup(std::span<const block> path, pos_t max_file_tokens = 0);
     // The same answer as lookup, counted nowhere: what a lookup would find (explain).
     snapshot_match peek(std::span<const block> path, pos_t max_file_tokens = 0) const;
+    // The newest file of `workspace` (latest creation time, then file name), if any.
+    // Reads nothing; counted nowhere.
+    std::optional<snapshot_entry> newest_of(const std::string & workspace) const;
 
     // Reads and fully verifies the file of `key`. When `expected` is given, a snapshot of
     // another profile is a miss (failed_precondition naming the drifted fields; the file

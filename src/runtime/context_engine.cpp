@@ -111,7 +111,9 @@ struct context_engine::impl {
 
     explain_report explain(const std::string & ws, const assembled_prompt & ap, const match & m, pos_t reuse,
                            kv_tier tier) const {
-        explain_report r = explain_turn({ws, ap, m, reuse, history(ws), prof, *cache, prefill_tokens_per_ms});
+        const workspace_history * h = history(ws);
+        explain_report r = explain_turn({ws, ap, m, reuse, h, prof, *cache, prefill_tokens_per_ms,
+                                         h && h->has_turn ? std::nullopt : tiers->newest_profile(ws)});
         r.tier = tier;
         return r;
     }

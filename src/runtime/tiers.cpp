@@ -64,6 +64,17 @@ tier_set::hit tier_set::peek(const assembled_prompt & ap, pos_t better_than) con
     return {};
 }
 
+std::optional<profile> tier_set::newest_profile(const std::string & workspace) const {
+    std::optional<snapshot_entry> newest;
+    for (int t : {k_host, k_disk}) {
+        if (!store(t)) continue;
+        auto e = store(t)->newest_of(workspace);
+        if (e && (!newest || e->meta.created_unix_ms > newest->meta.created_unix_ms)) newest = std::move(e);
+    }
+    if (!newest) return std::nullopt;
+    return newest->meta.prof;
+}
+
 tier_set::hit tier_set::restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than,
                                 seq_id seq) {
     for (int t : {k_host, k_disk}) {

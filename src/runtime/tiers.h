@@ -12,6 +12,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -54,6 +55,9 @@ class tier_set {
     };
     // What restore() would try first, counted nowhere and loading nothing (explain).
     hit peek(const assembled_prompt & ap, pos_t better_than) const;
+    // The profile of the newest snapshot of `workspace` in either tier, if any: after a
+    // restart under another configuration it names the drift (explain). Reads no file.
+    std::optional<profile> newest_profile(const std::string & workspace) const;
     // Loads the longest prefix a tier holds beyond `better_than` into `seq` (cleared
     // first) and trims it at the reuse point; a file that fails its checks is counted
     // and the next tier is tried. Returns kv_tier::none when nothing was restored (the

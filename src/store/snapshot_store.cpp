@@ -364,6 +364,18 @@ snapshot_match snapshot_store::lookup(std::span<const block> path, pos_t max_fil
     return lookup(chains, max_file_tokens);
 }
 
+std::optional<snapshot_entry> snapshot_store::newest_of(const std::string & workspace) const {
+    std::lock_guard lock(mu_);
+    const entry_state * best = nullptr;
+    for (const auto & [name, s] : entries_) {
+        if (s.e.key.workspace != workspace) continue;
+        // entries_ is ordered by name: on equal times the later name wins
+        if (!best || s.e.meta.created_unix_ms >= best->e.meta.created_unix_ms) best = &s;
+    }
+    if (!best) return std::nullopt;
+    return best->e;
+}
+
 result<std::shared_ptr<const snapshot>> snapshot_store::load(const snapshot_key & key, const profile * expected) {
     using load_result = result<std::shared_ptr<const snapshot>>;
     const std::string name = key.file_name();

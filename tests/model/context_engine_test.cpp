@@ -482,6 +482,47 @@ TEST(Tiers, ParallelContextSizeAndBudgetsDoNotVoidTheDiskTier) {
     EXPECT_EQ(0, std::memcmp(warm->prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
 }
 
+// A restart under another chunk size (a field that changes the KV's values): the disk
+// holds the workspace's stable prefix under the old profile, which no lookup matches;
+// explain names the drift from that snapshot's profile, not just "cold".
+TEST(Tiers, ARestartUnderAnotherChunkSizeIsExplainedAsProfileDrift) {
+    temp_dir d;
+    auto segs = tier_workspace();
+    {
+        auto ce = tiered(d.path, 1, 0, [](context_engine_options & o) { o.engine.chunk_tokens = 512; });
+        ASSERT_TRUE(ce);
+        ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
+        ASSERT_EQ(ce->counters().tiers.n_writes_disk, 1u);
+    }
+    auto ce = tiered(d.path, 1, 0, [](context_engine_options & o) { o.engine.chunk_tokens = 256; });
+    ASSERT_TRUE(ce);
+    EXPECT_EQ(ce->disk_tier()->list().size(), 1u);  // kept: valid, for another configuration
+    auto req = tier_request(segs, "after the restart");
+    auto ex = ce->explain(req);
+    ASSERT_TRUE(ex.ok());
+    EXPECT_EQ(ex->kind, miss_kind::profile_drift) << ex->reason;
+    EXPECT_EQ(ex->n_reused, 0);
+    EXPECT_EQ(ex->drifted_fields, std::vector<std::string>{"chunk_tokens: '512' -> '256'"});
+    EXPECT_NE(ex->reason.find("chunk_tokens"), std::string::npos) << ex->reason;
+    // Another workspace with no snapshot of its own is just cold.
+    auto other = req;
+    other.workspace = "u";
+    auto ex_other = ce->explain(other);
+    ASSERT_TRUE(ex_other.ok());
+    EXPECT_EQ(ex_other->kind, miss_kind::cold) << ex_other->reason;
+    // The turn says the same, prefills everything, and writes the prefix under the new
+    // profile; the next turn is a hit, no longer a drift.
+    auto t = ce->run_turn(req);
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->explain.kind, miss_kind::profile_drift);
+    EXPECT_EQ(t->explain.tier, kv_tier::none);
+    EXPECT_EQ(ce->counters().tiers.n_restore_failures, 0u);
+    EXPECT_EQ(ce->disk_tier()->list().size(), 2u);
+    auto t2 = ce->run_turn(tier_request(segs, "again"));
+    ASSERT_TRUE(t2.ok());
+    EXPECT_EQ(t2->explain.kind, miss_kind::full_hit) << t2->explain.reason;
+}
+
 // A snapshot made with longer sequences than this engine's may hold more tokens than
 // a sequence here: it is not looked up (a miss, nothing read), never a load failure.
 TEST(Tiers, ASnapshotLongerThanTheContextIsAMissNotALoadFailure) {

@@ -173,6 +173,29 @@ TEST(snapshot_store, lookup_passes_over_files_longer_than_the_reader_holds) {
     EXPECT_EQ(store->stats().n_lookup_misses, 1u);
 }
 
+// The newest file of a workspace, from the index alone (explain's source of the profile a
+// workspace's KV was last computed under, after a restart).
+TEST(snapshot_store, newest_of_is_a_workspaces_latest_file) {
+    fixture fx;
+    auto p = make_path(1, {rc::highest, rc::high, rc::medium});
+    snapshot older = snapshot_of(p, 6, "ws", 7, 1000, 1'700'000'000'000);
+    snapshot newer = snapshot_of(p, 3, "ws", 7, 1000, 1'700'000'005'000);
+    snapshot other = snapshot_of(p, 9, "other", 7, 1000, 1'700'000'009'000);
+    {
+        auto store = fx.open();
+        for (const snapshot * s : {&older, &newer, &other}) ASSERT_TRUE(store->put(*s).ok());
+        EXPECT_EQ(store->newest_of("ws")->key, key_of(newer));
+    }
+    auto store = fx.open();  // after a restart, from the heads
+    ASSERT_TRUE(store->newest_of("ws").has_value());
+    EXPECT_EQ(store->newest_of("ws")->key, key_of(newer));
+    EXPECT_EQ(store->newest_of("ws")->meta.prof, p.prof);
+    EXPECT_EQ(store->newest_of("other")->key, key_of(other));
+    EXPECT_FALSE(store->newest_of("nobody").has_value());
+    EXPECT_EQ(store->stats().n_lookups, 0u);
+    EXPECT_EQ(store->stats().n_loads, 0u);
+}
+
 // ---- damage: at scan and at load ------------------------------------------------------------------
 
 TEST(snapshot_store, open_quarantines_bad_heads_and_removes_temp_files) {
