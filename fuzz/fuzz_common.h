@@ -62,7 +62,6 @@ inline profile fixture_profile() {
     p.chat_template_digest = "0123456789abcdef0123456789abcdef";
     p.llama_commit = "80fb11ac73e66d89eae2c6a91d8a77428fa733ed";
     p.backend = "CPU";
-    p.n_ctx = 4096;
     p.rope_freq_base = 1000000.0f;
     p.rope_freq_scale = 1.0f;
     p.kv_type = "f16";

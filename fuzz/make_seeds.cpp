@@ -73,7 +73,6 @@ int main(int argc, char ** argv) {
     other.kv_mode = "shared";
     other.flash_attn = true;
     other.n_gpu_layers = -1;
-    other.kv_streams = 4;
     other.rope_freq_scale = 0.25f;
 
     const assembled_prompt ap = sample_prompt(prof, true);

@@ -225,7 +225,14 @@ class engine {
     status apply_pending_copies(seq_id scratch);
 
     // One sequence's state as bytes, and back. REQUIRES for save_seq: no copy into
-    // `seq` pending (see apply_pending_copies).
+    // `seq` pending (see apply_pending_copies). The bytes are llama.cpp's sequence state
+    // as a one-stream context writes it (seq id 0), so they depend neither on this
+    // context's stream count (n_seq_max in exact mode) nor on which sequence is saved:
+    // a state loads into any context of the same model, KV type and mode whose
+    // sequences hold its tokens. Only a model whose memory is one attention KV cache is
+    // supported. Errors: save_seq engine_error (another memory layout); load_seq
+    // corrupt (not save_seq's form, or llama.cpp refused it), out_of_range (more tokens
+    // than a sequence holds here).
     result<std::vector<uint8_t>> save_seq(seq_id seq) const;
     status load_seq(seq_id seq, std::span<const uint8_t> bytes);
 

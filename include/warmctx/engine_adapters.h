@@ -24,8 +24,9 @@ std::unique_ptr<text_model> make_engine_text_model(const engine & e);
 std::unique_ptr<kv_ops> make_engine_kv_ops(engine & e);
 
 // Every field that decides the KV's bits: the model file's digest (memoised), the
-// tokenizer's, the chat template's, the llama.cpp commit, backend, n_ctx, RoPE, KV type
-// and streams, chunk size, KV mode, flash attention, GPU layers.
+// tokenizer's, the chat template's, the llama.cpp commit, backend, RoPE, KV type, chunk
+// size, KV mode, flash attention, GPU layers. Not the context's size or sequence count:
+// they do not change the KV (see profile.h).
 // Errors: those of file_digest on the model file.
 result<profile> engine_profile(const engine & e, const engine_options & opts);
 

@@ -2,10 +2,17 @@
 //
 // The KV of a token is a function of the tokens before it AND of everything that
 // computed it: the weights, the tokenizer and template that produced the tokens, the
-// llama.cpp build and backend, the context and RoPE settings, the KV precision, the
-// chunk composition and the KV mode. A `profile` names all of those. Its fingerprint
-// roots every block chain hash (see assembler.h), so any drift forces a miss by
-// construction, and drifted_fields() tells explain which field it was.
+// llama.cpp build and backend, the RoPE settings, the KV precision, the chunk
+// composition and the KV mode. A `profile` names all of those. Its fingerprint roots
+// every block chain hash (see assembler.h), so any drift forces a miss by construction,
+// and drifted_fields() tells explain which field it was.
+//
+// What only sizes the cache is not in it: the context per sequence (n_ctx), the number
+// of sequences (--parallel, holders) and so the KV stream count, and the budgets. The
+// same prefix's KV is the same bytes under any of them (tests/model/exactness_test.cpp,
+// SavedStateIsIndependentOfContextSizeAndStreamCount), and engine::save_seq writes a
+// state that loads into any stream count; a saved prefix longer than the current
+// context's sequences is refused when loaded, not by the profile.
 //
 // Digest fields are opaque lower-case hex strings (hash128::hex() of file_digest()
 // or hash_string(), typically). Floats are compared and hashed by their shortest
@@ -33,7 +40,6 @@ struct profile {
     std::string chat_template_digest;  // digest of the chat template text
     std::string llama_commit;          // the llama.cpp commit warmctx was built against
     std::string backend;               // "CPU", "CUDA", ... (where the KV was computed)
-    uint32_t n_ctx = 0;                // context per sequence, tokens
     float rope_freq_base = 0;          // as passed to the context (0 = model default)
     float rope_freq_scale = 0;
     std::string yarn;                  // canonical YaRN settings, "" when not used,
@@ -45,9 +51,6 @@ struct profile {
     // change its last bits like a backend change does.
     bool flash_attn = false;
     int32_t n_gpu_layers = 0;          // layers offloaded (-1 = all)
-    // KV streams of the context (exact mode: one per sequence; shared: 1). llama.cpp's
-    // saved sequence state records it and refuses to load into another stream count.
-    uint32_t kv_streams = 1;
 
     // (name, canonical value) of every field, in declaration order - the single
     // source of the fingerprint, the drift report and the JSON field names.
@@ -57,7 +60,7 @@ struct profile {
     hash128 fingerprint() const;
 
     // The names of the fields whose values differ, in declaration order
-    // ("model_digest", "n_ctx", ...). Empty when the profiles are compatible.
+    // ("model_digest", "kv_type", ...). Empty when the profiles are compatible.
     std::vector<std::string> drifted_fields(const profile & other) const;
 
     // One line per drifted field: "kv_type: f16 -> q8_0". Empty when compatible.

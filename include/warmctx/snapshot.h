@@ -12,7 +12,7 @@
 //   blocks              32 bytes per block: chain hash, begin, end, segment index, class
 //   header checksum     XXH3-128 of everything before it
 //   tokens              int32 per token
-//   KV                  engine::save_seq output, opaque
+//   KV                  engine::save_seq output (llama.cpp's state, one-stream form)
 //   body checksum       XXH3-128 of everything before it (the whole file but these 16 bytes)
 //
 // The "head" (fixed header through header checksum) is what a listing reads: it says
@@ -43,7 +43,9 @@ namespace warmctx {
 
 namespace snapshot_format {
 inline constexpr std::array<char, 8> k_magic = {'W', 'C', 'T', 'X', 'S', 'N', 'A', 'P'};
-inline constexpr uint32_t k_version = 1;
+// 2: the KV section is engine::save_seq's one-stream form (1: llama.cpp's state with
+// the saving context's stream count), and the profile has no n_ctx or kv_streams.
+inline constexpr uint32_t k_version = 2;
 
 // The fixed header: field offsets.
 inline constexpr size_t k_off_magic = 0;            // char[8]

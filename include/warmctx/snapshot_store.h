@@ -175,11 +175,16 @@ class snapshot_store {
     result<snapshot_entry> put(const snapshot & s) { return put(s.meta, s.tokens, s.kv); }
 
     // The longest prefix of `path` (a prompt's block chain hashes, in order) held by any
-    // file; ties go to the smallest file. Reads nothing.
-    snapshot_match lookup(std::span<const hash128> path);
-    snapshot_match lookup(std::span<const block> path);
+    // file; ties go to the smallest file. Reads nothing. `max_file_tokens` > 0: only files
+    // of at most that many tokens (a reader whose sequences hold fewer cannot load the
+    // others).
+    snapshot_match lookup(std::span<const hash128> path, pos_t max_file_tokens = 0);
+    snapshot_match lookup(std::span<const block> path, pos_t max_file_tokens = 0);
     // The same answer as lookup, counted nowhere: what a lookup would find (explain).
-    snapshot_match peek(std::span<const block> path) const;
+    snapshot_match peek(std::span<const block> path, pos_t max_file_tokens = 0) const;
+    // The newest file of `workspace` (latest creation time, then file name), if any.
+    // Reads nothing; counted nowhere.
+    std::optional<snapshot_entry> newest_of(const std::string & workspace) const;
 
     // Reads and fully verifies the file of `key`. When `expected` is given, a snapshot of
     // another profile is a miss (failed_precondition naming the drifted fields; the file
@@ -218,7 +223,7 @@ class snapshot_store {
     explicit snapshot_store(snapshot_store_options opts);
     uint64_t now_ms() const;
     // REQUIRES mu_. The longest prefix of `path` held by a file (lookup, uncounted).
-    snapshot_match find_locked(std::span<const hash128> path) const;
+    snapshot_match find_locked(std::span<const hash128> path, pos_t max_file_tokens) const;
     // REQUIRES mu_. Index maintenance.
     void index_add(entry_state st);
     void index_remove(const std::string & file_name);

@@ -42,7 +42,6 @@ const field_desc k_fields[] = {
     {"chat_template_digest", &profile::chat_template_digest},
     {"llama_commit", &profile::llama_commit},
     {"backend", &profile::backend},
-    {"n_ctx", &profile::n_ctx},
     {"rope_freq_base", &profile::rope_freq_base},
     {"rope_freq_scale", &profile::rope_freq_scale},
     {"yarn", &profile::yarn},
@@ -51,10 +50,10 @@ const field_desc k_fields[] = {
     {"kv_mode", &profile::kv_mode},
     {"flash_attn", &profile::flash_attn},
     {"n_gpu_layers", &profile::n_gpu_layers},
-    {"kv_streams", &profile::kv_streams},
 };
 
-constexpr std::string_view k_profile_format = "warmctx-profile-v2";
+// v3: n_ctx and kv_streams left the profile (they size the cache, not its values).
+constexpr std::string_view k_profile_format = "warmctx-profile-v3";
 
 // Shortest decimal that reads back as the same float: exact and readable.
 std::string float_text(float f) {

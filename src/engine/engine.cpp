@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "ggml.h"
@@ -160,6 +161,162 @@ result<model_info> read_model_info(const std::string & path) {
     return mi;
 }
 
+namespace {
+
+// ---- sequence state: llama.cpp's layout and warmctx's stream-independent form -------
+//
+// llama_state_seq_get_data on this pinned commit, for a model whose memory is one
+// attention KV cache (llama_kv_cache: no sliding window, no recurrent layers, no M-RoPE
+// or per-cell token ext), writes, host-endian:
+//
+//   u32 magic (0xaf143cd8)   i32 seq_id   u32 n_stream (the context's KV stream count)
+//   n_stream x stream record:
+//     u32 cell_count                                   (0: nothing more for this stream)
+//     cell_count x { i32 pos, u32 n_seq_id (= 1), i32 seq_id }
+//     u32 v_trans, u32 n_layer
+//     K: n_layer x { i32 type, u64 row_bytes, cell_count x row_bytes }
+//     V: v_trans 0: n_layer x { i32 type, u64 row_bytes, cell_count x row_bytes }
+//        v_trans 1: n_layer x { i32 type, u32 elem_bytes, u32 n_embd, n_embd x cell_count x elem_bytes }
+//
+// (llama_context::state_seq_write_data writes the magic and seq id, then the memory's
+// state_write: nothing else precedes or follows the KV cache's part.) The stream count is
+// the context's - exact mode has one stream per sequence, so it is n_seq_max - and
+// llama.cpp refuses a state of another count. A sequence's cells live in its own stream
+// only, and reading a single sequence puts every non-empty record into the destination
+// sequence's own stream, whatever its place in the list.
+//
+// warmctx keeps the state as a one-stream context writes it: seq id 0, n_stream 1 and the
+// sequence's one record with its cells' seq ids 0. The bytes then depend on the KV alone,
+// not on how many sequences the saving context had nor on which one held the prefix.
+// load_seq expands that form to the current context's stream count (the record, then
+// empty streams). Any other layout (another memory type, a cell shared by sequences) is
+// refused with `corrupt`, never passed on.
+constexpr uint32_t k_seq_state_magic = 0xaf143cd8;
+constexpr size_t k_seq_state_cell_bytes = 12;  // pos, n_seq_id, one seq_id
+
+struct state_reader {
+    std::span<const uint8_t> b;
+    size_t at = 0;
+    size_t left() const { return b.size() - at; }
+    bool u32(uint32_t & v) {
+        if (left() < 4) return false;
+        std::memcpy(&v, b.data() + at, 4);
+        at += 4;
+        return true;
+    }
+    bool u64(uint64_t & v) {
+        if (left() < 8) return false;
+        std::memcpy(&v, b.data() + at, 8);
+        at += 8;
+        return true;
+    }
+    // Skips n x m bytes, refusing an overflow or a read past the end.
+    bool skip(uint64_t n, uint64_t m) {
+        if (m != 0 && n > left() / m) return false;
+        at += (size_t)(n * m);
+        return true;
+    }
+};
+
+struct stream_record {
+    size_t begin = 0, end = 0;  // [begin, end) of the record, its cell count included
+    uint32_t n_cells = 0;
+    pos_t max_pos = -1;
+};
+
+status bad_state(const std::string & why) {
+    return corrupt("sequence state: " + why + " (only the state of a plain attention KV cache is supported)");
+}
+
+// Parses one stream record at r.at. `seq`: the seq id every cell must carry.
+result<stream_record> read_stream_record(state_reader & r, int32_t seq) {
+    stream_record rec;
+    rec.begin = r.at;
+    if (!r.u32(rec.n_cells)) return bad_state("truncated before a stream's cell count");
+    if (rec.n_cells == 0) {
+        rec.end = r.at;
+        return rec;
+    }
+    if (rec.n_cells > r.left() / k_seq_state_cell_bytes) return bad_state("more cells than bytes");
+    for (uint32_t i = 0; i < rec.n_cells; ++i) {
+        uint32_t pos = 0, n_seq = 0, id = 0;
+        (void)r.u32(pos), (void)r.u32(n_seq), (void)r.u32(id);
+        if (n_seq != 1) return bad_state("a cell shared by " + std::to_string(n_seq) + " sequences");
+        if ((int32_t)id != seq)
+            return bad_state("a cell of sequence " + std::to_string((int32_t)id) + " in the state of sequence " +
+                             std::to_string(seq));
+        if ((int32_t)pos < 0) return bad_state("a negative position");
+        rec.max_pos = std::max(rec.max_pos, (pos_t)(int32_t)pos);
+    }
+    uint32_t v_trans = 0, n_layer = 0;
+    if (!r.u32(v_trans) || !r.u32(n_layer)) return bad_state("truncated before the tensor data");
+    if (v_trans > 1) return bad_state("v_trans is " + std::to_string(v_trans));
+    if (n_layer == 0) return bad_state("no layers");
+    for (int part = 0; part < 2; ++part) {  // K, then V
+        for (uint32_t l = 0; l < n_layer; ++l) {
+            uint32_t type = 0;
+            if (!r.u32(type)) return bad_state("truncated in a layer's header");
+            if (part == 0 || v_trans == 0) {
+                uint64_t row_bytes = 0;
+                if (!r.u64(row_bytes) || row_bytes == 0 || !r.skip(rec.n_cells, row_bytes))
+                    return bad_state("truncated tensor rows");
+            } else {
+                uint32_t elem_bytes = 0, n_embd = 0;
+                if (!r.u32(elem_bytes) || !r.u32(n_embd) || elem_bytes == 0 || n_embd == 0 ||
+                    !r.skip((uint64_t)rec.n_cells * n_embd, elem_bytes))
+                    return bad_state("truncated transposed V rows");
+            }
+        }
+    }
+    rec.end = r.at;
+    return rec;
+}
+
+void put_u32(std::vector<uint8_t> & out, uint32_t v) {
+    const size_t at = out.size();
+    out.resize(at + 4);
+    std::memcpy(out.data() + at, &v, 4);
+}
+
+// Appends the record's bytes with every cell's seq id set to `seq`.
+void append_record(std::vector<uint8_t> & out, std::span<const uint8_t> state, const stream_record & rec,
+                   int32_t seq) {
+    const size_t at = out.size();
+    out.insert(out.end(), state.begin() + (long)rec.begin, state.begin() + (long)rec.end);
+    for (uint32_t i = 0; i < rec.n_cells; ++i)
+        std::memcpy(out.data() + at + 4 + (size_t)i * k_seq_state_cell_bytes + 8, &seq, 4);
+}
+
+struct parsed_state {
+    std::optional<stream_record> record;  // the one non-empty stream, if any
+};
+
+// Parses a whole state of `seq` with `n_stream` streams (0: any count).
+result<parsed_state> parse_seq_state(std::span<const uint8_t> bytes, int32_t seq, uint32_t n_stream_expected) {
+    state_reader r{bytes};
+    uint32_t magic = 0, id = 0, n_stream = 0;
+    if (!r.u32(magic) || magic != k_seq_state_magic) return bad_state("not llama.cpp's sequence state magic");
+    if (!r.u32(id) || (int32_t)id != seq)
+        return bad_state("made for sequence " + std::to_string((int32_t)id) + ", expected " + std::to_string(seq));
+    if (!r.u32(n_stream) || n_stream == 0) return bad_state("no KV stream");
+    if (n_stream_expected != 0 && n_stream != n_stream_expected)
+        return bad_state(std::to_string(n_stream) + " KV streams where " + std::to_string(n_stream_expected) +
+                         " were expected");
+    parsed_state out;
+    for (uint32_t s = 0; s < n_stream; ++s) {
+        auto rec = read_stream_record(r, seq);
+        if (!rec.ok()) return rec.error();
+        if (rec->n_cells == 0) continue;
+        if (out.record) return bad_state("the sequence has cells in two KV streams");
+        out.record = *rec;
+    }
+    if (r.left() != 0)
+        return bad_state(std::to_string(r.left()) + " bytes after the KV cache's streams (another memory type)");
+    return out;
+}
+
+}  // namespace
+
 struct engine::impl {
     engine_options opts;
     model_ptr model;
@@ -167,6 +324,7 @@ struct engine::impl {
     const llama_vocab * vocab = nullptr;
     model_info minfo;
     context_info cinfo;
+    uint32_t n_stream = 1;  // llama.cpp's KV streams: n_seq_max in exact mode, 1 in shared
     llama_batch batch{};
 
     ~impl() {
@@ -283,6 +441,7 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     p->cinfo.n_ctx_seq = opts.mode == kv_mode::exact ? llama_n_ctx_seq(p->ctx.get()) : n_ctx;
     p->cinfo.n_ctx_seq = std::min(p->cinfo.n_ctx_seq, n_ctx);
     p->cinfo.n_seq_max = opts.n_seq_max;
+    p->n_stream = opts.mode == kv_mode::exact ? opts.n_seq_max : 1;  // as kv_unified decides
     p->cinfo.chunk_tokens = opts.chunk_tokens;
     p->cinfo.kv_type = opts.kv_type;
     p->cinfo.mode = opts.mode;
@@ -574,19 +733,47 @@ status engine::apply_pending_copies(seq_id scratch) {
 result<std::vector<uint8_t>> engine::save_seq(seq_id seq) const {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
     size_t n = llama_state_seq_get_size(p_->ctx.get(), seq);
-    std::vector<uint8_t> out(n);
-    size_t w = llama_state_seq_get_data(p_->ctx.get(), out.data(), out.size(), seq);
+    std::vector<uint8_t> raw(n);
+    size_t w = llama_state_seq_get_data(p_->ctx.get(), raw.data(), raw.size(), seq);
     if (w == 0 && n != 0) return engine_error("llama_state_seq_get_data failed");
-    out.resize(w);
+    raw.resize(w);
+    // To the one-stream form (see the layout above read_stream_record).
+    auto st = parse_seq_state(raw, seq, p_->n_stream);
+    if (!st.ok()) return engine_error("save_seq: " + st.error().message());
+    std::vector<uint8_t> out;
+    out.reserve(16 + (st->record ? st->record->end - st->record->begin : 0));
+    put_u32(out, k_seq_state_magic);
+    put_u32(out, 0);
+    put_u32(out, 1);
+    if (st->record) append_record(out, raw, *st->record, 0);
+    else put_u32(out, 0);
     return out;
 }
 
 status engine::load_seq(seq_id seq, std::span<const uint8_t> bytes) {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
     if (bytes.empty()) return invalid_argument("load_seq: empty state");
+    auto st = parse_seq_state(bytes, 0, 1);  // save_seq's one-stream form only
+    if (!st.ok()) return st.error();
+    // A state made in a context with longer sequences may not fit this one's.
+    if (st->record && ((uint64_t)st->record->n_cells > p_->cinfo.n_ctx_seq ||
+                       (uint64_t)st->record->max_pos >= p_->cinfo.n_ctx_seq))
+        return out_of_range("load_seq: the state holds " + std::to_string(st->record->n_cells) +
+                            " cells up to position " + std::to_string(st->record->max_pos) + " but a sequence holds " +
+                            std::to_string(p_->cinfo.n_ctx_seq) + " tokens");
+    // Expanded to this context's stream count: the record (into `seq`'s own stream,
+    // whatever its place), then empty streams.
+    std::vector<uint8_t> full;
+    full.reserve(bytes.size() + 4 * (size_t)p_->n_stream);
+    put_u32(full, k_seq_state_magic);
+    put_u32(full, (uint32_t)seq);
+    put_u32(full, p_->n_stream);
+    if (st->record) append_record(full, bytes, *st->record, seq);
+    else put_u32(full, 0);
+    for (uint32_t s = 1; s < p_->n_stream; ++s) put_u32(full, 0);
     llama_memory_seq_rm(p_->mem(), seq, -1, -1);
-    size_t r = llama_state_seq_set_data(p_->ctx.get(), bytes.data(), bytes.size(), seq);
-    if (r == 0) return corrupt("llama_state_seq_set_data rejected the state (wrong model, context or corrupt bytes)");
+    size_t r = llama_state_seq_set_data(p_->ctx.get(), full.data(), full.size(), seq);
+    if (r == 0) return corrupt("llama_state_seq_set_data rejected the state (wrong model, KV type or corrupt bytes)");
     return {};
 }
 

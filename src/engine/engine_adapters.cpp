@@ -114,7 +114,6 @@ result<profile> engine_profile(const engine & e, const engine_options & opts) {
     p.chat_template_digest = hash_string(mi.chat_template).hex();
     p.llama_commit = std::string(llama_commit());
     p.backend = ci.backend;
-    p.n_ctx = ci.n_ctx_seq;
     p.rope_freq_base = mi.rope_freq_base;
     p.rope_freq_scale = 1.0f;
     p.kv_type = ci.kv_type;
@@ -122,7 +121,6 @@ result<profile> engine_profile(const engine & e, const engine_options & opts) {
     p.kv_mode = std::string(kv_mode_name(ci.mode));
     p.flash_attn = opts.flash_attn;
     p.n_gpu_layers = opts.n_gpu_layers;
-    p.kv_streams = ci.mode == kv_mode::exact ? ci.n_seq_max : 1;
     return p;
 }
 

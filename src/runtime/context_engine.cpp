@@ -124,7 +124,9 @@ struct context_engine::impl {
 
     explain_report explain(const std::string & ws, const assembled_prompt & ap, const match & m, pos_t reuse,
                            kv_tier tier) const {
-        explain_report r = explain_turn({ws, ap, m, reuse, history(ws), prof, *cache, prefill_tokens_per_ms});
+        const workspace_history * h = history(ws);
+        explain_report r = explain_turn({ws, ap, m, reuse, h, prof, *cache, prefill_tokens_per_ms,
+                                         h && h->has_turn ? std::nullopt : tiers->newest_profile(ws)});
         r.tier = tier;
         return r;
     }
@@ -235,7 +237,7 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     // Every held prefix is its own copy of its cells, whatever the KV mode.
     p->cache = std::make_unique<prefix_cache>(*p->pool, p->pool->holder_ids(), p->opts.budget, opts.policy,
                                               kv_accounting::per_holder);
-    auto tiers = tier_set::open(opts.tiers, opts.policy);
+    auto tiers = tier_set::open(opts.tiers, opts.policy, (pos_t)p->eng->context().n_ctx_seq);
     if (!tiers.ok()) return tiers.error();
     p->tiers = std::move(tiers.value());
     auto prof = engine_profile(*p->eng, p->opts.engine);

@@ -78,12 +78,19 @@ explain_report explain_turn(const explain_inputs & in) {
         if (b.segment_index >= 0 && (size_t)b.segment_index < ap.man.segments.size())
             r.missed_segment = ap.man.segments[(size_t)b.segment_index].id;
         auto ev = in.cache.last_eviction(b.chain);
-        if (st && st->has_turn && !(st->last_profile == in.prof)) {
+        // The profile the workspace's KV was last computed under: its previous turn's, or
+        // with none remembered (a restart), its newest snapshot's.
+        const bool has_turn = st && st->has_turn;
+        const profile * before = has_turn ? &st->last_profile
+                                 : in.snapshot_profile ? &*in.snapshot_profile
+                                                       : nullptr;
+        if (before && !(*before == in.prof)) {
             r.kind = miss_kind::profile_drift;
-            r.drifted_fields = st->last_profile.describe_drift(in.prof);
+            r.drifted_fields = before->describe_drift(in.prof);
             std::string f;
             for (const auto & d : r.drifted_fields) f += (f.empty() ? "" : "; ") + d;
-            r.reason = "profile drift (" + f + "): KV computed under the old profile cannot be reused";
+            r.reason = "profile drift (" + f + "): KV computed under the old profile cannot be reused" +
+                       (has_turn ? "" : " (the workspace's newest snapshot was made under it)");
         } else if (ev) {
             r.kind = miss_kind::evicted;
             r.eviction = ev;

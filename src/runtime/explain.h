@@ -2,6 +2,7 @@
 // every explain_report (context_engine::begin_turn and context_engine::explain).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,10 @@ struct explain_inputs {
     const profile & prof;                 // the profile now
     const prefix_cache & cache;           // for eviction records (read only)
     double prefill_tokens_per_ms = 0;     // measured rate (0: not measured yet)
+    // The profile of the workspace's newest snapshot in a tier (tier_set::newest_profile):
+    // with no previous turn to compare with (after a restart), a snapshot made under
+    // another profile names the drift.
+    std::optional<profile> snapshot_profile = std::nullopt;
 };
 
 // Per-segment reuse, the miss kind and a reason a person can act on, the profile fields

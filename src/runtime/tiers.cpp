@@ -19,9 +19,11 @@ snapshot make_snapshot(const profile & prof, const std::string & workspace, cons
     return snap;
 }
 
-result<std::unique_ptr<tier_set>> tier_set::open(const tier_options & opts, eviction_policy policy) {
+result<std::unique_ptr<tier_set>> tier_set::open(const tier_options & opts, eviction_policy policy,
+                                                  pos_t max_file_tokens) {
     std::unique_ptr<tier_set> t(new tier_set());
     t->opts_ = opts;
+    t->max_file_tokens_ = max_file_tokens;
     if (opts.host_budget_bytes > 0) {
         t->host_fs_ = std::make_unique<mem_fs>();
         snapshot_store_options so;
@@ -50,7 +52,7 @@ tier_set::hit tier_set::find(int t, const assembled_prompt & ap, pos_t better_th
     hit h;
     snapshot_store * s = store(t);
     if (!s) return h;
-    h.file = counted ? s->lookup(ap.blocks) : s->peek(ap.blocks);
+    h.file = counted ? s->lookup(ap.blocks, max_file_tokens_) : s->peek(ap.blocks, max_file_tokens_);
     h.at = snap_reuse(ap, h.file.n_blocks);
     if (h.at.n_tokens > better_than) h.tier = t == k_host ? kv_tier::host : kv_tier::disk;
     return h;
@@ -60,6 +62,17 @@ tier_set::hit tier_set::peek(const assembled_prompt & ap, pos_t better_than) con
     for (int t : {k_host, k_disk})
         if (hit h = find(t, ap, better_than, false); h.tier != kv_tier::none) return h;
     return {};
+}
+
+std::optional<profile> tier_set::newest_profile(const std::string & workspace) const {
+    std::optional<snapshot_entry> newest;
+    for (int t : {k_host, k_disk}) {
+        if (!store(t)) continue;
+        auto e = store(t)->newest_of(workspace);
+        if (e && (!newest || e->meta.created_unix_ms > newest->meta.created_unix_ms)) newest = std::move(e);
+    }
+    if (!newest) return std::nullopt;
+    return newest->meta.prof;
 }
 
 tier_set::hit tier_set::restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than,
@@ -102,7 +115,7 @@ void tier_set::write_prefix(int t, engine & e, const profile & prof, seq_id seq,
     while (k < ap.blocks.size() && ap.blocks[k].cls != retention_class::none && ap.blocks[k].cls >= min_class) ++k;
     if (k == 0) return;
     std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
-    if (s->lookup(path).n_blocks >= k) return;  // held already
+    if (s->lookup(path, max_file_tokens_).n_blocks >= k) return;  // held already
     auto kv = e.save_seq(seq);
     if (!kv.ok()) return write_failed(t, kv.error());
     if (e.seq_n_tokens(seq) > path.back().end) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -27,8 +28,11 @@ snapshot make_snapshot(const profile & prof, const std::string & workspace, cons
 
 class tier_set {
   public:
+    // `max_file_tokens` > 0: the engine's sequences hold that many tokens, so a file of
+    // more (made with a larger context) is never looked up nor loaded: a miss.
     // Errors: those of snapshot_store::open, with the tier named.
-    static result<std::unique_ptr<tier_set>> open(const tier_options & opts, eviction_policy policy);
+    static result<std::unique_ptr<tier_set>> open(const tier_options & opts, eviction_policy policy,
+                                                  pos_t max_file_tokens = 0);
 
     bool empty() const { return !host_ && !disk_; }
     snapshot_store * host() { return host_.get(); }
@@ -51,6 +55,9 @@ class tier_set {
     };
     // What restore() would try first, counted nowhere and loading nothing (explain).
     hit peek(const assembled_prompt & ap, pos_t better_than) const;
+    // The profile of the newest snapshot of `workspace` in either tier, if any: after a
+    // restart under another configuration it names the drift (explain). Reads no file.
+    std::optional<profile> newest_profile(const std::string & workspace) const;
     // Loads the longest prefix a tier holds beyond `better_than` into `seq` (cleared
     // first) and trims it at the reuse point; a file that fails its checks is counted
     // and the next tier is tried. Returns kv_tier::none when nothing was restored (the
@@ -84,6 +91,7 @@ class tier_set {
     void write_failed(int t, const status & why);
 
     tier_options opts_;
+    pos_t max_file_tokens_ = 0;        // 0: no limit
     std::unique_ptr<mem_fs> host_fs_;  // the host-RAM tier is a snapshot store in memory
     std::unique_ptr<snapshot_store> host_, disk_;
     tier_counters ctr_;

@@ -316,7 +316,7 @@ result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta_in, std::s
 // ---- lookup and load ----------------------------------------------------------------------
 
 // The longest prefix of `path` some file holds. REQUIRES mu_ held.
-snapshot_match snapshot_store::find_locked(std::span<const hash128> path) const {
+snapshot_match snapshot_store::find_locked(std::span<const hash128> path, pos_t max_file_tokens) const {
     // From the longest prefix down: the first chain hash some file holds at the same
     // block index is the answer (a chain hash names the whole prefix before it).
     for (size_t i = path.size(); i-- > 0;) {
@@ -326,6 +326,7 @@ snapshot_match snapshot_store::find_locked(std::span<const hash128> path) const 
         for (const auto & [name, index] : it->second) {
             if (index != i) continue;  // only a hash collision could make this differ
             const entry_state & s = entries_.at(name);
+            if (max_file_tokens > 0 && s.e.meta.n_tokens() > max_file_tokens) continue;
             if (!best || std::pair(s.e.file_bytes, s.e.file_name) < std::pair(best->e.file_bytes, best->e.file_name))
                 best = &s;
         }
@@ -340,27 +341,39 @@ snapshot_match snapshot_store::find_locked(std::span<const hash128> path) const 
     return {};
 }
 
-snapshot_match snapshot_store::lookup(std::span<const hash128> path) {
+snapshot_match snapshot_store::lookup(std::span<const hash128> path, pos_t max_file_tokens) {
     std::lock_guard lock(mu_);
     ++stats_.n_lookups;
-    snapshot_match m = find_locked(path);
+    snapshot_match m = find_locked(path, max_file_tokens);
     ++(m.n_blocks > 0 ? stats_.n_lookup_hits : stats_.n_lookup_misses);
     return m;
 }
 
-snapshot_match snapshot_store::peek(std::span<const block> path) const {
+snapshot_match snapshot_store::peek(std::span<const block> path, pos_t max_file_tokens) const {
     std::vector<hash128> chains;
     chains.reserve(path.size());
     for (const block & b : path) chains.push_back(b.chain);
     std::lock_guard lock(mu_);
-    return find_locked(chains);
+    return find_locked(chains, max_file_tokens);
 }
 
-snapshot_match snapshot_store::lookup(std::span<const block> path) {
+snapshot_match snapshot_store::lookup(std::span<const block> path, pos_t max_file_tokens) {
     std::vector<hash128> chains;
     chains.reserve(path.size());
     for (const block & b : path) chains.push_back(b.chain);
-    return lookup(chains);
+    return lookup(chains, max_file_tokens);
+}
+
+std::optional<snapshot_entry> snapshot_store::newest_of(const std::string & workspace) const {
+    std::lock_guard lock(mu_);
+    const entry_state * best = nullptr;
+    for (const auto & [name, s] : entries_) {
+        if (s.e.key.workspace != workspace) continue;
+        // entries_ is ordered by name: on equal times the later name wins
+        if (!best || s.e.meta.created_unix_ms >= best->e.meta.created_unix_ms) best = &s;
+    }
+    if (!best) return std::nullopt;
+    return best->e;
 }
 
 result<std::shared_ptr<const snapshot>> snapshot_store::load(const snapshot_key & key, const profile * expected) {

@@ -34,7 +34,6 @@ const std::vector<field_change> & every_field_change() {
         {"chat_template_digest", [](profile & p) { p.chat_template_digest = "llama3"; }},
         {"llama_commit", [](profile & p) { p.llama_commit = "0000000000000000000000000000000000000000"; }},
         {"backend", [](profile & p) { p.backend = "CUDA"; }},
-        {"n_ctx", [](profile & p) { p.n_ctx = 8193; }},
         {"rope_freq_base", [](profile & p) { p.rope_freq_base = std::nextafter(p.rope_freq_base, 2e6f); }},
         {"rope_freq_scale", [](profile & p) { p.rope_freq_scale = 0.5f; }},
         {"yarn", [](profile & p) { p.yarn = "ext=1;attn=1;beta_fast=32;beta_slow=1;orig_ctx=32768"; }},
@@ -43,7 +42,6 @@ const std::vector<field_change> & every_field_change() {
         {"kv_mode", [](profile & p) { p.kv_mode = "shared"; }},
         {"flash_attn", [](profile & p) { p.flash_attn = true; }},
         {"n_gpu_layers", [](profile & p) { p.n_gpu_layers = -1; }},
-        {"kv_streams", [](profile & p) { p.kv_streams = 7; }},
     };
     return v;
 }
@@ -86,9 +84,9 @@ TEST(Profile, SeveralDriftsComeInDeclarationOrder) {
     profile a = test_profile(), b = a;
     b.kv_mode = "shared";
     b.model_digest = "other";
-    b.n_ctx = 4096;
-    EXPECT_EQ(a.drifted_fields(b), (std::vector<std::string>{"model_digest", "n_ctx", "kv_mode"}));
-    EXPECT_EQ(a.describe_drift(b)[1], "n_ctx: '8192' -> '4096'");
+    b.chunk_tokens = 256;
+    EXPECT_EQ(a.drifted_fields(b), (std::vector<std::string>{"model_digest", "chunk_tokens", "kv_mode"}));
+    EXPECT_EQ(a.describe_drift(b)[1], "chunk_tokens: '16' -> '256'");
 }
 
 TEST(Profile, FieldBoundariesAreUnambiguous) {
@@ -107,7 +105,6 @@ TEST(Profile, JsonRoundTrips) {
     p.rope_freq_scale = 0.25f;
     p.flash_attn = true;
     p.n_gpu_layers = -1;
-    p.kv_streams = 5;
     auto back = profile::from_json(nlohmann::json::parse(p.to_json().dump()));
     ASSERT_TRUE(back.ok()) << back.error().to_string();
     EXPECT_TRUE(p.drifted_fields(*back).empty());
@@ -133,20 +130,25 @@ TEST(Profile, FromJsonIsStrict) {
         j["colour"] = "red";
         expect_bad(j, "'colour'");
     }
-    {
+    for (const char * gone : {"n_ctx", "kv_streams"}) {  // sizes of the cache, not of its values
         auto j = good;
-        j["n_ctx"] = "8192";
-        expect_bad(j, "'n_ctx'");
+        j[gone] = 4096;
+        expect_bad(j, gone);
     }
     {
         auto j = good;
-        j["n_ctx"] = -1;
-        expect_bad(j, "'n_ctx'");
+        j["chunk_tokens"] = "512";
+        expect_bad(j, "'chunk_tokens'");
     }
     {
         auto j = good;
-        j["n_ctx"] = uint64_t{1} << 40;
-        expect_bad(j, "'n_ctx'");
+        j["chunk_tokens"] = -1;
+        expect_bad(j, "'chunk_tokens'");
+    }
+    {
+        auto j = good;
+        j["chunk_tokens"] = uint64_t{1} << 40;
+        expect_bad(j, "'chunk_tokens'");
     }
     {
         auto j = good;

@@ -47,7 +47,6 @@ inline profile test_profile(uint32_t chunk_tokens = 16) {
     p.chat_template_digest = "chatml";
     p.llama_commit = "80fb11ac73e66d89eae2c6a91d8a77428fa733ed";
     p.backend = "CPU";
-    p.n_ctx = 8192;
     p.rope_freq_base = 1000000.0f;
     p.rope_freq_scale = 1.0f;
     p.kv_type = "f16";

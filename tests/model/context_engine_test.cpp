@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "tiny_model.h"
@@ -196,7 +197,8 @@ struct temp_dir {
     ~temp_dir() { std::error_code ec; std::filesystem::remove_all(path, ec); }
 };
 
-std::unique_ptr<context_engine> tiered(const std::string & dir, uint32_t n_work = 1, uint64_t host_bytes = 0) {
+std::unique_ptr<context_engine> tiered(const std::string & dir, uint32_t n_work = 1, uint64_t host_bytes = 0,
+                                       const std::function<void(context_engine_options &)> & tweak = {}) {
     context_engine_options o;
     o.engine = testing::tiny_options();
     o.engine.n_ctx = 4096;
@@ -204,6 +206,7 @@ std::unique_ptr<context_engine> tiered(const std::string & dir, uint32_t n_work 
     o.n_work_seqs = n_work;
     o.tiers.cache_dir = dir;
     o.tiers.host_budget_bytes = host_bytes;
+    if (tweak) tweak(o);
     auto r = context_engine::open(o);
     EXPECT_TRUE(r.ok()) << r.error().to_string();
     return r.ok() ? std::move(r.value()) : nullptr;
@@ -390,7 +393,7 @@ TEST(Tiers, ConcurrentRestoresOfOnePrefixShareOneLoad) {
     temp_dir d;
     auto segs = tier_workspace();
     {
-        auto ce = tiered(d.path, 2);  // the same KV stream layout as the reader below
+        auto ce = tiered(d.path, 2);
         ASSERT_TRUE(ce);
         ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
     }
@@ -434,20 +437,124 @@ TEST(Tiers, SuspendResumeAndBranch) {
     EXPECT_EQ(ce->suspend_workspace("nope").code(), status_code::not_found);
 }
 
-TEST(Tiers, AnotherStreamLayoutIsAProfileMissNotALoadFailure) {
+// --parallel (work sequences), holders, the context per sequence (-c) and the budgets size
+// the cache; they do not change the KV. A restart that changes only them restores the
+// stable prefix from disk, and the turn equals a cold run of the new engine bit for bit.
+TEST(Tiers, ParallelContextSizeAndBudgetsDoNotVoidTheDiskTier) {
+    temp_dir d;
+    auto segs = tier_workspace();
+    pos_t stable_end = 0;
+    profile before;
+    {
+        auto ce = tiered(d.path);  // 1 work sequence, 2 holders: 4 sequences of 4096 tokens
+        ASSERT_TRUE(ce);
+        ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
+        stable_end = ce->assemble_request(tier_request(segs, "first"))->stable_end;
+        before = ce->current_profile();
+        ASSERT_EQ(ce->counters().tiers.n_writes_disk, 1u);
+    }
+    auto ce = tiered(d.path, 3, 0, [](context_engine_options & o) {
+        o.n_holders = 4;                     // 3 + 1 + 4 = 8 sequences (KV streams)
+        o.engine.n_ctx = 2048;               // of 2048 tokens each
+        o.budget.max_tokens = 3000;
+        o.tiers.disk_budget_bytes = 256u << 20;
+    });
+    ASSERT_TRUE(ce);
+    ASSERT_EQ(ce->context().n_seq_max, 8u);
+    EXPECT_TRUE(ce->current_profile() == before)
+        << ::testing::PrintToString(before.describe_drift(ce->current_profile()));
+    auto req = tier_request(segs, "after the restart");
+    auto ex = ce->explain(req);
+    ASSERT_TRUE(ex.ok());
+    EXPECT_EQ(ex->tier, kv_tier::disk);
+    EXPECT_NE(ex->kind, miss_kind::profile_drift) << ex->reason;
+    auto warm = ce->run_turn(req);
+    ASSERT_TRUE(warm.ok()) << warm.error().to_string();
+    EXPECT_EQ(warm->explain.tier, kv_tier::disk);
+    EXPECT_GT(stable_end, 0);
+    EXPECT_EQ(warm->explain.n_reused, stable_end);
+    EXPECT_EQ(ce->counters().tiers.n_restores_disk, 1u);
+    EXPECT_EQ(ce->counters().tiers.n_restore_failures, 0u);
+    auto cold = ce->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_EQ(warm->gen.tokens, cold->gen.tokens);
+    ASSERT_EQ(warm->prompt_logits.size(), cold->prompt_logits.size());
+    EXPECT_EQ(0, std::memcmp(warm->prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
+}
+
+// A restart under another chunk size (a field that changes the KV's values): the disk
+// holds the workspace's stable prefix under the old profile, which no lookup matches;
+// explain names the drift from that snapshot's profile, not just "cold".
+TEST(Tiers, ARestartUnderAnotherChunkSizeIsExplainedAsProfileDrift) {
     temp_dir d;
     auto segs = tier_workspace();
     {
-        auto ce = tiered(d.path, 1);
+        auto ce = tiered(d.path, 1, 0, [](context_engine_options & o) { o.engine.chunk_tokens = 512; });
         ASSERT_TRUE(ce);
         ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
+        ASSERT_EQ(ce->counters().tiers.n_writes_disk, 1u);
     }
-    auto ce = tiered(d.path, 2);
+    auto ce = tiered(d.path, 1, 0, [](context_engine_options & o) { o.engine.chunk_tokens = 256; });
     ASSERT_TRUE(ce);
-    auto t = ce->run_turn(tier_request(segs, "second"));
+    EXPECT_EQ(ce->disk_tier()->list().size(), 1u);  // kept: valid, for another configuration
+    auto req = tier_request(segs, "after the restart");
+    auto ex = ce->explain(req);
+    ASSERT_TRUE(ex.ok());
+    EXPECT_EQ(ex->kind, miss_kind::profile_drift) << ex->reason;
+    EXPECT_EQ(ex->n_reused, 0);
+    EXPECT_EQ(ex->drifted_fields, std::vector<std::string>{"chunk_tokens: '512' -> '256'"});
+    EXPECT_NE(ex->reason.find("chunk_tokens"), std::string::npos) << ex->reason;
+    // Another workspace with no snapshot of its own is just cold.
+    auto other = req;
+    other.workspace = "u";
+    auto ex_other = ce->explain(other);
+    ASSERT_TRUE(ex_other.ok());
+    EXPECT_EQ(ex_other->kind, miss_kind::cold) << ex_other->reason;
+    // The turn says the same, prefills everything, and writes the prefix under the new
+    // profile; the next turn is a hit, no longer a drift.
+    auto t = ce->run_turn(req);
     ASSERT_TRUE(t.ok());
-    EXPECT_EQ(t->explain.n_reused, 0);
-    EXPECT_EQ(ce->counters().tiers.n_restore_failures, 0u);  // never even tried: the chain roots differ
+    EXPECT_EQ(t->explain.kind, miss_kind::profile_drift);
+    EXPECT_EQ(t->explain.tier, kv_tier::none);
+    EXPECT_EQ(ce->counters().tiers.n_restore_failures, 0u);
+    EXPECT_EQ(ce->disk_tier()->list().size(), 2u);
+    auto t2 = ce->run_turn(tier_request(segs, "again"));
+    ASSERT_TRUE(t2.ok());
+    EXPECT_EQ(t2->explain.kind, miss_kind::full_hit) << t2->explain.reason;
+}
+
+// A snapshot made with longer sequences than this engine's may hold more tokens than
+// a sequence here: it is not looked up (a miss, nothing read), never a load failure.
+TEST(Tiers, ASnapshotLongerThanTheContextIsAMissNotALoadFailure) {
+    temp_dir d;
+    auto segs = tier_workspace();
+    workload_generator g(22, [](const std::string & s) { return s.size() / 3; });
+    auto big = segs;
+    big.insert(big.end() - 1, segment{"pin-big", segment_kind::pinned_file, "src/big.cc", "",
+                                      g.source_file("src/big.cc", 1200)});
+    {
+        auto ce = tiered(d.path);
+        ASSERT_TRUE(ce);
+        ASSERT_TRUE(ce->run_turn(tier_request(big, "first")).ok());
+        ASSERT_EQ(ce->disk_tier()->list().size(), 1u);
+    }
+    auto ce = tiered(d.path, 1, 0, [](context_engine_options & o) { o.engine.n_ctx = 1024; });
+    ASSERT_TRUE(ce);
+    ASSERT_EQ(ce->disk_tier()->list().size(), 1u);
+    ASSERT_GT(ce->disk_tier()->list()[0].meta.n_tokens(), (pos_t)ce->context().n_ctx_seq);
+    // The smaller workspace shares the file's first segments but fits the context.
+    auto req = tier_request(segs, "smaller");
+    auto ap = ce->assemble_request(req);
+    ASSERT_TRUE(ap.ok());
+    ASSERT_LE(ap->tokens.size(), ce->context().n_ctx_seq);
+    ASSERT_GT(ce->disk_tier()->peek(ap->blocks).n_blocks, 0u);  // the file holds a prefix of it
+    EXPECT_EQ(ce->disk_tier()->peek(ap->blocks, (pos_t)ce->context().n_ctx_seq).n_blocks, 0u);
+    auto t = ce->run_turn(req);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_NE(t->explain.tier, kv_tier::disk);
+    EXPECT_EQ(ce->counters().tiers.n_restores_disk, 0u);
+    EXPECT_EQ(ce->counters().tiers.n_restore_failures, 0u);
+    EXPECT_EQ(ce->disk_tier()->stats().n_loads, 0u);
 }
 
 // ---- The RAM pool and in-place turns --------------------------------------------------

@@ -1,5 +1,6 @@
 // The engine adapter on the tiny model: loading, tokens, template, sampling,
 // sequence operations, and bad input as clear errors.
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -165,6 +166,56 @@ TEST(Engine, CopyTrimClear) {
     EXPECT_EQ(e->seq_n_tokens(0), 0);
     EXPECT_EQ(e->seq_n_tokens(1), 40);
     EXPECT_FALSE(e->copy_seq(0, 17).ok());
+}
+
+// save_seq's bytes are one stream's state with seq id 0: the same for the same KV from any
+// sequence; load_seq takes only that form, and a state longer than a sequence here is
+// out_of_range, not llama.cpp's error.
+TEST(Engine, SavedStateIsOneStreamsAndLoadRefusesWhatDoesNotFit) {
+    auto e = open_tiny(kv_mode::exact, 4);
+    ASSERT_TRUE(e);
+    auto p = random_tokens(300, 5, e->model().n_vocab);
+    ASSERT_TRUE(e->prefill(0, p, 0, {}).ok());
+    ASSERT_TRUE(e->prefill(3, p, 0, {}).ok());
+    auto a = e->save_seq(0), b = e->save_seq(3);
+    ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? b.error() : a.error()).to_string();
+    EXPECT_EQ(*a, *b);
+    auto u32_at = [](const std::vector<uint8_t> & v, size_t at) {
+        uint32_t x;
+        std::memcpy(&x, v.data() + at, 4);
+        return x;
+    };
+    EXPECT_EQ(u32_at(*a, 4), 0u);    // seq id
+    EXPECT_EQ(u32_at(*a, 8), 1u);    // KV streams
+    EXPECT_EQ(u32_at(*a, 12), 300u); // cells
+    // An empty sequence round-trips too.
+    auto empty = e->save_seq(1);
+    ASSERT_TRUE(empty.ok());
+    EXPECT_EQ(empty->size(), 16u);
+    ASSERT_TRUE(e->load_seq(2, *empty).ok());
+    EXPECT_EQ(e->seq_n_tokens(2), 0);
+    // Anything but that form is corrupt: llama.cpp's own multi-stream form, another seq
+    // id, a byte too many or too few.
+    auto patched = [&](size_t at, uint32_t v) {
+        auto c = *a;
+        std::memcpy(c.data() + at, &v, 4);
+        return c;
+    };
+    EXPECT_EQ(e->load_seq(2, patched(8, 4)).code(), status_code::corrupt);
+    EXPECT_EQ(e->load_seq(2, patched(4, 3)).code(), status_code::corrupt);
+    auto longer = *a;
+    longer.push_back(0);
+    EXPECT_EQ(e->load_seq(2, longer).code(), status_code::corrupt);
+    EXPECT_EQ(e->load_seq(2, std::span<const uint8_t>(a->data(), a->size() - 1)).code(), status_code::corrupt);
+    EXPECT_EQ(e->seq_n_tokens(2), 0);
+    // A context whose sequences hold fewer tokens than the state: out_of_range.
+    auto o = tiny_options(kv_mode::exact, 2);
+    o.n_ctx = 256;
+    auto small = engine::open(o);
+    ASSERT_TRUE(small.ok()) << small.error().to_string();
+    status st = (*small)->load_seq(0, *a);
+    EXPECT_EQ(st.code(), status_code::out_of_range) << st.to_string();
+    EXPECT_EQ((*small)->seq_n_tokens(0), 0);
 }
 
 }  // namespace

@@ -153,3 +153,71 @@ TEST(Exactness, SavedSequenceStateRestoresExactly) {
 
 }  // namespace
 }  // namespace warmctx
+
+namespace warmctx {
+namespace {
+
+// The claim behind leaving n_ctx and the stream count out of the profile: the KV of a
+// prefix is the same bytes whatever the context's size (n_ctx per sequence) and however
+// many sequences (KV streams) it has, and a state saved in one such context, loaded into
+// another and continued there, gives the logits of a cold run in the other, bit for bit.
+// (llama.cpp attends over n_kv = max(256, used cells rounded up to 256) cells, and a
+// sequence's KV stream holds a multiple of 256 cells, so the size never reaches the
+// kernels' shapes.) If this fails, n_ctx must go back into the profile.
+void state_moves_across_context_shapes(bool flash_attn) {
+    struct shape {
+        uint32_t n_ctx, n_seq;
+    };
+    const shape shapes[] = {{2048, 3}, {700, 6}};  // 700: llama.cpp rounds it to 768
+    std::vector<std::unique_ptr<engine>> es;
+    for (const shape & sh : shapes) {
+        auto o = testing::tiny_options(kv_mode::exact, sh.n_seq);
+        o.n_ctx = sh.n_ctx;
+        o.flash_attn = flash_attn;
+        auto e = engine::open(o);
+        ASSERT_TRUE(e.ok()) << e.error().to_string();
+        es.push_back(std::move(e.value()));
+    }
+    auto s = make_scenario(es[0]->model().n_vocab);
+    const auto b = s.boundaries();
+    const auto prompt = s.prompt();
+    const pos_t P = (pos_t)s.prefix.size();
+    // The prefix's KV in each context, saved from different sequences.
+    std::vector<std::vector<uint8_t>> saved;
+    for (size_t i = 0; i < es.size(); ++i) {
+        const seq_id seq = (seq_id)(i + 1);
+        ASSERT_TRUE(es[i]->prefill(seq, s.prefix, 0, b).ok());
+        auto bytes = es[i]->save_seq(seq);
+        ASSERT_TRUE(bytes.ok()) << bytes.error().to_string();
+        saved.push_back(std::move(bytes.value()));
+        es[i]->clear_seq(seq);
+    }
+    EXPECT_EQ(saved[0], saved[1]) << "the KV of the prefix differs between context shapes";
+    for (size_t to = 0; to < es.size(); ++to) {
+        engine & e = *es[to];
+        std::vector<float> cold;
+        ASSERT_TRUE(e.prefill(0, prompt, 0, b, &cold).ok());
+        e.clear_seq(0);
+        for (size_t from = 0; from < es.size(); ++from) {
+            const seq_id seq = (seq_id)e.context().n_seq_max - 1;
+            ASSERT_TRUE(e.load_seq(seq, saved[from]).ok());
+            ASSERT_EQ(e.seq_n_tokens(seq), P);
+            std::vector<float> warm;
+            ASSERT_TRUE(e.prefill(seq, s.tail, P, b, &warm).ok());
+            e.clear_seq(seq);
+            ASSERT_EQ(warm.size(), cold.size());
+            EXPECT_EQ(0, std::memcmp(warm.data(), cold.data(), cold.size() * sizeof(float)))
+                << "saved with n_ctx " << shapes[from].n_ctx << " x " << shapes[from].n_seq << ", continued with n_ctx "
+                << shapes[to].n_ctx << " x " << shapes[to].n_seq << ": max |diff| " << max_abs_diff(warm, cold);
+        }
+    }
+}
+
+TEST(Exactness, SavedStateIsIndependentOfContextSizeAndStreamCount) { state_moves_across_context_shapes(false); }
+
+TEST(Exactness, SavedStateIsIndependentOfContextSizeAndStreamCountWithFlashAttention) {
+    state_moves_across_context_shapes(true);
+}
+
+}  // namespace
+}  // namespace warmctx

@@ -76,7 +76,6 @@ struct plan {
         prof.chat_template_digest = "none";
         prof.llama_commit = std::string(llama_commit());
         prof.backend = std::string(backend_name());
-        prof.n_ctx = 1024;
         prof.chunk_tokens = k_chunk;
         std::vector<pos_t> starts = {0, 96, 200, k_prefix};
         const retention_class classes[] = {retention_class::highest, retention_class::high, retention_class::low};

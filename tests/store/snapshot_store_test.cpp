@@ -149,6 +149,53 @@ TEST(snapshot_store, lookup_finds_the_longest_prefix_any_file_holds) {
     EXPECT_EQ(st.n_lookup_misses, 2u);
 }
 
+// A reader whose sequences hold fewer tokens than a file cannot load it: with
+// max_file_tokens, lookup passes such a file over for a shorter one of the same prefix,
+// or misses.
+TEST(snapshot_store, lookup_passes_over_files_longer_than_the_reader_holds) {
+    fixture fx;
+    auto store = fx.open();
+    auto p = make_path(1, {rc::highest, rc::high, rc::medium, rc::low});
+    snapshot a = snapshot_of(p, 5, "ws-a");
+    snapshot b = snapshot_of(p, 9, "ws-b");
+    ASSERT_TRUE(store->put(a).ok());
+    ASSERT_TRUE(store->put(b).ok());
+    auto path = chains_of(p);
+    auto m = store->lookup(path, b.meta.n_tokens());  // b fits exactly
+    EXPECT_EQ(m.key, key_of(b));
+    EXPECT_EQ(m.n_blocks, 9u);
+    m = store->lookup(path, b.meta.n_tokens() - 1);    // b does not: a serves its 5 blocks
+    EXPECT_EQ(m.key, key_of(a));
+    EXPECT_EQ(m.n_blocks, 5u);
+    EXPECT_EQ(store->peek(p.blocks, b.meta.n_tokens() - 1).key, key_of(a));
+    EXPECT_FALSE(store->lookup(path, a.meta.n_tokens() - 1).hit());
+    EXPECT_FALSE(store->peek(p.blocks, a.meta.n_tokens() - 1).hit());
+    EXPECT_EQ(store->stats().n_lookup_misses, 1u);
+}
+
+// The newest file of a workspace, from the index alone (explain's source of the profile a
+// workspace's KV was last computed under, after a restart).
+TEST(snapshot_store, newest_of_is_a_workspaces_latest_file) {
+    fixture fx;
+    auto p = make_path(1, {rc::highest, rc::high, rc::medium});
+    snapshot older = snapshot_of(p, 6, "ws", 7, 1000, 1'700'000'000'000);
+    snapshot newer = snapshot_of(p, 3, "ws", 7, 1000, 1'700'000'005'000);
+    snapshot other = snapshot_of(p, 9, "other", 7, 1000, 1'700'000'009'000);
+    {
+        auto store = fx.open();
+        for (const snapshot * s : {&older, &newer, &other}) ASSERT_TRUE(store->put(*s).ok());
+        EXPECT_EQ(store->newest_of("ws")->key, key_of(newer));
+    }
+    auto store = fx.open();  // after a restart, from the heads
+    ASSERT_TRUE(store->newest_of("ws").has_value());
+    EXPECT_EQ(store->newest_of("ws")->key, key_of(newer));
+    EXPECT_EQ(store->newest_of("ws")->meta.prof, p.prof);
+    EXPECT_EQ(store->newest_of("other")->key, key_of(other));
+    EXPECT_FALSE(store->newest_of("nobody").has_value());
+    EXPECT_EQ(store->stats().n_lookups, 0u);
+    EXPECT_EQ(store->stats().n_loads, 0u);
+}
+
 // ---- damage: at scan and at load ------------------------------------------------------------------
 
 TEST(snapshot_store, open_quarantines_bad_heads_and_removes_temp_files) {
@@ -190,6 +237,37 @@ TEST(snapshot_store, open_quarantines_bad_heads_and_removes_temp_files) {
     auto m = store->lookup(std::span<const hash128>(chains).first(3));
     EXPECT_EQ(m.key, key_of(good));
     EXPECT_EQ(m.n_blocks, 3u);
+}
+
+// A file of the previous format version (written before an upgrade) is a miss named
+// foreign_version at open: not indexed, never loaded, and no other file is affected.
+TEST(snapshot_store, a_file_of_an_older_format_version_is_a_clean_miss) {
+    namespace sf = snapshot_format;
+    static_assert(sf::k_version >= 2);
+    fixture fx;
+    auto p = make_path(1, {rc::high, rc::low});
+    snapshot old = snapshot_of(p, 3, "ws-old");
+    snapshot current = snapshot_of(p, 6, "ws-new");
+    std::string old_name;
+    {
+        auto store = fx.open();
+        old_name = store->put(old)->file_name;
+        ASSERT_TRUE(store->put(current).ok());
+    }
+    // The version field now says k_version - 1 (checked before any checksum).
+    ASSERT_TRUE(fx.mem.corrupt_byte(k_dir + "/" + old_name, sf::k_off_version,
+                                    (uint8_t)(sf::k_version ^ (sf::k_version - 1))).ok());
+    auto store = fx.open();
+    ASSERT_EQ(store->list().size(), 1u);
+    EXPECT_EQ(store->list()[0].key, key_of(current));
+    ASSERT_EQ(store->rejected().size(), 1u);
+    EXPECT_EQ(store->rejected()[0].file_name, old_name);
+    EXPECT_EQ(store->rejected()[0].defect, snapshot_defect::foreign_version);
+    EXPECT_NE(store->rejected()[0].reason.find("format version " + std::to_string(sf::k_version - 1)), std::string::npos)
+        << store->rejected()[0].reason;
+    EXPECT_EQ(store->load(key_of(old)).error().code(), status_code::not_found);
+    auto chains = chains_of(p);
+    EXPECT_EQ(store->lookup(std::span<const hash128>(chains).first(3)).key, key_of(current));
 }
 
 // quarantine/ is bounded: at most quarantine_max_files files (oldest out first), and its

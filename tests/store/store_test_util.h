@@ -19,7 +19,6 @@ inline profile test_profile() {
     p.chat_template_digest = hash_string("template").hex();
     p.llama_commit = "80fb11ac73e66d89eae2c6a91d8a77428fa733ed";
     p.backend = "CPU";
-    p.n_ctx = 4096;
     p.kv_type = "f16";
     p.chunk_tokens = 16;
     p.kv_mode = "exact";
