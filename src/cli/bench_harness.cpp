@@ -101,6 +101,17 @@ class warmctx_system final : public bench_system {
     }
     std::string name() const override { return name_; }
     json describe() const override { return desc_; }
+    json state() override {
+        json j = json::object();
+        (void)sched_->call([&j](context_engine & ce) {
+            const kv_memory m = ce.counters().memory;
+            j = {{"kv_allocated_bytes", m.allocated_bytes}, {"kv_used_bytes", m.used_bytes},
+                 {"streams_allocated_bytes", m.streams_allocated_bytes}, {"pool_bytes", m.pool_bytes},
+                 {"pool_allocated_bytes", m.pool_allocated_bytes}, {"pool_entries", m.pool_entries},
+                 {"in_place_turns", m.n_in_place_turns}, {"pool_loads", m.n_pool_loads}};
+        });
+        return j;
+    }
     turn_timing send(const std::string & workspace, const std::vector<segment> & segs, const std::vector<token_id> &,
                      int max_tokens) override {
         json s = json::array();
@@ -248,8 +259,11 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
                  {"budget_tokens", o.cf.budget_tokens},
                  {"budget_bytes", o.cf.budget_bytes},
                  {"kv_bytes_per_token", (*s)->context().kv_bytes_per_token},
-                 {"kv_allocated_bytes", (uint64_t)(*s)->context().n_ctx_seq * (*s)->context().n_seq_max *
-                                            (*s)->context().kv_bytes_per_token},
+                 // streams, allocated whole; the pool grows up to budget_bytes
+                 {"kv_streams_bytes", (uint64_t)(*s)->context().n_ctx_seq * (*s)->context().n_seq_max *
+                                          (*s)->context().kv_bytes_per_token},
+                 {"kv_allocated_bytes_bound", (uint64_t)(*s)->context().n_ctx_seq * (*s)->context().n_seq_max *
+                                                  (*s)->context().kv_bytes_per_token + o.cf.budget_bytes},
                  {"flash_attn", eo->flash_attn},
                  {"backend", (*s)->context().backend}};
     return std::unique_ptr<bench_system>(new warmctx_system(o.name, std::move(*s), std::move(*h), std::move(desc)));
@@ -275,18 +289,18 @@ result<std::unique_ptr<bench_system>> start_llama_server(const llama_server_opti
                                      "-m", eo->model_path,
                                      "--host", "127.0.0.1",
                                      "--port", std::to_string(port),
-                                     "-c", std::to_string((uint64_t)o.mf.n_ctx * (uint64_t)o.slots),
-                                     "-np", std::to_string(o.slots),
                                      "-t", std::to_string(threads),
                                      "-tb", std::to_string(threads),
                                      "-ngl", std::to_string(o.mf.gpu_layers < 0 ? 999 : o.mf.gpu_layers),
-                                     "-b", std::to_string(eo->chunk_tokens),
-                                     "-ub", std::to_string(eo->chunk_tokens),
                                      "-fa", eo->flash_attn ? "on" : "off",
-                                     "-ctk", eo->kv_type,
-                                     "-ctv", eo->kv_type,
                                      "--no-webui"};
-    if (o.cache_ram_mib >= 0) {
+    if (!o.defaults) {
+        for (const std::string & a : std::vector<std::string>{"-c", std::to_string((uint64_t)o.mf.n_ctx * (uint64_t)o.slots), "-np", std::to_string(o.slots),
+                              "-b", std::to_string(eo->chunk_tokens), "-ub", std::to_string(eo->chunk_tokens),
+                              "-ctk", eo->kv_type, "-ctv", eo->kv_type})
+            args.push_back(a);
+    }
+    if (o.cache_ram_mib >= 0 && !o.defaults) {
         args.push_back("--cache-ram");
         args.push_back(std::to_string(o.cache_ram_mib));
     }

@@ -48,12 +48,14 @@ class bench_system {
                              const std::vector<token_id> & tokens, int max_tokens) = 0;
     // What the system was started with (flags, budgets), for the JSON report.
     virtual nlohmann::json describe() const = 0;
+    // What the system holds now, for the report after a run (warmctx: its KV memory).
+    virtual nlohmann::json state() { return nlohmann::json::object(); }
 };
 
 struct warmctx_system_options {
     std::string name = "warmctx";
     model_flags mf;                 // mf.n_ctx: per work sequence
-    uint32_t holders = 4;
+    uint32_t holders = 4096;        // pool entries at most (the byte budget binds first)
     cache_flags cf;
 };
 result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_options & o);
@@ -64,6 +66,9 @@ struct llama_server_options {
     model_flags mf;                 // model, n_ctx (per slot), threads, gpu layers, kv type, chunk, fa
     int slots = 1;
     int cache_ram_mib = -1;         // --cache-ram (-1: llama-server's default)
+    bool defaults = false;          // llama-server's own defaults: no -c, -np, --cache-ram,
+                                    // batch or KV-type flags (model, threads, GPU layers and
+                                    // flash attention still given)
     std::string log_path;           // its stdout and stderr ("" = a temp file)
     double start_timeout_s = 600;
 };

@@ -1,12 +1,14 @@
 // warmctx bench trace - a seeded multi-workspace coding-agent trace (agent_trace.h)
 // replayed turn by turn through HTTP against warmctx with semantic eviction, warmctx
-// with plain LRU, and llama-server with its RAM prompt cache, all under one KV budget:
-//   - warmctx-*: --budget-bytes B (the KV its prefix cache may keep across turns),
-//     with enough holders that the budget, not the holder count, binds;
-//   - llama-server: one slot of the same context length and a RAM prompt cache. Its
-//     slot keeps the last prompt's KV across turns outside --cache-ram, so by default
-//     --cache-ram is B less the KV of a mean prompt (at least 1 MiB): slot + cache
-//     then hold about B, as warmctx's holders do. --server-cache-ram-mib overrides.
+// with plain LRU, and llama-server with its RAM prompt cache, all allocating the same
+// KV bytes A (every stream, slot, pool and cache counted whole, not what they use):
+//   - warmctx-*: one work stream and the cold/scratch stream of n_ctx cells each, and
+//     a pool of cached prefixes of --budget-bytes A - 2 streams;
+//   - llama-server: one slot of the same n_ctx and --cache-ram A - 1 slot (at least
+//     1 MiB; --server-cache-ram-mib overrides).
+// And each system at its own defaults (what a user meets): warmctx-defaults (serve's
+// defaults: automatic n_ctx, the default byte budget) and llama-server-defaults (no -c,
+// -np, --cache-ram, batch or KV-type flags).
 // Each turn is sent once, in trace order, by one client; llama-server gets the exact
 // tokens warmctx assembles, so both prefill the same prompt.
 #include <chrono>
@@ -24,9 +26,11 @@ using clock_type = std::chrono::steady_clock;
 struct trace_args {
     model_flags mf;
     agent_trace_options t;
-    double budget_mib = 0;          // 0 = 40% of the KV of all workspaces' stable prompts
-    double server_cache_ram_mib = 0; // 0 = budget_mib less a mean prompt's KV (the slot)
-    std::vector<std::string> systems = {"warmctx-semantic", "warmctx-lru", "llama-server"};
+    double budget_mib = 0;          // allocated KV of every system; 0 = two streams + 40% of
+                                    // the KV of all workspaces' stable prompts
+    double server_cache_ram_mib = 0; // 0 = budget_mib less llama-server's slot
+    std::vector<std::string> systems = {"warmctx-semantic", "warmctx-lru", "llama-server", "warmctx-defaults",
+                                        "llama-server-defaults"};
     std::string llama_server = default_tool("llama-server");
     bool quick = false;
     bool json_out = false;
@@ -40,9 +44,11 @@ int run_trace(trace_args a) {
         a.t.tail_tokens = 200;
     }
     for (const auto & s : a.systems)
-        if (s != "warmctx-semantic" && s != "warmctx-lru" && s != "llama-server") {
+        if (s != "warmctx-semantic" && s != "warmctx-lru" && s != "llama-server" && s != "warmctx-defaults" &&
+            s != "llama-server-defaults") {
             return fail(invalid_argument("--systems: unknown system '" + s +
-                                         "' (warmctx-semantic, warmctx-lru, llama-server)"));
+                                         "' (warmctx-semantic, warmctx-lru, llama-server, warmctx-defaults, "
+                                         "llama-server-defaults)"));
         }
     if (a.server_cache_ram_mib < 0) return fail(invalid_argument("--server-cache-ram-mib must be >= 0"));
     if (a.budget_mib < 0) return fail(invalid_argument("--budget-mib must be >= 0"));
@@ -77,21 +83,27 @@ int run_trace(trace_args a) {
 
     size_t stable_sum = 0;
     for (size_t s : stable_prompt) stable_sum += s;
-    double budget_mib = a.budget_mib;
-    if (budget_mib == 0) budget_mib = std::max(1.0, std::ceil(0.4 * (double)(stable_sum * bpt) / (1 << 20)));
-    const uint64_t budget_bytes = (uint64_t)(budget_mib * (1 << 20));
-    // llama-server's slot keeps the last prompt outside --cache-ram: give its cache the
-    // budget less what the slot holds on average.
-    const double slot_mib = tr->turns.empty() ? 0.0
-        : (double)total_prompt / (double)tr->turns.size() * (double)bpt / (1 << 20);
-    const int server_cache_ram_mib = a.server_cache_ram_mib > 0
-        ? (int)std::ceil(a.server_cache_ram_mib)
-        : std::max(1, (int)std::lround(budget_mib - slot_mib));
-
     model_flags mf = a.mf;
     mf.model = model_path;
     const uint32_t chunk = std::max<uint32_t>(1, mf.chunk);
     mf.n_ctx = (uint32_t)((max_prompt + 64 + chunk - 1) / chunk * chunk);
+    // llama.cpp pads a stream to a multiple of 256 cells.
+    const uint64_t stream_bytes = (uint64_t)((mf.n_ctx + 255) / 256 * 256) * bpt;
+    const double stream_mib = (double)stream_bytes / (1 << 20);
+
+    // Every system allocates the same KV bytes: warmctx two streams + its pool,
+    // llama-server its slot + --cache-ram.
+    double budget_mib = a.budget_mib;
+    if (budget_mib == 0) budget_mib = std::ceil(2 * stream_mib + 0.4 * (double)(stable_sum * bpt) / (1 << 20));
+    const uint64_t allocated_bytes = (uint64_t)(budget_mib * (1 << 20));
+    if (allocated_bytes <= 2 * stream_bytes)
+        return fail(invalid_argument("--budget-mib " + std::to_string(budget_mib) + " does not exceed warmctx's two KV streams (" +
+                                     std::to_string(2 * stream_mib) + " MiB)"));
+    const uint64_t budget_bytes = allocated_bytes - 2 * stream_bytes;  // warmctx's pool
+    const double slot_mib = stream_mib;
+    const int server_cache_ram_mib = a.server_cache_ram_mib > 0
+        ? (int)std::ceil(a.server_cache_ram_mib)
+        : std::max(1, (int)std::floor(budget_mib - slot_mib));
 
     json out = {{"bench", "trace"},
                 {"model", model_path},
@@ -102,10 +114,13 @@ int run_trace(trace_args a) {
                   {"zipf_s", a.t.zipf_s}, {"stable_tokens_mean", a.t.stable_tokens}, {"edit_prob", a.t.edit_prob},
                   {"tail_tokens_mean", a.t.tail_tokens}, {"stable_prompt_tokens", stable_prompt},
                   {"edits", n_edits}, {"prompt_tokens_total", total_prompt}, {"max_prompt_tokens", max_prompt}}},
-                {"budget", {{"mib", budget_mib}, {"bytes", budget_bytes}, {"kv_bytes_per_token", bpt},
-                            {"tokens", bpt ? budget_bytes / bpt : 0},
-                            {"llama_server_slot_mib_mean", slot_mib},
+                {"budget", {{"mib", budget_mib}, {"allocated_bytes", allocated_bytes}, {"bytes", budget_bytes},
+                            {"kv_bytes_per_token", bpt}, {"tokens", bpt ? budget_bytes / bpt : 0},
+                            {"stream_bytes", stream_bytes},
+                            {"warmctx_allocated_bytes", 2 * stream_bytes + budget_bytes},
+                            {"llama_server_slot_mib", slot_mib},
                             {"llama_server_cache_ram_mib", server_cache_ram_mib},
+                            {"llama_server_allocated_bytes", stream_bytes + (uint64_t)server_cache_ram_mib * (1 << 20)},
                             {"stable_kv_fraction", stable_sum ? (double)(budget_bytes / std::max<uint64_t>(1, bpt)) / (double)stable_sum : 0.0}}},
                 {"n_ctx", mf.n_ctx}};
     json workspace_of = json::array();
@@ -115,20 +130,26 @@ int run_trace(trace_args a) {
     json systems = json::array();
     for (const auto & name : a.systems) {
         result<std::unique_ptr<bench_system>> sys = invalid_argument("unreachable");
-        if (name == "llama-server") {
+        if (name == "llama-server" || name == "llama-server-defaults") {
             llama_server_options o;
+            o.name = name;
             o.binary = a.llama_server;
             o.mf = mf;
             o.slots = 1;
             o.cache_ram_mib = server_cache_ram_mib;
+            o.defaults = name == "llama-server-defaults";
             sys = start_llama_server(o);
         } else {
             warmctx_system_options o;
             o.name = name;
             o.mf = mf;
-            o.holders = (uint32_t)a.t.n_workspaces + 2;
-            o.cf.budget_bytes = budget_bytes;
-            o.cf.policy = name == "warmctx-lru" ? "lru" : "semantic";
+            if (name == "warmctx-defaults") {
+                o.mf.n_ctx = a.mf.n_ctx;  // as given (0: automatic), like serve
+                o.cf = cache_flags{};     // the default byte budget
+            } else {
+                o.cf.budget_bytes = budget_bytes;
+                o.cf.policy = name == "warmctx-lru" ? "lru" : "semantic";
+            }
             sys = start_warmctx_system(o);
         }
         if (!sys) return fail(sys.error());
@@ -166,6 +187,7 @@ int run_trace(trace_args a) {
                   {"ttft_mean_ms", summarize(ttft).mean},
                   {"wall_ms", wall_ms},
                   {"config", (*sys)->describe()},
+                  {"end_state", (*sys)->state()},
                   {"per_turn", {{"ttft_ms", per_turn_ttft}, {"cached_tokens", per_turn_cached}, {"prompt_tokens", per_turn_prompt}}}};
         progress(name + ": prefilled " + std::to_string(prompt_total - cached_total) + " tokens, TTFT p50 " +
                  std::to_string(percentile(ttft, 0.5)) + " ms");
@@ -188,9 +210,10 @@ int run_trace(trace_args a) {
     }
     out["ratios"] = ratios;
     if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return 0; }
-    std::printf("budget %.0f MiB (%llu tokens of KV; llama-server: slot ~%.0f MiB + --cache-ram %d MiB); "
-                "%d turns over %d workspaces, %d edits\n", budget_mib, (unsigned long long)(bpt ? budget_bytes / bpt : 0),
-                slot_mib, server_cache_ram_mib, a.t.n_turns, a.t.n_workspaces, n_edits);
+    std::printf("allocated KV %.0f MiB each (warmctx: 2 streams of %.1f MiB + a pool of %llu tokens; llama-server: "
+                "slot %.1f MiB + --cache-ram %d MiB); %d turns over %d workspaces, %d edits\n",
+                budget_mib, stream_mib, (unsigned long long)(bpt ? budget_bytes / (bpt + 12) : 0), slot_mib,
+                server_cache_ram_mib, a.t.n_turns, a.t.n_workspaces, n_edits);
     std::printf("%-17s %12s %8s %12s %12s %12s\n", "system", "prefilled", "cached", "TTFT p50 ms", "TTFT p95 ms", "wall s");
     for (const auto & s : systems)
         std::printf("%-17s %12llu %8.3f %12.1f %12.1f %12.1f\n", s["name"].get<std::string>().c_str(),
@@ -213,9 +236,9 @@ void register_trace_bench(CLI::App & bench, int & rc) {
     c->add_option("--tail-tokens", a->t.tail_tokens, "mean diff + test output per turn, tokens")->capture_default_str();
     c->add_option("--edit-prob", a->t.edit_prob, "chance per turn that a stable segment changes")->capture_default_str();
     c->add_option("--seed", a->t.seed, "trace seed")->capture_default_str();
-    c->add_option("--budget-mib", a->budget_mib, "KV budget of every system's cache, MiB (0 = 40% of all stable prompts' KV)")->capture_default_str();
-    c->add_option("--server-cache-ram-mib", a->server_cache_ram_mib, "llama-server's --cache-ram, MiB (0 = the budget less a mean prompt's KV, which its slot keeps)")->capture_default_str();
-    c->add_option("--systems", a->systems, "systems: warmctx-semantic, warmctx-lru, llama-server")->delimiter(',')->capture_default_str();
+    c->add_option("--budget-mib", a->budget_mib, "KV every system allocates, MiB: streams/slots + pool/--cache-ram (0 = two streams + 40% of all stable prompts' KV)")->capture_default_str();
+    c->add_option("--server-cache-ram-mib", a->server_cache_ram_mib, "llama-server's --cache-ram, MiB (0 = the budget less its slot)")->capture_default_str();
+    c->add_option("--systems", a->systems, "systems: warmctx-semantic, warmctx-lru, llama-server (equal allocated KV), warmctx-defaults, llama-server-defaults")->delimiter(',')->capture_default_str();
     c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
     c->add_flag("--quick", a->quick, "a small trace (4 workspaces, 24 turns, ~1.5k-token stable contexts)");
     c->add_flag("--json", a->json_out, "print JSON");

@@ -10,7 +10,7 @@ check() { if ! jq -e "$1" "$out" >/dev/null; then echo "FAILED: $2"; jq -c "${3:
 case "$which" in
 trace)
   "$warmctx" bench trace --quick -m "$model" --json >"$out"
-  check '[.systems[].name] == ["warmctx-semantic","warmctx-lru","llama-server"]' "one entry per system, in order"
+  check '[.systems[].name] == ["warmctx-semantic","warmctx-lru","llama-server","warmctx-defaults","llama-server-defaults"]' "one entry per system, in order"
   check 'all(.systems[]; .prefilled_tokens > 0 and .cached_ratio > 0 and .cached_ratio < 1 and .ttft_p50_ms > 0 and .ttft_p95_ms >= .ttft_p50_ms and .wall_ms > 0)' \
         "each system reports prefilled tokens, cached ratio, TTFT p50/p95 and wall time" '.systems[] | del(.per_turn)'
   check '([.systems[].prompt_tokens] | unique | length) == 1 and .systems[0].prompt_tokens == .trace.prompt_tokens_total' \
@@ -20,8 +20,12 @@ trace)
   check '.ratios.semantic_over_lru_prefilled > 0 and .ratios.semantic_over_llama_server_ttft_p50 > 0' "target ratios reported" '.ratios'
   check '.budget.bytes > 0 and .systems[0].config.budget_bytes == .budget.bytes and .systems[1].config.budget_bytes == .budget.bytes' \
         "both warmctx systems run under the KV budget" '[.budget, .systems[].config]'
-  check '.budget.llama_server_slot_mib_mean > 0 and .systems[2].config.cache_ram_mib == .budget.llama_server_cache_ram_mib and .budget.llama_server_cache_ram_mib == ([1, ((.budget.mib - .budget.llama_server_slot_mib_mean) | round)] | max)' \
-        "llama-server: its slot plus --cache-ram hold the same budget" '[.budget, .systems[2].config]'
+  check '.budget as $b | all(.systems[0,1]; .config.kv_allocated_bytes_bound == $b.warmctx_allocated_bytes and .end_state.kv_allocated_bytes <= $b.allocated_bytes + 65536 * .end_state.pool_entries and .end_state.streams_allocated_bytes == 2 * $b.stream_bytes)' \
+        "warmctx allocates two streams and a pool within the same bytes" '[.budget, (.systems[0,1] | .config, .end_state)]'
+  check '.systems[2].config.cache_ram_mib == .budget.llama_server_cache_ram_mib and .budget.llama_server_allocated_bytes <= .budget.allocated_bytes and .budget.llama_server_allocated_bytes > .budget.allocated_bytes - 1048576' \
+        "llama-server: its slot plus --cache-ram allocate the same bytes" '[.budget, .systems[2].config]'
+  check '(.systems[4].config.command | test(" -c | --cache-ram | -np ") | not) and .systems[3].end_state.kv_allocated_bytes > 0' \
+        "each system also at its own defaults" '[.systems[3,4].config, .systems[3].end_state]'
   ;;
 s2)
   "$warmctx" bench s2 -m "$model" --sizes 600,1200 --warm-turns 2 --json >"$out"
