@@ -235,6 +235,12 @@ class engine {
     // than a sequence holds here).
     result<std::vector<uint8_t>> save_seq(seq_id seq) const;
     status load_seq(seq_id seq, std::span<const uint8_t> bytes);
+    // The same in llama.cpp's own layout for this context, with no conversion: for state
+    // that never leaves this engine (the RAM pool), where a load is then one parse and
+    // one copy of the KV. REQUIRES for load_seq_raw: bytes from save_seq_raw of this
+    // engine (any sequence).
+    result<std::vector<uint8_t>> save_seq_raw(seq_id seq) const;
+    status load_seq_raw(seq_id seq, std::span<const uint8_t> bytes);
 
   private:
     struct impl;

@@ -502,6 +502,7 @@ json tally_json(const type_tally & t) {
 
 int run_soak(const soak_args & a) {
     if (a.clients < 1 || a.duration_s <= 0 || a.sample_s <= 0) return fail(invalid_argument("--clients, --duration-s and --sample-s must be positive"));
+    if (a.mf.n_ctx == 0) return fail(invalid_argument("bench soak needs an explicit -c (one of its bad requests is a prompt twice as long)"));
     scheduler_options so;
     so.engine.n_holders = a.holders;
     if (status st = a.cf.apply(so.engine); !st.ok()) return fail(st);
@@ -687,6 +688,7 @@ int run_soak(const soak_args & a) {
 void register_soak_bench(CLI::App & bench, int & rc) {
     auto a = std::make_shared<soak_args>();
     auto * c = bench.add_subcommand("soak", "many clients, a realistic request mix, for a long time: no 5xx, flat RSS (loopback)");
+    a->mf.n_ctx = 8192;  // a fixed context: one of the bad requests is a prompt twice as long
     a->mf.add_to(*c);
     a->cf.add_to(*c);
     c->add_option("--clients", a->clients, "concurrent clients")->capture_default_str()->check(CLI::Range(1, 512));

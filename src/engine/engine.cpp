@@ -750,6 +750,25 @@ result<std::vector<uint8_t>> engine::save_seq(seq_id seq) const {
     return out;
 }
 
+result<std::vector<uint8_t>> engine::save_seq_raw(seq_id seq) const {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
+    size_t n = llama_state_seq_get_size(p_->ctx.get(), seq);
+    std::vector<uint8_t> raw(n);
+    size_t w = llama_state_seq_get_data(p_->ctx.get(), raw.data(), raw.size(), seq);
+    if (w == 0 && n != 0) return engine_error("llama_state_seq_get_data failed");
+    raw.resize(w);
+    return raw;
+}
+
+status engine::load_seq_raw(seq_id seq, std::span<const uint8_t> bytes) {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
+    if (bytes.empty()) return invalid_argument("load_seq_raw: empty state");
+    llama_memory_seq_rm(p_->mem(), seq, -1, -1);
+    size_t r = llama_state_seq_set_data(p_->ctx.get(), bytes.data(), bytes.size(), seq);
+    if (r == 0) return corrupt("llama_state_seq_set_data rejected the state");
+    return {};
+}
+
 status engine::load_seq(seq_id seq, std::span<const uint8_t> bytes) {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
     if (bytes.empty()) return invalid_argument("load_seq: empty state");

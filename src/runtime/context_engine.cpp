@@ -469,20 +469,18 @@ status context_engine::snapshot_workspace(const std::string & workspace) {
     engine & e = *p_->eng;
     std::vector<block> path(ws->last_blocks.begin(), ws->last_blocks.begin() + (long)m.n_blocks);
     if (disk->lookup(path).n_blocks >= path.size()) return {};
-    const std::vector<uint8_t> * held = p_->pool->state(m.holder);
-    if (!held) return internal_error("snapshot: the cache's holder has no state in the pool");
-    result<std::vector<uint8_t>> kv = *held;
-    // The holder may hold more than this workspace's path (another workspace's longer
-    // path through the same blocks): keep only the matched part.
-    if (p_->pool->n_tokens(m.holder) != path.back().end) {
-        e.clear_seq(p_->cold_seq);
-        status st = e.load_seq(p_->cold_seq, *kv);
-        if (st.ok()) st = e.trim_seq(p_->cold_seq, path.back().end);
-        if (st.ok()) kv = e.save_seq(p_->cold_seq);
-        e.clear_seq(p_->cold_seq);
-        WARMCTX_RETURN_IF_ERROR(st);
-        if (!kv.ok()) return kv.error();
-    }
+    if (!p_->pool->state(m.holder)) return internal_error("snapshot: the cache's holder has no state in the pool");
+    // Through the scratch sequence: the pool's bytes are in this context's own layout,
+    // a file's in the stream-independent one; and the holder may hold more than this
+    // workspace's path (another workspace's longer path through the same blocks).
+    e.clear_seq(p_->cold_seq);
+    result<std::vector<uint8_t>> kv = std::vector<uint8_t>{};
+    status st = p_->pool->copy_seq(m.holder, p_->cold_seq);
+    if (st.ok()) st = e.trim_seq(p_->cold_seq, path.back().end);
+    if (st.ok()) kv = e.save_seq(p_->cold_seq);
+    e.clear_seq(p_->cold_seq);
+    WARMCTX_RETURN_IF_ERROR(st);
+    if (!kv.ok()) return kv.error();
     return p_->tiers->put_disk(
         make_snapshot(p_->prof, workspace, ws->last_manifest, std::move(path), ws->last_tokens, std::move(kv.value())));
 }

@@ -23,7 +23,7 @@ std::vector<seq_id> kv_pool::holder_ids() const {
 
 status kv_pool::save_into(seq_id src, entry & out) {
     auto t = clock_type::now();
-    auto bytes = e_.save_seq(src);
+    auto bytes = e_.save_seq_raw(src);
     if (!bytes.ok()) return bytes.error();
     out.n_tokens = e_.seq_n_tokens(src);
     out.bytes = std::move(bytes.value());
@@ -55,7 +55,7 @@ status kv_pool::copy_seq(seq_id src, seq_id dst) {
         return {};
     }
     auto t = clock_type::now();
-    WARMCTX_RETURN_IF_ERROR(e_.load_seq(dst, it->second.bytes));
+    WARMCTX_RETURN_IF_ERROR(e_.load_seq_raw(dst, it->second.bytes));
     ctr_.n_loads++;
     ctr_.loaded_bytes += it->second.bytes.size();
     ctr_.load_ms += ms_since(t);
@@ -73,7 +73,7 @@ status kv_pool::trim_seq(seq_id seq, pos_t from) {
     }
     // The state's layout is llama.cpp's: cut it by round trip through the scratch sequence.
     e_.clear_seq(scratch_);
-    status st = e_.load_seq(scratch_, it->second.bytes);
+    status st = e_.load_seq_raw(scratch_, it->second.bytes);
     if (st.ok()) st = e_.trim_seq(scratch_, from);
     if (st.ok()) st = save_into(scratch_, it->second);
     e_.clear_seq(scratch_);

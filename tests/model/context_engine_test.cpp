@@ -446,7 +446,7 @@ TEST(Tiers, ParallelContextSizeAndBudgetsDoNotVoidTheDiskTier) {
     pos_t stable_end = 0;
     profile before;
     {
-        auto ce = tiered(d.path);  // 1 work sequence, 2 holders: 4 sequences of 4096 tokens
+        auto ce = tiered(d.path);  // 1 work sequence and the cold one: 2 sequences of 4096 tokens
         ASSERT_TRUE(ce);
         ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
         stable_end = ce->assemble_request(tier_request(segs, "first"))->stable_end;
@@ -454,13 +454,13 @@ TEST(Tiers, ParallelContextSizeAndBudgetsDoNotVoidTheDiskTier) {
         ASSERT_EQ(ce->counters().tiers.n_writes_disk, 1u);
     }
     auto ce = tiered(d.path, 3, 0, [](context_engine_options & o) {
-        o.n_holders = 4;                     // 3 + 1 + 4 = 8 sequences (KV streams)
+        o.n_holders = 4;                     // pool entries: 3 + 1 = 4 KV streams
         o.engine.n_ctx = 2048;               // of 2048 tokens each
         o.budget.max_tokens = 3000;
         o.tiers.disk_budget_bytes = 256u << 20;
     });
     ASSERT_TRUE(ce);
-    ASSERT_EQ(ce->context().n_seq_max, 8u);
+    ASSERT_EQ(ce->context().n_seq_max, 4u);  // the first engine had 1 + 1
     EXPECT_TRUE(ce->current_profile() == before)
         << ::testing::PrintToString(before.describe_drift(ce->current_profile()));
     auto req = tier_request(segs, "after the restart");
