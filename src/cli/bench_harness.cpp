@@ -322,6 +322,14 @@ result<std::unique_ptr<bench_system>> start_llama_server(const llama_server_opti
     if (rc != 0) return io_error("cannot start llama-server: " + std::string(strerror(rc)));
     json desc = {{"command", cmdline}, {"slots", o.slots}, {"n_ctx_per_slot", o.mf.n_ctx},
                  {"cache_ram_mib", o.cache_ram_mib}, {"flash_attn", eo->flash_attn}, {"log", log_path}};
+    if (o.kv_bytes_per_token > 0 && !o.defaults) {
+        // What it may allocate: its slots whole (llama.cpp pads a context to 256 cells)
+        // and its prompt cache up to --cache-ram (8 GiB when not given).
+        const uint64_t slots = (uint64_t)o.slots * ((o.mf.n_ctx + 255) / 256 * 256) * o.kv_bytes_per_token;
+        const uint64_t cache = (uint64_t)(o.cache_ram_mib < 0 ? 8192 : o.cache_ram_mib) << 20;
+        desc["kv_slots_bytes"] = slots;
+        desc["kv_allocated_bytes_bound"] = slots + cache;
+    }
     auto sys = std::make_unique<llama_server_system>(o.name, pid, port, desc);
 
     // Wait for /health to answer 200 (503 while the model loads).

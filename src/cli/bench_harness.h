@@ -66,6 +66,7 @@ struct llama_server_options {
     model_flags mf;                 // model, n_ctx (per slot), threads, gpu layers, kv type, chunk, fa
     int slots = 1;
     int cache_ram_mib = -1;         // --cache-ram (-1: llama-server's default)
+    uint64_t kv_bytes_per_token = 0; // for the report of its allocated KV (0 = not reported)
     bool defaults = false;          // llama-server's own defaults: no -c, -np, --cache-ram,
                                     // batch or KV-type flags (model, threads, GPU layers and
                                     // flash attention still given)

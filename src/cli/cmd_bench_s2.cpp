@@ -66,6 +66,7 @@ int run_s2(const s2_args & a) {
     }
     const std::string model_path = (*pb)->model_path();
     const std::string model_desc = (*pb)->model_description();
+    const uint64_t bpt = (*pb)->kv_bytes_per_token();
     pb->reset();
 
     model_flags mf = a.mf;
@@ -110,6 +111,7 @@ int run_s2(const s2_args & a) {
                 o.binary = a.llama_server;
                 o.mf = mf;
                 o.cache_ram_mib = a.cache_ram_mib;
+                o.kv_bytes_per_token = bpt;
                 sys = start_llama_server(o);
             }
             if (!sys) return fail(sys.error());
@@ -117,6 +119,9 @@ int run_s2(const s2_args & a) {
                 return fail(engine_error(name + ": warm-up request failed: " + w.error));
             }
             if (systems.size() < a.systems.size()) systems.push_back({{"name", name}, {"config", (*sys)->describe()}});
+            // Each system's KV allocation at this size (streams/slots whole, plus the
+            // bound of its prefix pool or prompt cache).
+            row["kv_allocated_bytes_bound"][name] = (*sys)->describe().value("kv_allocated_bytes_bound", uint64_t{0});
             progress(name + ": " + std::to_string(p.cold_tokens.size()) + "-token prompt, cold");
             auto cold = (*sys)->send(ws, p.cold, p.cold_tokens, 1);
             if (!cold.ok) return fail(engine_error(name + ": cold turn failed: " + cold.error));

@@ -138,6 +138,7 @@ int run_trace(trace_args a) {
             o.slots = 1;
             o.cache_ram_mib = server_cache_ram_mib;
             o.defaults = name == "llama-server-defaults";
+            o.kv_bytes_per_token = bpt;
             sys = start_llama_server(o);
         } else {
             warmctx_system_options o;

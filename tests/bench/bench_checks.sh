@@ -24,6 +24,8 @@ trace)
         "warmctx allocates two streams and a pool within the same bytes" '[.budget, (.systems[0,1] | .config, .end_state)]'
   check '.systems[2].config.cache_ram_mib == .budget.llama_server_cache_ram_mib and .budget.llama_server_allocated_bytes <= .budget.allocated_bytes and .budget.llama_server_allocated_bytes > .budget.allocated_bytes - 1048576' \
         "llama-server: its slot plus --cache-ram allocate the same bytes" '[.budget, .systems[2].config]'
+  check '.systems[2].config.kv_allocated_bytes_bound == .budget.llama_server_allocated_bytes' \
+        "llama-server reports the allocation the budget gave it" '[.budget, .systems[2].config]'
   check '(.systems[4].config.command | test(" -c | --cache-ram | -np ") | not) and .systems[3].end_state.kv_allocated_bytes > 0' \
         "each system also at its own defaults" '[.systems[3,4].config, .systems[3].end_state]'
   ;;
@@ -36,6 +38,8 @@ s2)
   check 'all(.rows[]; .warmctx.cold_prompt_tokens == .prompt_tokens and .["llama-server"].cold_prompt_tokens == .prompt_tokens)' \
         "both systems prefill the same prompt" '.rows'
   check 'all(.rows[]; .llama_bench.pp_tps > 0 and .warmctx.cold_over_llama_bench > 0)' "llama-bench reference" '.rows'
+  check 'all(.rows[]; .kv_allocated_bytes_bound.warmctx > 0 and .kv_allocated_bytes_bound["llama-server"] > 0)' \
+        "each system's allocated KV is reported" '[.rows[].kv_allocated_bytes_bound]'
   ;;
 s3)
   export WARMCTX_HOME="$(mktemp -d)"; trap 'rm -rf "$out" "$WARMCTX_HOME"' EXIT
