@@ -731,12 +731,9 @@ status engine::apply_pending_copies(seq_id scratch) {
 }
 
 result<std::vector<uint8_t>> engine::save_seq(seq_id seq) const {
-    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
-    size_t n = llama_state_seq_get_size(p_->ctx.get(), seq);
-    std::vector<uint8_t> raw(n);
-    size_t w = llama_state_seq_get_data(p_->ctx.get(), raw.data(), raw.size(), seq);
-    if (w == 0 && n != 0) return engine_error("llama_state_seq_get_data failed");
-    raw.resize(w);
+    auto saved = save_seq_raw(seq);
+    if (!saved.ok()) return saved.error();
+    const std::vector<uint8_t> & raw = *saved;
     // To the one-stream form (see the layout above read_stream_record).
     auto st = parse_seq_state(raw, seq, p_->n_stream);
     if (!st.ok()) return engine_error("save_seq: " + st.error().message());
