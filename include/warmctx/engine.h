@@ -80,6 +80,8 @@ struct context_info {
     std::string backend;           // "CPU" or "CUDA"
     int32_t n_threads = 0;
     uint64_t kv_bytes_per_token = 0;  // K+V, all layers
+    uint64_t kv_streams_bytes = 0;    // the KV the context allocated: n_seq_max streams of
+                                      // n_ctx_seq cells (exact mode), or one of as many
     std::string n_ctx_reason;      // how n_ctx_seq was chosen, for a start-up line
 };
 

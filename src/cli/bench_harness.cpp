@@ -260,10 +260,8 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
                  {"budget_bytes", o.cf.budget_bytes},
                  {"kv_bytes_per_token", (*s)->context().kv_bytes_per_token},
                  // streams, allocated whole; the pool grows up to budget_bytes
-                 {"kv_streams_bytes", (uint64_t)(*s)->context().n_ctx_seq * (*s)->context().n_seq_max *
-                                          (*s)->context().kv_bytes_per_token},
-                 {"kv_allocated_bytes_bound", (uint64_t)(*s)->context().n_ctx_seq * (*s)->context().n_seq_max *
-                                                  (*s)->context().kv_bytes_per_token + o.cf.budget_bytes},
+                 {"kv_streams_bytes", (*s)->context().kv_streams_bytes},
+                 {"kv_allocated_bytes_bound", (*s)->context().kv_streams_bytes + o.cf.budget_bytes},
                  {"flash_attn", eo->flash_attn},
                  {"backend", (*s)->context().backend}};
     return std::unique_ptr<bench_system>(new warmctx_system(o.name, std::move(*s), std::move(*h), std::move(desc)));

@@ -114,9 +114,8 @@ int run_serve(const serve_args & a) {
                 sv.host.c_str(), (*server)->port(), so.engine.engine.model_path.c_str(), ci.n_ctx_seq,
                 (*sched)->n_parallel(), so.max_queue, sv.api_key.empty() ? "" : ", API key required");
     std::fflush(stdout);
-    const uint64_t bpt = ci.kv_bytes_per_token;
     progress("serve: context " + std::to_string(ci.n_ctx_seq) + " tokens per sequence (" + ci.n_ctx_reason +
-             "; -c to change); KV streams " + std::to_string(((uint64_t)ci.n_seq_max * ci.n_ctx_seq * bpt) >> 20) +
+             "; -c to change); KV streams " + std::to_string(ci.kv_streams_bytes >> 20) +
              " MiB allocated; cached prefixes up to " +
              (so.engine.budget.max_bytes ? std::to_string(so.engine.budget.max_bytes >> 20) + " MiB" : std::string("unlimited")) +
              " of RAM (--budget-bytes)");

@@ -448,6 +448,7 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     p->cinfo.backend = std::string(backend_name());
     p->cinfo.n_threads = n_threads;
     p->cinfo.kv_bytes_per_token = kv_bytes_per_token;
+    p->cinfo.kv_streams_bytes = (uint64_t)p->cinfo.n_seq_max * p->cinfo.n_ctx_seq * kv_bytes_per_token;
 
     p->batch = llama_batch_init((int32_t)opts.chunk_tokens, 0, 1);
     return std::unique_ptr<engine>(new engine(std::move(p)));

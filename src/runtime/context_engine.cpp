@@ -548,7 +548,7 @@ context_counters context_engine::counters() const {
     kv_memory & m = c.memory;
     const context_info & ci = p_->eng->context();
     const uint64_t bpt = ci.kv_bytes_per_token;
-    m.streams_allocated_bytes = (uint64_t)ci.n_seq_max * ci.n_ctx_seq * bpt;
+    m.streams_allocated_bytes = ci.kv_streams_bytes;
     for (uint32_t s = 0; s < ci.n_seq_max; ++s) m.streams_used_bytes += (uint64_t)p_->eng->seq_n_tokens((seq_id)s) * bpt;
     const kv_pool_counters pc = p_->pool->counters();
     m.pool_bytes = pc.used_bytes;
