@@ -42,20 +42,17 @@ class snapshot_store;
 
 namespace warmctx {
 
-// Tiers below the engine's KV. Both are write-through: when a turn caches a prefix,
-// its leading run of blocks of at least the tier's class is written to that tier unless
-// the tier already holds it, so it survives eviction from the engine and (disk) a
-// restart or a crash. A lookup that finds a longer prefix in a tier than in the engine
-// restores it from there (host before disk), and the turn then caches it in the engine
-// again (promotion).
+// The tier below the engine's KV and its RAM pool: disk. Write-through: when a turn
+// caches a prefix, its leading run of blocks of at least the tier's class is written to
+// disk unless the tier already holds it, so it survives eviction from the pool, a
+// restart or a crash. A lookup that finds a longer prefix on disk than in the engine
+// restores it from there, and the turn then caches it in the pool again (promotion).
 struct tier_options {
     std::string cache_dir;                          // disk tier directory ("" = no disk tier)
     file_system * disk_fs = nullptr;                // the disk tier's file system (nullptr: the real
                                                     // one); must outlive the engine (tests inject faults)
     uint64_t disk_budget_bytes = 0;                 // 0 = unlimited
     retention_class disk_min_class = retention_class::high;
-    uint64_t host_budget_bytes = 0;                 // host-RAM tier (0 = no host tier)
-    retention_class host_min_class = retention_class::medium;
 };
 
 struct context_engine_options {
@@ -99,8 +96,10 @@ enum class miss_kind {
 std::string_view miss_kind_name(miss_kind k);
 
 // Where a turn's reused KV came from.
-enum class kv_tier { none, engine, host, disk };
-std::string_view kv_tier_name(kv_tier t);  // "none" | "engine" | "host" | "disk"
+// Where a turn's reused KV came from: the engine (a work stream in place, or the RAM
+// pool of cached prefixes) or the disk tier.
+enum class kv_tier { none, engine, disk };
+std::string_view kv_tier_name(kv_tier t);  // "none" | "engine" | "disk"
 
 struct segment_explain {
     std::string id;
@@ -143,7 +142,7 @@ struct turn_result {
     double t_total_ms = 0;            // assemble .. generation done (cache update excluded)
     double t_assemble_ms = 0;
     double t_copy_ms = 0;             // holder -> work sequence
-    double t_restore_ms = 0;          // a host/disk tier -> work sequence (read, check, load)
+    double t_restore_ms = 0;          // the disk tier -> work sequence (read, check, load)
     double t_prefill_ms = 0;
     double t_first_token_ms = 0;      // assemble .. first token chosen
     double t_decode_ms = 0;
@@ -162,13 +161,13 @@ struct workspace_counters {
 };
 
 struct tier_counters {
-    uint64_t n_restores_host = 0, n_restores_disk = 0;
+    uint64_t n_restores_disk = 0;
     uint64_t n_restored_tokens = 0;
-    uint64_t n_writes_host = 0, n_writes_disk = 0;
-    uint64_t n_write_failures_host = 0, n_write_failures_disk = 0;  // a full disk, say (also logged)
+    uint64_t n_writes_disk = 0;
+    uint64_t n_write_failures_disk = 0;  // a full disk, say (also logged)
     uint64_t n_restore_failures = 0;     // a tier's file failed its checks: fell back
     uint64_t n_shared_restores = 0;      // restores served by an earlier restore's bytes
-    uint64_t host_bytes = 0, host_files = 0, disk_bytes = 0, disk_files = 0;
+    uint64_t disk_bytes = 0, disk_files = 0;
     uint64_t disk_quarantine_files = 0, disk_quarantine_bytes = 0;  // in the disk budget
 };
 
@@ -180,14 +179,14 @@ struct kv_memory {
     uint64_t pool_bytes = 0;               // cached prefixes' saved states
     uint64_t pool_allocated_bytes = 0;     // their buffers
     uint64_t pool_entries = 0;
-    uint64_t host_tier_bytes = 0;          // the optional host-RAM snapshot tier
-    uint64_t allocated_bytes = 0;          // streams + pool + host tier, allocated
-    uint64_t used_bytes = 0;               // streams + pool + host tier, used
+    uint64_t allocated_bytes = 0;          // streams + pool, allocated
+    uint64_t used_bytes = 0;               // streams + pool, used
     uint64_t n_pool_loads = 0, pool_loaded_bytes = 0;
     double pool_load_ms = 0;
     uint64_t n_pool_saves = 0, pool_saved_bytes = 0;
     double pool_save_ms = 0;
     uint64_t n_in_place_turns = 0;         // warm turns that copied nothing
+    uint64_t n_write_backs = 0;            // a stream's blocks offered to the pool (lazily)
 };
 
 struct context_counters {
@@ -273,7 +272,7 @@ class context_engine {
 
     // Suspend: make sure the workspace's cached path is on disk (writing it now if
     // needed), then drop it from the engine's KV. Resume: load the workspace's last
-    // path back from disk (or host) into the engine. Branch: a new workspace that
+    // path back from disk into the engine. Branch: a new workspace that
     // starts from `from`'s last turn and shares its cached prefix (no copy: the cache
     // matches by content). Snapshot: write the workspace's cached path to disk now.
     // Errors: not_found (unknown workspace / nothing on disk), failed_precondition
@@ -282,13 +281,14 @@ class context_engine {
     status resume_workspace(const std::string & workspace);
     status branch_workspace(const std::string & from, const std::string & to);
     status snapshot_workspace(const std::string & workspace);
-    // Drops every prefix of the engine's KV (not the tiers): what a restart does.
+    // Drops every prefix of the engine's KV, streams and RAM pool (not the disk tier):
+    // what a restart does.
     void drop_engine_cache();
-    // Empties the host-RAM tier (what a restart does to it).
-    void clear_host_tier();
-    // The tiers (null when off), for listing and tests.
+    // Empties the idle work streams after writing their blocks back to the pool: the
+    // next turn reuses from the pool, not in place.
+    void drop_work_streams();
+    // The disk tier (null when off), for listing and tests.
     snapshot_store * disk_tier();
-    snapshot_store * host_tier();
 
     // Changes the canonical chunk size (a profile field): every cached prefix stops
     // matching and explain names the drift. REQUIRES 1 <= n <= the engine's chunk.

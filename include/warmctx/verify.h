@@ -123,6 +123,8 @@ struct turn_expectation {
     pos_t max_reuse = -1;        // the step's own bound, e.g. the edited segment's start (-1: none)
     pos_t max_cached = -1;       // the cache model's bound (-1: not checked)
     std::string tier;            // the reuse must come from this tier ("": any)
+    int in_place = -1;           // 1: the work stream still held the prefix; 0: it was
+                                 // loaded or restored into it; -1: either
     // After an edit: reuse must stop in this segment, and explain must say it changed.
     std::string changed_segment;
     // After a profile drift: whenever reuse stops short of the cacheable end, explain

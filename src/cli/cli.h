@@ -42,9 +42,7 @@ struct cache_flags {
     std::string tenant;
     std::string cache_dir;
     uint64_t disk_budget_bytes = 0;
-    uint64_t host_budget_bytes = 0;
     std::string disk_min_class = "high";
-    std::string host_min_class = "medium";
 
     void add_to(CLI::App & app);
     status apply(context_engine_options & o) const;

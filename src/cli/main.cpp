@@ -57,9 +57,7 @@ void cache_flags::add_to(CLI::App & app) {
     app.add_option("--tenant", tenant, "tenant salt: two tenants never share a cache entry");
     app.add_option("--cache-dir", cache_dir, "disk tier: snapshot directory (stable prefixes survive restarts)");
     app.add_option("--disk-budget-bytes", disk_budget_bytes, "disk tier byte budget (0 = unlimited)")->capture_default_str();
-    app.add_option("--host-budget-bytes", host_budget_bytes, "host-RAM tier byte budget (0 = no host tier)")->capture_default_str();
     app.add_option("--disk-min-class", disk_min_class, "lowest retention class kept on disk (low, medium, high, highest)")->capture_default_str();
-    app.add_option("--host-min-class", host_min_class, "lowest retention class kept in host RAM (low, medium, high, highest)")->capture_default_str();
 }
 
 status cache_flags::apply(context_engine_options & o) const {
@@ -73,13 +71,11 @@ status cache_flags::apply(context_engine_options & o) const {
     o.tenant_salt = tenant;
     o.tiers.cache_dir = cache_dir;
     o.tiers.disk_budget_bytes = disk_budget_bytes;
-    o.tiers.host_budget_bytes = host_budget_bytes;
-    for (auto [text, out] : {std::pair{&disk_min_class, &o.tiers.disk_min_class},
-                             std::pair{&host_min_class, &o.tiers.host_min_class}}) {
-        auto c = parse_retention_class(*text);
+    {
+        auto c = parse_retention_class(disk_min_class);
         if (!c.ok()) return c.error();
-        if (*c == retention_class::none) return invalid_argument("a tier's lowest class must be low, medium, high or highest");
-        *out = *c;
+        if (*c == retention_class::none) return invalid_argument("--disk-min-class must be low, medium, high or highest");
+        o.tiers.disk_min_class = *c;
     }
     if (!kinds_file.empty()) {
         std::ifstream f(kinds_file);

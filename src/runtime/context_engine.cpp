@@ -53,11 +53,15 @@ pending_turn::~pending_turn() {
 
 // What a work stream holds between turns: the cached blocks of the last prompt it ran
 // (trimmed to them), so that the next turn that shares them reuses them in place.
+// Write-back is lazy: they are offered to the pool (a copy) only when something is
+// about to overwrite them - another prompt's turn in this stream, or a lookup that
+// needs them from another stream - never after every turn.
 struct stream_state {
     std::vector<block> blocks;  // [0, blocks.back().end) is in the stream
     std::string workspace;      // whose turn left it
     uint64_t t_finished = 0;
     bool busy = false;          // a pending turn runs in it
+    bool unsaved = false;       // the blocks have not been offered to the pool yet
 };
 
 // Holder ids of the RAM pool: far above any engine sequence.
@@ -182,11 +186,46 @@ struct context_engine::impl {
         return st;
     }
 
-    // True when work stream `seq` still holds the first `n_blocks` blocks of `blocks`
-    // (equal chain hashes name equal whole prefixes).
-    bool stream_holds(seq_id seq, const std::vector<block> & blocks, size_t n_blocks) const {
+    // How many leading blocks of `blocks` work stream `seq` still holds (equal chain
+    // hashes name equal whole prefixes).
+    size_t stream_match(seq_id seq, std::span<const block> blocks) const {
         const stream_state & s = streams[(size_t)seq];
-        return n_blocks > 0 && s.blocks.size() >= n_blocks && s.blocks[n_blocks - 1].chain == blocks[n_blocks - 1].chain;
+        size_t n = 0;
+        while (n < s.blocks.size() && n < blocks.size() && s.blocks[n].chain == blocks[n].chain) ++n;
+        return n;
+    }
+
+    // Offers an idle stream's unsaved blocks to the pool (a copy; the stream keeps
+    // them). Under the budget the pool may keep less, or nothing: never an error.
+    void write_back(seq_id seq) {
+        stream_state & s = streams[(size_t)seq];
+        if (s.busy || !s.unsaved || s.blocks.empty()) return;
+        s.unsaved = false;
+        status st = cache->insert(s.workspace, s.blocks, seq, s.t_finished);
+        if (st.ok() || st.code() == status_code::resource_exhausted) ctr.memory.n_write_backs++;
+    }
+    // Writes back every idle stream whose blocks `blocks` starts with: a lookup in
+    // the pool then sees them wherever they ran.
+    void write_back_sharing(std::span<const block> blocks, seq_id except) {
+        for (size_t s = 0; s < streams.size(); ++s)
+            if ((seq_id)s != except && stream_match((seq_id)s, blocks) > 0) write_back((seq_id)s);
+    }
+
+    // The pool's match `m`, or a stream's when it holds at least as many leading blocks
+    // of `ap`: then the match's holder is that work stream. `seq` >= 0: only that
+    // stream (in place); -1: any idle stream (explain: another stream's blocks would be
+    // written back to the pool and found there).
+    match best_match(match m, std::span<const block> blocks, seq_id seq) const {
+        for (size_t s = 0; s < streams.size(); ++s) {
+            if ((seq >= 0 && (seq_id)s != seq) || streams[s].busy) continue;
+            const size_t n = stream_match((seq_id)s, blocks);
+            if (n == 0 || n < m.n_blocks || (n == m.n_blocks && seq < 0)) continue;
+            m.n_blocks = n;
+            m.n_tokens = blocks[n - 1].end;
+            m.holder = (seq_id)s;
+            m.workspace = streams[s].workspace;
+        }
+        return m;
     }
 
     void clear_stream(seq_id seq) {
@@ -194,6 +233,7 @@ struct context_engine::impl {
         stream_state & s = streams[(size_t)seq];
         s.blocks.clear();
         s.workspace.clear();
+        s.unsaved = false;
     }
 
     // The leading blocks of `ap` the cache may keep: up to the first of class none.
@@ -251,7 +291,7 @@ result<assembled_prompt> context_engine::assemble_request(const turn_request & r
 result<explain_report> context_engine::explain(const turn_request & req) const {
     auto ap = p_->assemble(req);
     if (!ap.ok()) return ap.error();
-    match m = p_->cache->peek(ap->blocks, req.workspace);
+    match m = p_->best_match(p_->cache->peek(ap->blocks, req.workspace), ap->blocks, -1);
     reuse_point at = snap_reuse(*ap, m.n_blocks);
     kv_tier tier = at.n_tokens > 0 ? kv_tier::engine : kv_tier::none;
     // What a tier would restore (nothing is loaded, nothing counted).
@@ -283,10 +323,20 @@ result<pending_turn> context_engine::begin_turn(const turn_request & req, seq_id
     if (p_->streams[(size_t)seq].busy)
         return failed_precondition("work sequence " + std::to_string(seq) + " already runs a turn");
     t.now = ++p_->now;
+    // Other idle streams holding blocks this prompt starts with: into the pool, so
+    // that the lookup finds them.
+    p_->write_back_sharing(ap.blocks, seq);
     match m = p_->cache->lookup(ap.blocks, t.now, req.workspace);
+    // In place: this stream still holds at least as much from the turn it ran last.
+    m = p_->best_match(std::move(m), ap.blocks, seq);
     reuse_point at = snap_reuse(ap, m.n_blocks);
-    // In place: the stream still holds the reused blocks from the turn it ran last.
-    bool in_place = at.n_tokens > 0 && p_->stream_holds(seq, ap.blocks, at.n_blocks);
+    const bool stream_has_it = at.n_tokens > 0 && m.holder == seq;
+    bool in_place = stream_has_it;
+    {
+        // Blocks of this stream the turn would overwrite go to the pool first.
+        stream_state & s = p_->streams[(size_t)seq];
+        if (s.unsaved && (!in_place || at.n_blocks < s.blocks.size())) p_->write_back(seq);
+    }
     if (!in_place) p_->clear_stream(seq);
     p_->streams[(size_t)seq].busy = true;
     t.owner_ = this;  // from here on, an early return aborts the turn (clears `seq`)
@@ -329,19 +379,18 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     s.busy = false;
     const size_t n_keep = t.cache ? impl::n_cacheable_blocks(t.ap) : 0;
     if (n_keep > 0) {
-        // The stream keeps the cacheable blocks (the tail and the generated tokens go):
-        // the pool saves exactly them, and the next turn may reuse them in place.
+        // The stream keeps the cacheable blocks (the tail and the generated tokens go)
+        // for the next turn to reuse in place; the pool gets a copy only when something
+        // is about to overwrite them (lazy write-back), unless it holds them already.
         std::span<const block> path(t.ap.blocks.data(), n_keep);
         status st = p_->eng->trim_seq(t.seq, path.back().end);
         if (st.ok()) {
-            st = p_->cache->insert(t.workspace, path, t.seq, t.now);
-            // resource_exhausted: nothing fit the budget; the turn itself succeeded.
-            if (!st.ok() && st.code() != status_code::resource_exhausted) result_st = st.with_context("cache update");
             p_->tiers->forget_recent_loads();
             p_->tiers->write_through(*p_->eng, p_->prof, t.seq, p_->cold_seq, t.workspace, t.ap);
             s.blocks.assign(path.begin(), path.end());
             s.workspace = t.workspace;
             s.t_finished = t.now;
+            s.unsaved = p_->cache->peek(path, t.workspace).n_blocks < n_keep;
         } else {
             result_st = st.with_context("cache update");
             p_->clear_stream(t.seq);
@@ -439,6 +488,7 @@ result<turn_result> context_engine::run_cold(const turn_request & req) {
 status context_engine::pin_workspace(const std::string & workspace, bool pinned) {
     const workspace_history * ws = p_->history(workspace);
     if (!ws) return not_found("workspace '" + workspace + "' has no turn yet");
+    p_->write_back_sharing(ws->last_blocks, -1);  // pins hold what the pool has
     std::vector<block> stable;
     for (const auto & b : ws->last_blocks)
         if (b.end <= ws->last_stable_end) stable.push_back(b);
@@ -460,7 +510,9 @@ status context_engine::snapshot_workspace(const std::string & workspace) {
     if (!disk) return failed_precondition("no disk tier (start with a cache directory)");
     const workspace_history * ws = p_->history(workspace);
     if (!ws) return not_found("workspace '" + workspace + "' has no turn yet");
-    match m = p_->cache->peek(ws->last_blocks, workspace);
+    p_->write_back_sharing(ws->last_blocks, -1);
+    // The pool's copy, or (the budget kept none) a work stream's blocks.
+    match m = p_->best_match(p_->cache->peek(ws->last_blocks, workspace), ws->last_blocks, -1);
     if (m.n_blocks == 0) {
         // Not resident: fine if the disk already holds its prefix.
         if (disk->lookup(ws->last_blocks).n_blocks > 0) return {};
@@ -469,13 +521,21 @@ status context_engine::snapshot_workspace(const std::string & workspace) {
     engine & e = *p_->eng;
     std::vector<block> path(ws->last_blocks.begin(), ws->last_blocks.begin() + (long)m.n_blocks);
     if (disk->lookup(path).n_blocks >= path.size()) return {};
-    if (!p_->pool->state(m.holder)) return internal_error("snapshot: the cache's holder has no state in the pool");
+    const bool from_stream = m.holder >= 0 && (uint32_t)m.holder < p_->opts.n_work_seqs;
+    if (!from_stream && !p_->pool->state(m.holder))
+        return internal_error("snapshot: the cache's holder has no state in the pool");
     // Through the scratch sequence: the pool's bytes are in this context's own layout,
     // a file's in the stream-independent one; and the holder may hold more than this
     // workspace's path (another workspace's longer path through the same blocks).
     e.clear_seq(p_->cold_seq);
     result<std::vector<uint8_t>> kv = std::vector<uint8_t>{};
-    status st = p_->pool->copy_seq(m.holder, p_->cold_seq);
+    status st;
+    if (from_stream) {
+        auto raw = e.save_seq_raw(m.holder);
+        st = raw.ok() ? e.load_seq_raw(p_->cold_seq, *raw) : raw.error();
+    } else {
+        st = p_->pool->copy_seq(m.holder, p_->cold_seq);
+    }
     if (st.ok()) st = e.trim_seq(p_->cold_seq, path.back().end);
     if (st.ok()) kv = e.save_seq(p_->cold_seq);
     e.clear_seq(p_->cold_seq);
@@ -488,13 +548,16 @@ status context_engine::snapshot_workspace(const std::string & workspace) {
 status context_engine::suspend_workspace(const std::string & workspace) {
     WARMCTX_RETURN_IF_ERROR(snapshot_workspace(workspace));
     p_->cache->drop_workspace(workspace, ++p_->now);
+    for (size_t s = 0; s < p_->streams.size(); ++s)
+        if (!p_->streams[s].busy && p_->streams[s].workspace == workspace) p_->clear_stream((seq_id)s);
     return {};
 }
 
 status context_engine::resume_workspace(const std::string & workspace) {
     const workspace_history * ws = p_->history(workspace);
     if (!ws) return not_found("workspace '" + workspace + "' has no turn yet");
-    if (p_->cache->peek(ws->last_blocks, workspace).n_blocks > 0) return {};  // already resident
+    if (p_->best_match(p_->cache->peek(ws->last_blocks, workspace), ws->last_blocks, -1).n_blocks > 0)
+        return {};  // already resident
     // Restore into the scratch sequence, then let the cache take it as a holder.
     assembled_prompt ap;
     ap.tokens = ws->last_tokens;
@@ -524,9 +587,14 @@ void context_engine::drop_engine_cache() {
         if (!p_->streams[s].busy) p_->clear_stream((seq_id)s);
     p_->tiers->forget_recent_loads();
 }
-void context_engine::clear_host_tier() { p_->tiers->clear_host(); }
+void context_engine::drop_work_streams() {
+    for (size_t s = 0; s < p_->streams.size(); ++s) {
+        if (p_->streams[s].busy) continue;
+        p_->write_back((seq_id)s);
+        p_->clear_stream((seq_id)s);
+    }
+}
 snapshot_store * context_engine::disk_tier() { return p_->tiers->disk(); }
-snapshot_store * context_engine::host_tier() { return p_->tiers->host(); }
 
 status context_engine::set_chunk_tokens(uint32_t n) {
     if (n < 1 || n > p_->eng->context().chunk_tokens)
@@ -554,9 +622,8 @@ context_counters context_engine::counters() const {
     m.pool_bytes = pc.used_bytes;
     m.pool_allocated_bytes = pc.allocated_bytes;
     m.pool_entries = pc.n_entries;
-    m.host_tier_bytes = c.tiers.host_bytes;
-    m.allocated_bytes = m.streams_allocated_bytes + m.pool_allocated_bytes + m.host_tier_bytes;
-    m.used_bytes = m.streams_used_bytes + m.pool_bytes + m.host_tier_bytes;
+    m.allocated_bytes = m.streams_allocated_bytes + m.pool_allocated_bytes;
+    m.used_bytes = m.streams_used_bytes + m.pool_bytes;
     m.n_pool_loads = pc.n_loads;
     m.pool_loaded_bytes = pc.loaded_bytes;
     m.pool_load_ms = pc.load_ms;

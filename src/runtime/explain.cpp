@@ -20,7 +20,6 @@ std::string_view kv_tier_name(kv_tier t) {
     switch (t) {
         case kv_tier::none: return "none";
         case kv_tier::engine: return "engine";
-        case kv_tier::host: return "host";
         case kv_tier::disk: return "disk";
     }
     return "none";

@@ -24,17 +24,6 @@ result<std::unique_ptr<tier_set>> tier_set::open(const tier_options & opts, evic
     std::unique_ptr<tier_set> t(new tier_set());
     t->opts_ = opts;
     t->max_file_tokens_ = max_file_tokens;
-    if (opts.host_budget_bytes > 0) {
-        t->host_fs_ = std::make_unique<mem_fs>();
-        snapshot_store_options so;
-        so.dir = "/host-tier";
-        so.fs = t->host_fs_.get();
-        so.budget_bytes = opts.host_budget_bytes;
-        so.policy = policy;
-        auto h = snapshot_store::open(so);
-        if (!h.ok()) return h.error().with_context("host-RAM tier");
-        t->host_ = std::move(h.value());
-    }
     if (!opts.cache_dir.empty()) {
         snapshot_store_options so;
         so.dir = opts.cache_dir;
@@ -48,76 +37,63 @@ result<std::unique_ptr<tier_set>> tier_set::open(const tier_options & opts, evic
     return t;
 }
 
-tier_set::hit tier_set::find(int t, const assembled_prompt & ap, pos_t better_than, bool counted) const {
+tier_set::hit tier_set::find(const assembled_prompt & ap, pos_t better_than, bool counted) const {
     hit h;
-    snapshot_store * s = store(t);
-    if (!s) return h;
-    h.file = counted ? s->lookup(ap.blocks, max_file_tokens_) : s->peek(ap.blocks, max_file_tokens_);
+    if (!disk_) return h;
+    h.file = counted ? disk_->lookup(ap.blocks, max_file_tokens_) : disk_->peek(ap.blocks, max_file_tokens_);
     h.at = snap_reuse(ap, h.file.n_blocks);
-    if (h.at.n_tokens > better_than) h.tier = t == k_host ? kv_tier::host : kv_tier::disk;
+    if (h.at.n_tokens > better_than) h.tier = kv_tier::disk;
     return h;
 }
 
-tier_set::hit tier_set::peek(const assembled_prompt & ap, pos_t better_than) const {
-    for (int t : {k_host, k_disk})
-        if (hit h = find(t, ap, better_than, false); h.tier != kv_tier::none) return h;
-    return {};
-}
+tier_set::hit tier_set::peek(const assembled_prompt & ap, pos_t better_than) const { return find(ap, better_than, false); }
 
 std::optional<profile> tier_set::newest_profile(const std::string & workspace) const {
-    std::optional<snapshot_entry> newest;
-    for (int t : {k_host, k_disk}) {
-        if (!store(t)) continue;
-        auto e = store(t)->newest_of(workspace);
-        if (e && (!newest || e->meta.created_unix_ms > newest->meta.created_unix_ms)) newest = std::move(e);
-    }
+    if (!disk_) return std::nullopt;
+    auto newest = disk_->newest_of(workspace);
     if (!newest) return std::nullopt;
     return newest->meta.prof;
 }
 
 tier_set::hit tier_set::restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than,
                                 seq_id seq) {
-    for (int t : {k_host, k_disk}) {
-        hit h = find(t, ap, better_than, true);
-        if (h.tier == kv_tier::none) continue;
-        // Requests admitted while an earlier restore of the same file is still being
-        // decoded share its bytes instead of reading the file again.
-        std::shared_ptr<const snapshot> snap;
-        const std::string key = std::to_string(t) + ":" + h.file.key.file_name();
-        auto it = std::find_if(recent_loads_.begin(), recent_loads_.end(), [&](const auto & r) { return r.first == key; });
-        if (it != recent_loads_.end()) {
-            snap = it->second;
-            ctr_.n_shared_restores++;
-        } else {
-            auto loaded = store(t)->load(h.file.key, &prof);
-            if (!loaded.ok()) { ctr_.n_restore_failures++; continue; }
-            snap = *loaded;
-            if (recent_loads_.size() >= k_recent_loads) recent_loads_.pop_front();  // the oldest
-            recent_loads_.emplace_back(key, snap);
-        }
-        e.clear_seq(seq);
-        status st = e.load_seq(seq, snap->kv);
-        if (st.ok()) st = e.trim_seq(seq, h.at.n_tokens);
-        if (!st.ok()) { e.clear_seq(seq); ctr_.n_restore_failures++; continue; }
-        (t == k_host ? ctr_.n_restores_host : ctr_.n_restores_disk)++;
-        ctr_.n_restored_tokens += (uint64_t)h.at.n_tokens;
-        return h;
+    hit h = find(ap, better_than, true);
+    if (h.tier == kv_tier::none) return {};
+    // Requests admitted while an earlier restore of the same file is still being
+    // decoded share its bytes instead of reading the file again.
+    std::shared_ptr<const snapshot> snap;
+    const std::string key = h.file.key.file_name();
+    auto it = std::find_if(recent_loads_.begin(), recent_loads_.end(), [&](const auto & r) { return r.first == key; });
+    if (it != recent_loads_.end()) {
+        snap = it->second;
+        ctr_.n_shared_restores++;
+    } else {
+        auto loaded = disk_->load(h.file.key, &prof);
+        if (!loaded.ok()) { ctr_.n_restore_failures++; return {}; }
+        snap = *loaded;
+        if (recent_loads_.size() >= k_recent_loads) recent_loads_.pop_front();  // the oldest
+        recent_loads_.emplace_back(key, snap);
     }
-    return {};
+    e.clear_seq(seq);
+    status st = e.load_seq(seq, snap->kv);
+    if (st.ok()) st = e.trim_seq(seq, h.at.n_tokens);
+    if (!st.ok()) { e.clear_seq(seq); ctr_.n_restore_failures++; return {}; }
+    ctr_.n_restores_disk++;
+    ctr_.n_restored_tokens += (uint64_t)h.at.n_tokens;
+    return h;
 }
 
-void tier_set::write_prefix(int t, engine & e, const profile & prof, seq_id seq, seq_id scratch,
-                            const std::string & workspace, const assembled_prompt & ap, retention_class min_class) {
-    snapshot_store * s = store(t);
-    if (!s) return;
+void tier_set::write_through(engine & e, const profile & prof, seq_id seq, seq_id scratch,
+                             const std::string & workspace, const assembled_prompt & ap) {
+    if (!disk_) return;
     // The leading run of cacheable blocks of at least the tier's class.
     size_t k = 0;
-    while (k < ap.blocks.size() && ap.blocks[k].cls != retention_class::none && ap.blocks[k].cls >= min_class) ++k;
+    while (k < ap.blocks.size() && ap.blocks[k].cls != retention_class::none && ap.blocks[k].cls >= opts_.disk_min_class) ++k;
     if (k == 0) return;
     std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
-    if (s->lookup(path, max_file_tokens_).n_blocks >= k) return;  // held already
+    if (disk_->lookup(path, max_file_tokens_).n_blocks >= k) return;  // held already
     auto kv = e.save_seq(seq);
-    if (!kv.ok()) return write_failed(t, kv.error());
+    if (!kv.ok()) return write_failed(kv.error());
     if (e.seq_n_tokens(seq) > path.back().end) {
         // The sequence holds more (it stays as it is, for in-place reuse): cut a copy.
         e.clear_seq(scratch);
@@ -125,32 +101,25 @@ void tier_set::write_prefix(int t, engine & e, const profile & prof, seq_id seq,
         if (st.ok()) st = e.trim_seq(scratch, path.back().end);
         if (st.ok()) kv = e.save_seq(scratch);
         e.clear_seq(scratch);
-        if (!st.ok()) return write_failed(t, st);
-        if (!kv.ok()) return write_failed(t, kv.error());
+        if (!st.ok()) return write_failed(st);
+        if (!kv.ok()) return write_failed(kv.error());
     }
-    auto put = s->put(make_snapshot(prof, workspace, ap.man, std::move(path), ap.tokens, std::move(kv.value())));
-    if (!put.ok()) return write_failed(t, put.error());
-    (t == k_host ? ctr_.n_writes_host : ctr_.n_writes_disk)++;
+    auto put = disk_->put(make_snapshot(prof, workspace, ap.man, std::move(path), ap.tokens, std::move(kv.value())));
+    if (!put.ok()) return write_failed(put.error());
+    ctr_.n_writes_disk++;
 }
 
-void tier_set::write_failed(int t, const status & why) {
-    (t == k_host ? ctr_.n_write_failures_host : ctr_.n_write_failures_disk)++;
-    n_unreported_failures_[t]++;
+void tier_set::write_failed(const status & why) {
+    ctr_.n_write_failures_disk++;
+    n_unreported_failures_++;
     const auto now = std::chrono::steady_clock::now();
-    if (t_last_warning_[t] != std::chrono::steady_clock::time_point{} && now - t_last_warning_[t] < std::chrono::seconds(10))
+    if (t_last_warning_ != std::chrono::steady_clock::time_point{} && now - t_last_warning_ < std::chrono::seconds(10))
         return;
-    std::fprintf(stderr, "warmctx: %s tier: a write failed (%llu since the last report): %s\n",
-                 t == k_host ? "host-RAM" : "disk", (unsigned long long)n_unreported_failures_[t],
-                 why.to_string().c_str());
+    std::fprintf(stderr, "warmctx: disk tier: a write failed (%llu since the last report): %s\n",
+                 (unsigned long long)n_unreported_failures_, why.to_string().c_str());
     std::fflush(stderr);
-    t_last_warning_[t] = now;
-    n_unreported_failures_[t] = 0;
-}
-
-void tier_set::write_through(engine & e, const profile & prof, seq_id seq, seq_id scratch,
-                             const std::string & workspace, const assembled_prompt & ap) {
-    write_prefix(k_host, e, prof, seq, scratch, workspace, ap, opts_.host_min_class);
-    write_prefix(k_disk, e, prof, seq, scratch, workspace, ap, opts_.disk_min_class);
+    t_last_warning_ = now;
+    n_unreported_failures_ = 0;
 }
 
 status tier_set::put_disk(const snapshot & snap) {
@@ -161,18 +130,8 @@ status tier_set::put_disk(const snapshot & snap) {
     return {};
 }
 
-void tier_set::clear_host() {
-    recent_loads_.clear();
-    if (host_) (void)host_->remove_all();
-}
-
 tier_counters tier_set::counters() const {
     tier_counters c = ctr_;
-    if (host_) {
-        auto st = host_->stats();
-        c.host_bytes = st.n_bytes;
-        c.host_files = st.n_files;
-    }
     if (disk_) {
         auto st = disk_->stats();
         c.disk_bytes = st.n_bytes;

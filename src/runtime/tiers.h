@@ -1,10 +1,10 @@
-// runtime/tiers.h - the tiers below the engine's KV: host RAM and disk.
+// runtime/tiers.h - the tier below the engine's KV and its RAM pool: disk.
 //
-// Both are snapshot stores (docs/snapshot-format.md), the host tier over an in-memory
-// file system. Write-through: when a turn caches its prompt, the leading run of blocks
-// of at least a tier's class is saved to that tier unless it already holds it. A lookup
-// that finds a longer prefix in a tier than in the engine loads it (host before disk),
-// trims it at the snapped reuse point, and the turn's prefill continues from there.
+// A snapshot store (docs/snapshot-format.md). Write-through: when a turn caches its
+// prompt, the leading run of blocks of at least the tier's class is saved to disk
+// unless the tier already holds it. A lookup that finds a longer prefix on disk than in
+// the engine and its pool loads it, trims it at the snapped reuse point, and the turn's
+// prefill continues from there. (Host RAM is the pool's: runtime/kv_pool.h.)
 //
 // Thread safety: none; owned by the context_engine, used on the engine thread.
 #pragma once
@@ -17,7 +17,6 @@
 #include <utility>
 
 #include "warmctx/context_engine.h"
-#include "warmctx/fs.h"
 #include "warmctx/snapshot_store.h"
 
 namespace warmctx {
@@ -34,8 +33,7 @@ class tier_set {
     static result<std::unique_ptr<tier_set>> open(const tier_options & opts, eviction_policy policy,
                                                   pos_t max_file_tokens = 0);
 
-    bool empty() const { return !host_ && !disk_; }
-    snapshot_store * host() { return host_.get(); }
+    bool empty() const { return !disk_; }
     snapshot_store * disk() { return disk_.get(); }
 
     // A prefix a tier holds beyond `better_than` tokens: its tier, the file, and the
@@ -55,13 +53,13 @@ class tier_set {
     };
     // What restore() would try first, counted nowhere and loading nothing (explain).
     hit peek(const assembled_prompt & ap, pos_t better_than) const;
-    // The profile of the newest snapshot of `workspace` in either tier, if any: after a
+    // The profile of the newest snapshot of `workspace` on disk, if any: after a
     // restart under another configuration it names the drift (explain). Reads no file.
     std::optional<profile> newest_profile(const std::string & workspace) const;
-    // Loads the longest prefix a tier holds beyond `better_than` into `seq` (cleared
+    // Loads the longest prefix the disk holds beyond `better_than` into `seq` (cleared
     // first) and trims it at the reuse point; a file that fails its checks is counted
-    // and the next tier is tried. Returns kv_tier::none when nothing was restored (the
-    // sequence is then empty).
+    // (a miss). Returns kv_tier::none when nothing was restored (the sequence is then
+    // empty).
     hit restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than, seq_id seq);
 
     // Write-through of a finished turn whose prompt's KV is in `seq` (no copy pending).
@@ -76,27 +74,21 @@ class tier_set {
     // Restored snapshots are kept (the last few) until the engine caches their prefix
     // again, so requests admitted meanwhile share the bytes.
     void forget_recent_loads() { recent_loads_.clear(); }
-    void clear_host();
     tier_counters counters() const;
 
   private:
     tier_set() = default;
-    enum { k_host = 0, k_disk = 1 };
-    snapshot_store * store(int t) const { return t == k_host ? host_.get() : disk_.get(); }
-    hit find(int t, const assembled_prompt & ap, pos_t better_than, bool counted) const;
-    void write_prefix(int t, engine & e, const profile & prof, seq_id seq, seq_id scratch,
-                      const std::string & workspace, const assembled_prompt & ap, retention_class min_class);
-    // Counts a failed write and says so on stderr (at most one line per 10 s per tier,
-    // with the count since the last line): a full disk must not fail silently.
-    void write_failed(int t, const status & why);
+    hit find(const assembled_prompt & ap, pos_t better_than, bool counted) const;
+    // Counts a failed write and says so on stderr (at most one line per 10 s, with the
+    // count since the last line): a full disk must not fail silently.
+    void write_failed(const status & why);
 
     tier_options opts_;
-    pos_t max_file_tokens_ = 0;        // 0: no limit
-    std::unique_ptr<mem_fs> host_fs_;  // the host-RAM tier is a snapshot store in memory
-    std::unique_ptr<snapshot_store> host_, disk_;
+    pos_t max_file_tokens_ = 0;  // 0: no limit
+    std::unique_ptr<snapshot_store> disk_;
     tier_counters ctr_;
-    std::chrono::steady_clock::time_point t_last_warning_[2]{};
-    uint64_t n_unreported_failures_[2]{};
+    std::chrono::steady_clock::time_point t_last_warning_{};
+    uint64_t n_unreported_failures_ = 0;
     static constexpr size_t k_recent_loads = 4;
     std::deque<std::pair<std::string, std::shared_ptr<const snapshot>>> recent_loads_;  // oldest first
 };

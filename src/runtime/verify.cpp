@@ -85,14 +85,18 @@ class scenario_runner {
 
         WARMCTX_RETURN_IF_ERROR(step("cold turn", {}));
         segs_.back().content = g_.question();
-        WARMCTX_RETURN_IF_ERROR(step("new question", at_least(stable_end())));
+        turn_expectation again = at_least(stable_end(), "engine");
+        again.in_place = 1;  // the work stream still holds the prefix
+        WARMCTX_RETURN_IF_ERROR(step("new question", again));
+        // Out of the work stream: served from the RAM pool (a load into the stream).
+        ce_.drop_work_streams();
+        segs_.back().content = g_.question();
+        turn_expectation pooled = at_least(stable_end(), "engine");
+        pooled.in_place = 0;
+        WARMCTX_RETURN_IF_ERROR(step("pool restore", pooled));
         if (o_.tiers) {
-            // Evicted from the engine: served from host RAM, then (host gone) from disk.
+            // Evicted from the engine: served from disk.
             ce_.drop_engine_cache();
-            segs_.back().content = g_.question();
-            WARMCTX_RETURN_IF_ERROR(step("host-RAM restore", at_least(stable_end(), "host")));
-            ce_.drop_engine_cache();
-            ce_.clear_host_tier();
             segs_.back().content = g_.question();
             WARMCTX_RETURN_IF_ERROR(step("disk restore", at_least(stable_end(), "disk")));
         }
@@ -231,11 +235,10 @@ result<verify_report> run_verify(const verify_options & opts, const verify_progr
     context_engine_options co = opts.engine;
     const uint32_t need = (uint32_t)opts.stable_tokens_max + 2048;
     if (co.engine.n_ctx < need) co.engine.n_ctx = need;
-    // Scenarios also go through host-RAM and disk restores (a private directory unless
-    // the options name one).
+    // Scenarios also go through disk restores (a private directory unless the options
+    // name one).
     dir_cleanup cleanup;
     if (opts.tiers) {
-        if (co.tiers.host_budget_bytes == 0) co.tiers.host_budget_bytes = 1ull << 30;
         if (co.tiers.cache_dir.empty()) {
             char templ[] = "/tmp/warmctx-verify-XXXXXX";
             if (!mkdtemp(templ)) return io_error("cannot create a temporary cache directory");

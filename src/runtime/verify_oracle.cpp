@@ -72,6 +72,8 @@ std::vector<std::string> check_turn(const turn_expectation & want, const explain
                       " tokens ever cached for this prompt under this profile");
     if (!want.tier.empty() && kv_tier_name(ex.tier) != want.tier)
         out.push_back("expected a restore from the " + want.tier + " tier, got " + std::string(kv_tier_name(ex.tier)));
+    if (want.in_place == 1 && !ex.in_place) out.push_back("expected the turn to reuse its work stream in place");
+    if (want.in_place == 0 && ex.in_place) out.push_back("expected the prefix loaded into the work stream, not in place");
     if (!want.changed_segment.empty() &&
         (ex.kind != miss_kind::segment_changed || ex.missed_segment != want.changed_segment))
         out.push_back("expected the miss to be explained as a change of segment '" + want.changed_segment + "'");

@@ -151,24 +151,19 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
         const tier_counters & t = snap.counters.tiers;
         scalar(out, "warmctx_cache_tokens", "gauge", "Tokens of KV resident in the prefix cache.",
                static_cast<double>(c.resident_tokens), tier);
-        // Per tier: the engine's KV, and the host-RAM and disk snapshot stores.
+        // Per tier: the engine's KV (the pool of cached prefixes) and the disk snapshot store.
         header(out, "warmctx_cache_bytes", "gauge", "Bytes of KV held, by tier.");
         sample(out, "warmctx_cache_bytes", tier, static_cast<double>(c.resident_bytes));
-        sample(out, "warmctx_cache_bytes", "tier=\"host\"", static_cast<double>(t.host_bytes));
         sample(out, "warmctx_cache_bytes", "tier=\"disk\"", static_cast<double>(t.disk_bytes));
-        header(out, "warmctx_cache_entries", "gauge", "Cached prefixes, by tier (engine: holders in use; host, disk: snapshots).");
+        header(out, "warmctx_cache_entries", "gauge", "Cached prefixes, by tier (engine: pool entries; disk: snapshots).");
         sample(out, "warmctx_cache_entries", tier, static_cast<double>(c.n_holders_in_use));
-        sample(out, "warmctx_cache_entries", "tier=\"host\"", static_cast<double>(t.host_files));
         sample(out, "warmctx_cache_entries", "tier=\"disk\"", static_cast<double>(t.disk_files));
         header(out, "warmctx_tier_restores_total", "counter", "Prefixes restored from a tier below the engine.");
-        sample(out, "warmctx_tier_restores_total", "tier=\"host\"", static_cast<double>(t.n_restores_host));
         sample(out, "warmctx_tier_restores_total", "tier=\"disk\"", static_cast<double>(t.n_restores_disk));
         header(out, "warmctx_tier_writes_total", "counter", "Prefixes written through to a tier.");
-        sample(out, "warmctx_tier_writes_total", "tier=\"host\"", static_cast<double>(t.n_writes_host));
         sample(out, "warmctx_tier_writes_total", "tier=\"disk\"", static_cast<double>(t.n_writes_disk));
         header(out, "warmctx_tier_write_failures_total", "counter",
                "Write-throughs to a tier that failed (a full disk, say); each is also logged.");
-        sample(out, "warmctx_tier_write_failures_total", "tier=\"host\"", static_cast<double>(t.n_write_failures_host));
         sample(out, "warmctx_tier_write_failures_total", "tier=\"disk\"", static_cast<double>(t.n_write_failures_disk));
         scalar(out, "warmctx_disk_quarantine_files", "gauge",
                "Damaged snapshot files kept aside in quarantine/ (bounded; their bytes count in the disk budget).",
@@ -193,19 +188,21 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
                    static_cast<double>(c.evicted_tokens_by_class[k]));
         const kv_memory & m = snap.counters.memory;
         scalar(out, "warmctx_kv_allocated_bytes", "gauge",
-               "Every byte of KV the process allocated: work streams (whole), the pool of cached prefixes, the host tier.",
+               "Every byte of KV the process allocated: work streams (whole) and the RAM pool of cached prefixes.",
                static_cast<double>(m.allocated_bytes));
         scalar(out, "warmctx_kv_used_bytes", "gauge", "Bytes of that KV holding tokens.", static_cast<double>(m.used_bytes));
         header(out, "warmctx_kv_allocated_bytes_by_part", "gauge", "Allocated KV bytes, by where they live.");
         sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"streams\"", static_cast<double>(m.streams_allocated_bytes));
         sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"pool\"", static_cast<double>(m.pool_allocated_bytes));
-        sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"host_tier\"", static_cast<double>(m.host_tier_bytes));
         scalar(out, "warmctx_pool_loads_total", "counter", "Cached prefixes loaded from the pool into a work stream.",
                static_cast<double>(m.n_pool_loads));
         scalar(out, "warmctx_pool_loaded_bytes_total", "counter", "Bytes loaded from the pool.",
                static_cast<double>(m.pool_loaded_bytes));
         scalar(out, "warmctx_in_place_turns_total", "counter",
                "Warm turns whose work stream still held the prefix (nothing copied).", static_cast<double>(m.n_in_place_turns));
+        scalar(out, "warmctx_pool_write_backs_total", "counter",
+               "Work streams' cached blocks offered to the pool before something overwrote them (lazy write-back).",
+               static_cast<double>(m.n_write_backs));
         scalar(out, "warmctx_cache_lookups_total", "counter", "Prefix cache lookups.", static_cast<double>(c.n_lookups));
         scalar(out, "warmctx_cache_lookup_hits_total", "counter", "Prefix cache lookups that reused something.",
                static_cast<double>(c.n_lookup_hits));

@@ -20,11 +20,12 @@ exit)
   expect_rc 0 "a clean run exits 0"
   check '.mode == "exact" and .mismatches == 0 and .turn_mismatches == 0 and .expectation_failures == 0 and .max_logit_diff == 0 and .turns >= 7' \
         "exact mode: every warm turn equal to its cold reference, every expectation held" "$summary"
-  # A one-token budget admits nothing and no tier keeps a copy: the turns that expect a
-  # hit of the stable prefix miss it.
+  # A one-token budget admits nothing into the pool and no tier keeps a copy: the work
+  # stream still serves the next question in place, but the turn that expects the
+  # stable prefix from the pool misses it.
   run --scenarios 1 --tiers false --budget-tokens 1 --json
   expect_rc 1 "an expectation failure exits 1"
-  check '.expectation_failures > 0 and (.failures | length) == .expectation_failures and (.failures[0] | test("^scenario-0 new question: expected a hit of at least [0-9]+ tokens"))' \
+  check '.expectation_failures > 0 and (.failures | length) == .expectation_failures and (.failures[0] | test("^scenario-0 pool restore: expected a hit of at least [0-9]+ tokens"))' \
         "the failures are in the JSON, each with its scenario, step and reason" '.failures'
   run --scenarios 0
   expect_rc 2 "bad input exits 2"

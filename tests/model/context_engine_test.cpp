@@ -130,6 +130,9 @@ TEST(ContextEngine, EvictionIsExplainedWithClassAndReason) {
         if (s.id == "system") s.content = "You are a different agent.\n";
     ASSERT_TRUE(f.ce->run_turn(f.request("a", a)).ok());
     ASSERT_TRUE(f.ce->run_turn(f.request("c", c)).ok());
+    // c's prefix is still only in the work stream (lazy write-back); into the pool it
+    // evicts a's.
+    f.ce->drop_work_streams();
     EXPECT_LE(f.ce->counters().cache.resident_tokens, 700u);
     auto ex = f.ce->explain(f.request("a", a));
     ASSERT_TRUE(ex.ok());
@@ -197,7 +200,7 @@ struct temp_dir {
     ~temp_dir() { std::error_code ec; std::filesystem::remove_all(path, ec); }
 };
 
-std::unique_ptr<context_engine> tiered(const std::string & dir, uint32_t n_work = 1, uint64_t host_bytes = 0,
+std::unique_ptr<context_engine> tiered(const std::string & dir, uint32_t n_work = 1,
                                        const std::function<void(context_engine_options &)> & tweak = {}) {
     context_engine_options o;
     o.engine = testing::tiny_options();
@@ -205,7 +208,6 @@ std::unique_ptr<context_engine> tiered(const std::string & dir, uint32_t n_work 
     o.n_holders = 2;
     o.n_work_seqs = n_work;
     o.tiers.cache_dir = dir;
-    o.tiers.host_budget_bytes = host_bytes;
     if (tweak) tweak(o);
     auto r = context_engine::open(o);
     EXPECT_TRUE(r.ok()) << r.error().to_string();
@@ -232,20 +234,18 @@ turn_request tier_request(std::vector<segment> segs, const std::string & q) {
 TEST(Tiers, ExplainCountsNothingAndPredictsTheTurn) {
     temp_dir d;
     auto segs = tier_workspace();
-    { auto ce = tiered(d.path, 1, 64u << 20); ASSERT_TRUE(ce); ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok()); }
-    auto ce = tiered(d.path, 1, 64u << 20);  // after a restart: the prefix is on disk only
+    { auto ce = tiered(d.path, 1); ASSERT_TRUE(ce); ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok()); }
+    auto ce = tiered(d.path, 1);  // after a restart: the prefix is on disk only
     ASSERT_TRUE(ce);
     auto req = tier_request(segs, "second");
     const context_counters before = ce->counters();
     const auto disk_before = ce->disk_tier()->stats();
-    const auto host_before = ce->host_tier()->stats();
     auto ex = ce->explain(req);
     ASSERT_TRUE(ex.ok());
     auto ex2 = ce->explain(req);
     ASSERT_TRUE(ex2.ok());
     const context_counters after = ce->counters();
     EXPECT_EQ(ce->disk_tier()->stats().n_lookups, disk_before.n_lookups);
-    EXPECT_EQ(ce->host_tier()->stats().n_lookups, host_before.n_lookups);
     EXPECT_EQ(ce->disk_tier()->stats().n_loads, disk_before.n_loads);
     EXPECT_EQ(after.cache.n_lookups, before.cache.n_lookups);
     EXPECT_EQ(after.cache.n_lookup_hits, before.cache.n_lookup_hits);
@@ -453,7 +453,7 @@ TEST(Tiers, ParallelContextSizeAndBudgetsDoNotVoidTheDiskTier) {
         before = ce->current_profile();
         ASSERT_EQ(ce->counters().tiers.n_writes_disk, 1u);
     }
-    auto ce = tiered(d.path, 3, 0, [](context_engine_options & o) {
+    auto ce = tiered(d.path, 3, [](context_engine_options & o) {
         o.n_holders = 4;                     // pool entries: 3 + 1 = 4 KV streams
         o.engine.n_ctx = 2048;               // of 2048 tokens each
         o.budget.max_tokens = 3000;
@@ -489,12 +489,12 @@ TEST(Tiers, ARestartUnderAnotherChunkSizeIsExplainedAsProfileDrift) {
     temp_dir d;
     auto segs = tier_workspace();
     {
-        auto ce = tiered(d.path, 1, 0, [](context_engine_options & o) { o.engine.chunk_tokens = 512; });
+        auto ce = tiered(d.path, 1, [](context_engine_options & o) { o.engine.chunk_tokens = 512; });
         ASSERT_TRUE(ce);
         ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
         ASSERT_EQ(ce->counters().tiers.n_writes_disk, 1u);
     }
-    auto ce = tiered(d.path, 1, 0, [](context_engine_options & o) { o.engine.chunk_tokens = 256; });
+    auto ce = tiered(d.path, 1, [](context_engine_options & o) { o.engine.chunk_tokens = 256; });
     ASSERT_TRUE(ce);
     EXPECT_EQ(ce->disk_tier()->list().size(), 1u);  // kept: valid, for another configuration
     auto req = tier_request(segs, "after the restart");
@@ -538,7 +538,7 @@ TEST(Tiers, ASnapshotLongerThanTheContextIsAMissNotALoadFailure) {
         ASSERT_TRUE(ce->run_turn(tier_request(big, "first")).ok());
         ASSERT_EQ(ce->disk_tier()->list().size(), 1u);
     }
-    auto ce = tiered(d.path, 1, 0, [](context_engine_options & o) { o.engine.n_ctx = 1024; });
+    auto ce = tiered(d.path, 1, [](context_engine_options & o) { o.engine.n_ctx = 1024; });
     ASSERT_TRUE(ce);
     ASSERT_EQ(ce->disk_tier()->list().size(), 1u);
     ASSERT_GT(ce->disk_tier()->list()[0].meta.n_tokens(), (pos_t)ce->context().n_ctx_seq);
@@ -580,7 +580,8 @@ TEST(KvPool, ASecondTurnOfTheSameWorkspaceReusesItsStreamInPlace) {
     EXPECT_TRUE(t->explain.in_place);
     EXPECT_GT(t->explain.n_reused, 0);
     auto c = f.ce->counters();
-    EXPECT_EQ(c.memory.n_pool_loads, loads);  // nothing copied
+    EXPECT_EQ(c.memory.n_pool_loads, loads);  // nothing copied in
+    EXPECT_EQ(c.memory.n_pool_saves, 0u);     // nor out: the stream keeps it (lazy write-back)
     EXPECT_EQ(c.memory.n_in_place_turns, 1u);
     auto cold = f.ce->run_cold(req);
     ASSERT_TRUE(cold.ok());
@@ -605,6 +606,73 @@ TEST(KvPool, APrefixLoadedFromThePoolHasTheColdLayout) {
     auto cold = f.ce->run_cold(req);
     ASSERT_TRUE(cold.ok());
     EXPECT_TRUE(same_logits(*t, *cold));  // positions 0..P-1 of the stream, as cold
+}
+
+TEST(KvPool, AStreamIsWrittenBackOnlyWhenSomethingWouldOverwriteIt) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    auto a = make_workspace(*f.gen, 600, 1);
+    auto b = make_workspace(*f.gen, 500, 2);
+    ASSERT_TRUE(f.ce->run_turn(f.request("a", a)).ok());
+    a.back().content = "again";
+    ASSERT_TRUE(f.ce->run_turn(f.request("a", a)).ok());
+    auto c = f.ce->counters();
+    EXPECT_EQ(c.memory.n_pool_saves, 0u);
+    EXPECT_EQ(c.memory.pool_entries, 0u);
+    EXPECT_EQ(c.memory.n_write_backs, 0u);
+    // explain sees the stream's blocks: a full hit.
+    auto ex = f.ce->explain(f.request("a", a));
+    ASSERT_TRUE(ex.ok());
+    EXPECT_EQ(ex->kind, miss_kind::full_hit) << ex->reason;
+    // b's turn takes the one work stream: a's blocks go to the pool first.
+    ASSERT_TRUE(f.ce->run_turn(f.request("b", b)).ok());
+    c = f.ce->counters();
+    EXPECT_EQ(c.memory.n_write_backs, 1u);
+    EXPECT_EQ(c.memory.n_pool_saves, 1u);
+    EXPECT_EQ(c.memory.pool_entries, 1u);
+    a.back().content = "and a third time";
+    auto t = f.ce->run_turn(f.request("a", a));
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->explain.kind, miss_kind::full_hit);
+    EXPECT_FALSE(t->explain.in_place);
+}
+
+TEST(KvPool, AnotherStreamsUnsavedPrefixIsFoundThroughThePool) {
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.n_ctx = 4096;
+    o.n_work_seqs = 2;
+    auto r = context_engine::open(o);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    context_engine & ce = **r;
+    workload_generator g(5, [&ce](const std::string & s) { auto t = ce.tokenize(s); return t.ok() ? t->size() : 0; });
+    auto segs = make_workspace(g, 600, 1);
+    turn_request req;
+    req.workspace = "a";
+    req.segments = segs;
+    req.sampling.max_tokens = 2;
+    req.keep_logits = true;
+    {
+        std::vector<float> logits;
+        auto t = ce.begin_turn(req, 0, logits);  // stream 0
+        ASSERT_TRUE(t.ok()) << t.error().to_string();
+        ASSERT_TRUE(ce.finish_turn(*t, 0).ok());
+    }
+    EXPECT_EQ(ce.counters().memory.pool_entries, 0u);
+    req.workspace = "a-branch";  // same prefix, other stream
+    req.segments.back().content = "from the other stream";
+    std::vector<float> logits;
+    auto t = ce.begin_turn(req, 1, logits);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_EQ(t->explain.kind, miss_kind::full_hit) << t->explain.reason;
+    EXPECT_FALSE(t->explain.in_place);
+    EXPECT_EQ(ce.counters().memory.n_write_backs, 1u);
+    EXPECT_EQ(ce.counters().memory.n_pool_loads, 1u);
+    ASSERT_TRUE(ce.finish_turn(*t, 0).ok());
+    auto cold = ce.run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    ASSERT_EQ(cold->prompt_logits.size(), logits.size());
+    EXPECT_EQ(std::memcmp(cold->prompt_logits.data(), logits.data(), logits.size() * 4), 0);
 }
 
 TEST(KvPool, HowManyPrefixesStayCachedIsBoundedByBytesNotByStreams) {

@@ -68,13 +68,18 @@ explain_report report(pos_t reused, pos_t cacheable, miss_kind kind, std::string
     r.n_cacheable = cacheable;
     r.n_prompt_tokens = cacheable + 10;
     r.kind = kind;
-    r.tier = tier == "disk" ? kv_tier::disk : tier == "host" ? kv_tier::host : tier == "none" ? kv_tier::none : kv_tier::engine;
+    r.tier = tier == "disk" ? kv_tier::disk : tier == "none" ? kv_tier::none : kv_tier::engine;
     return r;
 }
 
 TEST(verify_oracle, AllExpectationsHeld) {
-    const turn_expectation want = want_of(50, 100, 80, "host");
-    EXPECT_TRUE(check_turn(want, report(80, 120, miss_kind::segment_changed, "host")).empty());
+    turn_expectation want = want_of(50, 100, 80, "disk");
+    EXPECT_TRUE(check_turn(want, report(80, 120, miss_kind::segment_changed, "disk")).empty());
+    want = want_of(50, 100, 80, "engine");
+    want.in_place = 1;
+    auto ex = report(80, 120, miss_kind::segment_changed);
+    ex.in_place = true;
+    EXPECT_TRUE(check_turn(want, ex).empty());
     EXPECT_TRUE(check_turn({}, report(0, 120, miss_kind::cold)).empty());
 }
 
@@ -86,8 +91,17 @@ TEST(verify_oracle, EachBrokenExpectationIsReported) {
     EXPECT_EQ(check_turn(want_of(-1, -1, 30), report(40, 120, miss_kind::segment_changed)),
               std::vector<std::string>{"reused more than the 30 tokens ever cached for this prompt under this profile"});
     EXPECT_EQ(check_turn(want_of(-1, -1, 0), report(40, 120, miss_kind::segment_changed)).size(), 1u);
-    EXPECT_EQ(check_turn(want_of(-1, -1, -1, "disk"), report(40, 120, miss_kind::full_hit, "host")),
-              std::vector<std::string>{"expected a restore from the disk tier, got host"});
+    EXPECT_EQ(check_turn(want_of(-1, -1, -1, "disk"), report(40, 120, miss_kind::full_hit, "engine")),
+              std::vector<std::string>{"expected a restore from the disk tier, got engine"});
+    turn_expectation in_place = want_of(-1, -1, -1);
+    in_place.in_place = 1;
+    EXPECT_EQ(check_turn(in_place, report(40, 120, miss_kind::full_hit)),
+              std::vector<std::string>{"expected the turn to reuse its work stream in place"});
+    auto moved = report(40, 120, miss_kind::full_hit);
+    moved.in_place = true;
+    in_place.in_place = 0;
+    EXPECT_EQ(check_turn(in_place, moved),
+              std::vector<std::string>{"expected the prefix loaded into the work stream, not in place"});
 }
 
 TEST(verify_oracle, AnEditMustBeExplainedAsAChangeOfThatSegment) {
