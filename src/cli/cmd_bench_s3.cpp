@@ -5,6 +5,8 @@
 //              sequence that holds it, then the N tokens are prefilled after it, the
 //              copy included in the time, as a warm turn does (llama-bench -p N -d D)
 //   tg       - G single-token decode steps                     (llama-bench -n G)
+// Each system's allocated KV is reported beside its rates (warmctx: its two streams,
+// whole; llama-bench: each test's context).
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -110,7 +112,10 @@ result<json> measure_engine(const s3_args & a, const engine_options & base) {
     return json{{"cold_pp_tps", c.mean}, {"warm_pp_tps", w.mean}, {"tg_tps", g.mean},
                 {"cold_pp_stddev", c.stddev}, {"warm_pp_stddev", w.stddev}, {"tg_stddev", g.stddev},
                 {"model_desc", eng.model().description}, {"threads", eng.context().n_threads},
-                {"n_params", eng.model().n_params}};
+                {"n_params", eng.model().n_params},
+                // Every KV byte it allocated: its two streams, whole, for all three tests.
+                {"kv_allocated_bytes", eng.context().kv_streams_bytes},
+                {"kv_bytes_per_token", eng.context().kv_bytes_per_token}};
 }
 
 int run_s3(const s3_args & a) {
@@ -151,9 +156,16 @@ int run_s3(const s3_args & a) {
             }
             auto tg = llama_bench_run(a.llama_bench, *eo, threads, 0, a.n_gen, 0, a.reps, true);
             if (!tg) return fail(tg.error());
+            // llama-bench sizes each test's context to prompt + generated + depth tokens,
+            // which llama.cpp rounds up to a multiple of 256 cells: its allocated KV.
+            const uint64_t bpt = (*m)["kv_bytes_per_token"].get<uint64_t>();
+            auto kv_of = [bpt](int n_tokens) { return (uint64_t)((n_tokens + 255) / 256 * 256) * bpt; };
             row["llama_bench"] = {{"cold_pp_tps", cold->tps}, {"cold_pp_stddev", cold->stddev},
                                   {"warm_pp_tps", warm.tps},  {"warm_pp_stddev", warm.stddev},
-                                  {"tg_tps", tg->tps},        {"tg_stddev", tg->stddev}};
+                                  {"tg_tps", tg->tps},        {"tg_stddev", tg->stddev},
+                                  {"kv_allocated_bytes", {{"cold_pp", kv_of(a.n_prompt)},
+                                                          {"warm_pp", kv_of(a.n_prompt + a.depth)},
+                                                          {"tg", kv_of(a.n_gen)}}}};
             auto ratio = [](double x, double y) { return y > 0 ? x / y : 0.0; };
             row["ratio"] = {{"cold_pp", ratio((*m)["cold_pp_tps"], cold->tps)},
                             {"warm_pp", ratio((*m)["warm_pp_tps"], warm.tps)},
@@ -163,13 +175,17 @@ int run_s3(const s3_args & a) {
     }
     out["rows"] = rows;
     if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return 0; }
-    std::printf("%-14s %-8s %14s %14s %8s\n", "shape", "test", "warmctx tok/s", "llama-bench", "ratio");
+    std::printf("%-14s %-8s %14s %14s %8s %12s %12s\n", "shape", "test", "warmctx tok/s", "llama-bench", "ratio",
+                "warmctx KV", "l-bench KV");
     for (const auto & r : rows)
         for (const char * t : {"cold_pp", "warm_pp", "tg"}) {
-            const std::string k = std::string(t) + (std::string(t) == "tg" ? "_tps" : "_tps");
-            std::printf("%-14s %-8s %14.1f %14.1f %8.3f\n", r["shape"].get<std::string>().c_str(), t,
-                        r["warmctx"].value(k, 0.0), r.contains("llama_bench") ? r["llama_bench"].value(k, 0.0) : 0.0,
-                        r.contains("ratio") ? r["ratio"].value(t, 0.0) : 0.0);
+            const std::string k = std::string(t) + "_tps";
+            const bool lb = r.contains("llama_bench");
+            std::printf("%-14s %-8s %14.1f %14.1f %8.3f %9.1f MiB %9.1f MiB\n", r["shape"].get<std::string>().c_str(), t,
+                        r["warmctx"].value(k, 0.0), lb ? r["llama_bench"].value(k, 0.0) : 0.0,
+                        r.contains("ratio") ? r["ratio"].value(t, 0.0) : 0.0,
+                        r["warmctx"]["kv_allocated_bytes"].get<uint64_t>() / 1048576.0,
+                        lb ? r["llama_bench"]["kv_allocated_bytes"].value(t, uint64_t{0}) / 1048576.0 : 0.0);
         }
     return 0;
 }

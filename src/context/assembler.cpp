@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <thread>
 #include <tuple>
 #include <unordered_set>
 
@@ -170,6 +171,68 @@ status append_tokens(std::vector<token_id> & out, const std::vector<token_id> & 
     return {};
 }
 
+// One segment rendered and tokenized alone: these tokens depend on this segment only.
+// The frame (the template's text around the content) may hold control tokens; the
+// content is plain text, whatever it contains.
+result<std::vector<token_id>> tokenize_segment(const segment & s, const kind_policy & p, const std::string & role,
+                                               const text_model & model) {
+    const std::string where = "segment " + quote_input(s.id);
+    auto frame = model.render_message(role, k_content_sentinel);
+    if (!frame.ok()) return frame.error().with_context(where + ": rendering");
+    const size_t at = frame->find(k_content_sentinel);
+    if (at == std::string::npos)
+        return failed_precondition("the chat template does not carry a message's content through verbatim");
+    std::vector<token_id> toks;
+    const std::string_view fv(*frame);
+    for (int part = 0; part < 3; ++part) {
+        result<std::vector<token_id>> t = part == 0   ? model.tokenize(fv.substr(0, at))
+                                          : part == 1 ? model.tokenize_plain(message_content(s, p))
+                                                      : model.tokenize(fv.substr(at + k_content_sentinel.size()));
+        if (!t.ok()) return t.error().with_context(where + ": tokenizing");
+        toks.insert(toks.end(), t->begin(), t->end());
+    }
+    return toks;
+}
+
+// Below this much content a prompt is tokenized on the calling thread: starting
+// threads would cost more than they save.
+constexpr size_t k_parallel_tokenize_min_bytes = 64 << 10;
+
+// Every segment's tokens, in `order`. Segments tokenize independently, so a large
+// prompt's are spread over up to 8 threads, the largest segments placed first on the
+// least loaded thread; the result does not depend on the split.
+std::vector<result<std::vector<token_id>>> tokenize_segments(std::span<const segment * const> order,
+                                                             std::span<const std::string> roles,
+                                                             const kind_table & kinds, const text_model & model) {
+    std::vector<result<std::vector<token_id>>> out(order.size(), std::vector<token_id>{});
+    size_t total = 0;
+    for (const segment * s : order) total += s->content.size();
+    const size_t n_threads = std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 8, order.size()});
+    auto one = [&](size_t i) { out[i] = tokenize_segment(*order[i], kinds.policy(order[i]->kind), roles[i], model); };
+    if (n_threads < 2 || total < k_parallel_tokenize_min_bytes) {
+        for (size_t i = 0; i < order.size(); ++i) one(i);
+        return out;
+    }
+    std::vector<size_t> by_size(order.size());
+    std::iota(by_size.begin(), by_size.end(), size_t{0});
+    std::sort(by_size.begin(), by_size.end(),
+              [&](size_t a, size_t b) { return order[a]->content.size() > order[b]->content.size(); });
+    std::vector<std::vector<size_t>> work(n_threads);
+    std::vector<size_t> load(n_threads, 0);
+    for (size_t i : by_size) {
+        const size_t t = (size_t)(std::min_element(load.begin(), load.end()) - load.begin());
+        work[t].push_back(i);
+        load[t] += order[i]->content.size() + 1;
+    }
+    std::vector<std::thread> threads;
+    threads.reserve(n_threads - 1);
+    for (size_t t = 1; t < n_threads; ++t)
+        threads.emplace_back([&, t] { for (size_t i : work[t]) one(i); });
+    for (size_t i : work[0]) one(i);
+    for (auto & th : threads) th.join();
+    return out;
+}
+
 }  // namespace
 
 result<assembled_prompt> assemble(std::span<const segment> segs, const kind_table & kinds,
@@ -198,28 +261,20 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     std::vector<piece> pieces;
     WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, model.prefix_tokens()));
 
+    std::vector<std::string> roles;
+    roles.reserve(order.size());
     for (const segment * s : order) {
         const kind_policy & p = kinds.policy(s->kind);
-        const std::string role = (p.role_from_segment && !s->role.empty()) ? s->role : p.role;
-        const std::string where = "segment " + quote_input(s->id);
+        roles.push_back((p.role_from_segment && !s->role.empty()) ? s->role : p.role);
+    }
+    auto seg_tokens = tokenize_segments(order, roles, kinds, model);
 
-        // Rendered and tokenized alone: these tokens depend on this segment only.
-        // The frame (the template's text around the content) may hold control tokens;
-        // the content is plain text, whatever it contains.
-        auto frame = model.render_message(role, k_content_sentinel);
-        if (!frame.ok()) return frame.error().with_context(where + ": rendering");
-        const size_t at = frame->find(k_content_sentinel);
-        if (at == std::string::npos)
-            return failed_precondition("the chat template does not carry a message's content through verbatim");
-        std::vector<token_id> toks;
-        const std::string_view fv(*frame);
-        for (int part = 0; part < 3; ++part) {
-            result<std::vector<token_id>> t = part == 0   ? model.tokenize(fv.substr(0, at))
-                                              : part == 1 ? model.tokenize_plain(message_content(*s, p))
-                                                          : model.tokenize(fv.substr(at + k_content_sentinel.size()));
-            if (!t.ok()) return t.error().with_context(where + ": tokenizing");
-            toks.insert(toks.end(), t->begin(), t->end());
-        }
+    for (size_t i = 0; i < order.size(); ++i) {
+        const segment * s = order[i];
+        const kind_policy & p = kinds.policy(s->kind);
+        const std::string & role = roles[i];
+        if (!seg_tokens[i].ok()) return seg_tokens[i].error();
+        const std::vector<token_id> & toks = *seg_tokens[i];
 
         manifest_entry e;
         e.id = s->id;

@@ -48,6 +48,8 @@ s3)
   check '.rows[0].warmctx.cold_pp_tps > 0 and .rows[0].warmctx.warm_pp_tps > 0 and .rows[0].warmctx.tg_tps > 0' "warmctx rates" '.rows[0]'
   check '.rows[0].llama_bench.cold_pp_tps > 0 and .rows[0].llama_bench.warm_pp_tps > 0 and .rows[0].llama_bench.tg_tps > 0' "llama-bench rates" '.rows[0]'
   check 'all(.rows[0].ratio[]; . > 0)' "ratios" '.rows[0].ratio'
+  check '.rows[0].warmctx.kv_allocated_bytes > 0 and .rows[0].llama_bench.kv_allocated_bytes.warm_pp > .rows[0].llama_bench.kv_allocated_bytes.cold_pp' \
+        "each system's allocated KV is reported" '[.rows[0].warmctx.kv_allocated_bytes, .rows[0].llama_bench.kv_allocated_bytes]'
   ;;
 *) echo "unknown check $which"; exit 2 ;;
 esac

@@ -4,6 +4,8 @@
 #include <random>
 #include <set>
 
+#include <thread>
+
 #include "fake_text_model.h"
 #include "test_workspace.h"
 #include "warmctx/assembler.h"
@@ -120,6 +122,33 @@ TEST(Assembler, EachMessageIsTokenizedAlone) {
                   open + model.plain_calls[i] + close);
     }
     EXPECT_EQ(model.tokenize_calls.back(), "<|im_start|>assistant\n");
+}
+
+TEST(Assembler, ALargePromptTokenizesOnSeveralThreadsWithTheSameResult) {
+    // 16 pinned files of 8 KiB: above the size at which segments tokenize in parallel.
+    std::vector<segment> segs;
+    segs.push_back(make_segment("system", segment_kind::system, "You are careful.\n"));
+    for (int i = 0; i < 16; ++i) {
+        std::string body;
+        while (body.size() < 8192) body += "int f" + std::to_string(i) + "_" + std::to_string(body.size()) + "();\n";
+        segs.push_back(make_segment("file-" + std::to_string(i), segment_kind::pinned_file, body));
+    }
+    segs.push_back(make_segment("q", segment_kind::user, "what now?"));
+    fake_text_model model;
+    const auto p = must_assemble(segs, k_salt, true, kind_table{}, model);
+    if (std::thread::hardware_concurrency() > 1) EXPECT_GT(model.threads.size(), 1u);
+    // Each segment's tokens are what that segment alone assembles to, in canonical order.
+    for (const auto & e : p.man.segments) {
+        const segment & s = *std::find_if(segs.begin(), segs.end(), [&](const segment & x) { return x.id == e.id; });
+        const auto alone = must_assemble({s}, k_salt, false);
+        EXPECT_TRUE(std::equal(alone.tokens.begin(), alone.tokens.end(), p.tokens.begin() + e.token_begin,
+                               p.tokens.begin() + e.token_end))
+            << e.id;
+        EXPECT_EQ(alone.tokens.size(), (size_t)e.n_tokens()) << e.id;
+    }
+    // Input order still never changes the prompt.
+    std::vector<segment> reversed(segs.rbegin(), segs.rend());
+    EXPECT_EQ(must_assemble(reversed).tokens, p.tokens);
 }
 
 TEST(Assembler, ContentCannotInjectControlTokens) {

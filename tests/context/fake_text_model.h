@@ -5,8 +5,11 @@
 // reason about and a test can turn tokens back into text.
 #pragma once
 
+#include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "warmctx/assembler.h"
@@ -22,13 +25,20 @@ class fake_text_model : public text_model {
     bool add_bos = false;                 // prefix_tokens() = {k_bos}
     std::string fail_on;                  // tokenize fails on text containing this (if set)
     std::string template_tag;             // inserted after the role: a "different template"
+    // Calls may come from several threads (a large prompt's segments tokenize in parallel).
+    mutable std::mutex mu;
     mutable std::vector<std::string> tokenize_calls;  // every text tokenize() was given
     mutable std::vector<std::string> plain_calls;     // every text tokenize_plain() was given
+    mutable std::set<std::thread::id> threads;        // every thread that tokenized
 
     result<std::vector<token_id>> tokenize(std::string_view text) const override {
         if (!fail_on.empty() && text.find(fail_on) != text.npos)
             return invalid_argument("fake tokenizer refuses '" + fail_on + "'");
-        tokenize_calls.emplace_back(text);
+        {
+            std::lock_guard lk(mu);
+            tokenize_calls.emplace_back(text);
+            threads.insert(std::this_thread::get_id());
+        }
         std::vector<token_id> out;
         for (size_t i = 0; i < text.size();) {
             if (text.substr(i).starts_with("<|im_start|>")) {
@@ -49,7 +59,11 @@ class fake_text_model : public text_model {
     result<std::vector<token_id>> tokenize_plain(std::string_view text) const override {
         if (!fail_on.empty() && text.find(fail_on) != text.npos)
             return invalid_argument("fake tokenizer refuses '" + fail_on + "'");
-        plain_calls.emplace_back(text);
+        {
+            std::lock_guard lk(mu);
+            plain_calls.emplace_back(text);
+            threads.insert(std::this_thread::get_id());
+        }
         std::vector<token_id> out;
         for (char c : text) out.push_back(static_cast<unsigned char>(c));
         return out;
