@@ -67,7 +67,7 @@ for s in "${stages[@]}"; do
   case "$s" in
     build) build ;;
     s2)    run_bench s2 "${gpu[@]}" --sizes 2048,8192,32768,47000 --warm-turns 5 ;;
-    trace) run_bench trace "${gpu[@]}" --workspaces 8 --turns 100 --stable-tokens 16384 --tail-tokens 600 ;;
+    trace) run_bench trace "${gpu[@]}" --workspaces 12 --turns 60 --stable-tokens 13000 --tail-tokens 600 ;;
     s3)    run_bench s3 "${gpu[@]}" --prompt-tokens 2048 --gen-tokens 128 --depth 8192 --reps 5 ;;
     verify)  # exact mode on CUDA, every layer offloaded, without flash attention (the default)
       tiny="$WARMCTX_HOME/tiny-f16-seed1.gguf"

@@ -326,17 +326,20 @@ result<pending_turn> context_engine::begin_turn(const turn_request & req, seq_id
     // Other idle streams holding blocks this prompt starts with: into the pool, so
     // that the lookup finds them.
     p_->write_back_sharing(ap.blocks, seq);
+    {
+        // Blocks of this stream the turn would overwrite go to the pool first. Every
+        // write-back comes before the lookup: an insert may evict what a lookup found.
+        const match peeked = p_->best_match(p_->cache->peek(ap.blocks, req.workspace), ap.blocks, seq);
+        const reuse_point pat = snap_reuse(ap, peeked.n_blocks);
+        const bool would_be_in_place = pat.n_tokens > 0 && peeked.holder == seq;
+        const stream_state & s = p_->streams[(size_t)seq];
+        if (s.unsaved && (!would_be_in_place || pat.n_blocks < s.blocks.size())) p_->write_back(seq);
+    }
     match m = p_->cache->lookup(ap.blocks, t.now, req.workspace);
     // In place: this stream still holds at least as much from the turn it ran last.
     m = p_->best_match(std::move(m), ap.blocks, seq);
     reuse_point at = snap_reuse(ap, m.n_blocks);
-    const bool stream_has_it = at.n_tokens > 0 && m.holder == seq;
-    bool in_place = stream_has_it;
-    {
-        // Blocks of this stream the turn would overwrite go to the pool first.
-        stream_state & s = p_->streams[(size_t)seq];
-        if (s.unsaved && (!in_place || at.n_blocks < s.blocks.size())) p_->write_back(seq);
-    }
+    bool in_place = at.n_tokens > 0 && m.holder == seq;
     if (!in_place) p_->clear_stream(seq);
     p_->streams[(size_t)seq].busy = true;
     t.owner_ = this;  // from here on, an early return aborts the turn (clears `seq`)

@@ -637,6 +637,30 @@ TEST(KvPool, AStreamIsWrittenBackOnlyWhenSomethingWouldOverwriteIt) {
     EXPECT_FALSE(t->explain.in_place);
 }
 
+TEST(KvPool, AWriteBackNeverEvictsWhatTheTurnsLookupFound) {
+    // Room for one prefix. b's prefix is in the pool, a's only in the one work stream;
+    // b's next turn must write a's back (evicting b) before it looks b up, or it would
+    // load a holder the write-back just cut.
+    cache_budget budget;
+    budget.max_tokens = 700;
+    fixture f(budget);
+    ASSERT_TRUE(f.ce);
+    auto a = make_workspace(*f.gen, 500, 0);
+    auto b = make_workspace(*f.gen, 500, 0);
+    for (auto & s : b)
+        if (s.id == "system") s.content = "You are a different agent.\n";
+    ASSERT_TRUE(f.ce->run_turn(f.request("b", b)).ok());
+    ASSERT_TRUE(f.ce->run_turn(f.request("a", a)).ok());  // b written back; a unsaved
+    b.back().content = "once more";
+    auto req = f.request("b", b);
+    auto t = f.ce->run_turn(req);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_EQ(t->explain.kind, miss_kind::evicted) << t->explain.reason;
+    auto cold = f.ce->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_TRUE(same_logits(*t, *cold));
+}
+
 TEST(KvPool, AnotherStreamsUnsavedPrefixIsFoundThroughThePool) {
     context_engine_options o;
     o.engine = testing::tiny_options();
