@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <span>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,6 +65,10 @@ class text_model {
     // that happens to contain "<|im_end|>" must not end its message. The default
     // (for tokenizers without special tokens) is tokenize().
     virtual result<std::vector<token_id>> tokenize_plain(std::string_view text) const { return tokenize(text); }
+    // tokenize_plain's answer when the implementation has it at hand without
+    // tokenizing (a memo of recent contents), else nullopt. The assembler tokenizes
+    // only the rest, in parallel when it is large.
+    virtual std::optional<std::vector<token_id>> remembered_plain(std::string_view) const { return std::nullopt; }
     // One chat message through the model's template, exactly the text this message
     // contributes inside a conversation, e.g. "<|im_start|>user\nhi<|im_end|>\n".
     // REQUIRES of the implementation: no BOS and no default system prompt that a

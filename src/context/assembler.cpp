@@ -173,9 +173,11 @@ status append_tokens(std::vector<token_id> & out, const std::vector<token_id> & 
 
 // One segment rendered and tokenized alone: these tokens depend on this segment only.
 // The frame (the template's text around the content) may hold control tokens; the
-// content is plain text, whatever it contains.
+// content is plain text, whatever it contains. `content` is the content's tokens when
+// already known.
 result<std::vector<token_id>> tokenize_segment(const segment & s, const kind_policy & p, const std::string & role,
-                                               const text_model & model) {
+                                               const text_model & model,
+                                               std::optional<std::vector<token_id>> content = std::nullopt) {
     const std::string where = "segment " + quote_input(s.id);
     auto frame = model.render_message(role, k_content_sentinel);
     if (!frame.ok()) return frame.error().with_context(where + ": rendering");
@@ -185,6 +187,10 @@ result<std::vector<token_id>> tokenize_segment(const segment & s, const kind_pol
     std::vector<token_id> toks;
     const std::string_view fv(*frame);
     for (int part = 0; part < 3; ++part) {
+        if (part == 1 && content) {
+            toks.insert(toks.end(), content->begin(), content->end());
+            continue;
+        }
         result<std::vector<token_id>> t = part == 0   ? model.tokenize(fv.substr(0, at))
                                           : part == 1 ? model.tokenize_plain(message_content(s, p))
                                                       : model.tokenize(fv.substr(at + k_content_sentinel.size()));
@@ -194,32 +200,40 @@ result<std::vector<token_id>> tokenize_segment(const segment & s, const kind_pol
     return toks;
 }
 
-// Below this much content a prompt is tokenized on the calling thread: starting
-// threads would cost more than they save.
+// Below this much content still to tokenize, a prompt is tokenized on the calling
+// thread: starting threads would cost more than they save.
 constexpr size_t k_parallel_tokenize_min_bytes = 64 << 10;
 
-// Every segment's tokens, in `order`. Segments tokenize independently, so a large
-// prompt's are spread over up to 8 threads, the largest segments placed first on the
-// least loaded thread; the result does not depend on the split.
+// Every segment's tokens, in `order`. Segments tokenize independently, so when a
+// prompt has much content the model does not remember (a cold prompt), those
+// segments are spread over up to 8 threads, the largest first on the least loaded
+// thread; the result does not depend on the split.
 std::vector<result<std::vector<token_id>>> tokenize_segments(std::span<const segment * const> order,
                                                              std::span<const std::string> roles,
                                                              const kind_table & kinds, const text_model & model) {
     std::vector<result<std::vector<token_id>>> out(order.size(), std::vector<token_id>{});
-    size_t total = 0;
-    for (const segment * s : order) total += s->content.size();
-    const size_t n_threads = std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 8, order.size()});
+    std::vector<size_t> todo;  // segments whose content is not remembered
+    size_t todo_bytes = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+        const kind_policy & p = kinds.policy(order[i]->kind);
+        if (auto known = model.remembered_plain(message_content(*order[i], p))) {
+            out[i] = tokenize_segment(*order[i], p, roles[i], model, std::move(known));
+        } else {
+            todo.push_back(i);
+            todo_bytes += order[i]->content.size();
+        }
+    }
     auto one = [&](size_t i) { out[i] = tokenize_segment(*order[i], kinds.policy(order[i]->kind), roles[i], model); };
-    if (n_threads < 2 || total < k_parallel_tokenize_min_bytes) {
-        for (size_t i = 0; i < order.size(); ++i) one(i);
+    const size_t n_threads = std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 8, todo.size()});
+    if (n_threads < 2 || todo_bytes < k_parallel_tokenize_min_bytes) {
+        for (size_t i : todo) one(i);
         return out;
     }
-    std::vector<size_t> by_size(order.size());
-    std::iota(by_size.begin(), by_size.end(), size_t{0});
-    std::sort(by_size.begin(), by_size.end(),
+    std::sort(todo.begin(), todo.end(),
               [&](size_t a, size_t b) { return order[a]->content.size() > order[b]->content.size(); });
     std::vector<std::vector<size_t>> work(n_threads);
     std::vector<size_t> load(n_threads, 0);
-    for (size_t i : by_size) {
+    for (size_t i : todo) {
         const size_t t = (size_t)(std::min_element(load.begin(), load.end()) - load.begin());
         work[t].push_back(i);
         load[t] += order[i]->content.size() + 1;

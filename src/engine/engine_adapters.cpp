@@ -26,16 +26,20 @@ class engine_text_model final : public text_model {
     // Segment contents repeat turn after turn (a 47k-token stable context is mostly
     // the same few texts), and tokenizing them is most of a warm turn's CPU time; so
     // their tokens are remembered by content hash, least recently used first out.
+    std::optional<std::vector<token_id>> remembered_plain(std::string_view text) const override {
+        if (text.size() < k_memo_min_bytes) return std::nullopt;
+        const hash128 key = hash_string(text);
+        std::lock_guard lk(mu_);
+        if (auto it = memo_.find(key); it != memo_.end() && it->second->n_bytes == text.size()) {
+            lru_.splice(lru_.begin(), lru_, it->second);
+            return it->second->tokens;
+        }
+        return std::nullopt;
+    }
     result<std::vector<token_id>> tokenize_plain(std::string_view text) const override {
         if (text.size() < k_memo_min_bytes) return e_.tokenize(text, false);
+        if (auto m = remembered_plain(text)) return std::move(*m);
         const hash128 key = hash_string(text);
-        {
-            std::lock_guard lk(mu_);
-            if (auto it = memo_.find(key); it != memo_.end() && it->second->n_bytes == text.size()) {
-                lru_.splice(lru_.begin(), lru_, it->second);
-                return it->second->tokens;
-            }
-        }
         auto t = e_.tokenize(text, false);
         if (!t.ok() || t->size() > k_memo_max_tokens / 4) return t;
         std::lock_guard lk(mu_);

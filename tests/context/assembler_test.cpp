@@ -149,6 +149,13 @@ TEST(Assembler, ALargePromptTokenizesOnSeveralThreadsWithTheSameResult) {
     // Input order still never changes the prompt.
     std::vector<segment> reversed(segs.rbegin(), segs.rend());
     EXPECT_EQ(must_assemble(reversed).tokens, p.tokens);
+    // Contents the model remembers (a warm turn's) are not tokenized again, and no
+    // thread is started for the rest when it is small.
+    fake_text_model warm;
+    warm.remember_over = 1000;
+    EXPECT_EQ(must_assemble(segs, k_salt, true, kind_table{}, warm).tokens, p.tokens);
+    EXPECT_EQ(warm.threads, std::set<std::thread::id>{std::this_thread::get_id()});
+    for (const auto & c : warm.plain_calls) EXPECT_LT(c.size(), 1000u);
 }
 
 TEST(Assembler, ContentCannotInjectControlTokens) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -78,6 +79,16 @@ class fake_text_model : public text_model {
     std::vector<token_id> prefix_tokens() const override {
         if (add_bos) return {k_bos};
         return {};
+    }
+
+    // The model "remembers" the tokens of every content longer than this
+    // (remembered_plain answers for them).
+    size_t remember_over = std::string::npos;
+    std::optional<std::vector<token_id>> remembered_plain(std::string_view text) const override {
+        if (text.size() <= remember_over) return std::nullopt;
+        std::vector<token_id> out;
+        for (char c : text) out.push_back(static_cast<unsigned char>(c));
+        return out;
     }
 
     // Tokens back to text (for assertions).
