@@ -210,6 +210,11 @@ class pending_turn {
     uint64_t now = 0;
     bool cache = true;
     double t_assemble_ms = 0, t_copy_ms = 0, t_restore_ms = 0, t_prefill_ms = 0;
+    pos_t prefill_pos = 0;  // the next prompt position to prefill (== tokens: prefilled)
+    int n_prefill_calls = 0; // prefill_some calls that did work (> 1: interleaved)
+
+    bool prefilled() const { return (size_t)prefill_pos >= ap.tokens.size(); }
+    pos_t prefill_remaining() const { return prefilled() ? 0 : (pos_t)ap.tokens.size() - prefill_pos; }
 
     pending_turn() = default;
     pending_turn(const pending_turn &) = delete;
@@ -240,6 +245,15 @@ class context_engine {
     // (n_generated tokens), and clears the sequence. abort_turn only clears it.
     // REQUIRES 0 <= seq < n_work_seqs, and no other pending turn on `seq`.
     result<pending_turn> begin_turn(const turn_request & req, seq_id seq, std::vector<float> & logits);
+    // As begin_turn, but prefills nothing: the caller then runs prefill_some until the
+    // turn is prefilled, and may run other sequences' work between the calls (each
+    // canonical chunk is its own decode call either way, so the KV equals a cold run's).
+    result<pending_turn> begin_turn_deferred(const turn_request & req, seq_id seq);
+    // Prefills whole canonical chunks of `t` from t.prefill_pos, at least one and then
+    // more while fewer than `max_tokens` have been prefilled by this call; when the
+    // prompt is done, `logits` receives the logits after it. On error the turn stays
+    // pending (abort it).
+    status prefill_some(pending_turn & t, pos_t max_tokens, std::vector<float> & logits);
     status finish_turn(pending_turn & t, size_t n_generated);
     void abort_turn(pending_turn & t);
     uint32_t n_work_seqs() const;

@@ -90,6 +90,9 @@ struct scheduler_stats {
     uint64_t n_completed = 0;
     uint64_t n_failed = 0;
     uint64_t n_batched_steps = 0;    // decode steps that served more than one job
+    size_t prefilling_jobs = 0;      // admitted jobs whose prompt is still being prefilled
+    uint64_t prefill_remaining_tokens = 0;  // their tokens still to prefill
+    uint64_t n_prefill_chunks = 0;   // prefill calls run between other work (one chunk each)
 };
 
 class scheduler {
@@ -111,6 +114,10 @@ class scheduler {
 
     // Lock-free snapshot (approximate while the engine runs).
     scheduler_stats stats() const;
+    // The engine's counters as the engine thread last published them (after every
+    // finished job and engine call, and at least every 250 ms while it works), so a
+    // reader never waits on a prefill; nullptr before the first publication.
+    std::shared_ptr<const context_counters> published_counters() const;
     const model_info & model() const;      // immutable after start
     const context_info & context() const;  // immutable after start
     uint32_t n_parallel() const;

@@ -9,6 +9,7 @@
 #include "explain.h"
 #include "kv_pool.h"
 #include "tiers.h"
+#include "warmctx/chunking.h"
 #include "warmctx/engine_adapters.h"
 
 namespace warmctx {
@@ -25,7 +26,7 @@ double ms_between(clock_type::time_point a, clock_type::time_point b) {
 pending_turn::pending_turn(pending_turn && o) noexcept
     : workspace(std::move(o.workspace)), seq(o.seq), ap(std::move(o.ap)), explain(std::move(o.explain)), now(o.now),
       cache(o.cache), t_assemble_ms(o.t_assemble_ms), t_copy_ms(o.t_copy_ms), t_restore_ms(o.t_restore_ms),
-      t_prefill_ms(o.t_prefill_ms), owner_(o.owner_) {
+      t_prefill_ms(o.t_prefill_ms), prefill_pos(o.prefill_pos), n_prefill_calls(o.n_prefill_calls), owner_(o.owner_) {
     o.owner_ = nullptr;
 }
 
@@ -42,6 +43,8 @@ pending_turn & pending_turn::operator=(pending_turn && o) noexcept {
     t_copy_ms = o.t_copy_ms;
     t_restore_ms = o.t_restore_ms;
     t_prefill_ms = o.t_prefill_ms;
+    prefill_pos = o.prefill_pos;
+    n_prefill_calls = o.n_prefill_calls;
     owner_ = o.owner_;
     o.owner_ = nullptr;
     return *this;
@@ -303,7 +306,7 @@ result<explain_report> context_engine::explain(const turn_request & req) const {
     return p_->explain(req.workspace, *ap, m, at.n_tokens, tier);
 }
 
-result<pending_turn> context_engine::begin_turn(const turn_request & req, seq_id seq, std::vector<float> & logits) {
+result<pending_turn> context_engine::begin_turn_deferred(const turn_request & req, seq_id seq) {
     if (seq < 0 || (uint32_t)seq >= p_->opts.n_work_seqs)
         return invalid_argument("work sequence " + std::to_string(seq) + " out of range");
     auto t0 = clock_type::now();
@@ -370,8 +373,42 @@ result<pending_turn> context_engine::begin_turn(const turn_request & req, seq_id
         t.t_copy_ms = ms_between(tc, clock_type::now());
     }
     p_->streams[(size_t)seq].blocks.clear();  // until finish_turn says what it keeps
-    WARMCTX_RETURN_IF_ERROR(p_->prefill(seq, ap, at.n_tokens, logits, t.t_prefill_ms));
+    t.prefill_pos = at.n_tokens;
     return t;
+}
+
+result<pending_turn> context_engine::begin_turn(const turn_request & req, seq_id seq, std::vector<float> & logits) {
+    auto t = begin_turn_deferred(req, seq);
+    if (!t.ok()) return t;
+    WARMCTX_RETURN_IF_ERROR(p_->prefill(seq, t->ap, t->prefill_pos, logits, t->t_prefill_ms));  // aborts t on error
+    t->prefill_pos = (pos_t)t->ap.tokens.size();
+    t->n_prefill_calls = 1;
+    return t;
+}
+
+status context_engine::prefill_some(pending_turn & t, pos_t max_tokens, std::vector<float> & logits) {
+    if (t.owner_ != this) return failed_precondition("prefill_some: the turn is not pending on this engine");
+    if (t.prefilled()) return {};
+    const assembled_prompt & ap = t.ap;
+    const auto chunks = plan_chunks(t.prefill_pos, (int32_t)(ap.tokens.size() - (size_t)t.prefill_pos), ap.boundaries,
+                                    (int32_t)p_->prof.chunk_tokens);
+    // Whole chunks: [t.prefill_pos, end).
+    pos_t end = t.prefill_pos;
+    for (const auto & [b, e] : chunks) {
+        end = e;
+        if (end - t.prefill_pos >= max_tokens) break;
+    }
+    auto tp = clock_type::now();
+    std::span<const token_id> part(ap.tokens.data() + t.prefill_pos, (size_t)(end - t.prefill_pos));
+    const bool last = (size_t)end == ap.tokens.size();
+    WARMCTX_RETURN_IF_ERROR(p_->eng->prefill(t.seq, part, t.prefill_pos, ap.boundaries, last ? &logits : nullptr,
+                                             (int32_t)p_->prof.chunk_tokens));
+    const double ms = ms_between(tp, clock_type::now());
+    t.t_prefill_ms += ms;
+    t.n_prefill_calls++;
+    p_->note_prefill_rate((pos_t)part.size(), ms);
+    t.prefill_pos = end;
+    return {};
 }
 
 status context_engine::finish_turn(pending_turn & t, size_t n_generated) {

@@ -1,9 +1,17 @@
 // The engine thread: admission, continuous batching of decode steps, cancellation.
 //
 // State machine of a job:
-//   queued ──admit (a work sequence is free)──▶ prefilled ──step…──▶ finished
-//      │                    │ error                  │ cancelled / error
-//      └─ stop() ─▶ error   └──────▶ error event     └──────▶ sequence freed
+//   queued ──admit──▶ prefilling ──chunk…──▶ prefilled ──step…──▶ finished
+//      │                 │ error / cancelled              │ cancelled / error
+//      └─ stop() ─▶ error └──────▶ error event, freed    └──────▶ sequence freed
+//
+// Admission only assembles the prompt and reuses its cached prefix; the rest is
+// prefilled one canonical chunk per loop round, each chunk its own decode call carrying
+// only that sequence (the same calls as a cold run, so the KV is the same). Each round
+// runs, in order: the decode step of every generating job, then one prefill chunk of
+// the prefilling job with the fewest tokens left (a warm tail before a cold prompt) -
+// except every fourth chunk, which goes to the job admitted longest ago, so a cold
+// prompt keeps progressing under a stream of warm turns.
 #include "warmctx/scheduler.h"
 
 #include <chrono>
@@ -34,6 +42,8 @@ struct active_job {
     std::vector<float> prompt_logits, gen_logits;  // the turn asked keep_logits
     pos_t pos = 0;               // next position to write
     token_id pending_token = -1; // sampled, to be decoded in the next step
+    bool prefilling = false;     // admitted, prompt not yet fully prefilled
+    uint64_t admitted = 0;       // admission order (the oldest prefilling job is never starved)
     bool finished = false;
     bool cancelled = false;
     bool failed = false;         // cancelled because serving it failed (counted as failed)
@@ -64,6 +74,20 @@ struct scheduler::impl {
     // Written by the engine thread only; read by stats() without the lock.
     std::atomic<size_t> a_queue_depth{0}, a_active{0};
     std::atomic<uint64_t> a_submitted{0}, a_rejected{0}, a_cancelled{0}, a_completed{0}, a_failed{0}, a_batched{0};
+    std::atomic<size_t> a_prefilling{0};
+    std::atomic<uint64_t> a_prefill_remaining{0}, a_prefill_chunks{0};
+    uint64_t n_admitted = 0, n_prefill_rounds = 0;  // engine thread only
+
+    // The counters readers see without waiting on the engine thread.
+    mutable std::mutex pub_mu;
+    std::shared_ptr<const context_counters> published;
+    clock_type::time_point t_published{};
+    void publish() {
+        auto c = std::make_shared<const context_counters>(ce->counters());
+        t_published = clock_type::now();
+        std::lock_guard<std::mutex> lk(pub_mu);
+        published = std::move(c);
+    }
 
     std::vector<std::unique_ptr<active_job>> slots;  // one per work sequence; engine thread only
     std::thread thread;
@@ -139,9 +163,17 @@ struct scheduler::impl {
         auto gen = ce->start_generation(j.q.job.turn.sampling);
         if (!gen.ok()) return gen.error();
         j.gen = std::move(gen.value());
-        auto t = ce->begin_turn(j.q.job.turn, (seq_id)slot, j.logits);
+        auto t = ce->begin_turn_deferred(j.q.job.turn, (seq_id)slot);
         if (!t.ok()) return t.error();
         j.turn = std::move(t.value());
+        j.prefilling = true;
+        j.admitted = ++n_admitted;
+        return {};
+    }
+
+    // The prompt of `j` is prefilled: its first token can be sampled; emits `started`.
+    void prefilled(active_job & j) {
+        j.prefilling = false;
         if (j.q.job.turn.keep_logits) j.prompt_logits = j.logits;
         j.pos = (pos_t)j.turn.ap.tokens.size();
         j.t_first_token_ms = ms_between(j.q.t_submit, clock_type::now());
@@ -153,7 +185,42 @@ struct scheduler::impl {
         ev.t_first_token_ms = j.t_first_token_ms;
         set_phases(ev, j.turn);
         emit(j, ev);
-        return {};
+    }
+
+    // One prefill chunk of one prefilling job (see the top of this file for which).
+    void prefill_round() {
+        active_job * pick = nullptr;
+        const bool oldest = ++n_prefill_rounds % 4 == 0;
+        size_t n = 0;
+        uint64_t remaining = 0;
+        for (auto & j : slots) {
+            if (!j || !j->prefilling || j->cancelled) continue;
+            ++n;
+            remaining += (uint64_t)j->turn.prefill_remaining();
+            if (!pick || (oldest ? j->admitted < pick->admitted
+                                 : j->turn.prefill_remaining() < pick->turn.prefill_remaining()))
+                pick = j.get();
+        }
+        a_prefilling = n;
+        a_prefill_remaining = remaining;
+        if (!pick) return;
+        const pos_t before = pick->turn.prefill_remaining();
+        status st;
+        try {
+            st = ce->prefill_some(pick->turn, 1, pick->logits);  // one chunk
+        } catch (...) {
+            st = thrown("prefilling");
+        }
+        a_prefill_chunks++;
+        a_prefill_remaining = remaining - (uint64_t)(before - pick->turn.prefill_remaining());
+        if (!st.ok()) {
+            fail_job(*pick, st);
+            return;
+        }
+        if (pick->turn.prefilled()) {
+            a_prefilling = n - 1;
+            prefilled(*pick);
+        }
     }
 
     // Fails a running job after a throw: its error is the last event; it is retired
@@ -205,6 +272,7 @@ struct scheduler::impl {
                 emit(j, ev);
             }
             status st = ce->finish_turn(j.turn, (size_t)j.gen->n_generated());
+            publish();  // before the client hears it is done
             completion_event ev;
             if (st.ok()) {
                 ev.what = completion_event::kind::done;
@@ -237,7 +305,7 @@ struct scheduler::impl {
         std::vector<size_t> who;
         for (size_t s = 0; s < slots.size(); ++s) {
             auto & j = slots[s];
-            if (!j || j->finished || j->cancelled || j->pending_token < 0) continue;
+            if (!j || j->prefilling || j->finished || j->cancelled || j->pending_token < 0) continue;
             in.push_back({(seq_id)s, j->pending_token, j->pos});
             who.push_back(s);
         }
@@ -274,6 +342,7 @@ struct scheduler::impl {
             } catch (...) {
                 c->outcome = internal_error("a call on the engine thread threw");
             }
+            try { publish(); } catch (...) {}  // what the call changed, before its caller reads it
             lk.lock();
             c->done = true;
         }
@@ -301,11 +370,11 @@ struct scheduler::impl {
                 seq_id s = ce->pick_work_seq(q.job.turn.workspace, free_seqs);
                 if (s < 0) s = free_seqs.front();
                 admit((size_t)s, std::move(q));
-                run_calls();  // a prefill can be long: let waiting calls in between
+                run_calls();
             }
             // Sample for every job that has fresh logits, then decode them together.
             for (auto & j : slots) {
-                if (!j || j->finished || j->cancelled || j->pending_token >= 0) continue;
+                if (!j || j->prefilling || j->finished || j->cancelled || j->pending_token >= 0) continue;
                 try {
                     sample_next(*j);
                 } catch (...) {
@@ -332,8 +401,12 @@ struct scheduler::impl {
                 for (auto & j : slots)
                     if (j && !j->cancelled && j->pending_token >= 0) fail_job(*j, st);
             }
+            prefill_round();
             for (size_t s = 0; s < slots.size(); ++s)
                 if (slots[s] && slots[s]->cancelled) retire(s);
+            if (ms_between(t_published, clock_type::now()) >= 250) {
+                try { publish(); } catch (...) {}
+            }
 
             bool any_active = false;
             for (auto & j : slots) any_active |= (bool)j;
@@ -377,6 +450,7 @@ result<std::unique_ptr<scheduler>> scheduler::start(const scheduler_options & op
     p->cinfo = p->ce->context();
     p->slots.resize(opts.n_parallel);
     impl * raw = p.get();
+    p->publish();
     p->thread = std::thread([raw] { raw->loop(); });
     return std::unique_ptr<scheduler>(new scheduler(std::move(p)));
 }
@@ -416,7 +490,15 @@ scheduler_stats scheduler::stats() const {
     s.n_completed = p_->a_completed;
     s.n_failed = p_->a_failed;
     s.n_batched_steps = p_->a_batched;
+    s.prefilling_jobs = p_->a_prefilling;
+    s.prefill_remaining_tokens = p_->a_prefill_remaining;
+    s.n_prefill_chunks = p_->a_prefill_chunks;
     return s;
+}
+
+std::shared_ptr<const context_counters> scheduler::published_counters() const {
+    std::lock_guard<std::mutex> lk(p_->pub_mu);
+    return p_->published;
 }
 
 const model_info & scheduler::model() const { return p_->minfo; }

@@ -125,6 +125,12 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
     const scheduler_stats & s = snap.sched;
     scalar(out, "warmctx_queue_depth", "gauge", "Jobs waiting for a work sequence.", static_cast<double>(s.queue_depth));
     scalar(out, "warmctx_active_sequences", "gauge", "Jobs holding a work sequence.", static_cast<double>(s.active_jobs));
+    scalar(out, "warmctx_prefilling_sequences", "gauge", "Admitted jobs whose prompt is still being prefilled.",
+           static_cast<double>(s.prefilling_jobs));
+    scalar(out, "warmctx_prefill_remaining_tokens", "gauge", "Prompt tokens those jobs have still to prefill.",
+           static_cast<double>(s.prefill_remaining_tokens));
+    scalar(out, "warmctx_prefill_chunks_total", "counter",
+           "Prefill chunks run one at a time between other jobs' work.", static_cast<double>(s.n_prefill_chunks));
     scalar(out, "warmctx_parallel_sequences", "gauge", "Work sequences (jobs decoded at once).",
            static_cast<double>(snap.n_parallel));
     scalar(out, "warmctx_jobs_submitted_total", "counter", "Jobs accepted by the scheduler.",
@@ -210,7 +216,7 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
                "Tokens cut off inserted prefixes to fit the budget.", static_cast<double>(c.n_not_admitted_tokens));
     }
     scalar(out, "warmctx_engine_reachable", "gauge",
-           "1 when this scrape read the engine's cache counters, 0 when the engine thread did not answer.",
+           "1 when this scrape found cache counters the engine thread published (a scrape never waits on it).",
            snap.have_counters ? 1 : 0);
     return out;
 }

@@ -225,7 +225,13 @@ router::router(route_context & ctx) : ctx_(ctx) {
                                snap.sched = c->sched->stats();
                                snap.n_parallel = c->sched->n_parallel();
                            }
-                           snap.have_counters = !c->engine_call([&](context_engine & ce) { snap.counters = ce.counters(); });
+                           // What the engine thread last published: never waits on a prefill.
+                           if (!c->loading() && c->sched) {
+                               if (auto pc = c->sched->published_counters()) {
+                                   snap.counters = *pc;
+                                   snap.have_counters = true;
+                               }
+                           }
                            snap.store_workspaces = c->store.workspaces().size();
                            snap.store_segments = c->store.n_segments();
                            snap.store_bytes = c->store.n_bytes();

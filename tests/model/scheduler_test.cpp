@@ -161,6 +161,51 @@ TEST(Scheduler, ALoneJobEqualsTheColdRun) {
     EXPECT_EQ(0, std::memcmp(done.gen_logits.data(), cold->gen_logits.data(), cold->gen_logits.size() * 4));
 }
 
+// A cold prompt is prefilled one canonical chunk per round: a small job admitted
+// while it prefills finishes first, and the big job, its prefill interleaved with the
+// other's chunks and decode steps, still equals its cold run bit for bit.
+TEST(Scheduler, AnInterleavedPrefillEqualsTheColdRunAndDoesNotStallOthers) {
+    auto s = scheduler::start(tiny_scheduler(2));
+    ASSERT_TRUE(s.ok());
+    workload_generator g(9, [](const std::string & x) { return x.size() / 3; });
+    turn_request big = req("big", make_workspace(g, 1600, 2), 6);  // about 25 chunks of 64
+    big.keep_logits = true;
+    std::atomic<int> order{0};
+    int big_started = -1, small_done = -1;
+    collector cb, cs;
+    auto big_sink = cb.sink();
+    auto small_sink = cs.sink();
+    ASSERT_TRUE((*s)->submit({big, [&](const completion_event & ev) {
+                                  if (ev.what == completion_event::kind::started) big_started = order++;
+                                  return big_sink(ev);
+                              }}).ok());
+    ASSERT_TRUE((*s)->submit({req("small", small_workspace(3), 4), [&](const completion_event & ev) {
+                                  if (ev.what == completion_event::kind::done) small_done = order++;
+                                  return small_sink(ev);
+                              }}).ok());
+    ASSERT_TRUE(cb.wait());
+    ASSERT_TRUE(cs.wait());
+    ASSERT_EQ(cs.last()->what, completion_event::kind::done);
+    ASSERT_EQ(cb.last()->what, completion_event::kind::done);
+    EXPECT_LT(small_done, big_started) << "the small job waited for the whole cold prefill";
+    EXPECT_GT((*s)->stats().n_prefill_chunks, 20u);
+    EXPECT_EQ((*s)->stats().prefilling_jobs, 0u);
+    const completion_event & done = *cb.last();
+    EXPECT_EQ(done.usage.cached_tokens, 0);
+    std::optional<turn_result> cold;
+    ASSERT_TRUE((*s)->call([&](context_engine & ce) {
+        auto r = ce.run_cold(big);
+        if (r.ok()) cold = std::move(r.value());
+    }).ok());
+    ASSERT_TRUE(cold.has_value());
+    EXPECT_EQ(done.tokens, cold->gen.tokens);
+    ASSERT_EQ(done.prompt_logits.size(), cold->prompt_logits.size());
+    ASSERT_FALSE(done.prompt_logits.empty());
+    EXPECT_EQ(0, std::memcmp(done.prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
+    ASSERT_EQ(done.gen_logits.size(), cold->gen_logits.size());
+    EXPECT_EQ(0, std::memcmp(done.gen_logits.data(), cold->gen_logits.data(), cold->gen_logits.size() * 4));
+}
+
 TEST(Scheduler, BatchesConcurrentJobsAndCompletesThemAll) {
     auto s = scheduler::start(tiny_scheduler(4));
     ASSERT_TRUE(s.ok());

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -105,6 +106,30 @@ class routes_model_test : public ::testing::Test {
 };
 
 std::unique_ptr<scheduler> routes_model_test::sched_;
+
+// /metrics reads what the engine thread published: it answers at once while the engine
+// thread is busy (here: a call that holds it for 3 s, as a long prefill chunk would).
+TEST_F(routes_model_test, metrics_never_wait_on_the_engine_thread) {
+    std::atomic<bool> entered{false};
+    std::thread busy([&] {
+        (void)sched_->call([&](context_engine &) {
+            entered = true;
+            std::this_thread::sleep_for(3s);
+        });
+    });
+    while (!entered) std::this_thread::sleep_for(1ms);
+    http_request r;
+    r.method = "GET";
+    r.path = "/metrics";
+    const auto t0 = std::chrono::steady_clock::now();
+    http_response res = router_->handle(r);
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    busy.join();
+    EXPECT_EQ(res.status, 200);
+    EXPECT_LT(waited, 1s);
+    EXPECT_NE(res.body.find("warmctx_engine_reachable 1\n"), std::string::npos) << res.body.substr(0, 400);
+    EXPECT_NE(res.body.find("warmctx_kv_allocated_bytes "), std::string::npos);
+}
 
 TEST_F(routes_model_test, chat_answers_json) {
     http_response res = post("/v1/chat/completions", chat("hello", false));
