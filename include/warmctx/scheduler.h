@@ -36,6 +36,8 @@ struct completion_usage {
 
 struct completion_event {
     enum class kind {
+        admitted, // a work sequence is its own: assembled, cached prefix reused, prefill next;
+                  // `explain` and `usage.prompt_tokens/cached_tokens` set
         started,  // prefill done; `explain` and `usage.prompt_tokens/cached_tokens` set
         delta,    // new generated text (never a partial stop string); `text` and `token`
         done,     // finished; `finish`, `usage`, `explain`, timings set; the last event

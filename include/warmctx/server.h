@@ -72,6 +72,8 @@ struct server_options {
                                            // and responses carry Access-Control-* headers
     int header_timeout_ms = 10000;         // request line + headers, from their first byte
     int body_timeout_ms = 60000;           // the body, from the end of the headers
+    int sse_keep_alive_ms = 3000;          // a waiting stream: headers after at most this, then
+                                           // an SSE comment (": keep-alive") this often
     std::string model_name;                // id in /v1/models and responses ("" = the
                                            // model file's name without directory)
     int32_t default_max_tokens = 256;      // when a request names no max_tokens

@@ -39,6 +39,7 @@ struct serve_args {
     size_t max_body_bytes = 8u << 20;
     int http_threads = 0;            // 0 = min_http_threads(n_parallel, max_queue)
     std::string cors_origin;
+    int sse_keep_alive_ms = 3000;
     int32_t default_max_tokens = 256;
     std::string model_name;
     bool quiet = false;
@@ -75,6 +76,7 @@ int run_serve(const serve_args & a) {
     sv.n_http_threads = a.http_threads;
     sv.max_queue = a.max_queue;
     sv.cors_origin = a.cors_origin;
+    sv.sse_keep_alive_ms = a.sse_keep_alive_ms;
     sv.default_max_tokens = a.default_max_tokens;
     sv.model_name = a.model_name;
     sv.log_requests = !a.quiet;
@@ -156,6 +158,11 @@ void register_serve_command(CLI::App & app, int & rc) {
         ->check(CLI::Range(0, http_server::k_max_http_threads));
     c->add_option("--cors-origin", a->cors_origin,
                   "allow browsers from these origins: '*' or a comma-separated list (default: no CORS)");
+    c->add_option("--sse-keep-alive-ms", a->sse_keep_alive_ms,
+                  "a streamed request that waits (queued, prefilling) gets its headers after at most this, then an SSE "
+                  "comment this often")
+        ->capture_default_str()
+        ->check(CLI::Range(50, 600000));
     c->add_option("--default-max-tokens", a->default_max_tokens, "max_tokens of a request that names none")->capture_default_str()->check(CLI::Range(1, 1 << 20));
     c->add_option("--model-name", a->model_name, "model id in /v1/models and responses (default: the model file's name)");
     c->add_flag("-q,--quiet", a->quiet, "no per-request log lines on stderr");

@@ -168,6 +168,12 @@ struct scheduler::impl {
         j.turn = std::move(t.value());
         j.prefilling = true;
         j.admitted = ++n_admitted;
+        completion_event ev;
+        ev.what = completion_event::kind::admitted;
+        ev.usage = usage_of(j);
+        ev.explain = j.turn.explain;
+        ev.t_queue_ms = j.t_queue_ms;
+        emit(j, ev);
         return {};
     }
 

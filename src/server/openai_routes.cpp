@@ -1,6 +1,7 @@
 // The OpenAI routes: /v1/models, /v1/chat/completions, /v1/completions, and the
 // request -> job -> response flow they share with /v1/workspaces/{id}/chat/completions
 // (plain JSON or server-sent events). See docs/api.md.
+#include <chrono>
 #include <ctime>
 #include <deque>
 
@@ -54,10 +55,12 @@ struct stream_state {
     std::deque<timed_event> pending;
     bool role_sent = false;
     bool finished = false;  // the stream's last chunk was written, or the client left
+    std::chrono::steady_clock::time_point t_last_write{};
 };
 
 // Writes `data`; on failure (the client went away) cancels the job.
 bool write_or_cancel(stream_state & st, chunk_sink & sink, const std::string & data) {
+    st.t_last_write = std::chrono::steady_clock::now();
     if (sink.write(data)) return true;
     st.ch->cancel();
     st.finished = true;
@@ -70,13 +73,23 @@ bool write_or_cancel(stream_state & st, chunk_sink & sink, const std::string & d
 bool stream_step(stream_state & st, chunk_sink & sink) {
     if (st.finished) return false;
     if (!st.role_sent) {
+        // At once, before any token: the headers and a first chunk go out.
         st.role_sent = true;
-        if (st.meta.shape == api_shape::chat && !write_or_cancel(st, sink, sse(chunk_role(st.meta, st.include_usage))))
-            return false;
+        const std::string first = st.meta.shape == api_shape::chat ? sse(chunk_role(st.meta, st.include_usage))
+                                                                    : std::string(": keep-alive\n\n");
+        if (!write_or_cancel(st, sink, first)) return false;
     }
     if (st.pending.empty()) {
         for (auto & te : st.ch->pop_all(k_poll)) st.pending.push_back(std::move(te));
-        if (st.pending.empty()) return true;  // nothing yet: the transport calls again
+        if (st.pending.empty()) {
+            // Nothing yet (queued or prefilling): a comment now and then, so proxies and
+            // clients see the connection alive and a client that left is noticed (its
+            // job cancelled) without waiting for the first token.
+            if (std::chrono::steady_clock::now() - st.t_last_write >= std::chrono::milliseconds(st.ctx->opts.sse_keep_alive_ms) &&
+                !write_or_cancel(st, sink, ": keep-alive\n\n"))
+                return false;
+            return true;  // the transport calls again
+        }
     }
     while (!st.pending.empty()) {
         timed_event te = std::move(st.pending.front());
@@ -84,6 +97,7 @@ bool stream_step(stream_state & st, chunk_sink & sink) {
         note_event(*st.log, te);
         const completion_event & ev = te.ev;
         switch (ev.what) {
+            case completion_event::kind::admitted:
             case completion_event::kind::started: break;
             case completion_event::kind::delta:
                 if (!ev.text.empty() && !write_or_cancel(st, sink, sse(chunk_delta(st.meta, ev.text, st.include_usage))))
@@ -173,12 +187,19 @@ void run_completion(route_context & ctx, const http_request & req, http_response
         return respond_error(res, *log, error_from_status(st));
     }
 
-    // Wait for the first event: an error before anything was generated (prompt too
-    // long, bad segment) is still a plain HTTP error, even for a stream.
+    // Wait for the first event - `admitted`, as soon as a work sequence takes the job,
+    // before its prefill: an error before that (prompt too long, bad segment) is still a
+    // plain HTTP error, even for a stream; a stream's headers go out right after it.
+    // A stream waits at most sse_keep_alive_ms (queued behind busy work sequences):
+    // then its headers go out anyway, and a later error travels in the stream.
     std::deque<timed_event> pending;
-    while (pending.empty())
+    const auto t_wait = std::chrono::steady_clock::now();
+    while (pending.empty()) {
         for (auto & te : ch->pop_all(k_poll)) pending.push_back(std::move(te));
-    if (pending.front().ev.what == completion_event::kind::error)
+        if (cr.stream && std::chrono::steady_clock::now() - t_wait >= std::chrono::milliseconds(ctx.opts.sse_keep_alive_ms))
+            break;
+    }
+    if (!pending.empty() && pending.front().ev.what == completion_event::kind::error)
         return respond_error(res, *log, job_error(pending.front().ev.error));
 
     response_meta meta;
@@ -196,7 +217,8 @@ void run_completion(route_context & ctx, const http_request & req, http_response
                 note_event(*log, te);
                 const completion_event & ev = te.ev;
                 switch (ev.what) {
-                    case completion_event::kind::started: break;
+                    case completion_event::kind::admitted:
+            case completion_event::kind::started: break;
                     case completion_event::kind::delta: text += ev.text; break;
                     case completion_event::kind::error: return respond_error(res, *log, job_error(ev.error));
                     case completion_event::kind::done:

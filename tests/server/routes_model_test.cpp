@@ -131,6 +131,44 @@ TEST_F(routes_model_test, metrics_never_wait_on_the_engine_thread) {
     EXPECT_NE(res.body.find("warmctx_kv_allocated_bytes "), std::string::npos);
 }
 
+// A streamed request that waits (here: the engine thread held for 1.5 s, as behind a
+// long prefill chunk) gets its headers and first chunk after at most sse_keep_alive_ms,
+// then an SSE comment that often until its tokens come.
+TEST_F(routes_model_test, a_waiting_stream_gets_keep_alive_comments) {
+    server_options o;
+    o.log_requests = false;
+    o.sse_keep_alive_ms = 300;
+    route_context ctx(sched_.get(), o);
+    router rt(ctx);
+    std::atomic<bool> entered{false};
+    std::thread busy([&] {
+        (void)sched_->call([&](context_engine &) {
+            entered = true;
+            std::this_thread::sleep_for(1500ms);
+        });
+    });
+    while (!entered) std::this_thread::sleep_for(1ms);
+    http_request r;
+    r.method = "POST";
+    r.path = "/v1/chat/completions";
+    r.body = chat("wait for me", true).dump();
+    const auto t0 = std::chrono::steady_clock::now();
+    http_response res = rt.handle(r);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1000ms);  // the handler did not wait it out
+    string_sink sink;
+    const bool completed = drive(res, sink);
+    busy.join();
+    EXPECT_TRUE(completed);
+    const size_t role = sink.text.find("\"role\":\"assistant\"");
+    const size_t comment = sink.text.find(": keep-alive\n\n");
+    const size_t content = sink.text.find("\"finish_reason\":\"");
+    ASSERT_NE(role, std::string::npos) << sink.text;
+    ASSERT_NE(comment, std::string::npos) << sink.text;
+    EXPECT_LT(role, comment);      // the first chunk went out before the wait
+    EXPECT_LT(comment, content);   // comments while waiting
+    EXPECT_NE(sink.text.find("data: [DONE]"), std::string::npos);
+}
+
 TEST_F(routes_model_test, chat_answers_json) {
     http_response res = post("/v1/chat/completions", chat("hello", false));
     ASSERT_EQ(res.status, 200) << res.body;

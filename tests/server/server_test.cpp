@@ -38,7 +38,8 @@ struct sse_event {
     json data;
 };
 
-// Splits an SSE body into its data events; fails the test on anything else.
+// Splits an SSE body into its data events, skipping comments (": keep-alive", which
+// SSE clients ignore); fails the test on anything else.
 std::vector<sse_event> parse_sse(const std::string & body) {
     std::vector<sse_event> out;
     size_t pos = 0;
@@ -48,6 +49,10 @@ std::vector<sse_event> parse_sse(const std::string & body) {
         if (end == std::string::npos) break;
         std::string ev = body.substr(pos, end - pos);
         pos = end + 2;
+        if (ev.rfind(":", 0) == 0) {
+            EXPECT_EQ(ev, ": keep-alive");
+            continue;
+        }
         EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
         std::string payload = ev.substr(6);
         sse_event e;
