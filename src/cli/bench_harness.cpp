@@ -100,6 +100,7 @@ class warmctx_system final : public bench_system {
         sched_.reset();
     }
     std::string name() const override { return name_; }
+    int port() const override { return http_->port(); }
     json describe() const override { return desc_; }
     json state() override {
         json j = json::object();
@@ -164,6 +165,7 @@ class llama_server_system final : public bench_system {
     llama_server_system(std::string name, pid_t pid, int port, json desc)
         : name_(std::move(name)), pid_(pid), port_(port), desc_(std::move(desc)) {}
     ~llama_server_system() override { stop(); }
+    int port() const override { return port_; }
     std::string name() const override { return name_; }
     json describe() const override { return desc_; }
     turn_timing send(const std::string &, const std::vector<segment> &, const std::vector<token_id> & tokens,
@@ -234,13 +236,13 @@ std::string tail_of_file(const std::string & path, size_t n) {
 }  // namespace
 
 result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_options & o) {
-    auto eo = o.mf.to_options(2 + o.holders + 1);
+    auto eo = o.mf.to_options(o.parallel + 1);
     if (!eo) return eo.error();
     scheduler_options so;
     so.engine.engine = *eo;
     so.engine.n_holders = o.holders;
     if (status st = o.cf.apply(so.engine); !st.ok()) return st;
-    so.n_parallel = 1;
+    so.n_parallel = o.parallel;
     so.max_queue = 16;
     auto s = scheduler::start(so);
     if (!s) return s.error();

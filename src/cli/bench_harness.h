@@ -50,12 +50,16 @@ class bench_system {
     virtual nlohmann::json describe() const = 0;
     // What the system holds now, for the report after a run (warmctx: its KV memory).
     virtual nlohmann::json state() { return nlohmann::json::object(); }
+    // Its HTTP port on 127.0.0.1 (for scrapes beside the requests). send() may be
+    // called from several threads at once.
+    virtual int port() const = 0;
 };
 
 struct warmctx_system_options {
     std::string name = "warmctx";
     model_flags mf;                 // mf.n_ctx: per work sequence
     uint32_t holders = 4096;        // pool entries at most (the byte budget binds first)
+    uint32_t parallel = 1;          // work sequences (requests decoded at once)
     cache_flags cf;
 };
 result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_options & o);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the side-by-side benchmarks small on the tiny model and checks what their JSON
 # says (structure and cache behaviour; never timings, which are the benches' job).
-# usage: bench_checks.sh WARMCTX TINY_MODEL trace|s2|s3
+# usage: bench_checks.sh WARMCTX TINY_MODEL trace|s2|s3|contention
 set -euo pipefail
 warmctx="$1" model="$2" which="$3"
 out="$(mktemp)"; trap 'rm -f "$out"' EXIT
@@ -50,6 +50,16 @@ s3)
   check 'all(.rows[0].ratio[]; . > 0)' "ratios" '.rows[0].ratio'
   check '.rows[0].warmctx.kv_allocated_bytes > 0 and .rows[0].llama_bench.kv_allocated_bytes.warm_pp > .rows[0].llama_bench.kv_allocated_bytes.cold_pp' \
         "each system's allocated KV is reported" '[.rows[0].warmctx.kv_allocated_bytes, .rows[0].llama_bench.kv_allocated_bytes]'
+  ;;
+contention)
+  "$warmctx" bench contention -m "$model" -t 2 --cold-tokens 4000 --warm-tokens 400 --warm-turns 2 --delay-ms 200 --scrape-ms 20 --json >"$out"
+  check '[.rows[].system] == ["warmctx","llama-server"]' "one row per system, in order"
+  check 'all(.rows[]; .solo_warm_ttft_ms > 0 and .cold_ttft_ms > 0 and .one_chunk_ms > 0 and .cold_prompt_tokens >= 3500)' \
+        "solo warm TTFT, the cold prompt and one chunk's time" '.rows[] | del(.config)'
+  check 'all(.rows[]; .scrapes_during_cold > 0 and .scrapes_failed == 0 and .scrape_ms_p99 >= .scrape_ms_p50)' \
+        "scrapes during the cold prefill, all answered" '.rows[] | {system, scrapes_during_cold, scrapes_failed, scrape_ms_p50, scrape_ms_p99}'
+  check 'all(.rows[]; (.warm_turns_during_cold == 0) or (.warm_ttft_during_cold_ms > 0 and .target_ms > .solo_warm_ttft_ms))' \
+        "warm turns during the cold prefill, when there were any, with their target" '.rows[] | del(.config)'
   ;;
 *) echo "unknown check $which"; exit 2 ;;
 esac
