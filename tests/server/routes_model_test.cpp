@@ -107,17 +107,31 @@ class routes_model_test : public ::testing::Test {
 
 std::unique_ptr<scheduler> routes_model_test::sched_;
 
+// Holds the engine thread for `d` (a call that sleeps), as a long prefill chunk would;
+// the constructor returns once the engine thread is held.
+class engine_held {
+  public:
+    engine_held(scheduler & s, std::chrono::milliseconds d)
+        : t_([this, &s, d] {
+              (void)s.call([this, d](context_engine &) {
+                  entered_ = true;
+                  std::this_thread::sleep_for(d);
+              });
+          }) {
+        while (!entered_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    void join() { if (t_.joinable()) t_.join(); }
+    ~engine_held() { join(); }
+
+  private:
+    std::atomic<bool> entered_{false};
+    std::thread t_;
+};
+
 // /metrics reads what the engine thread published: it answers at once while the engine
 // thread is busy (here: a call that holds it for 3 s, as a long prefill chunk would).
 TEST_F(routes_model_test, metrics_never_wait_on_the_engine_thread) {
-    std::atomic<bool> entered{false};
-    std::thread busy([&] {
-        (void)sched_->call([&](context_engine &) {
-            entered = true;
-            std::this_thread::sleep_for(3s);
-        });
-    });
-    while (!entered) std::this_thread::sleep_for(1ms);
+    engine_held busy(*sched_, 3s);
     http_request r;
     r.method = "GET";
     r.path = "/metrics";
@@ -140,14 +154,7 @@ TEST_F(routes_model_test, a_waiting_stream_gets_keep_alive_comments) {
     o.sse_keep_alive_ms = 300;
     route_context ctx(sched_.get(), o);
     router rt(ctx);
-    std::atomic<bool> entered{false};
-    std::thread busy([&] {
-        (void)sched_->call([&](context_engine &) {
-            entered = true;
-            std::this_thread::sleep_for(1500ms);
-        });
-    });
-    while (!entered) std::this_thread::sleep_for(1ms);
+    engine_held busy(*sched_, 1500ms);
     http_request r;
     r.method = "POST";
     r.path = "/v1/chat/completions";
