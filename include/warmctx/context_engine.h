@@ -82,6 +82,9 @@ struct turn_request {
     bool add_generation_prompt = true;
     bool keep_logits = false;         // fill turn_result::prompt_logits / gen_logits
     bool cache = true;                // cache the prompt's cacheable blocks afterwards
+    // The prompt assembled already, off the engine thread (assemble_request); used when
+    // it was assembled under the engine's current profile, else assembled again.
+    std::shared_ptr<const assembled_prompt> assembled;
 };
 
 // Why reuse stopped where it did.
@@ -95,7 +98,6 @@ enum class miss_kind {
 };
 std::string_view miss_kind_name(miss_kind k);
 
-// Where a turn's reused KV came from.
 // Where a turn's reused KV came from: the engine (a work stream in place, or the RAM
 // pool of cached prefixes) or the disk tier.
 enum class kv_tier { none, engine, disk };
@@ -274,7 +276,11 @@ class context_engine {
     // What run_turn would do, without running anything: no counter of the cache or of a
     // tier moves, no LRU is touched, nothing is loaded.
     result<explain_report> explain(const turn_request & req) const;
-    // Assembles without running (manifest, tokens, hashes).
+    // Assembles without running (manifest, tokens, hashes), and checks that the prompt
+    // fits a sequence (out_of_range names the limit and the flag). Reads only what
+    // serving never changes (the tokenizer, the template, the profile; the tokenizer's
+    // memo has its own lock), so an HTTP thread may call it while the engine thread
+    // works - only set_chunk_tokens must not run meanwhile.
     result<assembled_prompt> assemble_request(const turn_request & req) const;
 
     // Pins (or unpins) the stable blocks of the workspace's last turn.

@@ -116,6 +116,10 @@ class scheduler {
 
     // Lock-free snapshot (approximate while the engine runs).
     scheduler_stats stats() const;
+    // Assembles `req` on the calling thread (context_engine::assemble_request: safe while
+    // the engine thread works), so a server thread tokenizes and refuses a prompt that
+    // does not fit before the job is queued; put the result in turn_request::assembled.
+    result<assembled_prompt> assemble(const turn_request & req) const;
     // The engine's counters as the engine thread last published them (after every
     // finished job and engine call, and at least every 250 ms while it works), so a
     // reader never waits on a prefill; nullptr before the first publication.

@@ -124,6 +124,13 @@ struct context_engine::impl {
                                  req.add_generation_prompt);
     }
 
+    status fits(const assembled_prompt & ap) const {
+        if (ap.tokens.size() <= eng->context().n_ctx_seq) return {};
+        return out_of_range("prompt needs " + std::to_string(ap.tokens.size()) + " tokens but the context holds " +
+                            std::to_string(eng->context().n_ctx_seq) +
+                            " per sequence (start the server with a larger -c/--n-ctx)");
+    }
+
     const workspace_history * history(const std::string & ws) const {
         auto it = workspaces.find(ws);
         return it == workspaces.end() ? nullptr : &it->second;
@@ -289,7 +296,11 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     return std::unique_ptr<context_engine>(new context_engine(std::move(p)));
 }
 
-result<assembled_prompt> context_engine::assemble_request(const turn_request & req) const { return p_->assemble(req); }
+result<assembled_prompt> context_engine::assemble_request(const turn_request & req) const {
+    auto ap = p_->assemble(req);
+    if (ap.ok()) WARMCTX_RETURN_IF_ERROR(p_->fits(*ap));
+    return ap;
+}
 
 result<explain_report> context_engine::explain(const turn_request & req) const {
     auto ap = p_->assemble(req);
@@ -310,19 +321,20 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     if (seq < 0 || (uint32_t)seq >= p_->opts.n_work_seqs)
         return invalid_argument("work sequence " + std::to_string(seq) + " out of range");
     auto t0 = clock_type::now();
-    auto ap_r = p_->assemble(req);
-    if (!ap_r.ok()) return ap_r.error();
     pending_turn t;
     t.workspace = req.workspace;
     t.seq = seq;
     t.cache = req.cache;
-    t.ap = std::move(ap_r.value());
+    if (req.assembled && req.assembled->root_hash == root_hash(p_->prof, p_->opts.tenant_salt)) {
+        t.ap = *req.assembled;  // assembled off the engine thread, under this profile
+    } else {
+        auto ap_r = p_->assemble(req);
+        if (!ap_r.ok()) return ap_r.error();
+        t.ap = std::move(ap_r.value());
+    }
     const assembled_prompt & ap = t.ap;
     t.t_assemble_ms = ms_between(t0, clock_type::now());
-    if (ap.tokens.size() > p_->eng->context().n_ctx_seq)
-        return out_of_range("prompt needs " + std::to_string(ap.tokens.size()) + " tokens but the context holds " +
-                            std::to_string(p_->eng->context().n_ctx_seq) +
-                            " per sequence (start the server with a larger -c/--n-ctx)");
+    WARMCTX_RETURN_IF_ERROR(p_->fits(ap));
     if (p_->streams[(size_t)seq].busy)
         return failed_precondition("work sequence " + std::to_string(seq) + " already runs a turn");
     t.now = ++p_->now;

@@ -502,6 +502,8 @@ scheduler_stats scheduler::stats() const {
     return s;
 }
 
+result<assembled_prompt> scheduler::assemble(const turn_request & req) const { return p_->ce->assemble_request(req); }
+
 std::shared_ptr<const context_counters> scheduler::published_counters() const {
     std::lock_guard<std::mutex> lk(p_->pub_mu);
     return p_->published;

@@ -165,6 +165,13 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     job.turn.workspace = cr.workspace;
     job.turn.segments = std::move(cr.segments);
     job.turn.sampling = cr.sampling;
+    {
+        // Assembled and tokenized here, not on the engine thread: a prompt that does not
+        // fit is refused without queueing, and the engine thread only looks it up.
+        auto ap = ctx.sched->assemble(job.turn);
+        if (!ap.ok()) return respond_error(res, *log, error_from_status(ap.error()));
+        job.turn.assembled = std::make_shared<const assembled_prompt>(std::move(*ap));
+    }
     job.sink = [ch](const completion_event & ev) { return ch->push(ev); };
     if (!ctx.register_channel(ch)) return respond_error(res, *log, unavailable("the server is shutting down", 1));
     // Unregisters on every path out of this function, unless a stream takes over.

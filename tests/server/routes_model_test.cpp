@@ -176,6 +176,19 @@ TEST_F(routes_model_test, a_waiting_stream_gets_keep_alive_comments) {
     EXPECT_NE(sink.text.find("data: [DONE]"), std::string::npos);
 }
 
+// A prompt that does not fit is assembled and refused on the HTTP thread: its 400 does
+// not wait for the engine thread (held here for 3 s).
+TEST_F(routes_model_test, a_prompt_too_long_is_refused_without_the_engine_thread) {
+    engine_held busy(*sched_, 3s);
+    std::string big;
+    while (big.size() < 40000) big += "a sentence that takes a few tokens to say. ";
+    const auto t0 = std::chrono::steady_clock::now();
+    http_response res = post("/v1/chat/completions", chat(big, false));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+    EXPECT_EQ(res.status, 400) << res.body;
+    EXPECT_NE(res.body.find("-c/--n-ctx"), std::string::npos) << res.body;
+}
+
 TEST_F(routes_model_test, chat_answers_json) {
     http_response res = post("/v1/chat/completions", chat("hello", false));
     ASSERT_EQ(res.status, 200) << res.body;
