@@ -276,12 +276,14 @@ class context_engine {
     // What run_turn would do, without running anything: no counter of the cache or of a
     // tier moves, no LRU is touched, nothing is loaded.
     result<explain_report> explain(const turn_request & req) const;
-    // Assembles without running (manifest, tokens, hashes), and checks that the prompt
-    // fits a sequence (out_of_range names the limit and the flag). Reads only what
-    // serving never changes (the tokenizer, the template, the profile; the tokenizer's
-    // memo has its own lock), so an HTTP thread may call it while the engine thread
-    // works - only set_chunk_tokens must not run meanwhile.
+    // Assembles without running (manifest, tokens, hashes). Reads only what serving
+    // never changes (the tokenizer, the template, the profile; the tokenizer's memo has
+    // its own lock), so an HTTP thread may call it while the engine thread works - only
+    // set_chunk_tokens must not run meanwhile.
     result<assembled_prompt> assemble_request(const turn_request & req) const;
+    // ok when the prompt fits a work sequence; else out_of_range naming the limit and
+    // the flag (what begin_turn answers). Thread safety: as assemble_request.
+    status check_fits(const assembled_prompt & ap) const;
 
     // Pins (or unpins) the stable blocks of the workspace's last turn.
     status pin_workspace(const std::string & workspace, bool pinned);

@@ -296,11 +296,8 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     return std::unique_ptr<context_engine>(new context_engine(std::move(p)));
 }
 
-result<assembled_prompt> context_engine::assemble_request(const turn_request & req) const {
-    auto ap = p_->assemble(req);
-    if (ap.ok()) WARMCTX_RETURN_IF_ERROR(p_->fits(*ap));
-    return ap;
-}
+result<assembled_prompt> context_engine::assemble_request(const turn_request & req) const { return p_->assemble(req); }
+status context_engine::check_fits(const assembled_prompt & ap) const { return p_->fits(ap); }
 
 result<explain_report> context_engine::explain(const turn_request & req) const {
     auto ap = p_->assemble(req);

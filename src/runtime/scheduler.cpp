@@ -502,7 +502,11 @@ scheduler_stats scheduler::stats() const {
     return s;
 }
 
-result<assembled_prompt> scheduler::assemble(const turn_request & req) const { return p_->ce->assemble_request(req); }
+result<assembled_prompt> scheduler::assemble(const turn_request & req) const {
+    auto ap = p_->ce->assemble_request(req);
+    if (ap.ok()) WARMCTX_RETURN_IF_ERROR(p_->ce->check_fits(*ap));
+    return ap;
+}
 
 std::shared_ptr<const context_counters> scheduler::published_counters() const {
     std::lock_guard<std::mutex> lk(p_->pub_mu);
