@@ -213,7 +213,6 @@ class pending_turn {
     bool cache = true;
     double t_assemble_ms = 0, t_copy_ms = 0, t_restore_ms = 0, t_prefill_ms = 0;
     pos_t prefill_pos = 0;  // the next prompt position to prefill (== tokens: prefilled)
-    int n_prefill_calls = 0; // prefill_some calls that did work (> 1: interleaved)
 
     bool prefilled() const { return (size_t)prefill_pos >= ap.tokens.size(); }
     pos_t prefill_remaining() const { return prefilled() ? 0 : (pos_t)ap.tokens.size() - prefill_pos; }

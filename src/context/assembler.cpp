@@ -3,6 +3,7 @@
 #include "warmctx/json.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdio>
 #include <limits>
@@ -224,8 +225,21 @@ std::vector<result<std::vector<token_id>>> tokenize_segments(std::span<const seg
         }
     }
     auto one = [&](size_t i) { out[i] = tokenize_segment(*order[i], kinds.policy(order[i]->kind), roles[i], model); };
-    const size_t n_threads = std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 8, todo.size()});
-    if (n_threads < 2 || todo_bytes < k_parallel_tokenize_min_bytes) {
+    // Helper threads of all prompts being assembled at once (several server threads
+    // may assemble at the same time) stay within the machine's cores.
+    static std::atomic<int> helpers_in_use{0};
+    const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+    int want = (int)std::min<size_t>({(size_t)cores, 8, todo.size()}) - 1;
+    if (todo_bytes < k_parallel_tokenize_min_bytes) want = 0;
+    int got = want > 0 ? helpers_in_use.fetch_add(want) : cores;
+    const int n_helpers = std::clamp(cores - 1 - got, 0, std::max(want, 0));
+    if (want > 0) helpers_in_use.fetch_sub(want - n_helpers);  // keep only what is used
+    struct release {
+        int n;
+        ~release() { if (n > 0) helpers_in_use.fetch_sub(n); }
+    } released{n_helpers};
+    const size_t n_threads = (size_t)n_helpers + 1;
+    if (n_threads < 2) {
         for (size_t i : todo) one(i);
         return out;
     }

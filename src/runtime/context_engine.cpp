@@ -4,6 +4,7 @@
 #include "warmctx/context_engine.h"
 
 #include <chrono>
+#include <limits>
 #include <map>
 
 #include "explain.h"
@@ -26,7 +27,7 @@ double ms_between(clock_type::time_point a, clock_type::time_point b) {
 pending_turn::pending_turn(pending_turn && o) noexcept
     : workspace(std::move(o.workspace)), seq(o.seq), ap(std::move(o.ap)), explain(std::move(o.explain)), now(o.now),
       cache(o.cache), t_assemble_ms(o.t_assemble_ms), t_copy_ms(o.t_copy_ms), t_restore_ms(o.t_restore_ms),
-      t_prefill_ms(o.t_prefill_ms), prefill_pos(o.prefill_pos), n_prefill_calls(o.n_prefill_calls), owner_(o.owner_) {
+      t_prefill_ms(o.t_prefill_ms), prefill_pos(o.prefill_pos), owner_(o.owner_) {
     o.owner_ = nullptr;
 }
 
@@ -44,7 +45,6 @@ pending_turn & pending_turn::operator=(pending_turn && o) noexcept {
     t_restore_ms = o.t_restore_ms;
     t_prefill_ms = o.t_prefill_ms;
     prefill_pos = o.prefill_pos;
-    n_prefill_calls = o.n_prefill_calls;
     owner_ = o.owner_;
     o.owner_ = nullptr;
     return *this;
@@ -164,14 +164,19 @@ struct context_engine::impl {
         prefill_tokens_per_ms = prefill_tokens_per_ms <= 0 ? r : 0.7 * prefill_tokens_per_ms + 0.3 * r;
     }
 
-    // The one prefill path: `seq` holds exactly [0, reuse) of `ap`; computes the rest in
-    // canonical chunks. `logits` receives the logits after the prompt.
-    status prefill(seq_id seq, const assembled_prompt & ap, pos_t reuse, std::vector<float> & logits, double & ms) {
+    // The one prefill path: `seq` holds exactly [0, from) of `ap`; computes [from, end)
+    // in canonical chunks (REQUIRES both chunk boundaries of `ap`). When `end` is the
+    // prompt's end, `logits` receives the logits after it. Adds the time to `ms`.
+    status prefill(seq_id seq, const assembled_prompt & ap, pos_t from, pos_t end, std::vector<float> & logits,
+                   double & ms) {
         auto tp = clock_type::now();
-        std::span<const token_id> tail(ap.tokens.data() + reuse, ap.tokens.size() - (size_t)reuse);
-        WARMCTX_RETURN_IF_ERROR(eng->prefill(seq, tail, reuse, ap.boundaries, &logits, (int32_t)prof.chunk_tokens));
-        ms = ms_between(tp, clock_type::now());
-        note_prefill_rate((pos_t)tail.size(), ms);
+        std::span<const token_id> part(ap.tokens.data() + from, (size_t)(end - from));
+        const bool last = (size_t)end == ap.tokens.size();
+        WARMCTX_RETURN_IF_ERROR(
+            eng->prefill(seq, part, from, ap.boundaries, last ? &logits : nullptr, (int32_t)prof.chunk_tokens));
+        const double took = ms_between(tp, clock_type::now());
+        ms += took;
+        note_prefill_rate((pos_t)part.size(), took);
         return {};
     }
 
@@ -389,9 +394,8 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
 result<pending_turn> context_engine::begin_turn(const turn_request & req, seq_id seq, std::vector<float> & logits) {
     auto t = begin_turn_deferred(req, seq);
     if (!t.ok()) return t;
-    WARMCTX_RETURN_IF_ERROR(p_->prefill(seq, t->ap, t->prefill_pos, logits, t->t_prefill_ms));  // aborts t on error
-    t->prefill_pos = (pos_t)t->ap.tokens.size();
-    t->n_prefill_calls = 1;
+    // The whole rest in one call (still one decode call per canonical chunk).
+    WARMCTX_RETURN_IF_ERROR(prefill_some(*t, std::numeric_limits<pos_t>::max(), logits));  // aborts t on error
     return t;
 }
 
@@ -407,15 +411,7 @@ status context_engine::prefill_some(pending_turn & t, pos_t max_tokens, std::vec
         end = e;
         if (end - t.prefill_pos >= max_tokens) break;
     }
-    auto tp = clock_type::now();
-    std::span<const token_id> part(ap.tokens.data() + t.prefill_pos, (size_t)(end - t.prefill_pos));
-    const bool last = (size_t)end == ap.tokens.size();
-    WARMCTX_RETURN_IF_ERROR(p_->eng->prefill(t.seq, part, t.prefill_pos, ap.boundaries, last ? &logits : nullptr,
-                                             (int32_t)p_->prof.chunk_tokens));
-    const double ms = ms_between(tp, clock_type::now());
-    t.t_prefill_ms += ms;
-    t.n_prefill_calls++;
-    p_->note_prefill_rate((pos_t)part.size(), ms);
+    WARMCTX_RETURN_IF_ERROR(p_->prefill(t.seq, ap, t.prefill_pos, end, logits, t.t_prefill_ms));
     t.prefill_pos = end;
     return {};
 }
@@ -521,7 +517,7 @@ result<turn_result> context_engine::run_cold(const turn_request & req) {
     engine & e = *p_->eng;
     e.clear_seq(p_->cold_seq);
     std::vector<float> logits;
-    status st = p_->prefill(p_->cold_seq, *ap, 0, logits, out.t_prefill_ms);
+    status st = p_->prefill(p_->cold_seq, *ap, 0, (pos_t)ap->tokens.size(), logits, out.t_prefill_ms);
     if (st.ok()) st = p_->generate(p_->cold_seq, req, std::move(logits), out, t0);
     e.clear_seq(p_->cold_seq);
     if (!st.ok()) return st;
