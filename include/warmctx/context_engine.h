@@ -82,6 +82,10 @@ struct turn_request {
     bool add_generation_prompt = true;
     bool keep_logits = false;         // fill turn_result::prompt_logits / gen_logits
     bool cache = true;                // cache the prompt's cacheable blocks afterwards
+    // A pre-warm: prefill only the prompt's cacheable blocks (up to its first block of
+    // class none), generate nothing; finish_turn caches them. Counted apart from turns
+    // (context_counters::prewarm); the workspace's next turn says it was served from it.
+    bool prewarm = false;
     // The prompt assembled already, off the engine thread (assemble_request); used when
     // it was assembled under the engine's current profile, else assembled again.
     std::shared_ptr<const assembled_prompt> assembled;
@@ -102,6 +106,18 @@ std::string_view miss_kind_name(miss_kind k);
 // pool of cached prefixes) or the disk tier.
 enum class kv_tier { none, engine, disk };
 std::string_view kv_tier_name(kv_tier t);  // "none" | "engine" | "disk"
+
+// A pre-warm of the workspace that ran before a turn (explain_report::prewarm): the turn
+// was served from it.
+struct prewarm_info {
+    bool complete = true;           // false: stopped at a chunk boundary so that this turn
+                                    // could start from what it had done (it was running)
+    int64_t finished_unix_ms = 0;   // when it ended (wall clock)
+    double duration_ms = 0;         // admission .. end
+    pos_t n_prefilled = 0;          // tokens it prefilled (the rest was cached already)
+    pos_t n_cached = 0;             // tokens of the prefix it left cached
+    pos_t n_target = 0;             // the cacheable tokens it set out to cache
+};
 
 struct segment_explain {
     std::string id;
@@ -133,6 +149,9 @@ struct explain_report {
     double predicted_prefill_ms = -1; // from the measured prefill rate (-1: not measured yet)
     std::string stable_prefix_hash;
     std::vector<segment_explain> segments;
+    // Set on the first turn after a pre-warm of this workspace whose cached prefix it
+    // reused (a pre-warm's own report leaves it empty).
+    std::optional<prewarm_info> prewarm;
     // Formatting (JSON, text) is the HTTP and command-line layers' (warmctx/explain_format.h).
 };
 
@@ -191,8 +210,17 @@ struct kv_memory {
     uint64_t n_write_backs = 0;            // a stream's blocks offered to the pool (lazily)
 };
 
+struct prewarm_counters {
+    uint64_t n_prewarms = 0;            // pre-warm turns finished (complete or not)
+    uint64_t n_already_cached = 0;      // of which found everything cached: did nothing
+    uint64_t n_preempted = 0;           // stopped early for a turn of their workspace
+    uint64_t n_prefilled_tokens = 0;    // tokens they prefilled
+    uint64_t n_served_turns = 0;        // turns that reused what a pre-warm left
+};
+
 struct context_counters {
-    workspace_counters total;
+    workspace_counters total;           // turns (pre-warms are counted in `prewarm`)
+    prewarm_counters prewarm;
     std::map<std::string, workspace_counters> workspaces;
     cache_counters cache;
     tier_counters tiers;
@@ -212,10 +240,15 @@ class pending_turn {
     uint64_t now = 0;
     bool cache = true;
     double t_assemble_ms = 0, t_copy_ms = 0, t_restore_ms = 0, t_prefill_ms = 0;
-    pos_t prefill_pos = 0;  // the next prompt position to prefill (== tokens: prefilled)
+    pos_t prefill_pos = 0;  // the next prompt position to prefill
+    pos_t prefill_end = 0;  // prefilled when prefill_pos reaches it: the prompt's end, or
+                            // a pre-warm's cacheable end
+    pos_t reused = 0;       // prompt positions that came from a cache
+    bool prewarm = false;
+    int64_t t_begin_unix_ms = 0;
 
-    bool prefilled() const { return (size_t)prefill_pos >= ap.tokens.size(); }
-    pos_t prefill_remaining() const { return prefilled() ? 0 : (pos_t)ap.tokens.size() - prefill_pos; }
+    bool prefilled() const { return prefill_pos >= prefill_end; }
+    pos_t prefill_remaining() const { return prefilled() ? 0 : prefill_end - prefill_pos; }
 
     pending_turn() = default;
     pending_turn(const pending_turn &) = delete;
@@ -255,6 +288,8 @@ class context_engine {
     // prompt is done, `logits` receives the logits after it. On error the turn stays
     // pending (abort it).
     status prefill_some(pending_turn & t, pos_t max_tokens, std::vector<float> & logits);
+    // Caches the turn's cacheable blocks and records it. A pre-warm may be finished
+    // before it is prefilled (preempted): it caches the blocks prefilled so far.
     status finish_turn(pending_turn & t, size_t n_generated);
     void abort_turn(pending_turn & t);
     uint32_t n_work_seqs() const;

@@ -37,7 +37,8 @@ struct completion_usage {
 struct completion_event {
     enum class kind {
         admitted, // a work sequence is its own: assembled, cached prefix reused, prefill next;
-                  // `explain` and `usage.prompt_tokens/cached_tokens` set
+                  // `explain`, `usage.prompt_tokens/cached_tokens` and the prefill range set
+        progress, // a chunk of its prompt was prefilled: `prefill_pos` moved
         started,  // prefill done; `explain` and `usage.prompt_tokens/cached_tokens` set
         delta,    // new generated text (never a partial stop string); `text` and `token`
         done,     // finished; `finish`, `usage`, `explain`, timings set; the last event
@@ -50,6 +51,8 @@ struct completion_event {
     completion_usage usage;
     explain_report explain;  // started, done
     status error;
+    pos_t prefill_pos = 0;        // prompt tokens in its sequence so far (admitted, progress)
+    pos_t prefill_end = 0;        // ... of this many (admitted, progress)
     double t_queue_ms = 0;        // submit .. admission (started, done)
     double t_first_token_ms = 0;  // submit .. first token chosen (started, done)
     double t_total_ms = 0;        // submit .. done (done)
@@ -77,11 +80,30 @@ struct scheduler_options {
     context_engine_options engine;   // engine.engine.n_seq_max is derived
     uint32_t n_parallel = 4;         // work sequences = jobs decoded at once
     size_t max_queue = 64;           // jobs waiting for a work sequence
+    size_t max_prewarm_queue = 1024; // pre-warms waiting (one per workspace)
     // A test seam: called on the engine thread as a job is admitted. A throw from it is
     // handled as any failure while serving a job (the job fails with `internal`, the
     // engine thread carries on), which is what the tests of that boundary use it for.
     std::function<void(const turn_request &)> before_admit;
+    // A test seam: called on the engine thread after each prefill chunk of a job (its
+    // request and its prefill position after the chunk). It may submit().
+    std::function<void(const turn_request &, pos_t)> after_prefill_chunk;
 };
+
+// Where one job stands (scheduler::jobs()).
+struct job_progress {
+    enum class state { queued, prefilling, generating };
+    std::string workspace;
+    bool prewarm = false;
+    state what = state::queued;
+    size_t queue_position = 0;   // queued: 1 = next of its queue (chats before pre-warms)
+    pos_t prompt_tokens = 0;     // active: the prompt's tokens (a pre-warm: those it caches)
+    pos_t cached_tokens = 0;     // active: reused from a cache
+    pos_t prefill_pos = 0;       // active: in its sequence so far
+    int32_t generated = 0;       // active: tokens generated
+    double age_ms = 0;           // since it was submitted
+};
+std::string_view job_state_name(job_progress::state s);  // "queued" | "prefilling" | "generating"
 
 struct scheduler_stats {
     size_t queue_depth = 0;          // jobs waiting
@@ -95,6 +117,10 @@ struct scheduler_stats {
     size_t prefilling_jobs = 0;      // admitted jobs whose prompt is still being prefilled
     uint64_t prefill_remaining_tokens = 0;  // their tokens still to prefill
     uint64_t n_prefill_chunks = 0;   // prefill calls run between other work (one chunk each)
+    size_t prewarm_queue_depth = 0;  // pre-warms waiting
+    uint64_t n_prewarms_submitted = 0;
+    uint64_t n_prewarms_replaced = 0;  // a newer pre-warm of the same workspace took its place
+    uint64_t n_prewarms_dropped = 0;   // a turn of the workspace came first, or the queue was full
 };
 
 class scheduler {
@@ -108,6 +134,21 @@ class scheduler {
     //   resource_exhausted - the queue is full (answer 429/503 with Retry-After);
     //   failed_precondition - the scheduler is stopping.
     status submit(completion_job job);
+
+    // Queues a pre-warm of `req.workspace` (req.prewarm is set here): its prompt's
+    // cacheable blocks are prefilled at the lowest priority - only when no chat waits for
+    // a work sequence and no chat's prompt is prefilling - and cached, as a turn would
+    // cache them. A pre-warm of a prefix already cached does nothing. A queued pre-warm
+    // of the same workspace is replaced by this one. A chat of the workspace stops a
+    // running pre-warm at its chunk boundary and starts from what it has done (its
+    // explain says so); a chat that needs its work sequence does the same. No events.
+    // The prompt is assembled with the generation prompt (which is not cached), as a
+    // chat's is.
+    // Errors: resource_exhausted (max_prewarm_queue), failed_precondition (stopping).
+    status prewarm(turn_request req);
+    // Every queued and active job: chats, then pre-warms (a copy; the engine thread
+    // updates what it reads after each admission, chunk and retirement).
+    std::vector<job_progress> jobs() const;
 
     // Runs `fn` on the engine thread between steps and waits for it: explain,
     // manifest, pins, counters. `fn` must not block. Errors: failed_precondition (stopped),

@@ -21,15 +21,14 @@ using clock_type = std::chrono::steady_clock;
 double ms_between(clock_type::time_point a, clock_type::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
+int64_t unix_ms_now() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
 
 }  // namespace
 
-pending_turn::pending_turn(pending_turn && o) noexcept
-    : workspace(std::move(o.workspace)), seq(o.seq), ap(std::move(o.ap)), explain(std::move(o.explain)), now(o.now),
-      cache(o.cache), t_assemble_ms(o.t_assemble_ms), t_copy_ms(o.t_copy_ms), t_restore_ms(o.t_restore_ms),
-      t_prefill_ms(o.t_prefill_ms), prefill_pos(o.prefill_pos), owner_(o.owner_) {
-    o.owner_ = nullptr;
-}
+pending_turn::pending_turn(pending_turn && o) noexcept { *this = std::move(o); }
 
 pending_turn & pending_turn::operator=(pending_turn && o) noexcept {
     if (this == &o) return *this;
@@ -45,6 +44,10 @@ pending_turn & pending_turn::operator=(pending_turn && o) noexcept {
     t_restore_ms = o.t_restore_ms;
     t_prefill_ms = o.t_prefill_ms;
     prefill_pos = o.prefill_pos;
+    prefill_end = o.prefill_end;
+    reused = o.reused;
+    prewarm = o.prewarm;
+    t_begin_unix_ms = o.t_begin_unix_ms;
     owner_ = o.owner_;
     o.owner_ = nullptr;
     return *this;
@@ -375,6 +378,15 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     }
     t.explain = p_->explain(req.workspace, ap, m, at.n_tokens, tier);
     t.explain.in_place = in_place;
+    if (!req.prewarm && at.n_tokens > 0) {
+        // The first turn after a pre-warm of this workspace says it was served from it.
+        auto h = p_->workspaces.find(req.workspace);
+        if (h != p_->workspaces.end() && h->second.prewarm) {
+            t.explain.prewarm = std::move(h->second.prewarm);
+            h->second.prewarm.reset();
+            p_->ctr.prewarm.n_served_turns++;
+        }
+    }
     if (in_place) p_->ctr.memory.n_in_place_turns++;
     if (tier == kv_tier::engine) {
         auto tc = clock_type::now();
@@ -388,6 +400,15 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     }
     p_->streams[(size_t)seq].blocks.clear();  // until finish_turn says what it keeps
     t.prefill_pos = at.n_tokens;
+    t.reused = at.n_tokens;
+    t.prewarm = req.prewarm;
+    t.t_begin_unix_ms = unix_ms_now();
+    t.prefill_end = (pos_t)ap.tokens.size();
+    if (req.prewarm) {
+        const size_t n = impl::n_cacheable_blocks(ap);
+        t.prefill_end = std::max(at.n_tokens, n > 0 ? ap.blocks[n - 1].end : 0);
+        t.cache = true;
+    }
     return t;
 }
 
@@ -403,7 +424,7 @@ status context_engine::prefill_some(pending_turn & t, pos_t max_tokens, std::vec
     if (t.owner_ != this) return failed_precondition("prefill_some: the turn is not pending on this engine");
     if (t.prefilled()) return {};
     const assembled_prompt & ap = t.ap;
-    const auto chunks = plan_chunks(t.prefill_pos, (int32_t)(ap.tokens.size() - (size_t)t.prefill_pos), ap.boundaries,
+    const auto chunks = plan_chunks(t.prefill_pos, (int32_t)(t.prefill_end - t.prefill_pos), ap.boundaries,
                                     (int32_t)p_->prof.chunk_tokens);
     // Whole chunks: [t.prefill_pos, end).
     pos_t end = t.prefill_pos;
@@ -422,7 +443,10 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     status result_st;
     stream_state & s = p_->streams[(size_t)t.seq];
     s.busy = false;
-    const size_t n_keep = t.cache ? impl::n_cacheable_blocks(t.ap) : 0;
+    // The cacheable blocks, of those prefilled (all of them, unless a pre-warm stopped
+    // early: it stops at a chunk end, and every block end is one).
+    size_t n_keep = t.cache ? impl::n_cacheable_blocks(t.ap) : 0;
+    while (n_keep > 0 && t.ap.blocks[n_keep - 1].end > t.prefill_pos) --n_keep;
     if (n_keep > 0) {
         // The stream keeps the cacheable blocks (the tail and the generated tokens go)
         // for the next turn to reuse in place; the pool gets a copy only when something
@@ -443,8 +467,25 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     } else {
         p_->clear_stream(t.seq);
     }
-    p_->count(t.workspace, t.explain, n_generated);
+    if (!t.prewarm) {
+        p_->count(t.workspace, t.explain, n_generated);
+        p_->remember(t.workspace, t);
+        return result_st;
+    }
+    prewarm_info pw;
+    pw.complete = t.prefilled();
+    pw.finished_unix_ms = unix_ms_now();
+    pw.duration_ms = (double)(pw.finished_unix_ms - t.t_begin_unix_ms);
+    pw.n_prefilled = t.prefill_pos - t.reused;
+    pw.n_cached = result_st.ok() && n_keep > 0 ? t.ap.blocks[n_keep - 1].end : 0;
+    pw.n_target = t.prefill_end;
+    prewarm_counters & c = p_->ctr.prewarm;
+    c.n_prewarms++;
+    if (pw.n_prefilled == 0 && pw.complete) c.n_already_cached++;
+    if (!pw.complete) c.n_preempted++;
+    c.n_prefilled_tokens += (uint64_t)pw.n_prefilled;
     p_->remember(t.workspace, t);
+    p_->workspaces[t.workspace].prewarm = pw;
     return result_st;
 }
 

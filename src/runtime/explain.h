@@ -19,6 +19,7 @@ struct workspace_history {
     pos_t last_stable_end = 0;
     bool has_turn = false;
     uint64_t t_last_used = 0;  // the turn clock of its last turn (least recently used goes first)
+    std::optional<prewarm_info> prewarm;  // its last pre-warm, until a turn is served from it
 };
 
 struct explain_inputs {

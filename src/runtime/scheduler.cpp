@@ -12,6 +12,12 @@
 // the prefilling job with the fewest tokens left (a warm tail before a cold prompt) -
 // except every fourth chunk, which goes to the job admitted longest ago, so a cold
 // prompt keeps progressing under a stream of warm turns.
+//
+// Pre-warms (prewarm()) are the lowest priority: one at a time, admitted only into a
+// free work sequence when no chat waits, and given a chunk only in a round where no
+// chat's prompt is prefilling. A chat that needs a work sequence, or is of the
+// pre-warm's workspace, preempts it: finish_turn caches the blocks prefilled so far
+// (every chunk end is a block end) and the chat starts from them.
 #include "warmctx/scheduler.h"
 
 #include <chrono>
@@ -36,6 +42,7 @@ struct queued_job {
 
 struct active_job {
     queued_job q;
+    bool prewarm = false;
     pending_turn turn;
     std::unique_ptr<generation_step> gen;  // sampling and stop decisions (shared with engine::generate)
     std::vector<float> logits;   // of the last computed position
@@ -62,6 +69,7 @@ struct scheduler::impl {
     std::mutex mu;
     std::condition_variable cv;
     std::deque<queued_job> queue;
+    std::deque<queued_job> prewarms;  // at most one per workspace
     struct pending_call {
         const std::function<void(context_engine &)> * fn;
         bool done = false;
@@ -76,6 +84,34 @@ struct scheduler::impl {
     std::atomic<uint64_t> a_submitted{0}, a_rejected{0}, a_cancelled{0}, a_completed{0}, a_failed{0}, a_batched{0};
     std::atomic<size_t> a_prefilling{0};
     std::atomic<uint64_t> a_prefill_remaining{0}, a_prefill_chunks{0};
+    std::atomic<size_t> a_prewarm_depth{0};
+    std::atomic<uint64_t> a_prewarms_submitted{0}, a_prewarms_replaced{0}, a_prewarms_dropped{0};
+
+    // What jobs() reports of the active jobs, as the engine thread last published it.
+    struct active_progress {
+        job_progress p;
+        clock_type::time_point t_submit;
+    };
+    mutable std::mutex prog_mu;
+    std::vector<active_progress> progress;  // guarded by prog_mu
+    void publish_jobs() {
+        std::vector<active_progress> v;
+        for (auto & j : slots) {
+            if (!j) continue;
+            active_progress a;
+            a.t_submit = j->q.t_submit;
+            a.p.workspace = j->turn.workspace;
+            a.p.prewarm = j->prewarm;
+            a.p.what = j->prefilling ? job_progress::state::prefilling : job_progress::state::generating;
+            a.p.prompt_tokens = j->prewarm ? j->turn.prefill_end : (pos_t)j->turn.ap.tokens.size();
+            a.p.cached_tokens = j->turn.reused;
+            a.p.prefill_pos = j->turn.prefill_pos;
+            a.p.generated = j->gen ? j->gen->n_generated() : 0;
+            v.push_back(std::move(a));
+        }
+        std::lock_guard<std::mutex> lk(prog_mu);
+        progress = std::move(v);
+    }
     uint64_t n_admitted = 0, n_prefill_rounds = 0;  // engine thread only
 
     // The counters readers see without waiting on the engine thread.
@@ -160,9 +196,12 @@ struct scheduler::impl {
     status start(size_t slot, active_job & j) {
         if (opts.before_admit) opts.before_admit(j.q.job.turn);
         j.t_queue_ms = ms_between(j.q.t_submit, clock_type::now());
-        auto gen = ce->start_generation(j.q.job.turn.sampling);
-        if (!gen.ok()) return gen.error();
-        j.gen = std::move(gen.value());
+        j.prewarm = j.q.job.turn.prewarm;
+        if (!j.prewarm) {
+            auto gen = ce->start_generation(j.q.job.turn.sampling);
+            if (!gen.ok()) return gen.error();
+            j.gen = std::move(gen.value());
+        }
         auto t = ce->begin_turn_deferred(j.q.job.turn, (seq_id)slot);
         if (!t.ok()) return t.error();
         j.turn = std::move(t.value());
@@ -172,14 +211,21 @@ struct scheduler::impl {
         ev.what = completion_event::kind::admitted;
         ev.usage = usage_of(j);
         ev.explain = j.turn.explain;
+        ev.prefill_pos = j.turn.prefill_pos;
+        ev.prefill_end = j.turn.prefill_end;
         ev.t_queue_ms = j.t_queue_ms;
         emit(j, ev);
+        if (j.prewarm && j.turn.prefilled()) prefilled(j);  // everything cached already
         return {};
     }
 
     // The prompt of `j` is prefilled: its first token can be sampled; emits `started`.
     void prefilled(active_job & j) {
         j.prefilling = false;
+        if (j.prewarm) {  // nothing to generate: retired (and cached) next
+            j.finished = true;
+            return;
+        }
         if (j.q.job.turn.keep_logits) j.prompt_logits = j.logits;
         j.pos = (pos_t)j.turn.ap.tokens.size();
         j.t_first_token_ms = ms_between(j.q.t_submit, clock_type::now());
@@ -196,6 +242,7 @@ struct scheduler::impl {
     // One prefill chunk of one prefilling job (see the top of this file for which).
     void prefill_round() {
         active_job * pick = nullptr;
+        active_job * background = nullptr;  // a pre-warm: only when no chat prefills
         const bool oldest = ++n_prefill_rounds % 4 == 0;
         size_t n = 0;
         uint64_t remaining = 0;
@@ -203,10 +250,15 @@ struct scheduler::impl {
             if (!j || !j->prefilling || j->cancelled) continue;
             ++n;
             remaining += (uint64_t)j->turn.prefill_remaining();
+            if (j->prewarm) {
+                background = j.get();
+                continue;
+            }
             if (!pick || (oldest ? j->admitted < pick->admitted
                                  : j->turn.prefill_remaining() < pick->turn.prefill_remaining()))
                 pick = j.get();
         }
+        if (!pick) pick = background;
         a_prefilling = n;
         a_prefill_remaining = remaining;
         if (!pick) return;
@@ -223,10 +275,39 @@ struct scheduler::impl {
             fail_job(*pick, st);
             return;
         }
+        if (opts.after_prefill_chunk) opts.after_prefill_chunk(pick->q.job.turn, pick->turn.prefill_pos);
         if (pick->turn.prefilled()) {
             a_prefilling = n - 1;
             prefilled(*pick);
+        } else if (!pick->prewarm) {
+            completion_event ev;
+            ev.what = completion_event::kind::progress;
+            ev.prefill_pos = pick->turn.prefill_pos;
+            ev.prefill_end = pick->turn.prefill_end;
+            emit(*pick, ev);
         }
+        publish_jobs();
+    }
+
+    // Stops the pre-warm in `slot` at its chunk boundary: what it prefilled is cached
+    // (in its work sequence, which a turn of its workspace then reuses in place).
+    void preempt(size_t slot) {
+        active_job & j = *slots[slot];
+        a_active--;
+        try {
+            status st = ce->finish_turn(j.turn, 0);
+            (void)st;  // a failed cache update only loses the pre-warm's work
+        } catch (...) {
+        }
+        slots[slot].reset();
+        publish_jobs();
+    }
+
+    // The slot of the active pre-warm (at most one runs), or -1.
+    int prewarm_slot() const {
+        for (size_t s = 0; s < slots.size(); ++s)
+            if (slots[s] && slots[s]->prewarm) return (int)s;
+        return -1;
     }
 
     // Fails a running job after a throw: its error is the last event; it is retired
@@ -269,6 +350,10 @@ struct scheduler::impl {
         if (j.cancelled) {
             ce->abort_turn(j.turn);
             (j.failed ? a_failed : a_cancelled)++;
+        } else if (j.prewarm) {
+            status st = ce->finish_turn(j.turn, 0);
+            (void)st;  // nobody waits for a pre-warm; its counters say what it did
+            publish();
         } else {
             std::string rest = j.gen->finish();
             if (!rest.empty()) {
@@ -303,6 +388,7 @@ struct scheduler::impl {
             emit(j, ev);
         }
         slots[slot].reset();
+        publish_jobs();
     }
 
     // One decode step over every active job that has a token to decode.
@@ -360,22 +446,57 @@ struct scheduler::impl {
             run_calls();
             // Admit queued jobs into free work sequences: each into the one its
             // workspace's last turn left, where the turn reuses the prefix in place.
+            // A chat first; a pre-warm only when no chat waits, into a free sequence,
+            // one at a time.
             for (;;) {
                 std::vector<seq_id> free_seqs;
                 for (size_t s = 0; s < slots.size(); ++s)
                     if (!slots[s]) free_seqs.push_back((seq_id)s);
-                if (free_seqs.empty()) break;
+                const int pw = prewarm_slot();
                 queued_job q;
+                bool chat = false, make_room = false;
                 {
                     std::lock_guard<std::mutex> lk(mu);
-                    if (queue.empty() || stopping) break;
-                    q = std::move(queue.front());
-                    queue.pop_front();
-                    a_queue_depth = queue.size();
+                    if (stopping) break;
+                    if (!queue.empty()) {
+                        if (free_seqs.empty() && pw < 0) break;
+                        chat = true;
+                        if (!free_seqs.empty() || (pw >= 0 && slots[pw]->turn.workspace == queue.front().job.turn.workspace)) {
+                            q = std::move(queue.front());
+                            queue.pop_front();
+                            a_queue_depth = queue.size();
+                            // This chat does a queued pre-warm's work (and more).
+                            for (auto it = prewarms.begin(); it != prewarms.end(); ++it)
+                                if (it->job.turn.workspace == q.job.turn.workspace) {
+                                    prewarms.erase(it);
+                                    a_prewarms_dropped++;
+                                    break;
+                                }
+                            a_prewarm_depth = prewarms.size();
+                        } else {
+                            make_room = true;
+                        }
+                    } else if (!prewarms.empty() && !free_seqs.empty() && pw < 0) {
+                        q = std::move(prewarms.front());
+                        prewarms.pop_front();
+                        a_prewarm_depth = prewarms.size();
+                    } else {
+                        break;
+                    }
+                }
+                if (make_room) {  // no free sequence: the pre-warm gives its own
+                    preempt((size_t)pw);
+                    continue;
+                }
+                if (chat && pw >= 0 && slots[pw]->turn.workspace == q.job.turn.workspace) {
+                    // Its workspace's pre-warm stops here; the chat starts from it in place.
+                    preempt((size_t)pw);
+                    free_seqs.push_back((seq_id)pw);
                 }
                 seq_id s = ce->pick_work_seq(q.job.turn.workspace, free_seqs);
                 if (s < 0) s = free_seqs.front();
                 admit((size_t)s, std::move(q));
+                publish_jobs();
                 run_calls();
             }
             // Sample for every job that has fresh logits, then decode them together.
@@ -411,14 +532,18 @@ struct scheduler::impl {
             for (size_t s = 0; s < slots.size(); ++s)
                 if (slots[s] && slots[s]->cancelled) retire(s);
             if (ms_between(t_published, clock_type::now()) >= 250) {
-                try { publish(); } catch (...) {}
+                try {
+                    publish();
+                    publish_jobs();
+                } catch (...) {}
             }
 
             bool any_active = false;
             for (auto & j : slots) any_active |= (bool)j;
             std::unique_lock<std::mutex> lk(mu);
             if (stopping && !any_active) break;
-            if (!any_active && queue.empty() && calls.empty()) cv.wait(lk, [&] { return stopping || !queue.empty() || !calls.empty(); });
+            if (!any_active && queue.empty() && prewarms.empty() && calls.empty())
+                cv.wait(lk, [&] { return stopping || !queue.empty() || !prewarms.empty() || !calls.empty(); });
             if (stopping) {
                 // Fail what is still queued; active jobs are cancelled and retired above.
                 while (!queue.empty()) {
@@ -430,6 +555,8 @@ struct scheduler::impl {
                     lk.lock();
                 }
                 a_queue_depth = 0;
+                prewarms.clear();  // nobody waits for them
+                a_prewarm_depth = 0;
                 for (auto & j : slots)
                     if (j) j->cancelled = true;
             }
@@ -476,6 +603,70 @@ status scheduler::submit(completion_job job) {
     return {};
 }
 
+status scheduler::prewarm(turn_request req) {
+    req.prewarm = true;
+    req.cache = true;
+    // With the generation prompt (never cached) after it, the whole stored context is
+    // a cacheable prefix that a lookup may match in full.
+    if (!req.add_generation_prompt) req.assembled.reset();
+    req.add_generation_prompt = true;
+    completion_job job;
+    job.turn = std::move(req);
+    job.sink = [](const completion_event &) { return true; };
+    std::lock_guard<std::mutex> lk(p_->mu);
+    if (p_->stopping) return failed_precondition("the scheduler is stopping");
+    p_->a_prewarms_submitted++;
+    for (auto & q : p_->prewarms)
+        if (q.job.turn.workspace == job.turn.workspace) {
+            q = {std::move(job), clock_type::now()};  // the newer content, in the older one's place
+            p_->a_prewarms_replaced++;
+            return {};
+        }
+    if (p_->prewarms.size() >= p_->opts.max_prewarm_queue) {
+        p_->a_prewarms_dropped++;
+        return resource_exhausted("the pre-warm queue is full (" + std::to_string(p_->opts.max_prewarm_queue) +
+                                  " waiting)");
+    }
+    p_->prewarms.push_back({std::move(job), clock_type::now()});
+    p_->a_prewarm_depth = p_->prewarms.size();
+    p_->cv.notify_one();
+    return {};
+}
+
+std::string_view job_state_name(job_progress::state s) {
+    switch (s) {
+        case job_progress::state::queued: return "queued";
+        case job_progress::state::prefilling: return "prefilling";
+        case job_progress::state::generating: return "generating";
+    }
+    return "?";
+}
+
+std::vector<job_progress> scheduler::jobs() const {
+    std::vector<job_progress> out;
+    const auto now = clock_type::now();
+    {
+        std::lock_guard<std::mutex> lk(p_->prog_mu);
+        for (const auto & a : p_->progress) {
+            out.push_back(a.p);
+            out.back().age_ms = ms_between(a.t_submit, now);
+        }
+    }
+    std::lock_guard<std::mutex> lk(p_->mu);
+    for (const auto * qu : {&p_->queue, &p_->prewarms}) {
+        size_t pos = 0;
+        for (const auto & q : *qu) {
+            job_progress p;
+            p.workspace = q.job.turn.workspace;
+            p.prewarm = qu == &p_->prewarms;
+            p.queue_position = ++pos;
+            p.age_ms = ms_between(q.t_submit, now);
+            out.push_back(std::move(p));
+        }
+    }
+    return out;
+}
+
 status scheduler::call(const std::function<void(context_engine &)> & fn) {
     impl::pending_call c{&fn};
     std::unique_lock<std::mutex> lk(p_->mu);
@@ -499,6 +690,10 @@ scheduler_stats scheduler::stats() const {
     s.prefilling_jobs = p_->a_prefilling;
     s.prefill_remaining_tokens = p_->a_prefill_remaining;
     s.n_prefill_chunks = p_->a_prefill_chunks;
+    s.prewarm_queue_depth = p_->a_prewarm_depth;
+    s.n_prewarms_submitted = p_->a_prewarms_submitted;
+    s.n_prewarms_replaced = p_->a_prewarms_replaced;
+    s.n_prewarms_dropped = p_->a_prewarms_dropped;
     return s;
 }
 

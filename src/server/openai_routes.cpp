@@ -98,6 +98,7 @@ bool stream_step(stream_state & st, chunk_sink & sink) {
         const completion_event & ev = te.ev;
         switch (ev.what) {
             case completion_event::kind::admitted:
+            case completion_event::kind::progress:
             case completion_event::kind::started: break;
             case completion_event::kind::delta:
                 if (!ev.text.empty() && !write_or_cancel(st, sink, sse(chunk_delta(st.meta, ev.text, st.include_usage))))
@@ -225,6 +226,7 @@ void run_completion(route_context & ctx, const http_request & req, http_response
                 const completion_event & ev = te.ev;
                 switch (ev.what) {
                     case completion_event::kind::admitted:
+            case completion_event::kind::progress:
             case completion_event::kind::started: break;
                     case completion_event::kind::delta: text += ev.text; break;
                     case completion_event::kind::error: return respond_error(res, *log, job_error(ev.error));

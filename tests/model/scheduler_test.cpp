@@ -91,8 +91,19 @@ TEST(Scheduler, StreamsStartedDeltasAndDone) {
     ASSERT_GE(c.events.size(), 2u);
     EXPECT_EQ(c.events[0].what, completion_event::kind::admitted);  // before the prefill
     EXPECT_GT(c.events[0].usage.prompt_tokens, 100);
-    EXPECT_EQ(c.events[1].what, completion_event::kind::started);   // the prefill done
-    EXPECT_GT(c.events[1].usage.prompt_tokens, 100);
+    EXPECT_EQ(c.events[0].prefill_end, c.events[0].usage.prompt_tokens);
+    // One progress event per chunk of the prompt but its last, moving forward.
+    size_t k = 1;
+    pos_t at = c.events[0].prefill_pos;
+    for (; k < c.events.size() && c.events[k].what == completion_event::kind::progress; ++k) {
+        EXPECT_GT(c.events[k].prefill_pos, at);
+        EXPECT_LT(c.events[k].prefill_pos, c.events[k].prefill_end);
+        at = c.events[k].prefill_pos;
+    }
+    EXPECT_GE(k, 2u) << "a prompt of several chunks reports its progress";
+    ASSERT_LT(k, c.events.size());
+    EXPECT_EQ(c.events[k].what, completion_event::kind::started);   // the prefill done
+    EXPECT_GT(c.events[k].usage.prompt_tokens, 100);
     const completion_event * done = c.last();
     ASSERT_EQ(done->what, completion_event::kind::done);
     EXPECT_GT(done->usage.completion_tokens, 0);
@@ -292,6 +303,213 @@ TEST(Scheduler, AWorkspacesTurnRunsInTheStreamItsLastTurnLeft) {
             EXPECT_TRUE(r.in_place) << ws << " round " << round;
         }
     }
+}
+
+
+// ---- pre-warm ------------------------------------------------------------------------
+
+// The workspace's stored part: everything but this turn's question.
+std::vector<segment> stored_part(std::vector<segment> segs) {
+    std::erase_if(segs, [](const segment & x) { return x.kind == segment_kind::user; });
+    return segs;
+}
+
+turn_request prewarm_req(const std::string & ws, std::vector<segment> segs) {
+    turn_request r;
+    r.workspace = ws;
+    r.segments = stored_part(std::move(segs));
+    r.add_generation_prompt = false;
+    return r;
+}
+
+context_counters counters_of(scheduler & s) {
+    context_counters c;
+    EXPECT_TRUE(s.call([&](context_engine & ce) { c = ce.counters(); }).ok());
+    return c;
+}
+
+// Waits until the engine has finished `n` pre-warms (complete or preempted).
+bool wait_prewarms(scheduler & s, uint64_t n) {
+    for (int i = 0; i < 2000; ++i) {
+        if (counters_of(s).prewarm.n_prewarms >= n) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+}
+
+// `done` (a job run with keep_logits) equals the cold run of `r` bit for bit.
+void expect_equals_cold(scheduler & s, const turn_request & r, const completion_event & done) {
+    std::optional<turn_result> cold;
+    ASSERT_TRUE(s.call([&](context_engine & ce) {
+        auto c = ce.run_cold(r);
+        if (c.ok()) cold = std::move(c.value());
+    }).ok());
+    ASSERT_TRUE(cold.has_value());
+    EXPECT_EQ(done.tokens, cold->gen.tokens);
+    ASSERT_FALSE(done.prompt_logits.empty());
+    ASSERT_EQ(done.prompt_logits.size(), cold->prompt_logits.size());
+    EXPECT_EQ(0, std::memcmp(done.prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
+    ASSERT_EQ(done.gen_logits.size(), cold->gen_logits.size());
+    EXPECT_EQ(0, std::memcmp(done.gen_logits.data(), cold->gen_logits.data(), cold->gen_logits.size() * 4));
+}
+
+// A pre-warm caches the stored context without generating; the chat sent after it is a
+// full hit that prefills only its question, says it was served from the pre-warm, and
+// equals the cold run. A second pre-warm of the same content does nothing.
+TEST(Scheduler, APrewarmMakesTheNextChatAFullHitAndAPrewarmOfACachedPrefixDoesNothing) {
+    auto s = scheduler::start(tiny_scheduler(2));
+    ASSERT_TRUE(s.ok());
+    workload_generator g(21, [](const std::string & x) { return x.size() / 3; });
+    auto segs = make_workspace(g, 1200, 1);
+    ASSERT_TRUE((*s)->prewarm(prewarm_req("pw", segs)).ok());
+    ASSERT_TRUE(wait_prewarms(**s, 1));
+    context_counters c1 = counters_of(**s);
+    EXPECT_EQ(c1.prewarm.n_already_cached, 0u);
+    EXPECT_GT(c1.prewarm.n_prefilled_tokens, 500u);
+    EXPECT_EQ(c1.total.n_turns, 0u) << "a pre-warm is not a turn";
+    EXPECT_EQ((*s)->stats().n_completed, 0u);
+
+    ASSERT_TRUE((*s)->prewarm(prewarm_req("pw", segs)).ok());
+    ASSERT_TRUE(wait_prewarms(**s, 2));
+    context_counters c2 = counters_of(**s);
+    EXPECT_EQ(c2.prewarm.n_already_cached, 1u);
+    EXPECT_EQ(c2.prewarm.n_prefilled_tokens, c1.prewarm.n_prefilled_tokens);
+
+    turn_request chat = req("pw", segs, 6);
+    chat.keep_logits = true;
+    collector c;
+    ASSERT_TRUE((*s)->submit({chat, c.sink()}).ok());
+    ASSERT_TRUE(c.wait());
+    const completion_event & done = *c.last();
+    ASSERT_EQ(done.what, completion_event::kind::done);
+    EXPECT_EQ(done.explain.kind, miss_kind::full_hit) << done.explain.reason;
+    EXPECT_TRUE(done.explain.in_place);
+    EXPECT_EQ(done.explain.n_reused, done.explain.n_cacheable);
+    ASSERT_TRUE(done.explain.prewarm.has_value());
+    EXPECT_TRUE(done.explain.prewarm->complete);
+    EXPECT_EQ(done.explain.prewarm->n_cached, done.explain.n_cacheable);
+    EXPECT_GT(done.explain.prewarm->finished_unix_ms, 0);
+    EXPECT_EQ(counters_of(**s).prewarm.n_served_turns, 1u);
+    expect_equals_cold(**s, chat, done);
+}
+
+// A chat of the workspace sent while its pre-warm runs stops the pre-warm at a chunk
+// boundary and starts from what it has done (in place, nothing prefilled twice); the
+// answer still equals the cold run bit for bit.
+TEST(Scheduler, AChatDuringItsPrewarmStartsFromWhatThePrewarmHasDone) {
+    workload_generator g(22, [](const std::string & x) { return x.size() / 3; });
+    auto segs = make_workspace(g, 1600, 1);  // about 25 chunks of 64
+    turn_request chat = req("pw", segs, 6);
+    chat.keep_logits = true;
+    collector c;
+    std::atomic<int> chunks{0};
+    std::atomic<bool> sent{false};
+    scheduler * self = nullptr;
+    auto o = tiny_scheduler(2);
+    o.after_prefill_chunk = [&](const turn_request & r, pos_t) {
+        // The pre-warm's third chunk: the chat arrives.
+        if (r.prewarm && ++chunks == 3 && !sent.exchange(true)) ASSERT_TRUE(self->submit({chat, c.sink()}).ok());
+    };
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok());
+    self = s->get();
+    ASSERT_TRUE((*s)->prewarm(prewarm_req("pw", segs)).ok());
+    ASSERT_TRUE(c.wait());
+    const completion_event & done = *c.last();
+    ASSERT_EQ(done.what, completion_event::kind::done);
+    ASSERT_TRUE(done.explain.prewarm.has_value());
+    EXPECT_FALSE(done.explain.prewarm->complete);
+    EXPECT_GT(done.explain.prewarm->n_cached, 0);
+    EXPECT_LT(done.explain.prewarm->n_cached, done.explain.n_cacheable);
+    EXPECT_EQ(done.explain.n_reused, done.explain.prewarm->n_cached) << "reuses exactly what the pre-warm did";
+    EXPECT_TRUE(done.explain.in_place);
+    context_counters cc = counters_of(**s);
+    EXPECT_EQ(cc.prewarm.n_preempted, 1u);
+    EXPECT_EQ(cc.prewarm.n_prefilled_tokens + (uint64_t)done.explain.n_prefilled, (uint64_t)done.explain.n_prompt_tokens)
+        << "no token prefilled twice";
+    expect_equals_cold(**s, chat, done);
+}
+
+// With every work sequence taken, a chat of another workspace takes the pre-warm's:
+// the pre-warm stops and keeps what it did; no chat waits behind a pre-warm.
+TEST(Scheduler, AChatThatNeedsASequencePreemptsAPrewarm) {
+    workload_generator g(23, [](const std::string & x) { return x.size() / 3; });
+    auto big = make_workspace(g, 1600, 1);
+    collector c;
+    std::atomic<bool> sent{false};
+    scheduler * self = nullptr;
+    auto o = tiny_scheduler(1);
+    o.after_prefill_chunk = [&](const turn_request & r, pos_t) {
+        if (r.prewarm && !sent.exchange(true)) ASSERT_TRUE(self->submit({req("other", small_workspace(4), 4), c.sink()}).ok());
+    };
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok());
+    self = s->get();
+    ASSERT_TRUE((*s)->prewarm(prewarm_req("pw", big)).ok());
+    ASSERT_TRUE(c.wait());
+    EXPECT_EQ(c.last()->what, completion_event::kind::done);
+    context_counters cc = counters_of(**s);
+    EXPECT_EQ(cc.prewarm.n_preempted, 1u);
+    EXPECT_EQ(cc.prewarm.n_prewarms, 1u);
+    // What it did stays cached: explain of the pre-warmed context reuses it.
+    std::optional<result<explain_report>> ex;
+    turn_request q = req("pw", big, 4);
+    ASSERT_TRUE((*s)->call([&](context_engine & ce) { ex.emplace(ce.explain(q)); }).ok());
+    ASSERT_TRUE(ex->ok());
+    EXPECT_GT((*ex)->n_reused, 0);
+}
+
+// Pre-warms wait behind chats; a newer pre-warm of a workspace replaces its queued one;
+// jobs() tells each job's state and queue position.
+TEST(Scheduler, PrewarmsQueueBehindChatsAndANewerOneReplacesTheQueuedOne) {
+    auto o = tiny_scheduler(1);
+    std::mutex gate_mu;
+    std::condition_variable gate_cv;
+    bool open = false;
+    o.before_admit = [&](const turn_request & r) {
+        if (r.workspace != "hold") return;
+        std::unique_lock<std::mutex> lk(gate_mu);
+        gate_cv.wait(lk, [&] { return open; });
+    };
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok());
+    collector hold, after;
+    ASSERT_TRUE((*s)->submit({req("hold", small_workspace(5), 2), hold.sink()}).ok());
+    // The engine thread now waits in before_admit of "hold".
+    for (int i = 0; i < 400 && (*s)->stats().queue_depth > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    auto segs = small_workspace(6);
+    ASSERT_TRUE((*s)->prewarm(prewarm_req("x", segs)).ok());
+    segs.front().content += " (edited)";
+    ASSERT_TRUE((*s)->prewarm(prewarm_req("x", segs)).ok());
+    ASSERT_TRUE((*s)->prewarm(prewarm_req("y", small_workspace(7))).ok());
+    ASSERT_TRUE((*s)->submit({req("z", small_workspace(8), 2), after.sink()}).ok());
+    std::vector<job_progress> jobs = (*s)->jobs();
+    ASSERT_EQ(jobs.size(), 3u);  // "hold" is being admitted: not published yet
+    EXPECT_EQ(jobs[0].workspace, "z");
+    EXPECT_FALSE(jobs[0].prewarm);
+    EXPECT_EQ(jobs[0].queue_position, 1u);
+    EXPECT_EQ(jobs[1].workspace, "x");
+    EXPECT_TRUE(jobs[1].prewarm);
+    EXPECT_EQ(jobs[1].queue_position, 1u);
+    EXPECT_EQ(jobs[2].workspace, "y");
+    EXPECT_EQ(jobs[2].queue_position, 2u);
+    EXPECT_EQ((*s)->stats().n_prewarms_replaced, 1u);
+    {
+        std::lock_guard<std::mutex> lk(gate_mu);
+        open = true;
+    }
+    gate_cv.notify_all();
+    ASSERT_TRUE(hold.wait());
+    ASSERT_TRUE(after.wait());
+    ASSERT_TRUE(wait_prewarms(**s, 2));
+    // The chat "z" ran before any pre-warm: when it was admitted nothing had been pre-warmed.
+    EXPECT_FALSE(after.last()->explain.prewarm.has_value());
+    // The edited content was pre-warmed, not the first version.
+    turn_request q = req("x", segs, 2);
+    std::optional<result<explain_report>> ex;
+    ASSERT_TRUE((*s)->call([&](context_engine & ce) { ex.emplace(ce.explain(q)); }).ok());
+    ASSERT_TRUE(ex->ok());
+    EXPECT_EQ((*ex)->kind, miss_kind::full_hit) << (*ex)->reason;
 }
 
 }  // namespace
