@@ -117,6 +117,8 @@ struct prewarm_info {
     pos_t n_prefilled = 0;          // tokens it prefilled (the rest was cached already)
     pos_t n_cached = 0;             // tokens of the prefix it left cached
     pos_t n_target = 0;             // the cacheable tokens it set out to cache
+    pos_t n_found = 0;              // tokens it found cached ...
+    kv_tier found_tier = kv_tier::none;  // ... in this tier (disk: restored after a restart)
 };
 
 struct segment_explain {

@@ -3,6 +3,7 @@
 // the runtime that produces the report.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,8 @@ namespace warmctx {
 
 // Every field of the report; the keys are documented in docs/api.md ("explain").
 nlohmann::json explain_json(const explain_report & r);
+// The pre-warm a turn was served from (explain_report::prewarm), or null.
+nlohmann::json prewarm_json(const std::optional<prewarm_info> & p);
 // One summary line, the reason, and a row per segment (tokens reused / prefilled).
 std::string explain_text(const explain_report & r);
 

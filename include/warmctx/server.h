@@ -89,6 +89,13 @@ struct server_options {
     size_t max_segments_per_workspace = 4096;
     size_t max_segment_bytes = 4u << 20;
     size_t max_store_bytes = 256u << 20;   // content + path of every stored segment
+    // Where the segment store persists ("" = memory only: a restart forgets it). Loaded
+    // when the scheduler is attached; `serve` uses <cache dir>/workspaces.
+    std::string workspace_dir;
+    // Pre-warm a workspace whose stored stable segments changed, this long after its
+    // last change (POST .../prewarm: at once), and every stored workspace on start.
+    bool prewarm = true;
+    int prewarm_delay_ms = 250;
 };
 
 // Threads /health, /metrics and quick answers (401, 404, 429, the workspace routes)

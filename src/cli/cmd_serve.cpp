@@ -43,7 +43,14 @@ struct serve_args {
     int32_t default_max_tokens = 256;
     std::string model_name;
     bool quiet = false;
+    bool no_disk = false;
+    bool no_prewarm = false;
+    bool disk_budget_given = false;
 };
+
+// Out of the box the disk tier and the workspace store live in the user's cache
+// directory, so a restart loses no warm workspace.
+constexpr uint64_t k_default_disk_budget = uint64_t{8} << 30;
 
 int run_serve(const serve_args & a) {
     // The server's rule (warmctx/server.h): the scheduler's queue, not the HTTP pool,
@@ -64,7 +71,14 @@ int run_serve(const serve_args & a) {
     }
 
     scheduler_options so;
-    if (status st = a.cf.apply(so.engine); !st.ok()) return fail(st);
+    cache_flags cf = a.cf;
+    if (a.no_disk) {
+        if (!cf.cache_dir.empty()) return fail(invalid_argument("--no-disk and --cache-dir contradict each other"));
+    } else if (cf.cache_dir.empty()) {
+        cf.cache_dir = cache_home() + "/kv";
+        if (cf.disk_budget_bytes == 0 && !a.disk_budget_given) cf.disk_budget_bytes = k_default_disk_budget;
+    }
+    if (status st = cf.apply(so.engine); !st.ok()) return fail(st);
     so.n_parallel = a.n_parallel;
     so.max_queue = a.max_queue;
 
@@ -81,6 +95,8 @@ int run_serve(const serve_args & a) {
     sv.model_name = a.model_name;
     sv.log_requests = !a.quiet;
     sv.kinds = so.engine.kinds;
+    sv.workspace_dir = cf.cache_dir.empty() ? std::string() : cf.cache_dir + "/workspaces";
+    sv.prewarm = !a.no_prewarm;
 
     // Block the shutdown signals before any thread exists, so that only sigwait below
     // ever receives them.
@@ -121,6 +137,14 @@ int run_serve(const serve_args & a) {
              " MiB allocated; cached prefixes up to " +
              (so.engine.budget.max_bytes ? std::to_string(so.engine.budget.max_bytes >> 20) + " MiB" : std::string("unlimited")) +
              " of RAM (--budget-bytes)");
+    if (cf.cache_dir.empty()) {
+        progress("serve: nothing kept on disk (--no-disk): a restart starts cold and forgets stored workspaces");
+    } else {
+        progress("serve: disk tier " + cf.cache_dir + ", up to " +
+                 (cf.disk_budget_bytes ? std::to_string(cf.disk_budget_bytes >> 20) + " MiB" : std::string("unlimited")) +
+                 " (--disk-budget-bytes); stored workspaces persist in " + sv.workspace_dir +
+                 " and are brought warm on start (--no-disk keeps nothing)");
+    }
 
     int sig = 0;
     sigwait(&signals, &sig);
@@ -166,6 +190,12 @@ void register_serve_command(CLI::App & app, int & rc) {
     c->add_option("--default-max-tokens", a->default_max_tokens, "max_tokens of a request that names none")->capture_default_str()->check(CLI::Range(1, 1 << 20));
     c->add_option("--model-name", a->model_name, "model id in /v1/models and responses (default: the model file's name)");
     c->add_flag("-q,--quiet", a->quiet, "no per-request log lines on stderr");
+    c->add_flag("--no-disk", a->no_disk,
+                "keep nothing on disk: no disk tier, no durable workspace store (default: both in the cache directory, "
+                "$WARMCTX_HOME or $XDG_CACHE_HOME/warmctx or ~/.cache/warmctx, under kv/, the disk tier up to 8 GiB)");
+    c->add_flag("--no-prewarm", a->no_prewarm,
+                "do not pre-warm a workspace when its stored stable segments change, nor the stored workspaces on start");
+    c->parse_complete_callback([a, c] { a->disk_budget_given = c->count("--disk-budget-bytes") > 0; });
     for (CLI::Option * o : c->get_options())
         if (o->get_envname().empty() && !env_name_of(*o).empty() && o != c->get_help_ptr()) o->envname(env_name_of(*o));
     c->footer("Every flag may also be set in the environment: WARMCTX_ + its long name in capitals, '-' as '_' "

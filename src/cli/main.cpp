@@ -55,7 +55,7 @@ void cache_flags::add_to(CLI::App & app) {
     app.add_option("--policy", policy, "eviction policy: semantic (volatile content first, then stable content least reused first; see docs/architecture.md) or lru")->capture_default_str();
     app.add_option("--kinds", kinds_file, "JSON file overriding the segment kind table, e.g. {\"kinds\":{\"repo_map\":{\"retention\":\"highest\"}}}");
     app.add_option("--tenant", tenant, "tenant salt: two tenants never share a cache entry");
-    app.add_option("--cache-dir", cache_dir, "disk tier: snapshot directory (stable prefixes survive restarts)");
+    app.add_option("--cache-dir", cache_dir, "disk tier: snapshot directory (stable prefixes survive restarts; serve defaults to <cache dir>/kv)");
     app.add_option("--disk-budget-bytes", disk_budget_bytes, "disk tier byte budget (0 = unlimited)")->capture_default_str();
     app.add_option("--disk-min-class", disk_min_class, "lowest retention class kept on disk (low, medium, high, highest)")->capture_default_str();
 }

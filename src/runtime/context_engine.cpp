@@ -479,6 +479,8 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     pw.n_prefilled = t.prefill_pos - t.reused;
     pw.n_cached = result_st.ok() && n_keep > 0 ? t.ap.blocks[n_keep - 1].end : 0;
     pw.n_target = t.prefill_end;
+    pw.n_found = t.reused;
+    pw.found_tier = t.explain.tier;
     prewarm_counters & c = p_->ctr.prewarm;
     c.n_prewarms++;
     if (pw.n_prefilled == 0 && pw.complete) c.n_already_cached++;

@@ -20,6 +20,7 @@ nlohmann::json explain_json(const explain_report & r) {
         {"predicted_prefill_ms", r.predicted_prefill_ms}, {"stable_prefix_hash", r.stable_prefix_hash}, {"tier", kv_tier_name(r.tier)}, {"in_place", r.in_place},
         {"segments", segs},
     };
+    j["prewarm"] = prewarm_json(r.prewarm);
     if (r.eviction) {
         j["eviction"] = {{"class", retention_class_name(r.eviction->cls)}, {"at", r.eviction->at},
                          {"workspace", r.eviction->workspace}, {"reason", r.eviction->reason},
@@ -31,6 +32,18 @@ nlohmann::json explain_json(const explain_report & r) {
     return j;
 }
 
+nlohmann::json prewarm_json(const std::optional<prewarm_info> & p) {
+    if (!p) return nullptr;
+    return {{"complete", p->complete},
+            {"finished_unix_ms", p->finished_unix_ms},
+            {"duration_ms", p->duration_ms},
+            {"tokens_prefilled", p->n_prefilled},
+            {"tokens_cached", p->n_cached},
+            {"tokens_target", p->n_target},
+            {"tokens_found", p->n_found},
+            {"found_in", kv_tier_name(p->found_tier)}};
+}
+
 std::string explain_text(const explain_report & r) {
     std::ostringstream o;
     char line[512];
@@ -40,6 +53,12 @@ std::string explain_text(const explain_report & r) {
     o << line << "  why: " << r.reason << "\n";
     if (r.predicted_prefill_ms >= 0) {
         std::snprintf(line, sizeof line, "  predicted prefill: %.0f ms\n", r.predicted_prefill_ms);
+        o << line;
+    }
+    if (r.prewarm) {
+        std::snprintf(line, sizeof line, "  served from a pre-warm%s: %d tokens cached of %d, %d prefilled by it in %.0f ms\n",
+                      r.prewarm->complete ? "" : " stopped early for this turn", r.prewarm->n_cached, r.prewarm->n_target,
+                      r.prewarm->n_prefilled, r.prewarm->duration_ms);
         o << line;
     }
     o << "  stable prefix hash: " << r.stable_prefix_hash << "\n";

@@ -765,6 +765,7 @@ server_options http_server::options() const {
 void http_server::stop() {
     std::unique_lock<std::mutex> lk(p_->stop_mu);
     if (p_->stopped) return;
+    p_->ctx.stop_background();  // no pre-warm is queued after this
     p_->ctx.stop_channels("the server is shutting down");
     p_->svr.stop();
     p_->reg.shed_all();  // idle and half-received connections end now, not at their timeouts

@@ -1,5 +1,7 @@
 #include "openai.h"
 
+#include "warmctx/explain_format.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -430,6 +432,7 @@ json warmctx_json(const std::string & workspace, const explain_report & ex, cons
             {"reason", ex.reason},
             {"missed_segment", ex.missed_segment},
             {"stable_prefix_hash", ex.stable_prefix_hash},
+            {"prewarm", prewarm_json(ex.prewarm)},
             {"queue_ms", done.t_queue_ms},
             {"first_token_ms", done.t_first_token_ms},
             {"total_ms", done.t_total_ms},

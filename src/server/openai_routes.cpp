@@ -154,6 +154,7 @@ void run_completion(route_context & ctx, const http_request & req, http_response
                                                              "/v1/workspaces/{id}/segments/{segment} first")));
         cr.segments = merge_stored_segments(std::move(*stored), std::move(cr.segments));
         cr.workspace = *path_ws;
+        ctx.store.note_use(*path_ws);
     }
     if (status st = validate_segments(cr.segments, ctx.opts.kinds); !st.ok())
         return respond_error(res, *log, error_from_status(st));

@@ -33,6 +33,7 @@
 #include "api_error.h"
 #include "metrics.h"
 #include "openai.h"
+#include "prewarmer.h"
 #include "request_channel.h"
 #include "workspace_store.h"
 #include "warmctx/scheduler.h"
@@ -124,6 +125,14 @@ class route_context {
     workspace_store store;
     server_metrics metrics;
     std::atomic<bool> stopping{false};
+    // Background pre-warm (null until attach(), or when opts.prewarm is off).
+    std::unique_ptr<prewarmer> prewarm;
+
+    ~route_context();
+    // Stops the pre-warm thread (before the scheduler stops).
+    void stop_background();
+    // One JSON line on the request log (stderr), with a timestamp, unless logging is off.
+    void log_event(nlohmann::json line);
 
     // "chatcmpl-" + 16 hex digits, unique in this process and unpredictable across runs.
     std::string next_request_id(const char * prefix);

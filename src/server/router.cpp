@@ -10,6 +10,7 @@
 #include <random>
 
 #include "json_util.h"
+#include "warmctx/fs.h"
 
 namespace warmctx::server_detail {
 
@@ -61,7 +62,8 @@ std::string model_name_from_path(const std::string & path) {
 route_context::route_context(server_options o)
     : opts(std::move(o)),
       store(store_limits{opts.max_workspaces, opts.max_segments_per_workspace, opts.max_segment_bytes,
-                         opts.max_store_bytes}) {
+                         opts.max_store_bytes},
+            store_persistence{opts.workspace_dir.empty() ? nullptr : &posix_fs(), opts.workspace_dir}) {
     limits.default_max_tokens = std::max(1, opts.default_max_tokens);
     model_name = !opts.model_name.empty() ? opts.model_name : "warmctx";
     t_created = static_cast<int64_t>(std::time(nullptr));
@@ -82,7 +84,42 @@ void route_context::attach(scheduler & s) {
     sched = &s;
     limits.max_tokens_cap = static_cast<int32_t>(std::max<uint32_t>(1, s.context().n_ctx_seq));
     if (opts.model_name.empty()) model_name = model_name_from_path(s.model().path);
+    // The durable store comes back; its workspaces are brought warm, most used first,
+    // while the server already answers.
+    auto rep = store.load(opts.kinds);
+    if (!rep.ok()) {
+        log_event({{"event", "workspace_store"}, {"error", rep.error().message()}});
+    } else if (store.durable()) {
+        log_event({{"event", "workspace_store"},
+                   {"dir", opts.workspace_dir},
+                   {"workspaces", rep->n_workspaces},
+                   {"segments", rep->n_segments},
+                   {"quarantined", rep->n_quarantined},
+                   {"skipped", rep->n_skipped}});
+        for (const std::string & p : rep->problems) log_event({{"event", "workspace_store"}, {"problem", p}});
+    }
+    if (opts.prewarm) {
+        prewarm = std::make_unique<prewarmer>(*this, opts.prewarm_delay_ms);
+        prewarm->start();
+        prewarm->mark_all(store.use_order());
+    }
     loading_.store(false, std::memory_order_release);
+}
+
+route_context::~route_context() { stop_background(); }
+
+void route_context::stop_background() {
+    if (prewarm) prewarm->stop();
+}
+
+void route_context::log_event(json line) {
+    if (!opts.log_requests) return;
+    json out = {{"ts", iso8601_now()}};
+    for (auto & [k, v] : line.items()) out[k] = v;
+    std::string s = dump_json(out) + "\n";
+    std::lock_guard<std::mutex> lk(log_mu_);
+    std::fputs(s.c_str(), stderr);
+    std::fflush(stderr);
 }
 
 std::string route_context::next_request_id(const char * prefix) {

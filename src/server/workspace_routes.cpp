@@ -114,6 +114,31 @@ constexpr tier_op k_tier_ops[] = {
     {"/v1/workspaces/{id}/resume", "resume", &context_engine::resume_workspace},
 };
 
+// A segment whose change starts a pre-warm: stable context (class high or highest).
+bool is_stable(const route_context & c, const segment & s) {
+    return c.opts.kinds.policy(s.kind).retention >= retention_class::high;
+}
+
+// The workspace's queued and running jobs: state, queue position, prefill progress.
+json jobs_json(const route_context & c, const std::string & ws) {
+    json out = json::array();
+    if (!c.sched) return out;
+    for (const job_progress & p : c.sched->jobs()) {
+        if (p.workspace != ws) continue;
+        json j = {{"type", p.prewarm ? "prewarm" : "chat"}, {"state", job_state_name(p.what)}, {"age_ms", p.age_ms}};
+        if (p.what == job_progress::state::queued) {
+            j["queue_position"] = p.queue_position;
+        } else {
+            j["prompt_tokens"] = p.prompt_tokens;
+            j["tokens_cached"] = p.cached_tokens;
+            j["tokens_in_sequence"] = p.prefill_pos;
+            j["tokens_generated"] = p.generated;
+        }
+        out.push_back(std::move(j));
+    }
+    return out;
+}
+
 }  // namespace
 
 void add_workspace_routes(route_table & t, route_context & ctx) {
@@ -136,7 +161,9 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
         return {200, {{"id", call.ws}, {"object", "workspace"}, {"segments", std::move(ids)}, {"content_bytes", bytes}}};
     });
     add_route(t, "DELETE", "/v1/workspaces/{id}", [c](ws_call & call) -> reply {
-        size_t n = c->store.drop(call.ws);
+        auto dropped = c->store.drop(call.ws);
+        if (!dropped.ok()) return store_write_error(dropped.error());
+        const size_t n = *dropped;
         if (auto e = c->engine_call([&](context_engine & ce) { ce.drop_workspace(call.ws); })) return *e;
         return {200, {{"id", call.ws}, {"object", "workspace"}, {"deleted", true}, {"segments_deleted", n}}};
     });
@@ -163,8 +190,13 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
                         {"id", seg.id},
                         {"kind", segment_kind_name(seg.kind)},
                         {"content_bytes", seg.content.size()}};
-        if (auto e = c->store.put(call.ws, std::move(seg), created)) return *e;
+        bool changed = false;
+        const bool stable = is_stable(*c, seg);
+        if (auto e = c->store.put(call.ws, std::move(seg), created, &changed)) return *e;
+        if (changed && stable && c->prewarm) c->prewarm->mark(call.ws);
         summary["created"] = created;
+        summary["changed"] = changed;
+        summary["prewarm"] = changed && stable && c->prewarm != nullptr;
         return {created ? 201 : 200, std::move(summary)};
     });
     add_route(t, "GET", "/v1/workspaces/{id}/segments/{segment}", [c](ws_call & call) -> reply {
@@ -175,7 +207,11 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
         return {200, std::move(j)};
     });
     add_route(t, "DELETE", "/v1/workspaces/{id}/segments/{segment}", [c](ws_call & call) -> reply {
-        if (!c->store.erase(call.ws, call.segment)) return no_segment(call.ws, call.segment);
+        auto old = c->store.get(call.ws, call.segment);
+        auto erased = c->store.erase(call.ws, call.segment);
+        if (!erased.ok()) return store_write_error(erased.error());
+        if (!*erased) return no_segment(call.ws, call.segment);
+        if (old && is_stable(*c, *old) && c->prewarm) c->prewarm->mark(call.ws);
         return {200, {{"workspace", call.ws}, {"id", call.segment}, {"deleted", true}}};
     });
     add_route(t, "GET", "/v1/workspaces/{id}/manifest", [c](ws_call & call) -> reply {
@@ -206,7 +242,17 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
         std::optional<result<explain_report>> r;
         if (auto e = c->engine_call([&](context_engine & ce) { r.emplace(ce.explain(tr)); })) return *e;
         if (!r->ok()) return r->error();
-        return {200, explain_json(**r)};
+        json j = explain_json(**r);
+        j["jobs"] = jobs_json(*c, call.ws);
+        return {200, std::move(j)};
+    });
+    // Pre-warm the stored context now (lowest priority; a chat preempts it).
+    add_route(t, "POST", "/v1/workspaces/{id}/prewarm", [c](ws_call & call) -> reply {
+        auto segs = stored_segments(*c, call.ws);
+        if (!segs.ok()) return segs.error();
+        if (!c->prewarm) return failed_precondition("pre-warm is off (serve --no-prewarm)");
+        c->prewarm->mark(call.ws, true);
+        return {202, {{"workspace", call.ws}, {"prewarm", "queued"}}};
     });
     for (bool pin : {true, false}) {
         add_route(t, "POST", pin ? "/v1/workspaces/{id}/pin" : "/v1/workspaces/{id}/unpin",

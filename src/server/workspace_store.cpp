@@ -1,23 +1,194 @@
 #include "workspace_store.h"
 
+#include <algorithm>
+#include <cctype>
+#include <chrono>
 #include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "warmctx/assembler.h"
+#include "warmctx/hash.h"
 
 namespace warmctx::server_detail {
 
-maybe_error workspace_store::put(const std::string & ws, segment seg, bool & created) {
-    const size_t nb = bytes_of(seg);
+namespace {
+
+constexpr std::string_view k_magic = "warmctx-store 1 ";
+constexpr const char * k_seg_ext = ".wcseg";
+constexpr const char * k_uses_name = "uses.wcmeta";
+constexpr const char * k_tmp_ext = ".tmp";
+constexpr size_t k_quarantine_max_files = 16;
+
+int64_t unix_ms_now() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+bool ends_with(const std::string & s, std::string_view suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+api_error store_write_error(const status & st) {
+    return api_error{507, "server_error", "store_write_failed",
+                     "the workspace store could not be written, nothing changed: " + st.message(), "", 0};
+}
+
+std::string seal_store_file(const std::string & body) {
+    return std::string(k_magic) + hash_string(body).hex() + "\n" + body;
+}
+
+result<std::string> unseal_store_file(const std::vector<uint8_t> & bytes) {
+    const std::string_view all(reinterpret_cast<const char *>(bytes.data()), bytes.size());
+    const size_t head = k_magic.size() + 32 + 1;
+    if (all.size() < head || all.substr(0, k_magic.size()) != k_magic || all[head - 1] != '\n')
+        return status(status_code::corrupt, "not a warmctx store file (bad header)");
+    const std::string_view want = all.substr(k_magic.size(), 32);
+    std::string body(all.substr(head));
+    if (hash_string(body).hex() != want) return status(status_code::corrupt, "checksum mismatch");
+    return body;
+}
+
+std::string workspace_store::seg_path(const std::string & ws, const std::string & id) const {
+    return ws_dir(ws) + "/" + hash_string(id).hex() + k_seg_ext;
+}
+
+// temp file, fsync, close, rename, fsync of the directory: the old file or the new one.
+status workspace_store::write_sealed(const std::string & dir, const std::string & name, const std::string & body) {
+    file_system & fs = *persist_.fs;
+    WARMCTX_RETURN_IF_ERROR(fs.create_dirs(dir));
+    const std::string tmp = dir + "/" + name + k_tmp_ext;
+    const std::string sealed = seal_store_file(body);
+    status st = fs.write_file(tmp, std::span<const uint8_t>(reinterpret_cast<const uint8_t *>(sealed.data()), sealed.size()));
+    if (st.ok()) st = fs.rename_file(tmp, dir + "/" + name);
+    if (st.ok()) st = fs.sync_dir(dir);
+    if (!st.ok()) {
+        (void)fs.remove_file(tmp);
+        ++n_write_failures_;
+    }
+    return st;
+}
+
+void workspace_store::quarantine(const std::string & path, const std::string & name, const std::string & why,
+                                 store_load_report & rep) {
+    file_system & fs = *persist_.fs;
+    const std::string qdir = persist_.dir + "/quarantine";
+    rep.problems.push_back(path + ": " + why + " (moved to " + qdir + ")");
+    ++rep.n_quarantined;
+    if (!fs.create_dirs(qdir).ok() || !fs.rename_file(path, qdir + "/" + name).ok()) {
+        (void)fs.remove_file(path);
+        return;
+    }
+    (void)fs.sync_dir(qdir);
+    // Keep the newest few: names sort by when they were quarantined.
+    auto names = fs.list_dir(qdir);
+    if (names.ok() && names->size() > k_quarantine_max_files)
+        for (size_t i = 0; i + k_quarantine_max_files < names->size(); ++i) (void)fs.remove_file(qdir + "/" + (*names)[i]);
+}
+
+result<store_load_report> workspace_store::load(const kind_table & kinds) {
+    store_load_report rep;
+    if (!durable()) return rep;
+    file_system & fs = *persist_.fs;
+    WARMCTX_RETURN_IF_ERROR(fs.create_dirs(persist_.dir).with_context("workspace store"));
+    auto dirs = fs.list_dir(persist_.dir);
+    if (!dirs.ok()) return dirs.error().with_context("workspace store");
+    std::lock_guard<std::mutex> lk(mu_);
+    const std::string stamp = std::to_string(unix_ms_now()) + "-";
+    for (const std::string & ws : *dirs) {
+        if (ws == "quarantine") continue;
+        if (ws.empty() || ws[0] == '.' || ws.size() > 64 ||
+            !std::all_of(ws.begin(), ws.end(), [](char ch) {
+                return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+            })) {
+            rep.problems.push_back(persist_.dir + "/" + ws + ": not a workspace id, left alone");
+            continue;
+        }
+        auto files = fs.list_dir(ws_dir(ws));
+        if (!files.ok()) continue;  // a plain file where a workspace directory belongs
+        for (const std::string & name : *files) {
+            const std::string path = ws_dir(ws) + "/" + name;
+            if (ends_with(name, k_tmp_ext)) {  // a write a crash interrupted
+                (void)fs.remove_file(path);
+                continue;
+            }
+            const bool is_seg = ends_with(name, k_seg_ext), is_uses = name == k_uses_name;
+            if (!is_seg && !is_uses) continue;
+            auto version = fs.stat_file(path);  // a regular file, never a FIFO or device
+            if (!version.ok()) continue;
+            if (version->size > limits_.max_segment_bytes * 7 + 4096) {  // JSON escapes at most 6 bytes per byte
+                quarantine(path, stamp + ws + "-" + name, "larger than any segment the store takes", rep);
+                continue;
+            }
+            auto bytes = fs.read_file(path);
+            if (!bytes.ok()) continue;
+            auto body = unseal_store_file(*bytes);
+            if (!body.ok()) {
+                quarantine(path, stamp + ws + "-" + name, body.error().message(), rep);
+                continue;
+            }
+            nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
+            if (is_uses) {
+                if (j.is_object() && j.value("uses", nlohmann::json()).is_number_unsigned()) {
+                    auto & u = uses_[ws];
+                    u.uses = j["uses"].get<uint64_t>();
+                    u.last_used_unix_ms = j.value("last_used_unix_ms", int64_t{0});
+                }
+                continue;
+            }
+            segment seg;
+            std::string why;
+            try {
+                if (!j.is_object() || j.value("workspace", "") != ws) throw std::runtime_error("not a segment of workspace " + ws);
+                seg.id = j.at("id").get<std::string>();
+                auto kind = parse_segment_kind(j.at("kind").get<std::string>());
+                if (!kind.ok()) throw std::runtime_error(kind.error().message());
+                seg.kind = *kind;
+                seg.path = j.value("path", "");
+                seg.role = j.value("role", "");
+                seg.content = j.at("content").get<std::string>();
+                if (seg_path(ws, seg.id) != path) throw std::runtime_error("its name is not its id's hash");
+            } catch (const std::exception & e) {
+                why = e.what();
+            }
+            if (!why.empty()) {
+                quarantine(path, stamp + ws + "-" + name, why, rep);
+                continue;
+            }
+            if (status st = validate_segments(std::span<const segment>(&seg, 1), kinds); !st.ok()) {
+                rep.problems.push_back(path + ": " + st.message() + " (kept on disk, not loaded)");
+                ++rep.n_skipped;
+                continue;
+            }
+            const segment * old = nullptr;
+            if (auto e = check_put(ws, seg, bytes_of(seg), old)) {
+                rep.problems.push_back(path + ": " + e->message + " (kept on disk, not loaded)");
+                ++rep.n_skipped;
+                continue;
+            }
+            insert_locked(ws, std::move(seg), old);
+            ++rep.n_segments;
+        }
+    }
+    rep.n_workspaces = ws_.size();
+    for (auto it = uses_.begin(); it != uses_.end();) it = ws_.count(it->first) ? std::next(it) : uses_.erase(it);
+    return rep;
+}
+
+maybe_error workspace_store::check_put(const std::string & ws, const segment & seg, size_t nb, const segment *& old) const {
+    old = nullptr;
     if (nb > limits_.max_segment_bytes)
         return payload_too_large("segment '" + seg.id + "' is " + std::to_string(nb) +
                                  " bytes; the store takes at most " + std::to_string(limits_.max_segment_bytes) +
                                  " bytes per segment");
-    std::lock_guard<std::mutex> lk(mu_);
     auto wit = ws_.find(ws);
     if (wit == ws_.end() && ws_.size() >= limits_.max_workspaces)
         return too_many_requests("store_full",
                                  "the workspace store holds its maximum of " + std::to_string(limits_.max_workspaces) +
                                      " workspaces; DELETE one first",
                                  0);
-    const segment * old = nullptr;
     if (wit != ws_.end()) {
         auto sit = wit->second.find(seg.id);
         if (sit != wit->second.end()) old = &sit->second;
@@ -33,11 +204,40 @@ maybe_error workspace_store::put(const std::string & ws, segment seg, bool & cre
                                  "the workspace store is full (" + std::to_string(n_bytes_) + " of " +
                                      std::to_string(limits_.max_store_bytes) + " bytes); DELETE segments first",
                                  0);
-    created = old == nullptr;
-    n_bytes_ = n_bytes_ - freed + nb;
-    if (created) ++n_segments_;
+    return std::nullopt;
+}
+
+void workspace_store::insert_locked(const std::string & ws, segment seg, const segment * old) {
+    const size_t freed = old ? bytes_of(*old) : 0;
+    n_bytes_ = n_bytes_ - freed + bytes_of(seg);
+    if (!old) ++n_segments_;
     std::string id = seg.id;
     ws_[ws][id] = std::move(seg);
+}
+
+maybe_error workspace_store::put(const std::string & ws, segment seg, bool & created, bool * changed) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const segment * old = nullptr;
+    if (auto e = check_put(ws, seg, bytes_of(seg), old)) return e;
+    const bool same = old && old->kind == seg.kind && old->path == seg.path && old->role == seg.role &&
+                      old->content == seg.content;
+    if (changed) *changed = !same;
+    created = old == nullptr;
+    if (same) return std::nullopt;
+    if (durable()) {
+        nlohmann::json j = {{"workspace", ws},
+                            {"id", seg.id},
+                            {"kind", segment_kind_name(seg.kind)},
+                            {"path", seg.path},
+                            {"role", seg.role},
+                            {"content", seg.content}};
+        const std::string path = seg_path(ws, seg.id);
+        const std::string name = path.substr(path.rfind('/') + 1);
+        if (status st = write_sealed(ws_dir(ws), name, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+            !st.ok())
+            return store_write_error(st);
+    }
+    insert_locked(ws, std::move(seg), old);
     return std::nullopt;
 }
 
@@ -67,28 +267,104 @@ std::vector<std::string> workspace_store::workspaces() const {
     return out;
 }
 
-bool workspace_store::erase(const std::string & ws, const std::string & id) {
+result<bool> workspace_store::erase(const std::string & ws, const std::string & id) {
     std::lock_guard<std::mutex> lk(mu_);
     auto wit = ws_.find(ws);
     if (wit == ws_.end()) return false;
     auto sit = wit->second.find(id);
     if (sit == wit->second.end()) return false;
+    if (durable()) {
+        status st = persist_.fs->remove_file(seg_path(ws, id));
+        if (st.ok() || st.code() == status_code::not_found) st = persist_.fs->sync_dir(ws_dir(ws));
+        if (!st.ok()) {
+            ++n_write_failures_;
+            return st;
+        }
+    }
     n_bytes_ -= bytes_of(sit->second);
     --n_segments_;
     wit->second.erase(sit);
-    if (wit->second.empty()) ws_.erase(wit);  // a workspace exists while it holds a segment
+    if (wit->second.empty()) {  // a workspace exists while it holds a segment
+        ws_.erase(wit);
+        uses_.erase(ws);
+        if (durable()) {
+            (void)persist_.fs->remove_file(ws_dir(ws) + "/" + k_uses_name);
+            (void)persist_.fs->sync_dir(ws_dir(ws));
+        }
+    }
     return true;
 }
 
-size_t workspace_store::drop(const std::string & ws) {
+result<size_t> workspace_store::drop(const std::string & ws) {
     std::lock_guard<std::mutex> lk(mu_);
     auto wit = ws_.find(ws);
-    if (wit == ws_.end()) return 0;
+    if (wit == ws_.end()) return size_t{0};
+    if (durable()) {
+        file_system & fs = *persist_.fs;
+        for (const auto & [id, sg] : wit->second) {
+            status st = fs.remove_file(seg_path(ws, id));
+            if (!st.ok() && st.code() != status_code::not_found) {
+                ++n_write_failures_;
+                (void)fs.sync_dir(ws_dir(ws));
+                return st;  // the segments removed so far are gone on restart; memory keeps all
+            }
+        }
+        (void)fs.remove_file(ws_dir(ws) + "/" + k_uses_name);
+        if (status st = fs.sync_dir(ws_dir(ws)); !st.ok()) {
+            ++n_write_failures_;
+            return st;
+        }
+    }
     size_t n = wit->second.size();
     for (const auto & [id, s] : wit->second) n_bytes_ -= bytes_of(s);
     n_segments_ -= n;
     ws_.erase(wit);
+    uses_.erase(ws);
     return n;
+}
+
+void workspace_store::note_use(const std::string & ws) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!ws_.count(ws)) return;
+    auto & u = uses_[ws];
+    ++u.uses;
+    u.last_used_unix_ms = unix_ms_now();
+    u.dirty = true;
+}
+
+std::vector<std::string> workspace_store::use_order() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::vector<std::pair<use_record, std::string>> v;
+    for (const auto & [ws, m] : ws_) {
+        auto it = uses_.find(ws);
+        v.emplace_back(it == uses_.end() ? use_record{} : it->second, ws);
+    }
+    std::stable_sort(v.begin(), v.end(), [](const auto & a, const auto & b) {
+        if (a.first.uses != b.first.uses) return a.first.uses > b.first.uses;
+        return a.first.last_used_unix_ms > b.first.last_used_unix_ms;
+    });
+    std::vector<std::string> out;
+    for (auto & [u, ws] : v) out.push_back(ws);
+    return out;
+}
+
+status workspace_store::flush_uses() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!durable()) return {};
+    status first;
+    for (auto & [ws, u] : uses_) {
+        if (!u.dirty || !ws_.count(ws)) continue;
+        nlohmann::json j = {{"uses", u.uses}, {"last_used_unix_ms", u.last_used_unix_ms}};
+        status st = write_sealed(ws_dir(ws), k_uses_name, j.dump());
+        if (st.ok()) u.dirty = false;
+        else if (first.ok()) first = st;
+    }
+    return first;
+}
+
+uint64_t workspace_store::n_write_failures() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return n_write_failures_;
 }
 
 size_t workspace_store::n_bytes() const {

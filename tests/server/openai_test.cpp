@@ -247,9 +247,9 @@ TEST(workspace_store_test, bounds) {
     EXPECT_EQ(st.put("b", seg("s2", 90), created)->http_status, 429);  // 150 bytes in all
     EXPECT_EQ(st.list("a")->size(), 2u);
     EXPECT_EQ(st.list("a")->front().id, "s1");
-    EXPECT_TRUE(st.erase("a", "s2"));
-    EXPECT_FALSE(st.erase("a", "s2"));
-    EXPECT_EQ(st.drop("a"), 1u);
+    EXPECT_TRUE(*st.erase("a", "s2"));
+    EXPECT_FALSE(*st.erase("a", "s2"));
+    EXPECT_EQ(*st.drop("a"), 1u);
     EXPECT_FALSE(st.list("a").has_value());
     EXPECT_EQ(st.n_segments(), 1u);
     EXPECT_EQ(st.n_bytes(), 12u);

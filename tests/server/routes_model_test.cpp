@@ -5,6 +5,7 @@
 #include <chrono>
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
@@ -266,6 +267,137 @@ TEST_F(routes_model_test, workspace_chat_merges_the_stored_segments) {
     http_response res = post("/v1/workspaces/m1/chat/completions", body);
     ASSERT_EQ(res.status, 200) << res.body;
     EXPECT_EQ(json::parse(res.body)["warmctx"]["workspace"], "m1");
+}
+
+
+// ---- pre-warm and durable workspaces ---------------------------------------------------
+
+http_request put_req(const std::string & ws, const std::string & id, const json & body) {
+    http_request r;
+    r.method = "PUT";
+    r.path = "/v1/workspaces/" + ws + "/segments/" + id;
+    r.body = body.dump();
+    return r;
+}
+
+// A repository map of about `n` tokens of the tiny model's tokenizer.
+std::string repo_map_text(int n, int salt) {
+    std::string t;
+    for (int i = 0; t.size() < (size_t)n * 4; ++i) t += "src/mod" + std::to_string(salt) + "_" + std::to_string(i) + ".cc ";
+    return t;
+}
+
+uint64_t n_prewarms(scheduler & s) {
+    uint64_t n = 0;
+    EXPECT_TRUE(s.call([&](context_engine & ce) { n = ce.counters().prewarm.n_prewarms; }).ok());
+    return n;
+}
+
+bool wait_for_prewarms(scheduler & s, uint64_t n) {
+    for (int i = 0; i < 1000; ++i) {
+        if (n_prewarms(s) >= n) return true;
+        std::this_thread::sleep_for(10ms);
+    }
+    return false;
+}
+
+json user_chat(const std::string & q) {
+    return {{"messages", json::array({{{"role", "user"}, {"content", q}}})}, {"max_tokens", 2}, {"temperature", 0}};
+}
+
+// PUTs of stable segments start one pre-warm (after the last of them); the chat sent
+// after it reuses every cacheable token and its warmctx object says it was served from
+// the pre-warm. POST .../prewarm answers 202 (404 without stored segments); explain
+// lists the workspace's jobs.
+TEST_F(routes_model_test, stored_stable_segments_are_prewarmed_and_the_next_chat_is_a_full_hit) {
+    const uint64_t before = n_prewarms(*sched_);
+    ASSERT_EQ(router_->handle(put_req("pw1", "sys", {{"kind", "system"}, {"content", "You are terse."}})).status, 201);
+    http_response p = router_->handle(put_req("pw1", "map", {{"kind", "repo_map"}, {"content", repo_map_text(900, 1)}}));
+    ASSERT_EQ(p.status, 201) << p.body;
+    EXPECT_TRUE(json::parse(p.body)["prewarm"].get<bool>());
+    ASSERT_TRUE(wait_for_prewarms(*sched_, before + 1));
+    std::this_thread::sleep_for(300ms);
+    EXPECT_EQ(n_prewarms(*sched_), before + 1) << "the two PUTs made one pre-warm";
+
+    http_response res = post("/v1/workspaces/pw1/chat/completions", user_chat("What is here?"));
+    ASSERT_EQ(res.status, 200) << res.body;
+    const json w = json::parse(res.body)["warmctx"];
+    EXPECT_EQ(w["result"], "full_hit") << w.dump();
+    EXPECT_EQ(w["tokens_reused"], w["tokens_cacheable"]);
+    ASSERT_TRUE(w["prewarm"].is_object()) << w.dump();
+    EXPECT_TRUE(w["prewarm"]["complete"].get<bool>());
+    EXPECT_EQ(w["prewarm"]["tokens_cached"], w["tokens_cacheable"]);
+
+    http_response again = post("/v1/workspaces/pw1/prewarm", json::object());
+    EXPECT_EQ(again.status, 202) << again.body;
+    ASSERT_TRUE(wait_for_prewarms(*sched_, before + 2));
+    context_counters c;
+    ASSERT_TRUE(sched_->call([&](context_engine & ce) { c = ce.counters(); }).ok());
+    EXPECT_GE(c.prewarm.n_already_cached, 1u) << "a pre-warm of a cached prefix does nothing";
+    EXPECT_EQ(post("/v1/workspaces/nothing-stored/prewarm", json::object()).status, 404);
+
+    http_request ex;
+    ex.method = "GET";
+    ex.path = "/v1/workspaces/pw1/explain";
+    http_response e = router_->handle(ex);
+    ASSERT_EQ(e.status, 200) << e.body;
+    EXPECT_TRUE(json::parse(e.body)["jobs"].is_array());
+}
+
+// Durable workspaces: the segment store and the disk tier survive a restart. After it
+// the stored workspace is brought warm from the disk tier (a restore, no prefill) and
+// its first chat needs no PUT.
+TEST(durable_workspaces, a_restart_keeps_stored_workspaces_warm_from_the_disk_tier) {
+    char tmpl[] = "/tmp/warmctx-durable-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    const std::string dir = tmpl;
+    auto start = [&](std::unique_ptr<scheduler> & s, std::unique_ptr<route_context> & ctx, std::unique_ptr<router> & r) {
+        scheduler_options so = tiny_options();
+        so.engine.tiers.cache_dir = dir;
+        auto sc = scheduler::start(so);
+        ASSERT_TRUE(sc.ok()) << sc.error().to_string();
+        s = std::move(*sc);
+        server_options o;
+        o.log_requests = false;
+        o.workspace_dir = dir + "/workspaces";
+        ctx = std::make_unique<route_context>(s.get(), o);
+        r = std::make_unique<router>(*ctx);
+    };
+    std::unique_ptr<scheduler> s;
+    std::unique_ptr<route_context> ctx;
+    std::unique_ptr<router> r;
+    start(s, ctx, r);
+    ASSERT_EQ(r->handle(put_req("keep", "sys", {{"kind", "system"}, {"content", "You are terse."}})).status, 201);
+    ASSERT_EQ(r->handle(put_req("keep", "map", {{"kind", "repo_map"}, {"content", repo_map_text(700, 2)}})).status, 201);
+    ASSERT_TRUE(wait_for_prewarms(*s, 1));
+    ctx->stop_background();
+    r.reset();
+    ctx.reset();
+    s->stop();
+    s.reset();
+
+    start(s, ctx, r);  // the restart: nothing PUT again
+    ASSERT_TRUE(wait_for_prewarms(*s, 1));
+    context_counters c;
+    ASSERT_TRUE(s->call([&](context_engine & ce) { c = ce.counters(); }).ok());
+    EXPECT_EQ(c.prewarm.n_prefilled_tokens, 0u) << "brought warm by a restore, not a prefill";
+    EXPECT_EQ(c.tiers.n_restores_disk, 1u);
+    http_request chat;
+    chat.method = "POST";
+    chat.path = "/v1/workspaces/keep/chat/completions";
+    chat.body = user_chat("And now?").dump();
+    http_response res = r->handle(chat);
+    ASSERT_EQ(res.status, 200) << res.body;
+    const json w = json::parse(res.body)["warmctx"];
+    EXPECT_EQ(w["tokens_reused"], w["tokens_cacheable"]) << w.dump();
+    ASSERT_TRUE(w["prewarm"].is_object()) << w.dump();
+    EXPECT_EQ(w["prewarm"]["found_in"], "disk");
+    EXPECT_EQ(w["prewarm"]["tokens_prefilled"], 0);
+    ctx->stop_background();
+    r.reset();
+    ctx.reset();
+    s->stop();
+    std::filesystem::remove_all(dir);
 }
 
 }  // namespace

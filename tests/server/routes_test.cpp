@@ -81,10 +81,16 @@ TEST_F(routes_test, segment_put_get_delete_round_trip) {
     http_response p1 = put("proj", "src/map.txt", {{"kind", "repo_map"}, {"content", "a.cc"}, {"path", "src/map.txt"}});
     EXPECT_EQ(p1.status, 201) << p1.body;
     EXPECT_EQ(p1.content_type, "application/json");
-    EXPECT_EQ(p1.body, R"({"content_bytes":4,"created":true,"id":"src/map.txt","kind":"repo_map","workspace":"proj"})");
+    // No scheduler in this test: nothing is pre-warmed.
+    EXPECT_EQ(p1.body,
+              R"({"changed":true,"content_bytes":4,"created":true,"id":"src/map.txt","kind":"repo_map","prewarm":false,"workspace":"proj"})");
     http_response p2 = put("proj", "src/map.txt", {{"kind", "repo_map"}, {"content", "a.cc b.cc"}});
     EXPECT_EQ(p2.status, 200) << p2.body;
     EXPECT_FALSE(parse(p2)["created"].get<bool>());
+    EXPECT_TRUE(parse(p2)["changed"].get<bool>());
+    http_response p3 = put("proj", "src/map.txt", {{"kind", "repo_map"}, {"content", "a.cc b.cc"}});
+    EXPECT_EQ(p3.status, 200) << p3.body;
+    EXPECT_FALSE(parse(p3)["changed"].get<bool>()) << "the same content again changes nothing";
     EXPECT_EQ(put("proj", "rules", {{"kind", "instructions"}, {"content", "test it"}}).status, 201);
 
     http_response g = call("GET", "/v1/workspaces/proj/segments/src/map.txt");
@@ -141,7 +147,7 @@ TEST_F(routes_test, bad_workspace_id_is_400_on_every_workspace_route) {
         EXPECT_EQ(res.body, expected) << r.method << " " << r.pattern;
         ++n;
     }
-    EXPECT_EQ(n, 15u);  // every workspace route but the list
+    EXPECT_EQ(n, 16u);  // every workspace route but the list
     EXPECT_EQ(parse(call("GET", "/v1/workspaces/a%20b/manifest"))["error"]["code"], "invalid_workspace");
     EXPECT_EQ(call("GET", "/v1/workspaces/" + std::string(65, 'w') + "/segments").status, 400);
 

@@ -1,0 +1,177 @@
+// The durable workspace store on the in-memory file system (crash semantics) and under
+// injected faults: what was acknowledged survives a restart or a crash, damage is
+// quarantined and never loaded, a failed write changes nothing.
+#include <gtest/gtest.h>
+
+#include "server/workspace_store.h"
+#include "warmctx/fs.h"
+
+namespace warmctx::server_detail {
+namespace {
+
+const std::string k_dir = "/cache/kv/workspaces";
+
+segment seg(const std::string & id, segment_kind k, const std::string & content) {
+    segment s;
+    s.id = id;
+    s.kind = k;
+    s.content = content;
+    return s;
+}
+
+workspace_store durable(file_system & fs) { return workspace_store(store_limits{}, store_persistence{&fs, k_dir}); }
+
+void put_ok(workspace_store & st, const std::string & ws, segment s) {
+    bool created = false;
+    auto e = st.put(ws, std::move(s), created);
+    ASSERT_FALSE(e.has_value()) << e->message;
+}
+
+TEST(WorkspaceStore, WhatWasStoredComesBackAfterARestartMostUsedFirst) {
+    mem_fs fs;
+    {
+        auto st = durable(fs);
+        ASSERT_TRUE(st.load(kind_table()).ok());
+        put_ok(st, "alpha", seg("sys", segment_kind::system, "be terse"));
+        put_ok(st, "alpha", seg("src/a.cc", segment_kind::pinned_file, "int main() {}"));
+        put_ok(st, "beta", seg("map", segment_kind::repo_map, "a.cc b.cc"));
+        put_ok(st, "beta", seg("map", segment_kind::repo_map, "a.cc b.cc c.cc"));  // replaced
+        auto gone = st.erase("alpha", "sys");
+        ASSERT_TRUE(gone.ok() && *gone);
+        st.note_use("beta");
+        st.note_use("beta");
+        st.note_use("alpha");
+        ASSERT_TRUE(st.flush_uses().ok());
+    }
+    fs.crash();  // everything above was acknowledged, so durable
+    auto st = durable(fs);
+    auto rep = st.load(kind_table());
+    ASSERT_TRUE(rep.ok());
+    EXPECT_EQ(rep->n_workspaces, 2u);
+    EXPECT_EQ(rep->n_segments, 2u);
+    EXPECT_EQ(rep->n_quarantined, 0u);
+    auto a = st.list("alpha");
+    ASSERT_TRUE(a.has_value());
+    ASSERT_EQ(a->size(), 1u);
+    EXPECT_EQ((*a)[0].id, "src/a.cc");
+    EXPECT_EQ((*a)[0].content, "int main() {}");
+    EXPECT_EQ((*a)[0].kind, segment_kind::pinned_file);
+    auto b = st.get("beta", "map");
+    ASSERT_TRUE(b.has_value());
+    EXPECT_EQ(b->content, "a.cc b.cc c.cc");
+    EXPECT_EQ(st.use_order(), (std::vector<std::string>{"beta", "alpha"}));
+    EXPECT_EQ(st.n_bytes(), std::string("src/a.cc" "int main() {}" "map" "a.cc b.cc c.cc").size());
+}
+
+TEST(WorkspaceStore, DroppingAWorkspaceRemovesItsFiles) {
+    mem_fs fs;
+    {
+        auto st = durable(fs);
+        ASSERT_TRUE(st.load(kind_table()).ok());
+        put_ok(st, "alpha", seg("sys", segment_kind::system, "x"));
+        put_ok(st, "alpha", seg("rules", segment_kind::instructions, "y"));
+        auto n = st.drop("alpha");
+        ASSERT_TRUE(n.ok());
+        EXPECT_EQ(*n, 2u);
+    }
+    fs.crash();
+    auto st = durable(fs);
+    auto rep = st.load(kind_table());
+    ASSERT_TRUE(rep.ok());
+    EXPECT_EQ(rep->n_segments, 0u);
+    EXPECT_FALSE(st.list("alpha").has_value());
+}
+
+TEST(WorkspaceStore, ADamagedFileIsQuarantinedAndTheRestLoads) {
+    mem_fs fs;
+    {
+        auto st = durable(fs);
+        ASSERT_TRUE(st.load(kind_table()).ok());
+        put_ok(st, "alpha", seg("sys", segment_kind::system, "be terse"));
+        put_ok(st, "alpha", seg("map", segment_kind::repo_map, "a.cc b.cc"));
+    }
+    auto names = fs.list_dir(k_dir + "/alpha");
+    ASSERT_TRUE(names.ok());
+    ASSERT_EQ(names->size(), 2u);
+    const std::string victim = k_dir + "/alpha/" + (*names)[0];
+    auto size = fs.file_size(victim);
+    ASSERT_TRUE(size.ok());
+    ASSERT_TRUE(fs.corrupt_byte(victim, *size - 3, 0x20).ok());  // in the body: the checksum catches it
+    // A write a crash interrupted, and a file that is not a store file at all.
+    ASSERT_TRUE(fs.write_file(k_dir + "/alpha/x.wcseg.tmp", std::span<const uint8_t>()).ok());
+    const std::string junk = "hello";
+    ASSERT_TRUE(fs.write_file(k_dir + "/alpha/junk.wcseg",
+                              std::span<const uint8_t>(reinterpret_cast<const uint8_t *>(junk.data()), junk.size()))
+                    .ok());
+
+    auto st = durable(fs);
+    auto rep = st.load(kind_table());
+    ASSERT_TRUE(rep.ok());
+    EXPECT_EQ(rep->n_segments, 1u);
+    EXPECT_EQ(rep->n_quarantined, 2u);
+    ASSERT_EQ(rep->problems.size(), 2u);
+    EXPECT_NE(rep->problems[0].find("checksum mismatch"), std::string::npos) << rep->problems[0];
+    auto q = fs.list_dir(k_dir + "/quarantine");
+    ASSERT_TRUE(q.ok());
+    EXPECT_EQ(q->size(), 2u);
+    auto left = fs.list_dir(k_dir + "/alpha");
+    ASSERT_TRUE(left.ok());
+    EXPECT_EQ(left->size(), 1u) << "the damaged files and the temporary file are gone from the workspace";
+}
+
+TEST(WorkspaceStore, AFailedWriteIsA507AndChangesNothing) {
+    mem_fs base;
+    faulty_fs fs(base);
+    auto st = durable(fs);
+    ASSERT_TRUE(st.load(kind_table()).ok());
+    put_ok(st, "alpha", seg("sys", segment_kind::system, "old"));
+    fs.inject_on(fs_op::append, 1, fs_fault::no_space);  // the next file write
+    bool created = false;
+    auto e = st.put("alpha", seg("sys", segment_kind::system, "new"), created);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->http_status, 507);
+    EXPECT_NE(e->message.find("No space left"), std::string::npos) << e->message;
+    EXPECT_EQ(st.get("alpha", "sys")->content, "old");
+    EXPECT_EQ(st.n_write_failures(), 1u);
+
+    auto again = durable(base);
+    ASSERT_TRUE(again.load(kind_table()).ok());
+    EXPECT_EQ(again.get("alpha", "sys")->content, "old");
+    auto names = base.list_dir(k_dir + "/alpha");
+    ASSERT_TRUE(names.ok());
+    EXPECT_EQ(names->size(), 1u) << "no temporary file is left behind";
+}
+
+TEST(WorkspaceStore, TheSameContentAgainWritesNothing) {
+    mem_fs base;
+    faulty_fs fs(base);
+    auto st = durable(fs);
+    ASSERT_TRUE(st.load(kind_table()).ok());
+    put_ok(st, "alpha", seg("sys", segment_kind::system, "same"));
+    fs.reset();
+    fs.inject_at(0, fs_fault::io_error);  // the next write would fail
+    bool created = true, changed = true;
+    auto e = st.put("alpha", seg("sys", segment_kind::system, "same"), created, &changed);
+    EXPECT_FALSE(e.has_value());
+    EXPECT_FALSE(created);
+    EXPECT_FALSE(changed);
+}
+
+TEST(WorkspaceStore, SealedFilesRefuseEveryDamage) {
+    const std::string sealed = seal_store_file("{\"a\":1}");
+    std::vector<uint8_t> b(sealed.begin(), sealed.end());
+    ASSERT_TRUE(unseal_store_file(b).ok());
+    EXPECT_EQ(*unseal_store_file(b), "{\"a\":1}");
+    for (size_t i = 0; i < b.size(); ++i) {
+        auto d = b;
+        d[i] ^= 0x01;
+        EXPECT_FALSE(unseal_store_file(d).ok()) << "byte " << i;
+    }
+    for (size_t n = 0; n < b.size(); ++n) {
+        std::vector<uint8_t> t(b.begin(), b.begin() + (long)n);
+        EXPECT_FALSE(unseal_store_file(t).ok()) << "truncated to " << n;
+    }
+}
+
+}  // namespace
+}  // namespace warmctx::server_detail
