@@ -253,6 +253,7 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
     sv.kinds = so.engine.kinds;
     sv.max_body_bytes = 64u << 20;
     sv.max_segment_bytes = 16u << 20;
+    sv.workspace_dir = o.workspace_dir;
     auto h = http_server::start(**s, sv);
     if (!h) return h.error();
     json desc = {{"n_ctx_per_seq", (*s)->context().n_ctx_seq},

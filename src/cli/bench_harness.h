@@ -61,6 +61,7 @@ struct warmctx_system_options {
     uint32_t holders = 4096;        // pool entries at most (the byte budget binds first)
     uint32_t parallel = 1;          // work sequences (requests decoded at once)
     cache_flags cf;
+    std::string workspace_dir;      // the durable segment store ("" = memory only)
 };
 result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_options & o);
 

@@ -10,8 +10,19 @@
 //   3. reported: W's TTFT during the cold prefill against its solo TTFT plus one
 //      prefill chunk (the cold prompt's prefill time over its chunks), and the scrape
 //      latencies (p50, p99, max).
+// Then, warmctx only (llama-server has no stored workspaces; its answer is the cold
+// TTFT above), with the disk tier and the durable store where serve keeps them:
+//   4. pre-warm: the stable segments of a new workspace P (--prewarm-tokens) are PUT;
+//      once the pre-warm has run, a chat on P must reuse >= 95% of the cacheable prefix;
+//   5. a chat sent during the pre-warm of another workspace Q (half-way through it,
+//      by the times P's took) must reuse exactly what the pre-warm had done;
+//   6. restart: the server is stopped and started again on the same directories; the
+//      first chat on P, sent at once and with no PUT, must be served from the disk tier
+//      (restored by the start-up pre-warm or by the chat itself), not prefilled.
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -32,6 +43,7 @@ struct contention_args {
     int warm_turns = 3;
     int delay_ms = 1000;
     int scrape_ms = 100;
+    size_t prewarm_tokens = 4096;
     std::vector<std::string> systems = {"warmctx", "llama-server"};
     std::string llama_server = default_tool("llama-server");
     uint64_t seed = 1;
@@ -44,6 +56,71 @@ struct prompt {
     std::vector<segment> segs;
     std::vector<token_id> tokens;
 };
+
+// ---- the pre-warm and restart phases (warmctx's HTTP API) ------------------------------
+
+json segment_body(const segment & s) {
+    json j = {{"kind", segment_kind_name(s.kind)}, {"content", s.content}};
+    if (!s.path.empty()) j["path"] = s.path;
+    if (!s.role.empty()) j["role"] = s.role;
+    return j;
+}
+
+// PUTs every stored segment (all but the question) of `segs` into workspace `ws`.
+status put_workspace(int port, const std::string & ws, const std::vector<segment> & segs) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(600, 0);
+    for (const segment & s : segs) {
+        if (s.kind == segment_kind::user) continue;
+        auto r = c.Put("/v1/workspaces/" + ws + "/segments/" + s.id, segment_body(s).dump(), "application/json");
+        if (!r || r->status >= 300)
+            return engine_error("PUT of segment '" + s.id + "' failed: " + (r ? r->body : httplib::to_string(r.error())));
+    }
+    return {};
+}
+
+// A metric's value in /metrics (-1 when absent).
+double scrape_metric(int port, const std::string & name) {
+    httplib::Client c("127.0.0.1", port);
+    auto r = c.Get("/metrics");
+    if (!r || r->status != 200) return -1;
+    const std::string key = "\n" + name + " ";
+    const size_t at = r->body.find(key);
+    return at == std::string::npos ? -1 : std::atof(r->body.c_str() + at + key.size());
+}
+
+// Waits until /metrics counts at least `n` pre-warms; the time waited, or -1.
+double wait_prewarms(int port, double n, double timeout_s) {
+    const auto t0 = clock_type::now();
+    while (ms_since(t0) < timeout_s * 1000) {
+        if (scrape_metric(port, "warmctx_prewarms_total") >= n) return ms_since(t0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+}
+
+// One chat on the stored workspace `ws` (one token); its warmctx object and times.
+json stored_chat(int port, const std::string & ws, const std::string & question) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(600, 0);
+    json body = {{"messages", json::array({{{"role", "user"}, {"content", question}}})}, {"max_tokens", 1}, {"temperature", 0}};
+    const auto t0 = clock_type::now();
+    auto r = c.Post("/v1/workspaces/" + ws + "/chat/completions", body.dump(), "application/json");
+    const double wall = ms_since(t0);
+    if (!r || r->status != 200) return {{"ok", false}, {"error", r ? r->body : httplib::to_string(r.error())}};
+    json w = json::parse(r->body, nullptr, false).value("warmctx", json::object());
+    const double reused = w.value("tokens_reused", 0), cacheable = std::max(1.0, (double)w.value("tokens_cacheable", 0));
+    return {{"ok", true},
+            {"wall_ms", wall},
+            {"first_token_ms", w.value("first_token_ms", -1.0)},
+            {"tokens_reused", w.value("tokens_reused", 0)},
+            {"tokens_prefilled", w.value("tokens_prefilled", 0)},
+            {"tokens_cacheable", w.value("tokens_cacheable", 0)},
+            {"reused_fraction", reused / cacheable},
+            {"tier", w.value("tier", "")},
+            {"restore_ms", w.value("timings", json::object()).value("restore_ms", 0.0)},
+            {"prewarm", w.value("prewarm", json())}};
+}
 
 int run_contention(const contention_args & a) {
     if (a.cold_tokens < 512 || a.warm_tokens < 256 || a.warm_turns < 1 || a.delay_ms < 0 || a.scrape_ms < 10)
@@ -76,6 +153,18 @@ int run_contention(const contention_args & a) {
     const std::vector<segment> warmup_segs = {{"question", segment_kind::user, "", "", "Say hello."}};
     auto warmup = build(warmup_segs);
     if (!warmup) return fail(warmup.error());
+    // P and Q: the pre-warmed workspaces (stable segments only are stored).
+    std::vector<segment> p_segs, q_segs;
+    size_t prewarm_prompt_tokens = 0;
+    if (a.prewarm_tokens > 0) {
+        p_segs = make_workspace(g, a.prewarm_tokens, 1);
+        q_segs = make_workspace(g, a.prewarm_tokens, 1);
+        for (const auto * segs : {&p_segs, &q_segs}) {
+            auto t = (*pb)->tokens(*segs);
+            if (!t) return fail(t.error());
+            prewarm_prompt_tokens = std::max(prewarm_prompt_tokens, t->size());
+        }
+    }
     const std::string model_path = (*pb)->model_path();
     const uint64_t bpt = (*pb)->kv_bytes_per_token();
     pb->reset();
@@ -83,10 +172,20 @@ int run_contention(const contention_args & a) {
     model_flags mf = a.mf;
     mf.model = model_path;
     const uint32_t chunk = std::max<uint32_t>(1, mf.chunk);
-    mf.n_ctx = (uint32_t)((cold->tokens.size() + 64 + chunk - 1) / chunk * chunk);
+    mf.n_ctx = (uint32_t)((std::max(cold->tokens.size(), prewarm_prompt_tokens) + 64 + chunk - 1) / chunk * chunk);
     const size_t n_chunks = (cold->tokens.size() + chunk - 1) / chunk;
 
+    char tmpl[] = "/tmp/warmctx-contention-XXXXXX";
+    if (!mkdtemp(tmpl)) return fail(io_error("cannot create a temporary cache directory"));
+    const std::string cache_dir = tmpl;
+    struct remove_dir {
+        std::string d;
+        ~remove_dir() { std::error_code ec; std::filesystem::remove_all(d, ec); }
+    } cleanup{cache_dir};
+    warmctx_system_options warmctx_opts;
+
     json rows = json::array();
+    json prewarm_report;
     for (const auto & name : a.systems) {
         result<std::unique_ptr<bench_system>> sys = invalid_argument("unreachable");
         std::string scrape_path;
@@ -95,6 +194,11 @@ int run_contention(const contention_args & a) {
             o.mf = mf;
             o.parallel = 2;
             o.cf.budget_bytes = 4ull << 30;
+            // Where serve keeps them by default: a disk tier (8 GiB) and the durable store.
+            o.cf.cache_dir = cache_dir;
+            o.cf.disk_budget_bytes = 8ull << 30;
+            o.workspace_dir = cache_dir + "/workspaces";
+            warmctx_opts = o;
             sys = start_warmctx_system(o);
             scrape_path = "/metrics";
         } else {
@@ -200,10 +304,66 @@ int run_contention(const contention_args & a) {
                                  : std::to_string(during.front()) + " ms") +
                  "; " + scrape_path + " p99 " + std::to_string(row.value("scrape_ms_p99", 0.0)) + " ms");
         rows.push_back(std::move(row));
+        if (name != "warmctx" || a.prewarm_tokens == 0) continue;
+
+        // 4. Pre-warm: PUT, let it run, then chat.
+        json pw;
+        const double before = scrape_metric(s.port(), "warmctx_prewarms_total");
+        progress("warmctx: PUT a ~" + std::to_string(a.prewarm_tokens) + "-token workspace, waiting for its pre-warm");
+        if (status st = put_workspace(s.port(), "P", p_segs); !st.ok()) return fail(st);
+        const auto t_put = clock_type::now();
+        if (wait_prewarms(s.port(), before + 1, 1800) < 0) return fail(engine_error("the pre-warm of P did not run"));
+        const double prewarm_ms = ms_since(t_put);
+        json after = stored_chat(s.port(), "P", g.question());
+        if (!after.value("ok", false)) return fail(engine_error("chat on P failed: " + after.dump()));
+        pw["prewarm_ms"] = prewarm_ms;
+        pw["chat_after_prewarm"] = after;
+        pw["chat_after_prewarm_target_met"] = after["reused_fraction"].get<double>() >= 0.95;
+        progress("warmctx: pre-warm of P took " + std::to_string(prewarm_ms) + " ms; the chat after it reused " +
+                 std::to_string(after["tokens_reused"].get<int>()) + " of " + std::to_string(after["tokens_cacheable"].get<int>()));
+
+        // 5. A chat during Q's pre-warm, half-way through it.
+        if (status st = put_workspace(s.port(), "Q", q_segs); !st.ok()) return fail(st);
+        // Half-way through its prefill: the wait before P's pre-warm started (the quiet
+        // period after the last PUT, assembly) plus half of how long P's ran.
+        const double p_run_ms = after["prewarm"].is_object() ? after["prewarm"].value("duration_ms", 0.0) : 0.0;
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(prewarm_ms - p_run_ms / 2));
+        json during_pw = stored_chat(s.port(), "Q", g.question());
+        if (!during_pw.value("ok", false)) return fail(engine_error("chat on Q failed: " + during_pw.dump()));
+        pw["chat_during_prewarm"] = during_pw;
+        const json & qp = during_pw["prewarm"];
+        pw["chat_during_prewarm_target_met"] =
+            qp.is_object() && during_pw["tokens_reused"].get<int>() == qp.value("tokens_cached", -1) &&
+            during_pw["tokens_reused"].get<int>() > 0;
+        progress("warmctx: a chat half-way through Q's pre-warm reused " +
+                 std::to_string(during_pw["tokens_reused"].get<int>()) + " tokens" +
+                 (qp.is_object() ? " (the pre-warm had cached " + std::to_string(qp.value("tokens_cached", 0)) + ")" : ""));
+
+        // 6. Restart on the same directories; the first chat on P at once, no PUT.
+        sys->reset();
+        const auto t_start = clock_type::now();
+        auto again = start_warmctx_system(warmctx_opts);
+        if (!again) return fail(again.error());
+        const double start_ms = ms_since(t_start);
+        json first = stored_chat((*again)->port(), "P", g.question());
+        if (!first.value("ok", false)) return fail(engine_error("chat on P after the restart failed: " + first.dump()));
+        pw["restart_start_ms"] = start_ms;
+        pw["chat_after_restart"] = first;
+        const json & fp = first["prewarm"];
+        const bool from_disk = first.value("tier", "") == "disk" ||
+                               (fp.is_object() && fp.value("found_in", "") == "disk" && fp.value("tokens_prefilled", -1) == 0);
+        pw["chat_after_restart_from_disk"] = from_disk;
+        pw["chat_after_restart_target_met"] = from_disk && first["reused_fraction"].get<double>() >= 0.95;
+        progress("warmctx: restarted in " + std::to_string(start_ms) + " ms; the first chat on P (no PUT) reused " +
+                 std::to_string(first["tokens_reused"].get<int>()) + " of " +
+                 std::to_string(first["tokens_cacheable"].get<int>()) + (from_disk ? ", from the disk tier" : ", NOT from disk") +
+                 ", TTFT " + std::to_string(first["wall_ms"].get<double>()) + " ms");
+        prewarm_report = std::move(pw);
     }
     json out = {{"bench", "contention"}, {"model", model_path}, {"backend", backend_name()},
                 {"cold_tokens_target", a.cold_tokens}, {"warm_tokens_target", a.warm_tokens},
-                {"chunk", chunk}, {"n_ctx", mf.n_ctx}, {"delay_ms", a.delay_ms}, {"rows", rows}};
+                {"chunk", chunk}, {"n_ctx", mf.n_ctx}, {"delay_ms", a.delay_ms}, {"rows", rows},
+                {"prewarm_tokens_target", a.prewarm_tokens}, {"prewarm", prewarm_report}};
     if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return 0; }
     std::printf("%-13s %10s %12s %12s %10s %10s %12s\n", "system", "solo warm", "warm during", "target", "cold ms",
                 "scrape p99", "scrape max");
@@ -212,6 +372,7 @@ int run_contention(const contention_args & a) {
                     r["solo_warm_ttft_ms"].get<double>(), r.value("warm_ttft_during_cold_ms", 0.0),
                     r.value("target_ms", 0.0), r["cold_ttft_ms"].get<double>(), r.value("scrape_ms_p99", 0.0),
                     r.value("scrape_ms_max", 0.0));
+    if (prewarm_report.is_object()) std::printf("warmctx pre-warm and restart: %s\n", prewarm_report.dump().c_str());
     return 0;
 }
 
@@ -227,6 +388,9 @@ void register_contention_bench(CLI::App & bench, int & rc) {
     c->add_option("--warm-turns", a->warm_turns, "solo warm turns (the median is the reference)")->capture_default_str();
     c->add_option("--delay-ms", a->delay_ms, "wait after sending the cold prompt before the warm turns")->capture_default_str();
     c->add_option("--scrape-ms", a->scrape_ms, "scrape interval during the cold prefill")->capture_default_str();
+    c->add_option("--prewarm-tokens", a->prewarm_tokens,
+                  "warmctx: the stored workspaces of the pre-warm and restart phases, tokens (0 = skip them)")
+        ->capture_default_str();
     c->add_option("--systems", a->systems, "systems to run: warmctx, llama-server")->delimiter(',')->capture_default_str();
     c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
     c->add_option("--seed", a->seed, "workspace content seed")->capture_default_str();

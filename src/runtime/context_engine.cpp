@@ -455,7 +455,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
         status st = p_->eng->trim_seq(t.seq, path.back().end);
         if (st.ok()) {
             p_->tiers->forget_recent_loads();
-            p_->tiers->write_through(*p_->eng, p_->prof, t.seq, p_->cold_seq, t.workspace, t.ap);
+            p_->tiers->write_through(*p_->eng, p_->prof, t.seq, p_->cold_seq, t.workspace, t.ap, n_keep);
             s.blocks.assign(path.begin(), path.end());
             s.workspace = t.workspace;
             s.t_finished = t.now;

@@ -84,12 +84,14 @@ tier_set::hit tier_set::restore(engine & e, const profile & prof, const assemble
 }
 
 void tier_set::write_through(engine & e, const profile & prof, seq_id seq, seq_id scratch,
-                             const std::string & workspace, const assembled_prompt & ap) {
+                             const std::string & workspace, const assembled_prompt & ap, size_t n_blocks_held) {
     if (!disk_) return;
-    // The leading run of cacheable blocks of at least the tier's class.
+    // The leading run of cacheable blocks of at least the tier's class, of those the
+    // sequence holds (a pre-warm stopped early holds fewer than the prompt has).
     size_t k = 0;
-    while (k < ap.blocks.size() && ap.blocks[k].cls != retention_class::none && ap.blocks[k].cls >= opts_.disk_min_class) ++k;
-    if (k == 0) return;
+    const size_t n = std::min(n_blocks_held, ap.blocks.size());
+    while (k < n && ap.blocks[k].cls != retention_class::none && ap.blocks[k].cls >= opts_.disk_min_class) ++k;
+    if (k == 0 || e.seq_n_tokens(seq) < ap.blocks[k - 1].end) return;
     std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
     if (disk_->lookup(path, max_file_tokens_).n_blocks >= k) return;  // held already
     auto kv = e.save_seq(seq);

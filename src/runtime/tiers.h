@@ -67,7 +67,7 @@ class tier_set {
     // empty sequence, left empty). Failures are counted, never fatal: the turn already
     // succeeded.
     void write_through(engine & e, const profile & prof, seq_id seq, seq_id scratch, const std::string & workspace,
-                       const assembled_prompt & ap);
+                       const assembled_prompt & ap, size_t n_blocks_held);
     // Puts a ready snapshot on disk. Errors: failed_precondition (no disk tier), put's.
     status put_disk(const snapshot & snap);
 

@@ -150,6 +150,13 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
            static_cast<double>(snap.store_segments));
     scalar(out, "warmctx_store_bytes", "gauge", "Bytes of the segments in the server-side store.",
            static_cast<double>(snap.store_bytes));
+    scalar(out, "warmctx_store_write_failures_total", "counter",
+           "Writes of the durable workspace store that failed (the request got 507, nothing changed).",
+           static_cast<double>(snap.store_write_failures));
+    scalar(out, "warmctx_prewarm_queue_depth", "gauge", "Pre-warms waiting (one per workspace).",
+           static_cast<double>(s.prewarm_queue_depth));
+    scalar(out, "warmctx_prewarms_submitted_total", "counter", "Pre-warms queued (a change of stored stable segments, "
+           "POST .../prewarm, or a stored workspace on start).", static_cast<double>(s.n_prewarms_submitted));
 
     if (snap.have_counters) {
         const cache_counters & c = snap.counters.cache;
@@ -209,6 +216,18 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
         scalar(out, "warmctx_pool_write_backs_total", "counter",
                "Work streams' cached blocks offered to the pool before something overwrote them (lazy write-back).",
                static_cast<double>(m.n_write_backs));
+        const prewarm_counters & pw = snap.counters.prewarm;
+        scalar(out, "warmctx_prewarms_total", "counter", "Pre-warms run to their end or stopped early.",
+               static_cast<double>(pw.n_prewarms));
+        scalar(out, "warmctx_prewarms_already_cached_total", "counter", "Pre-warms that found everything cached (did nothing).",
+               static_cast<double>(pw.n_already_cached));
+        scalar(out, "warmctx_prewarms_preempted_total", "counter",
+               "Pre-warms stopped at a chunk boundary for a chat (what they did stays cached).",
+               static_cast<double>(pw.n_preempted));
+        scalar(out, "warmctx_prewarm_prefilled_tokens_total", "counter", "Tokens pre-warms prefilled.",
+               static_cast<double>(pw.n_prefilled_tokens));
+        scalar(out, "warmctx_prewarm_served_turns_total", "counter", "Turns that reused what a pre-warm left.",
+               static_cast<double>(pw.n_served_turns));
         scalar(out, "warmctx_cache_lookups_total", "counter", "Prefix cache lookups.", static_cast<double>(c.n_lookups));
         scalar(out, "warmctx_cache_lookup_hits_total", "counter", "Prefix cache lookups that reused something.",
                static_cast<double>(c.n_lookup_hits));

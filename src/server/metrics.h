@@ -58,6 +58,7 @@ struct engine_snapshot {
     bool have_counters = false;  // false when the engine thread could not be reached
     context_counters counters;
     size_t store_workspaces = 0, store_segments = 0, store_bytes = 0;
+    uint64_t store_write_failures = 0;
 };
 
 class server_metrics {

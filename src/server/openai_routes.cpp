@@ -2,6 +2,7 @@
 // request -> job -> response flow they share with /v1/workspaces/{id}/chat/completions
 // (plain JSON or server-sent events). See docs/api.md.
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <deque>
 
@@ -39,6 +40,28 @@ void note_event(request_log & log, const timed_event & te) {
     }
 }
 
+// A long prefill shows on the request log: a progress line at most every 5 s.
+constexpr auto k_progress_log_every = std::chrono::seconds(5);
+
+struct prefill_progress {
+    pos_t pos = -1, end = 0;
+    steady::time_point last_logged = steady::now();
+};
+
+void note_progress(route_context & ctx, const request_log & log, const completion_event & ev, prefill_progress & p) {
+    if (ev.what != completion_event::kind::admitted && ev.what != completion_event::kind::progress) return;
+    p.pos = ev.prefill_pos;
+    p.end = ev.prefill_end;
+    if (ev.what != completion_event::kind::progress || steady::now() - p.last_logged < k_progress_log_every) return;
+    p.last_logged = steady::now();
+    ctx.log_event({{"event", "prefill_progress"},
+                   {"route", log.route},
+                   {"workspace", log.workspace},
+                   {"tokens_in_sequence", p.pos},
+                   {"prompt_tokens", p.end},
+                   {"elapsed_ms", std::round(ms_between(log.t_start, steady::now()))}});
+}
+
 api_error job_error(const status & st) {
     if (st.code() == status_code::cancelled) return unavailable("request cancelled: " + st.message(), 1);
     return error_from_status(st);
@@ -55,6 +78,7 @@ struct stream_state {
     std::deque<timed_event> pending;
     bool role_sent = false;
     bool finished = false;  // the stream's last chunk was written, or the client left
+    prefill_progress progress;
     std::chrono::steady_clock::time_point t_last_write{};
 };
 
@@ -85,8 +109,12 @@ bool stream_step(stream_state & st, chunk_sink & sink) {
             // Nothing yet (queued or prefilling): a comment now and then, so proxies and
             // clients see the connection alive and a client that left is noticed (its
             // job cancelled) without waiting for the first token.
+            // The comment tells how far the prefill has got, once it is admitted.
+            const std::string comment = st.progress.pos < 0 ? std::string(": keep-alive\n\n")
+                                                            : ": keep-alive prefill " + std::to_string(st.progress.pos) +
+                                                                  "/" + std::to_string(st.progress.end) + "\n\n";
             if (std::chrono::steady_clock::now() - st.t_last_write >= std::chrono::milliseconds(st.ctx->opts.sse_keep_alive_ms) &&
-                !write_or_cancel(st, sink, ": keep-alive\n\n"))
+                !write_or_cancel(st, sink, comment))
                 return false;
             return true;  // the transport calls again
         }
@@ -95,6 +123,7 @@ bool stream_step(stream_state & st, chunk_sink & sink) {
         timed_event te = std::move(st.pending.front());
         st.pending.pop_front();
         note_event(*st.log, te);
+        note_progress(*st.ctx, *st.log, te.ev, st.progress);
         const completion_event & ev = te.ev;
         switch (ev.what) {
             case completion_event::kind::admitted:
@@ -219,11 +248,13 @@ void run_completion(route_context & ctx, const http_request & req, http_response
 
     if (!cr.stream) {
         std::string text;
+        prefill_progress progress;
         for (;;) {
             while (!pending.empty()) {
                 timed_event te = std::move(pending.front());
                 pending.pop_front();
                 note_event(*log, te);
+                note_progress(ctx, *log, te.ev, progress);
                 const completion_event & ev = te.ev;
                 switch (ev.what) {
                     case completion_event::kind::admitted:

@@ -272,6 +272,7 @@ router::router(route_context & ctx) : ctx_(ctx) {
                            snap.store_workspaces = c->store.workspaces().size();
                            snap.store_segments = c->store.n_segments();
                            snap.store_bytes = c->store.n_bytes();
+                           snap.store_write_failures = c->store.n_write_failures();
                            res.status = 200;
                            res.content_type = "text/plain; version=0.0.4; charset=utf-8";
                            res.body = c->metrics.render(snap);

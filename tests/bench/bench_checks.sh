@@ -52,7 +52,8 @@ s3)
         "each system's allocated KV is reported" '[.rows[0].warmctx.kv_allocated_bytes, .rows[0].llama_bench.kv_allocated_bytes]'
   ;;
 contention)
-  "$warmctx" bench contention -m "$model" -t 2 --cold-tokens 4000 --warm-tokens 400 --warm-turns 2 --delay-ms 200 --scrape-ms 20 --json >"$out"
+  "$warmctx" bench contention -m "$model" -t 2 --cold-tokens 4000 --warm-tokens 400 --warm-turns 2 --delay-ms 200 --scrape-ms 20 \
+    --prewarm-tokens 2000 --json >"$out"
   check '[.rows[].system] == ["warmctx","llama-server"]' "one row per system, in order"
   check 'all(.rows[]; .solo_warm_ttft_ms > 0 and .cold_ttft_ms > 0 and .one_chunk_ms > 0 and .cold_prompt_tokens >= 3500)' \
         "solo warm TTFT, the cold prompt and one chunk's time" '.rows[] | del(.config)'
@@ -60,6 +61,12 @@ contention)
         "scrapes during the cold prefill, all answered" '.rows[] | {system, scrapes_during_cold, scrapes_failed, scrape_ms_p50, scrape_ms_p99}'
   check 'all(.rows[]; (.warm_turns_during_cold == 0) or (.warm_ttft_during_cold_ms > 0 and .target_ms > .solo_warm_ttft_ms))' \
         "warm turns during the cold prefill, when there were any, with their target" '.rows[] | del(.config)'
+  check '.prewarm.chat_after_prewarm_target_met and .prewarm.chat_after_prewarm.prewarm.complete' \
+        "a chat after the pre-warm reuses >= 95% and says it was served from it" '.prewarm.chat_after_prewarm'
+  check '.prewarm.chat_during_prewarm.ok and .prewarm.chat_during_prewarm.tokens_reused > 0' \
+        "a chat during a pre-warm reuses what it has done" '.prewarm.chat_during_prewarm'
+  check '.prewarm.chat_after_restart_target_met' \
+        "after a restart the first chat, with no PUT, is served from the disk tier" '.prewarm.chat_after_restart'
   ;;
 *) echo "unknown check $which"; exit 2 ;;
 esac

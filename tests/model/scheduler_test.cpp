@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <mutex>
 #include <new>
@@ -395,8 +396,16 @@ TEST(Scheduler, APrewarmMakesTheNextChatAFullHitAndAPrewarmOfACachedPrefixDoesNo
 
 // A chat of the workspace sent while its pre-warm runs stops the pre-warm at a chunk
 // boundary and starts from what it has done (in place, nothing prefilled twice); the
-// answer still equals the cold run bit for bit.
+// answer still equals the cold run bit for bit. With a disk tier: the stopped pre-warm
+// writes through only the blocks it holds (a snapshot claiming the whole prefix would
+// be restored short).
 TEST(Scheduler, AChatDuringItsPrewarmStartsFromWhatThePrewarmHasDone) {
+    char tmpl[] = "/tmp/warmctx-prewarm-disk-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    struct rm {
+        std::string d;
+        ~rm() { std::filesystem::remove_all(d); }
+    } cleanup{tmpl};
     workload_generator g(22, [](const std::string & x) { return x.size() / 3; });
     auto segs = make_workspace(g, 1600, 1);  // about 25 chunks of 64
     turn_request chat = req("pw", segs, 6);
@@ -406,6 +415,7 @@ TEST(Scheduler, AChatDuringItsPrewarmStartsFromWhatThePrewarmHasDone) {
     std::atomic<bool> sent{false};
     scheduler * self = nullptr;
     auto o = tiny_scheduler(2);
+    o.engine.tiers.cache_dir = tmpl;
     o.after_prefill_chunk = [&](const turn_request & r, pos_t) {
         // The pre-warm's third chunk: the chat arrives.
         if (r.prewarm && ++chunks == 3 && !sent.exchange(true)) ASSERT_TRUE(self->submit({chat, c.sink()}).ok());

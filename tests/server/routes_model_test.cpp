@@ -177,6 +177,35 @@ TEST_F(routes_model_test, a_waiting_stream_gets_keep_alive_comments) {
     EXPECT_NE(sink.text.find("data: [DONE]"), std::string::npos);
 }
 
+// A stream whose prompt is prefilling says how far it has got in its keep-alive comments
+// (a chunk made slow here, as a chunk of a big model on a CPU is).
+TEST(routes_progress, a_prefilling_stream_tells_its_progress_in_keep_alive_comments) {
+    scheduler_options so = tiny_options();
+    so.after_prefill_chunk = [](const turn_request &, pos_t pos) {
+        if (pos == 128) std::this_thread::sleep_for(600ms);  // the second chunk of 64
+    };
+    auto sc = scheduler::start(so);
+    ASSERT_TRUE(sc.ok());
+    server_options o;
+    o.log_requests = false;
+    o.sse_keep_alive_ms = 100;
+    route_context ctx(sc->get(), o);
+    router rt(ctx);
+    std::string q;
+    while (q.size() < 3000) q += "tell me about the module number " + std::to_string(q.size()) + ". ";
+    http_request r;
+    r.method = "POST";
+    r.path = "/v1/chat/completions";
+    r.body = json({{"messages", json::array({{{"role", "user"}, {"content", q}}})}, {"max_tokens", 2}, {"stream", true}}).dump();
+    http_response res = rt.handle(r);
+    string_sink sink;
+    EXPECT_TRUE(drive(res, sink));
+    const size_t at = sink.text.find(": keep-alive prefill 128/");
+    EXPECT_NE(at, std::string::npos) << sink.text.substr(0, 400);
+    EXPECT_LT(at, sink.text.find("\"finish_reason\":\""));
+    (*sc)->stop();
+}
+
 // A prompt that does not fit is assembled and refused on the HTTP thread: its 400 does
 // not wait for the engine thread (held here for 3 s).
 TEST_F(routes_model_test, a_prompt_too_long_is_refused_without_the_engine_thread) {
