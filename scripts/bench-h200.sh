@@ -4,7 +4,7 @@
 # no Debian packages and no network: it builds from what scripts/pack-device.sh put
 # in .devcarry/ (run that first, on a machine that has them).
 #
-# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace s3 verify (default: build s2 trace s3)
+# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace s3 contention verify (default: build s2 trace s3)
 # environment:
 #   OUT                 where results go (default: bench/results/h200-run)
 #   WARMCTX_DEADLINE_S  start no bench stage after this many seconds (default: none)
@@ -69,6 +69,8 @@ for s in "${stages[@]}"; do
     s2)    run_bench s2 "${gpu[@]}" --sizes 2048,8192,32768,47000 --warm-turns 5 ;;
     trace) run_bench trace "${gpu[@]}" --workspaces 12 --turns 60 --stable-tokens 13000 --tail-tokens 600 ;;
     s3)    run_bench s3 "${gpu[@]}" --prompt-tokens 2048 --gen-tokens 128 --depth 8192 --reps 5 ;;
+    contention) run_bench contention "${gpu[@]}" --cold-tokens 32000 --warm-tokens 4096 --warm-turns 5 --delay-ms 100 \
+                  --scrape-ms 20 --prewarm-tokens 16000 ;;
     verify)  # exact mode on CUDA, every layer offloaded, without flash attention (the default)
       tiny="$WARMCTX_HOME/tiny-f16-seed1.gguf"
       [ -f "$tiny" ] || "$build/warmctx" make-model --shape tiny --type f16 --seed 1 -o "$tiny" >"$out/make-tiny.log" 2>&1
@@ -76,7 +78,7 @@ for s in "${stages[@]}"; do
       if "$build/warmctx" verify -m "$tiny" --gpu-layers -1 --scenarios "${VERIFY_SCENARIOS:-2000}" --json \
            >"$out/verify-h200.json" 2>"$out/verify-h200.log"; then log "verify: exit 0"; else log "verify: FAILED (exit $?)"; fi
       tail -3 "$out/verify-h200.log" ;;
-    *) echo "unknown stage $s (build s2 trace s3 verify)" >&2; exit 2 ;;
+    *) echo "unknown stage $s (build s2 trace s3 contention verify)" >&2; exit 2 ;;
   esac
 done
 log "all stages done; results in $out"

@@ -48,6 +48,10 @@ struct cache_flags {
     status apply(context_engine_options & o) const;
 };
 
+// Where serve keeps its disk tier by default, and where `warmctx snapshot` looks:
+// <cache home>/kv (the workspace store beside it, in kv/workspaces).
+inline std::string default_disk_dir() { return cache_home() + "/kv"; }
+
 // Progress lines go to stderr so that --json output on stdout stays clean.
 void progress(const std::string & line);
 

@@ -75,7 +75,7 @@ int run_serve(const serve_args & a) {
     if (a.no_disk) {
         if (!cf.cache_dir.empty()) return fail(invalid_argument("--no-disk and --cache-dir contradict each other"));
     } else if (cf.cache_dir.empty()) {
-        cf.cache_dir = cache_home() + "/kv";
+        cf.cache_dir = default_disk_dir();
         if (cf.disk_budget_bytes == 0 && !a.disk_budget_given) cf.disk_budget_bytes = k_default_disk_budget;
     }
     if (status st = cf.apply(so.engine); !st.ok()) return fail(st);

@@ -19,7 +19,7 @@ struct snapshot_args {
     bool all = false;                // rm --all
 };
 
-std::string default_cache_dir() { return cache_home() + "/snapshots"; }
+std::string default_cache_dir() { return default_disk_dir(); }
 
 result<std::unique_ptr<snapshot_store>> open_scan_only(const snapshot_args & a) {
     snapshot_store_options o;
