@@ -92,7 +92,15 @@ struct sampling_params {
     int32_t top_k = 0;            // 0: off
     uint32_t seed = 0;
     std::vector<std::string> stop;  // generation ends before the first occurrence
+    // OpenAI's penalties, over the tokens generated so far (at most the last
+    // k_penalty_window): each logit loses frequency_penalty per earlier occurrence of its
+    // token plus presence_penalty once if it occurred at all. 0 = off.
+    float presence_penalty = 0.0f;
+    float frequency_penalty = 0.0f;
+    // Added to a token's logit before sampling (OpenAI's logit_bias; -100 bans it).
+    std::vector<std::pair<token_id, float>> logit_bias;
 };
+inline constexpr int32_t k_penalty_window = 4096;
 
 enum class finish_reason { length, stop, eos, context_full };
 std::string_view finish_reason_name(finish_reason r);
@@ -109,8 +117,11 @@ struct generation {
 // Deterministic for a given seed and logits sequence.
 class token_sampler {
   public:
-    // Errors: invalid_argument (top_p outside (0, 1], negative top_k or max_tokens).
-    static result<std::unique_ptr<token_sampler>> make(const sampling_params & sp);
+    // Greedy (the first maximum) when temperature <= 0, else top-k, top-p, temperature
+    // and a seeded draw; logit_bias then the penalties come first when given.
+    // Errors: invalid_argument (top_p outside (0, 1], negative top_k or max_tokens, a
+    // logit_bias token outside [0, n_vocab), a bias or penalty that is not finite).
+    static result<std::unique_ptr<token_sampler>> make(const sampling_params & sp, int32_t n_vocab);
     ~token_sampler();
     token_id sample(std::span<const float> logits);
 

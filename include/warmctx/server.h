@@ -76,7 +76,7 @@ struct server_options {
                                            // an SSE comment (": keep-alive") this often
     std::string model_name;                // id in /v1/models and responses ("" = the
                                            // model file's name without directory)
-    int32_t default_max_tokens = 256;      // when a request names no max_tokens
+    int32_t default_max_tokens = 0;        // when a request names no max_tokens (0: to the end of the context)
     bool log_requests = true;              // one JSON line per request on stderr
 
     // The segment kind table the scheduler's context engine uses (validates PUT

@@ -40,7 +40,7 @@ struct serve_args {
     int http_threads = 0;            // 0 = min_http_threads(n_parallel, max_queue)
     std::string cors_origin;
     int sse_keep_alive_ms = 3000;
-    int32_t default_max_tokens = 256;
+    int32_t default_max_tokens = 0;
     std::string model_name;
     bool quiet = false;
     bool no_disk = false;
@@ -187,7 +187,10 @@ void register_serve_command(CLI::App & app, int & rc) {
                   "comment this often")
         ->capture_default_str()
         ->check(CLI::Range(50, 600000));
-    c->add_option("--default-max-tokens", a->default_max_tokens, "max_tokens of a request that names none")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+    c->add_option("--default-max-tokens", a->default_max_tokens,
+                  "max_tokens of a request that names none (0 = to the end of the context, as OpenAI and llama-server)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 20));
     c->add_option("--model-name", a->model_name, "model id in /v1/models and responses (default: the model file's name)");
     c->add_flag("-q,--quiet", a->quiet, "no per-request log lines on stderr");
     c->add_flag("--no-disk", a->no_disk,

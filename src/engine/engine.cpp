@@ -3,6 +3,7 @@
 #include "warmctx/text_stream.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -566,13 +567,33 @@ struct token_sampler::impl {
 token_sampler::token_sampler(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 token_sampler::~token_sampler() = default;
 
-result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params & sp) {
+result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params & sp, int32_t n_vocab) {
     if (sp.max_tokens < 0) return invalid_argument("max_tokens must not be negative");
     if (sp.temperature > 0 && (sp.top_p <= 0 || sp.top_p > 1)) return invalid_argument("top_p must be in (0, 1]");
     if (sp.top_k < 0) return invalid_argument("top_k must not be negative");
+    if (!std::isfinite(sp.presence_penalty) || !std::isfinite(sp.frequency_penalty))
+        return invalid_argument("penalties must be finite");
+    std::vector<llama_logit_bias> bias;
+    for (const auto & [tok, b] : sp.logit_bias) {
+        if (tok < 0 || tok >= n_vocab)
+            return invalid_argument("logit_bias: token " + std::to_string(tok) + " is outside the vocabulary (0.." +
+                                    std::to_string(n_vocab - 1) + ")");
+        if (!std::isfinite(b)) return invalid_argument("logit_bias: a bias must be finite");
+        bias.push_back({tok, b});
+    }
+    const bool penalties = sp.presence_penalty != 0 || sp.frequency_penalty != 0;
     auto p = std::make_unique<impl>();
-    if (sp.temperature > 0) {
+    if (sp.temperature > 0 || penalties || !bias.empty()) {
         p->chain.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
+        if (!bias.empty())
+            llama_sampler_chain_add(p->chain.get(), llama_sampler_init_logit_bias(n_vocab, (int32_t)bias.size(), bias.data()));
+        if (penalties)
+            llama_sampler_chain_add(p->chain.get(), llama_sampler_init_penalties(n_vocab, k_penalty_window, 1.0f,
+                                                                                 sp.frequency_penalty, sp.presence_penalty));
+    }
+    if (sp.temperature <= 0) {
+        if (p->chain) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_greedy());
+    } else {
         if (sp.top_k > 0) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_top_k(sp.top_k));
         if (sp.top_p < 1.0f) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_top_p(sp.top_p, 1));
         llama_sampler_chain_add(p->chain.get(), llama_sampler_init_temp(sp.temperature));
@@ -588,7 +609,9 @@ token_id token_sampler::sample(std::span<const float> l) {
     for (size_t i = 0; i < l.size(); ++i) cand[i] = {(llama_token)i, l[i], 0.0f};
     llama_token_data_array arr{cand.data(), cand.size(), -1, false};
     llama_sampler_apply(p_->chain.get(), &arr);
-    return arr.data[arr.selected].id;
+    const llama_token t = arr.data[arr.selected].id;
+    llama_sampler_accept(p_->chain.get(), t);  // the penalties count it from now on
+    return t;
 }
 
 struct generation_step::impl {
@@ -604,7 +627,7 @@ generation_step::generation_step(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 generation_step::~generation_step() = default;
 
 result<std::unique_ptr<generation_step>> generation_step::make(const engine & e, const sampling_params & sp) {
-    auto sampler = token_sampler::make(sp);
+    auto sampler = token_sampler::make(sp, e.model().n_vocab);
     if (!sampler.ok()) return sampler.error();
     auto p = std::make_unique<impl>(sp.stop);
     p->e = &e;

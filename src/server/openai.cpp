@@ -315,7 +315,10 @@ maybe_error parse_completion_request(const json & body, body_mode mode, const re
                                mt_name);
         sp.max_tokens = static_cast<int32_t>(*mt);
     } else {
-        sp.max_tokens = std::min(limits.default_max_tokens, limits.max_tokens_cap);
+        // As OpenAI and llama-server: to the end (of the context), unless the server
+        // sets a default.
+        sp.max_tokens = limits.default_max_tokens > 0 ? std::min(limits.default_max_tokens, limits.max_tokens_cap)
+                                                      : limits.max_tokens_cap;
     }
 
     std::optional<double> temperature, top_p;
@@ -344,6 +347,65 @@ maybe_error parse_completion_request(const json & body, body_mode mode, const re
 
     if (auto e = get_int(body, "n", "n", n)) return e;
     if (n && *n != 1) return bad_request("unsupported_value", "only n = 1 is supported", "n");
+
+    std::optional<double> presence, frequency;
+    if (auto e = get_number(body, "presence_penalty", "presence_penalty", presence)) return e;
+    if (presence && (*presence < -2 || *presence > 2))
+        return bad_request("invalid_value", "presence_penalty must be in [-2, 2]", "presence_penalty");
+    if (auto e = get_number(body, "frequency_penalty", "frequency_penalty", frequency)) return e;
+    if (frequency && (*frequency < -2 || *frequency > 2))
+        return bad_request("invalid_value", "frequency_penalty must be in [-2, 2]", "frequency_penalty");
+    sp.presence_penalty = static_cast<float>(presence.value_or(0));
+    sp.frequency_penalty = static_cast<float>(frequency.value_or(0));
+    if (const json * lb = field(body, "logit_bias")) {
+        if (!lb->is_object()) return wrong_type("logit_bias", "an object of token id -> bias", *lb);
+        if (lb->size() > 1024) return bad_request("invalid_value", "at most 1024 logit_bias entries", "logit_bias");
+        for (const auto & [key, v] : lb->items()) {
+            const std::string param = "logit_bias." + key.substr(0, 32);
+            char * end = nullptr;
+            const long id = std::strtol(key.c_str(), &end, 10);
+            if (key.empty() || *end != '\0' || id < 0 || (limits.n_vocab > 0 && id >= limits.n_vocab))
+                return bad_request("invalid_value",
+                                   "logit_bias keys must be token ids of this model (0.." +
+                                       std::to_string(std::max(0, limits.n_vocab - 1)) + ")",
+                                   param);
+            if (!v.is_number()) return wrong_type(param, "a number", v);
+            const double b = v.get<double>();
+            if (b < -100 || b > 100) return bad_request("invalid_value", "a logit_bias value must be in [-100, 100]", param);
+            sp.logit_bias.emplace_back(static_cast<token_id>(id), static_cast<float>(b));
+        }
+    }
+
+    // Not implemented yet: refused by name, never silently ignored.
+    auto refuse = [](const char * param, const std::string & why) {
+        return bad_request("unsupported_parameter", std::string(param) + " is not supported: " + why, param);
+    };
+    if (const json * v = field(body, "logprobs"); v && !v->is_null() && !(v->is_boolean() && !v->get<bool>()) &&
+                                                  !(mode == body_mode::text && v->is_number_integer() && v->get<int64_t>() == 0))
+        return refuse("logprobs", "this server does not return log-probabilities yet");
+    if (const json * v = field(body, "top_logprobs"); v && !v->is_null())
+        return refuse("top_logprobs", "this server does not return log-probabilities yet");
+    if (const json * v = field(body, "response_format"); v && !v->is_null()) {
+        if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string())
+            return wrong_type("response_format", "an object with a string `type`", *v);
+        if ((*v)["type"] != "text")
+            return refuse("response_format", "only {\"type\": \"text\"}; structured output (json_object, json_schema) is "
+                                             "not implemented yet");
+    }
+    if (const json * v = field(body, "tool_choice"); v && !v->is_null()) {
+        const bool plain = v->is_string() && (*v == "auto" || *v == "none");
+        if (!plain)
+            return refuse("tool_choice", "only \"auto\" and \"none\": tool calls are not parsed from the output yet, so "
+                                         "a required or named tool cannot be enforced");
+    }
+    if (mode == body_mode::text) {
+        if (const json * v = field(body, "suffix"); v && !v->is_null() && !(v->is_string() && v->get<std::string>().empty()))
+            return refuse("suffix", "fill-in-the-middle is not implemented yet");
+        if (const json * v = field(body, "echo"); v && v->is_boolean() && v->get<bool>())
+            return refuse("echo", "the prompt is not echoed back");
+        if (const json * v = field(body, "best_of"); v && v->is_number_integer() && v->get<int64_t>() > 1)
+            return refuse("best_of", "only best_of = 1");
+    }
 
     if (const json * stop = field(body, "stop")) {
         if (stop->is_string()) {

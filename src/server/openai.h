@@ -39,7 +39,8 @@ inline constexpr size_t k_max_request_segments = 4096;
 
 struct request_limits {
     int32_t max_tokens_cap = 8192;      // the context per sequence: more can never fit
-    int32_t default_max_tokens = 256;
+    int32_t default_max_tokens = 0;     // a request without max_tokens: 0 = to the end of the context
+    int32_t n_vocab = 0;                // logit_bias token ids are below it (0: not checked)
 };
 
 enum class api_shape { chat, text };    // chat.completion vs text_completion
@@ -62,8 +63,12 @@ enum class body_mode {
 
 // Parses a request body (already valid JSON) into `out`. Unknown fields are ignored
 // (clients send many); known fields of the wrong type or out of range are a 400 naming
-// the field. Sampling defaults: max_tokens = limits.default_max_tokens, temperature 1
-// (OpenAI's), top_p 1, a random seed when none is given.
+// the field, and so are known fields this server does not implement yet (logprobs,
+// top_logprobs, a response_format other than text, a tool_choice other than auto/none,
+// a completion's suffix/echo/best_of). Sampling defaults: max_tokens to the end of the
+// context (limits.default_max_tokens when set), temperature 1 (OpenAI's), top_p 1, a
+// random seed when none is given; presence_penalty, frequency_penalty and logit_bias
+// go to the sampler.
 maybe_error parse_completion_request(const nlohmann::json & body, body_mode mode,
                                      const request_limits & limits, completion_request & out);
 

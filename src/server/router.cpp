@@ -64,7 +64,7 @@ route_context::route_context(server_options o)
       store(store_limits{opts.max_workspaces, opts.max_segments_per_workspace, opts.max_segment_bytes,
                          opts.max_store_bytes},
             store_persistence{opts.workspace_dir.empty() ? nullptr : &posix_fs(), opts.workspace_dir}) {
-    limits.default_max_tokens = std::max(1, opts.default_max_tokens);
+    limits.default_max_tokens = std::max(0, opts.default_max_tokens);  // 0: to the end of the context
     model_name = !opts.model_name.empty() ? opts.model_name : "warmctx";
     t_created = static_cast<int64_t>(std::time(nullptr));
     id_salt_ = std::random_device{}();
@@ -83,6 +83,7 @@ route_context::route_context(scheduler * s, server_options o) : route_context(st
 void route_context::attach(scheduler & s) {
     sched = &s;
     limits.max_tokens_cap = static_cast<int32_t>(std::max<uint32_t>(1, s.context().n_ctx_seq));
+    limits.n_vocab = s.model().n_vocab;
     if (opts.model_name.empty()) model_name = model_name_from_path(s.model().path);
     // The durable store comes back; its workspaces are brought warm, most used first,
     // while the server already answers.

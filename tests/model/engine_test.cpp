@@ -127,6 +127,54 @@ TEST(Engine, SeededSamplingIsReproducibleAndSeedSensitive) {
     EXPECT_NE(a, c);
 }
 
+// logit_bias and the penalties go through llama.cpp's samplers, greedy or not: +50 on
+// two tokens makes them the only candidates; without penalties the greedy choice then
+// repeats one of them, with frequency and presence penalties it has to alternate; -100
+// bans a token.
+TEST(Engine, LogitBiasAndPenaltiesShapeTheChoice) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    auto p = random_tokens(30, 13, e->model().n_vocab);
+    auto run = [&](sampling_params sp) {
+        std::vector<float> l;
+        e->clear_seq(0);
+        EXPECT_TRUE(e->prefill(0, p, 0, {}, &l).ok());
+        sp.max_tokens = 12;
+        auto g = e->generate(0, l, sp);
+        EXPECT_TRUE(g.ok()) << (g.ok() ? "" : g.error().to_string());
+        return g.ok() ? g->tokens : std::vector<token_id>{};
+    };
+    const token_id a = 1000, b = 2000;
+    sampling_params sp;
+    sp.logit_bias = {{a, 50.0f}, {b, 50.0f}};
+    auto plain = run(sp);
+    ASSERT_EQ(plain.size(), 12u);
+    for (token_id t : plain) EXPECT_EQ(t, plain[0]) << "greedy repeats the best of the two";
+    EXPECT_TRUE(plain[0] == a || plain[0] == b);
+    sp.frequency_penalty = 2.0f;
+    sp.presence_penalty = 2.0f;
+    auto penalized = run(sp);
+    ASSERT_EQ(penalized.size(), 12u);
+    EXPECT_NE(std::count(penalized.begin(), penalized.end(), a), 0);
+    EXPECT_NE(std::count(penalized.begin(), penalized.end(), b), 0);
+    EXPECT_EQ(std::count(penalized.begin(), penalized.end(), a) + std::count(penalized.begin(), penalized.end(), b), 12);
+
+    sampling_params ban;
+    auto free_run = run(ban);
+    ASSERT_FALSE(free_run.empty());
+    ban.logit_bias = {{free_run[0], -100.0f}};
+    auto banned = run(ban);
+    ASSERT_FALSE(banned.empty());
+    EXPECT_NE(banned[0], free_run[0]);
+
+    sampling_params bad;
+    bad.logit_bias = {{e->model().n_vocab, 1.0f}};
+    std::vector<float> l;
+    e->clear_seq(0);
+    ASSERT_TRUE(e->prefill(0, p, 0, {}, &l).ok());
+    EXPECT_EQ(e->generate(0, l, bad).error().code(), status_code::invalid_argument);
+}
+
 TEST(Engine, StopStringEndsGeneration) {
     auto e = open_tiny();
     ASSERT_TRUE(e);

@@ -21,6 +21,7 @@ completion_request parse_ok(const json & body, body_mode mode = body_mode::chat)
     completion_request cr;
     request_limits lim;
     lim.max_tokens_cap = 2048;
+    lim.n_vocab = 1000;
     auto e = parse_completion_request(body, mode, lim, cr);
     EXPECT_FALSE(e.has_value()) << (e ? e->message : "");
     return cr;
@@ -30,6 +31,7 @@ api_error parse_err(const json & body, body_mode mode = body_mode::chat) {
     completion_request cr;
     request_limits lim;
     lim.max_tokens_cap = 2048;
+    lim.n_vocab = 1000;
     auto e = parse_completion_request(body, mode, lim, cr);
     EXPECT_TRUE(e.has_value());
     return e.value_or(api_error{});
@@ -118,8 +120,63 @@ TEST(openai_mapping, sampling_fields) {
     completion_request d = parse_ok({{"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
                                      {"max_tokens", nullptr},
                                      {"stop", json::array({"a", "b"})}});
-    EXPECT_EQ(d.sampling.max_tokens, 256);
+    EXPECT_EQ(d.sampling.max_tokens, 2048) << "no max_tokens: to the end of the context";
     EXPECT_EQ(d.sampling.stop.size(), 2u);
+
+    request_limits lim;
+    lim.max_tokens_cap = 2048;
+    lim.default_max_tokens = 100;  // serve --default-max-tokens 100
+    completion_request e;
+    ASSERT_FALSE(parse_completion_request({{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}},
+                                          body_mode::chat, lim, e));
+    EXPECT_EQ(e.sampling.max_tokens, 100);
+}
+
+TEST(openai_mapping, penalties_and_logit_bias_reach_the_sampler) {
+    completion_request cr = parse_ok({{"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+                                      {"presence_penalty", 0.5},
+                                      {"frequency_penalty", -1.25},
+                                      {"logit_bias", {{"42", -100}, {"7", 3.5}}}});
+    EXPECT_FLOAT_EQ(cr.sampling.presence_penalty, 0.5f);
+    EXPECT_FLOAT_EQ(cr.sampling.frequency_penalty, -1.25f);
+    ASSERT_EQ(cr.sampling.logit_bias.size(), 2u);
+    EXPECT_EQ(cr.sampling.logit_bias[0], (std::pair<token_id, float>{42, -100.0f}));
+    EXPECT_EQ(cr.sampling.logit_bias[1], (std::pair<token_id, float>{7, 3.5f}));
+    const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"presence_penalty", 2.5}}).param, "presence_penalty");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"frequency_penalty", "a"}}).param, "frequency_penalty");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"logit_bias", {{"abc", 1}}}}).param, "logit_bias.abc");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"logit_bias", {{"1000", 1}}}}).param, "logit_bias.1000");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"logit_bias", {{"5", 101}}}}).param, "logit_bias.5");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"logit_bias", json::array()}}).param, "logit_bias");
+}
+
+// What is not implemented yet is refused by name with a 400, never ignored with a 200.
+TEST(openai_mapping, unimplemented_parameters_are_refused_by_name) {
+    const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
+    for (const auto & [key, value] : std::vector<std::pair<std::string, json>>{
+             {"logprobs", true},
+             {"top_logprobs", 3},
+             {"response_format", {{"type", "json_object"}}},
+             {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}}}}},
+             {"tool_choice", "required"},
+             {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}) {
+        api_error e = parse_err({{"messages", msgs}, {key, value}});
+        EXPECT_EQ(e.http_status, 400) << key;
+        EXPECT_EQ(e.code, "unsupported_parameter") << key;
+        EXPECT_EQ(e.param, key);
+    }
+    // What is accepted: the values that ask for nothing this server lacks.
+    parse_ok({{"messages", msgs}, {"logprobs", false}, {"response_format", {{"type", "text"}}}, {"tool_choice", "auto"},
+              {"parallel_tool_calls", true}});
+    parse_ok({{"messages", msgs}, {"tool_choice", "none"}, {"top_logprobs", nullptr}});
+    for (const auto & [key, value] : std::vector<std::pair<std::string, json>>{
+             {"suffix", "}"}, {"echo", true}, {"best_of", 2}, {"logprobs", 2}}) {
+        api_error e = parse_err({{"prompt", "def f("}, {key, value}}, body_mode::text);
+        EXPECT_EQ(e.code, "unsupported_parameter") << key;
+        EXPECT_EQ(e.param, key);
+    }
+    parse_ok({{"prompt", "def f("}, {"logprobs", 0}, {"echo", false}, {"best_of", 1}, {"suffix", ""}}, body_mode::text);
 }
 
 // Found by fuzz/fuzz_chat_request.cpp: a top_p in (0, 1] but below float's smallest
