@@ -181,6 +181,12 @@ void run_completion(route_context & ctx, const http_request & req, http_response
                                  error_from_status(not_found("workspace '" + *path_ws +
                                                              "' has no stored segments: PUT "
                                                              "/v1/workspaces/{id}/segments/{segment} first")));
+        // The stable context this chat carries itself (tools, system messages): the
+        // workspace's next pre-warm includes it, as its next chat most likely will.
+        std::vector<segment> carried;
+        for (const segment & sg : cr.segments)
+            if (ctx.opts.kinds.policy(sg.kind).retention >= retention_class::high) carried.push_back(sg);
+        ctx.remember_carried(*path_ws, std::move(carried));
         cr.segments = merge_stored_segments(std::move(*stored), std::move(cr.segments));
         cr.workspace = *path_ws;
         ctx.store.note_use(*path_ws);

@@ -55,7 +55,8 @@ void prewarmer::run_one(const std::string & ws) {
     if (segs && ctx_.sched) {
         turn_request tr;
         tr.workspace = ws;
-        tr.segments = std::move(*segs);
+        // With the stable segments its last chat carried (its tools, say).
+        tr.segments = merge_stored_segments(std::move(*segs), ctx_.carried(ws));
         auto ap = ctx_.sched->assemble(tr);  // here, not on the engine thread
         if (ap.ok()) {
             tr.assembled = std::make_shared<const assembled_prompt>(std::move(*ap));

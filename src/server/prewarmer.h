@@ -9,6 +9,10 @@
 // used first, with no delay: each is brought warm from the disk tier (a restore) or,
 // failing that, prefilled, while the server already answers.
 //
+// The pre-warm's segments are the stored ones plus the stable segments (tools, system)
+// the workspace's last chat carried in its request (route_context::carried): an SDK sends
+// its tools with every request, and the next chat's prefix includes them.
+//
 // Assembly and tokenization run on this thread, never on the engine thread or an HTTP
 // thread. The use counts of the store are flushed from here too (every 30 s and at stop).
 //

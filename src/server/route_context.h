@@ -128,6 +128,14 @@ class route_context {
     // Background pre-warm (null until attach(), or when opts.prewarm is off).
     std::unique_ptr<prewarmer> prewarm;
 
+    // The stable segments (class high or highest: tools, system) a workspace's last chat
+    // carried in its request, so that a pre-warm assembles what the next chat will send
+    // (an SDK sends its tools with every request). Bounded: max_workspaces entries and
+    // max_segment_bytes per workspace (more is not remembered); forget_carried on DELETE.
+    void remember_carried(const std::string & ws, std::vector<segment> segs);
+    std::vector<segment> carried(const std::string & ws) const;
+    void forget_carried(const std::string & ws);
+
     ~route_context();
     // Stops the pre-warm thread (before the scheduler stops).
     void stop_background();
@@ -157,6 +165,8 @@ class route_context {
     std::mutex live_mu_;
     std::unordered_set<std::shared_ptr<request_channel>> live_;  // guarded by live_mu_
     std::mutex log_mu_;                                          // one log line at a time
+    mutable std::mutex carried_mu_;
+    std::map<std::string, std::vector<segment>> carried_;        // guarded by carried_mu_
 };
 
 // ---- answering -----------------------------------------------------------------------

@@ -109,6 +109,29 @@ void route_context::attach(scheduler & s) {
 
 route_context::~route_context() { stop_background(); }
 
+void route_context::remember_carried(const std::string & ws, std::vector<segment> segs) {
+    size_t bytes = 0;
+    for (const segment & sg : segs) bytes += sg.id.size() + sg.content.size() + sg.path.size() + sg.role.size();
+    std::lock_guard<std::mutex> lk(carried_mu_);
+    if (segs.empty() || bytes > opts.max_segment_bytes) {
+        carried_.erase(ws);
+        return;
+    }
+    if (!carried_.count(ws) && carried_.size() >= opts.max_workspaces) carried_.erase(carried_.begin());
+    carried_[ws] = std::move(segs);
+}
+
+std::vector<segment> route_context::carried(const std::string & ws) const {
+    std::lock_guard<std::mutex> lk(carried_mu_);
+    auto it = carried_.find(ws);
+    return it == carried_.end() ? std::vector<segment>{} : it->second;
+}
+
+void route_context::forget_carried(const std::string & ws) {
+    std::lock_guard<std::mutex> lk(carried_mu_);
+    carried_.erase(ws);
+}
+
 void route_context::stop_background() {
     if (prewarm) prewarm->stop();
 }

@@ -164,6 +164,7 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
         auto dropped = c->store.drop(call.ws);
         if (!dropped.ok()) return store_write_error(dropped.error());
         const size_t n = *dropped;
+        c->forget_carried(call.ws);
         if (auto e = c->engine_call([&](context_engine & ce) { ce.drop_workspace(call.ws); })) return *e;
         return {200, {{"id", call.ws}, {"object", "workspace"}, {"deleted", true}, {"segments_deleted", n}}};
     });

@@ -380,6 +380,28 @@ TEST_F(routes_model_test, stored_stable_segments_are_prewarmed_and_the_next_chat
     EXPECT_TRUE(json::parse(e.body)["jobs"].is_array());
 }
 
+// An SDK sends its tools (and system messages) with every request, not as stored
+// segments: the pre-warm after a PUT includes the stable segments the workspace's last
+// chat carried, so the next chat with the same tools is still a full hit.
+TEST_F(routes_model_test, a_prewarm_includes_the_tools_the_last_chat_carried) {
+    ASSERT_EQ(router_->handle(put_req("pw2", "map", {{"kind", "repo_map"}, {"content", repo_map_text(600, 3)}})).status, 201);
+    const json tools = json::array({{{"type", "function"},
+                                     {"function", {{"name", "read_file"},
+                                                   {"parameters", {{"type", "object"}, {"properties", {{"path", {{"type", "string"}}}}}}}}}}});
+    json chat_body = user_chat("Read it.");
+    chat_body["tools"] = tools;
+    ASSERT_EQ(post("/v1/workspaces/pw2/chat/completions", chat_body).status, 200);
+    const uint64_t before = n_prewarms(*sched_);
+    ASSERT_EQ(router_->handle(put_req("pw2", "map", {{"kind", "repo_map"}, {"content", repo_map_text(600, 4)}})).status, 200);
+    ASSERT_TRUE(wait_for_prewarms(*sched_, before + 1));
+    http_response res = post("/v1/workspaces/pw2/chat/completions", chat_body);
+    ASSERT_EQ(res.status, 200) << res.body;
+    const json w = json::parse(res.body)["warmctx"];
+    EXPECT_EQ(w["result"], "full_hit") << w.dump();
+    EXPECT_EQ(w["tokens_reused"], w["tokens_cacheable"]) << w.dump();
+    EXPECT_TRUE(w["prewarm"].is_object()) << w.dump();
+}
+
 // Durable workspaces: the segment store and the disk tier survive a restart. After it
 // the stored workspace is brought warm from the disk tier (a restore, no prefill) and
 // its first chat needs no PUT.
