@@ -320,6 +320,10 @@ class context_engine {
     // ok when the prompt fits a work sequence; else out_of_range naming the limit and
     // the flag (what begin_turn answers). Thread safety: as assemble_request.
     status check_fits(const assembled_prompt & ap) const;
+    // Before assembling: out_of_range when the request's text plainly needs more tokens
+    // than a work sequence holds (its bytes over the longest token's), so that megabytes
+    // are refused without being tokenized. Thread safety: as assemble_request.
+    status check_plausible(const turn_request & req) const;
 
     // Pins (or unpins) the stable blocks of the workspace's last turn.
     status pin_workspace(const std::string & workspace, bool pinned);

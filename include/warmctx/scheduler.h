@@ -159,7 +159,8 @@ class scheduler {
     scheduler_stats stats() const;
     // Assembles `req` on the calling thread (context_engine::assemble_request: safe while
     // the engine thread works), so a server thread tokenizes and refuses a prompt that
-    // does not fit before the job is queued; put the result in turn_request::assembled.
+    // does not fit before the job is queued - one whose text plainly cannot fit before
+    // it is tokenized at all (check_plausible); put the result in turn_request::assembled.
     result<assembled_prompt> assemble(const turn_request & req) const;
     // The engine's counters as the engine thread last published them (after every
     // finished job and engine call, and at least every 250 ms while it works), so a

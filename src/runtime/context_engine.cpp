@@ -85,6 +85,7 @@ struct context_engine::impl {
     profile prof;
     uint64_t now = 0;
     double prefill_tokens_per_ms = 0;  // exponential average of measured prefills
+    uint64_t max_piece_bytes = 0;      // the longest text any one token stands for
     std::map<std::string, workspace_history> workspaces;
     size_t n_remembered_tokens = 0;  // sum of workspaces' last_tokens
     context_counters ctr;
@@ -125,6 +126,21 @@ struct context_engine::impl {
         if (req.workspace.empty()) return invalid_argument("workspace name is empty");
         return warmctx::assemble(req.segments, opts.kinds, *tm, prof, opts.tenant_salt, prof.chunk_tokens,
                                  req.add_generation_prompt);
+    }
+
+    // No token covers more than max_piece_bytes of text: a request whose content plainly
+    // needs more tokens than a sequence holds is refused before it is tokenized
+    // (tokenizing megabytes takes seconds).
+    status plausible(const turn_request & req) const {
+        uint64_t bytes = 0;
+        for (const segment & sg : req.segments) bytes += sg.content.size() + sg.path.size();
+        const uint64_t n_ctx = eng->context().n_ctx_seq;
+        if (max_piece_bytes > 0 && bytes / max_piece_bytes > n_ctx)
+            return out_of_range("the request's segments hold " + std::to_string(bytes) + " bytes of text, at least " +
+                                std::to_string(bytes / max_piece_bytes) + " tokens (no token of this model covers more than " +
+                                std::to_string(max_piece_bytes) + " bytes), but the context holds " + std::to_string(n_ctx) +
+                                " per sequence (start the server with a larger -c/--n-ctx)");
+        return {};
     }
 
     status fits(const assembled_prompt & ap) const {
@@ -279,6 +295,8 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     if (!e.ok()) return e.error();
     p->eng = std::move(e.value());
     p->tm = make_engine_text_model(*p->eng);
+    for (token_id t = 0; t < p->eng->model().n_vocab; ++t)
+        p->max_piece_bytes = std::max<uint64_t>(p->max_piece_bytes, p->eng->token_piece(t).size());
     p->pool = std::make_unique<kv_pool>(*p->eng, k_first_pool_holder, opts.n_holders, p->cold_seq);
     p->streams.resize(opts.n_work_seqs);
     // A held prefix's bytes: its cells' K and V, and per cell the position and
@@ -306,6 +324,7 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
 
 result<assembled_prompt> context_engine::assemble_request(const turn_request & req) const { return p_->assemble(req); }
 status context_engine::check_fits(const assembled_prompt & ap) const { return p_->fits(ap); }
+status context_engine::check_plausible(const turn_request & req) const { return p_->plausible(req); }
 
 result<explain_report> context_engine::explain(const turn_request & req) const {
     auto ap = p_->assemble(req);

@@ -698,6 +698,7 @@ scheduler_stats scheduler::stats() const {
 }
 
 result<assembled_prompt> scheduler::assemble(const turn_request & req) const {
+    WARMCTX_RETURN_IF_ERROR(p_->ce->check_plausible(req));
     auto ap = p_->ce->assemble_request(req);
     if (ap.ok()) WARMCTX_RETURN_IF_ERROR(p_->ce->check_fits(*ap));
     return ap;

@@ -213,6 +213,17 @@ TEST(routes_progress, a_prefilling_stream_tells_its_progress_in_keep_alive_comme
     (*sc)->stop();
 }
 
+// A request whose text plainly needs more tokens than a sequence holds is refused
+// before it is tokenized at all (3 MB would take seconds to tokenize).
+TEST_F(routes_model_test, a_request_plainly_too_long_is_refused_before_tokenizing) {
+    std::string huge;
+    while (huge.size() < (3u << 20)) huge += "plenty of ordinary words to read here. ";
+    http_response res = post("/v1/chat/completions", chat(huge, false));
+    EXPECT_EQ(res.status, 400) << res.body.substr(0, 300);
+    EXPECT_NE(res.body.find("no token of this model covers more than"), std::string::npos) << res.body.substr(0, 300);
+    EXPECT_NE(res.body.find("-c/--n-ctx"), std::string::npos);
+}
+
 // A prompt that does not fit is assembled and refused on the HTTP thread: its 400 does
 // not wait for the engine thread (held here for 3 s).
 TEST_F(routes_model_test, a_prompt_too_long_is_refused_without_the_engine_thread) {
