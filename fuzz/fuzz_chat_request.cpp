@@ -117,6 +117,10 @@ void check_request(const json & body, body_mode mode) {
     FUZZ_CHECK(sp.top_k >= 0 && sp.top_k <= 1000000);
     FUZZ_CHECK(sp.stop.size() <= k_max_stop_strings);
     for (const std::string & s : sp.stop) FUZZ_CHECK(!s.empty());
+    FUZZ_CHECK(sp.presence_penalty >= -2 && sp.presence_penalty <= 2);
+    FUZZ_CHECK(sp.frequency_penalty >= -2 && sp.frequency_penalty <= 2);
+    FUZZ_CHECK(sp.logit_bias.size() <= 1024);
+    for (const auto & [tok, b] : sp.logit_bias) FUZZ_CHECK(tok >= 0 && b >= -100 && b <= 100);
     if (!cr.workspace.empty()) FUZZ_CHECK(!validate_workspace_id(cr.workspace));
 
     std::vector<segment> segs = cr.segments;
@@ -138,6 +142,21 @@ void check_request(const json & body, body_mode mode) {
         auto e = parse_segment_body(j, s.id, "segments[0]", back);
         FUZZ_CHECK_MSG(!e, e->message);
         FUZZ_CHECK(same_segment(back, s));
+    }
+    if (cr.raw) {  // a completion's prompt, as given
+        FUZZ_CHECK(mode == body_mode::text && segs.size() == 1);
+        static const testing::fake_text_model model;  // no FIM tokens: a suffix is refused
+        static const profile prof = fuzz::fixture_profile();
+        auto ap = assemble_raw(segs[0], cr.suffix, model, prof, "tenant", prof.chunk_tokens);
+        forget_calls(model);
+        if (cr.suffix) {
+            FUZZ_CHECK(!ap.ok() && ap.error().code() == status_code::invalid_argument);
+            return;
+        }
+        FUZZ_CHECK_MSG(ap.ok(), ap.error().message());
+        FUZZ_CHECK(ap->man.n_tokens == static_cast<pos_t>(ap->tokens.size()));
+        for (const block & b : ap->blocks) FUZZ_CHECK(b.cls == retention_class::low);
+        return;
     }
     // (The order check once per body: the workspace chat's segments are the most.)
     check_assembly(segs, kinds, mode == body_mode::workspace_chat);

@@ -80,6 +80,11 @@ class text_model {
     // Tokens that open every prompt (a BOS for models that want one; none for Qwen2).
     // They are part of the first segment's token range.
     virtual std::vector<token_id> prefix_tokens() const { return {}; }
+    // The fill-in-the-middle tokens, when the vocabulary has all three.
+    struct fim_tokens {
+        token_id prefix = -1, suffix = -1, middle = -1;
+    };
+    virtual std::optional<fim_tokens> fim() const { return std::nullopt; }
 };
 
 // ---- validation ----------------------------------------------------------------
@@ -216,6 +221,18 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
                                   const text_model & model, const profile & prof,
                                   std::string_view tenant_salt, uint32_t chunk_tokens,
                                   bool add_generation_prompt = true);
+
+// A raw completion (/v1/completions): the prompt is `prompt.content` as given - no chat
+// template - tokenized with special tokens parsed, after the model's prefix tokens, as
+// llama-server does. It is one piece of class `low` (cacheable: two prompts sharing a
+// beginning share its whole blocks). With a `suffix` (fill-in-the-middle): FIM prefix
+// token, the prompt, FIM suffix token, the suffix, FIM middle token; the part from the
+// FIM suffix token on is class `none` (never cached). The manifest has the prompt's
+// entry (and "suffix"). Errors: invalid_argument (an empty prompt, a suffix but no FIM
+// tokens in the vocabulary), as assemble's otherwise.
+result<assembled_prompt> assemble_raw(const segment & prompt, const std::optional<std::string> & suffix,
+                                      const text_model & model, const profile & prof, std::string_view tenant_salt,
+                                      uint32_t chunk_tokens);
 
 // h_0 = H(fingerprint, salt): the root every chain hash of a tenant starts from.
 hash128 root_hash(const profile & prof, std::string_view tenant_salt);

@@ -86,6 +86,10 @@ struct turn_request {
     // class none), generate nothing; finish_turn caches them. Counted apart from turns
     // (context_counters::prewarm); the workspace's next turn says it was served from it.
     bool prewarm = false;
+    // A raw completion: segments[0]'s content is the prompt as given, no chat template
+    // (assemble_raw); `suffix` makes it fill-in-the-middle.
+    bool raw = false;
+    std::optional<std::string> suffix;
     // The prompt assembled already, off the engine thread (assemble_request); used when
     // it was assembled under the engine's current profile, else assembled again.
     std::shared_ptr<const assembled_prompt> assembled;

@@ -18,7 +18,9 @@
 //   [0, P) computes [P, n) in exactly the chunks a cold run used.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -192,6 +194,8 @@ class engine {
     result<std::vector<token_id>> tokenize(std::string_view text, bool parse_special = true) const;
     result<std::string> detokenize(std::span<const token_id> tokens) const;
     std::string token_piece(token_id t) const;
+    // The fill-in-the-middle tokens (prefix, suffix, middle), when the vocabulary has all three.
+    std::optional<std::array<token_id, 3>> fim_tokens() const;
     // Renders messages through the model's own chat template.
     result<std::string> apply_chat_template(std::span<const chat_message> messages,
                                             bool add_generation_prompt) const;

@@ -263,6 +263,38 @@ std::vector<result<std::vector<token_id>>> tokenize_segments(std::span<const seg
 
 }  // namespace
 
+// Boundaries and blocks of an assembled prompt from its pieces (see assemble).
+static void build_blocks(assembled_prompt & out, const std::vector<piece> & pieces, const profile & prof,
+                  std::string_view tenant_salt, uint32_t chunk_tokens) {
+    const auto n_tokens = static_cast<pos_t>(out.tokens.size());
+    // A piece starts a chunk unless the piece before it has retention `none`: nothing
+    // at or after a `none` block is ever cached, so no warm turn can start there, and
+    // chunking the uncached tail together (the question and the generation prompt, say)
+    // saves a decode call per turn without changing any KV that is reused.
+    std::vector<bool> starts_run(pieces.size(), true);
+    for (size_t i = 1; i < pieces.size(); ++i) starts_run[i] = pieces[i - 1].cls != retention_class::none;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+        const piece & pc = pieces[i];
+        if (starts_run[i] && pc.begin > 0 && pc.begin < n_tokens &&
+            (out.boundaries.empty() || out.boundaries.back() != pc.begin))
+            out.boundaries.push_back(pc.begin);
+    }
+
+    // Blocks: the canonical chunks (warmctx/chunking.h) of the whole prompt, each named
+    // by the chain hash of everything up to its end. A block that spans several pieces
+    // is `none` (only pieces after a `none` one share a chunk) and is named after the
+    // piece it starts in.
+    out.root_hash = root_hash(prof, tenant_salt);
+    hash128 h = out.root_hash;
+    size_t at = 0;
+    for (auto [b, e] : plan_chunks(0, n_tokens, out.boundaries, static_cast<int32_t>(chunk_tokens))) {
+        while (pieces[at].end <= b) ++at;
+        const bool one_piece = e <= pieces[at].end;
+        h = chain_hash(h, std::span(out.tokens).subspan(b, e - b));
+        out.blocks.push_back({h, b, e, one_piece ? pieces[at].cls : retention_class::none, pieces[at].segment_index});
+    }
+}
+
 result<assembled_prompt> assemble(std::span<const segment> segs, const kind_table & kinds,
                                   const text_model & model, const profile & prof,
                                   std::string_view tenant_salt, uint32_t chunk_tokens,
@@ -335,32 +367,7 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     const auto n_tokens = static_cast<pos_t>(out.tokens.size());
     man.n_tokens = n_tokens;
 
-    // A piece starts a chunk unless the piece before it has retention `none`: nothing
-    // at or after a `none` block is ever cached, so no warm turn can start there, and
-    // chunking the uncached tail together (the question and the generation prompt, say)
-    // saves a decode call per turn without changing any KV that is reused.
-    std::vector<bool> starts_run(pieces.size(), true);
-    for (size_t i = 1; i < pieces.size(); ++i) starts_run[i] = pieces[i - 1].cls != retention_class::none;
-    for (size_t i = 0; i < pieces.size(); ++i) {
-        const piece & pc = pieces[i];
-        if (starts_run[i] && pc.begin > 0 && pc.begin < n_tokens &&
-            (out.boundaries.empty() || out.boundaries.back() != pc.begin))
-            out.boundaries.push_back(pc.begin);
-    }
-
-    // Blocks: the canonical chunks (warmctx/chunking.h) of the whole prompt, each named
-    // by the chain hash of everything up to its end. A block that spans several pieces
-    // is `none` (only pieces after a `none` one share a chunk) and is named after the
-    // piece it starts in.
-    out.root_hash = root_hash(prof, tenant_salt);
-    hash128 h = out.root_hash;
-    size_t at = 0;
-    for (auto [b, e] : plan_chunks(0, n_tokens, out.boundaries, static_cast<int32_t>(chunk_tokens))) {
-        while (pieces[at].end <= b) ++at;
-        const bool one_piece = e <= pieces[at].end;
-        h = chain_hash(h, std::span(out.tokens).subspan(b, e - b));
-        out.blocks.push_back({h, b, e, one_piece ? pieces[at].cls : retention_class::none, pieces[at].segment_index});
-    }
+    build_blocks(out, pieces, prof, tenant_salt, chunk_tokens);
 
     // The stable prefix: the leading run of `stable` segments.
     out.stable_prefix_hash = out.root_hash;
@@ -375,6 +382,62 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
 
     man.stable_end = out.stable_end;
     man.n_stable_tokens = out.n_stable_tokens;
+    man.stable_prefix_hash = out.stable_prefix_hash;
+    man.profile_fingerprint = prof.fingerprint();
+    return out;
+}
+
+result<assembled_prompt> assemble_raw(const segment & prompt, const std::optional<std::string> & suffix,
+                                      const text_model & model, const profile & prof, std::string_view tenant_salt,
+                                      uint32_t chunk_tokens) {
+    if (prompt.content.empty()) return invalid_argument("assemble_raw: the prompt is empty");
+    if (chunk_tokens == 0 || prof.chunk_tokens != chunk_tokens)
+        return invalid_argument("assemble_raw: chunk_tokens must be the profile's");
+    std::optional<text_model::fim_tokens> fim;
+    if (suffix) {
+        fim = model.fim();
+        if (!fim) return invalid_argument("this model's vocabulary has no fill-in-the-middle tokens");
+    }
+    assembled_prompt out;
+    manifest & man = out.man;
+    std::vector<piece> pieces;
+    WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, model.prefix_tokens()));
+    if (fim) out.tokens.push_back(fim->prefix);
+    auto toks = model.tokenize(prompt.content);
+    if (!toks.ok()) return toks.error().with_context("the prompt: tokenizing");
+    WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, *toks));
+    manifest_entry e;
+    e.id = prompt.id;
+    e.kind = prompt.kind;
+    e.cls = retention_class::low;
+    e.token_begin = 0;
+    e.token_end = static_cast<pos_t>(out.tokens.size());
+    e.content_bytes = prompt.content.size();
+    e.content_hash = hash_string(prompt.content);
+    e.token_hash = hash_tokens(out.tokens);
+    pieces.push_back({e.token_begin, e.token_end, e.cls, 0});
+    man.segments.push_back(std::move(e));
+    if (fim) {
+        manifest_entry f;
+        f.id = "suffix";
+        f.kind = segment_kind::user;
+        f.cls = retention_class::none;
+        f.token_begin = static_cast<pos_t>(out.tokens.size());
+        out.tokens.push_back(fim->suffix);
+        auto st = model.tokenize(*suffix);
+        if (!st.ok()) return st.error().with_context("the suffix: tokenizing");
+        WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, *st));
+        out.tokens.push_back(fim->middle);
+        f.token_end = static_cast<pos_t>(out.tokens.size());
+        f.content_bytes = suffix->size();
+        f.content_hash = hash_string(*suffix);
+        f.token_hash = hash_tokens(std::span(out.tokens).subspan(f.token_begin, f.n_tokens()));
+        pieces.push_back({f.token_begin, f.token_end, f.cls, 1});
+        man.segments.push_back(std::move(f));
+    }
+    man.n_tokens = static_cast<pos_t>(out.tokens.size());
+    build_blocks(out, pieces, prof, tenant_salt, chunk_tokens);
+    out.stable_prefix_hash = out.root_hash;
     man.stable_prefix_hash = out.stable_prefix_hash;
     man.profile_fingerprint = prof.fingerprint();
     return out;

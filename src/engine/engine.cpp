@@ -489,6 +489,13 @@ result<std::string> engine::detokenize(std::span<const token_id> tokens) const {
     return out;
 }
 
+std::optional<std::array<token_id, 3>> engine::fim_tokens() const {
+    const token_id pre = llama_vocab_fim_pre(p_->vocab), suf = llama_vocab_fim_suf(p_->vocab),
+                   mid = llama_vocab_fim_mid(p_->vocab);
+    if (pre < 0 || suf < 0 || mid < 0) return std::nullopt;
+    return std::array<token_id, 3>{pre, suf, mid};
+}
+
 std::string engine::token_piece(token_id t) const {
     char buf[256];
     int32_t n = llama_token_to_piece(p_->vocab, t, buf, sizeof buf, 0, false);

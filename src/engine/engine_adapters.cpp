@@ -23,6 +23,11 @@ class engine_text_model final : public text_model {
             gen_prompt_ = with->substr(without->size());
     }
     result<std::vector<token_id>> tokenize(std::string_view text) const override { return e_.tokenize(text, true); }
+    std::optional<fim_tokens> fim() const override {
+        auto f = e_.fim_tokens();
+        if (!f) return std::nullopt;
+        return fim_tokens{(*f)[0], (*f)[1], (*f)[2]};
+    }
     // Segment contents repeat turn after turn (a 47k-token stable context is mostly
     // the same few texts), and tokenizing them is most of a warm turn's CPU time; so
     // their tokens are remembered by content hash, least recently used first out.

@@ -124,6 +124,10 @@ struct context_engine::impl {
 
     result<assembled_prompt> assemble(const turn_request & req) const {
         if (req.workspace.empty()) return invalid_argument("workspace name is empty");
+        if (req.raw) {
+            if (req.segments.size() != 1) return invalid_argument("a raw prompt is exactly one segment");
+            return warmctx::assemble_raw(req.segments[0], req.suffix, *tm, prof, opts.tenant_salt, prof.chunk_tokens);
+        }
         return warmctx::assemble(req.segments, opts.kinds, *tm, prof, opts.tenant_salt, prof.chunk_tokens,
                                  req.add_generation_prompt);
     }

@@ -264,13 +264,21 @@ maybe_error parse_completion_request(const json & body, body_mode mode, const re
             return wrong_type("prompt", "a string", *prompt);
         }
         if (text.empty()) return bad_request("invalid_value", "prompt is empty", "prompt");
+        // The prompt as given, no chat template (OpenAI's and llama-server's meaning).
         segment s;
         s.kind = segment_kind::user;
-        s.id = "user";
+        s.id = "prompt";
         s.content = std::move(text);
         out.segments.push_back(std::move(s));
-        if (tools) {
-            if (auto e = map_messages(json::array(), tools, out.segments)) return e;
+        out.raw = true;
+        if (tools && !tools->is_null())
+            return bad_request("unsupported_parameter", "tools is not supported by /v1/completions (use chat)", "tools");
+        if (segs && !segs->is_null())
+            return bad_request("unsupported_parameter",
+                               "segments is not supported by /v1/completions: its prompt is raw text", "segments");
+        if (const json * sf = field(body, "suffix"); sf && !sf->is_null()) {
+            if (!sf->is_string()) return wrong_type("suffix", "a string", *sf);
+            if (!sf->get<std::string>().empty()) out.suffix = sf->get<std::string>();
         }
     } else {
         if (!messages && !(mode == body_mode::workspace_chat && segs)) {
@@ -287,7 +295,7 @@ maybe_error parse_completion_request(const json & body, body_mode mode, const re
             if (auto e = map_messages(json::array(), tools, out.segments)) return e;
         }
     }
-    if (segs) {
+    if (segs && mode != body_mode::text) {
         if (auto e = parse_segments(*segs, "segments", out.segments)) return e;
     }
     if (out.segments.empty()) return bad_request("invalid_value", "the request has no content", "messages");
@@ -399,8 +407,6 @@ maybe_error parse_completion_request(const json & body, body_mode mode, const re
                                          "a required or named tool cannot be enforced");
     }
     if (mode == body_mode::text) {
-        if (const json * v = field(body, "suffix"); v && !v->is_null() && !(v->is_string() && v->get<std::string>().empty()))
-            return refuse("suffix", "fill-in-the-middle is not implemented yet");
         if (const json * v = field(body, "echo"); v && v->is_boolean() && v->get<bool>())
             return refuse("echo", "the prompt is not echoed back");
         if (const json * v = field(body, "best_of"); v && v->is_number_integer() && v->get<int64_t>() > 1)

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +53,8 @@ struct completion_request {
     sampling_params sampling;
     bool stream = false;
     bool include_usage = false;         // stream_options.include_usage
+    bool raw = false;                   // /v1/completions: the prompt as given, no template
+    std::optional<std::string> suffix;  // /v1/completions: fill-in-the-middle
 };
 
 // What the body of each route must carry.
@@ -65,7 +68,7 @@ enum class body_mode {
 // (clients send many); known fields of the wrong type or out of range are a 400 naming
 // the field, and so are known fields this server does not implement yet (logprobs,
 // top_logprobs, a response_format other than text, a tool_choice other than auto/none,
-// a completion's suffix/echo/best_of). Sampling defaults: max_tokens to the end of the
+// a completion's echo/best_of). Sampling defaults: max_tokens to the end of the
 // context (limits.default_max_tokens when set), temperature 1 (OpenAI's), top_p 1, a
 // random seed when none is given; presence_penalty, frequency_penalty and logit_bias
 // go to the sampler.

@@ -202,6 +202,8 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     job.turn.workspace = cr.workspace;
     job.turn.segments = std::move(cr.segments);
     job.turn.sampling = cr.sampling;
+    job.turn.raw = cr.raw;
+    job.turn.suffix = cr.suffix;
     {
         // Assembled and tokenized here, not on the engine thread: a prompt that does not
         // fit is refused without queueing, and the engine thread only looks it up.

@@ -513,5 +513,51 @@ TEST(Hashes, ParseHash128RoundTrips) {
     EXPECT_FALSE(parse_hash128(std::string(31, '0') + "g").ok());
 }
 
+// A raw completion: the prompt as given (control tokens parsed), no template, one
+// cacheable piece; two prompts sharing a beginning share its whole blocks; with a
+// suffix, fill-in-the-middle tokens around it and nothing after the prompt cached.
+TEST(Assembler, ARawPromptIsTheTextAsGivenAndCacheable) {
+    fake_text_model m;
+    m.add_bos = true;
+    const uint32_t chunk = 8;
+    segment p{"prompt", segment_kind::user, "", "", "def f(x):\n<|im_end|> return x + 1\n"};
+    auto a = assemble_raw(p, std::nullopt, m, test_profile(chunk), "", chunk);
+    ASSERT_TRUE(a.ok()) << a.error().to_string();
+    auto t = m.tokenize(p.content);
+    std::vector<token_id> want = {fake_text_model::k_bos};
+    want.insert(want.end(), t->begin(), t->end());
+    EXPECT_EQ(a->tokens, want);  // no template; "<|im_end|>" is the control token, as given
+    ASSERT_EQ(a->man.segments.size(), 1u);
+    EXPECT_EQ(a->man.generation_prompt_begin, -1);
+    ASSERT_FALSE(a->blocks.empty());
+    for (const block & b : a->blocks) EXPECT_EQ(b.cls, retention_class::low);
+
+    segment longer = p;
+    longer.content += "def g(y):\n return y\n";
+    auto b = assemble_raw(longer, std::nullopt, m, test_profile(chunk), "", chunk);
+    ASSERT_TRUE(b.ok());
+    const size_t whole = a->tokens.size() / chunk;  // blocks entirely inside the shorter prompt
+    ASSERT_GT(whole, 1u);
+    for (size_t i = 0; i < whole; ++i) EXPECT_EQ(a->blocks[i].chain, b->blocks[i].chain) << i;
+
+    EXPECT_EQ(assemble_raw(p, std::string("}"), m, test_profile(chunk), "", chunk).error().code(),
+              status_code::invalid_argument) << "no FIM tokens";
+    m.has_fim = true;
+    auto f = assemble_raw(p, std::string("}\n"), m, test_profile(chunk), "", chunk);
+    ASSERT_TRUE(f.ok());
+    EXPECT_EQ(f->tokens[0], fake_text_model::k_bos);
+    EXPECT_EQ(f->tokens[1], fake_text_model::k_fim_pre);
+    EXPECT_EQ(f->tokens.back(), fake_text_model::k_fim_mid);
+    const size_t at_suf = std::find(f->tokens.begin(), f->tokens.end(), fake_text_model::k_fim_suf) - f->tokens.begin();
+    EXPECT_EQ(at_suf, 2 + t->size());
+    ASSERT_EQ(f->man.segments.size(), 2u);
+    EXPECT_EQ(f->man.segments[1].cls, retention_class::none);
+    EXPECT_EQ(f->man.segments[1].token_begin, (pos_t)at_suf);
+    EXPECT_EQ(f->blocks.back().cls, retention_class::none);
+    segment empty = p;
+    empty.content.clear();
+    EXPECT_FALSE(assemble_raw(empty, std::nullopt, m, test_profile(chunk), "", chunk).ok());
+}
+
 }  // namespace
 }  // namespace warmctx

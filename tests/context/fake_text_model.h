@@ -81,6 +81,13 @@ class fake_text_model : public text_model {
         return {};
     }
 
+    static constexpr token_id k_fim_pre = 259, k_fim_suf = 260, k_fim_mid = 261;
+    bool has_fim = false;  // fim() answers
+    std::optional<fim_tokens> fim() const override {
+        if (!has_fim) return std::nullopt;
+        return fim_tokens{k_fim_pre, k_fim_suf, k_fim_mid};
+    }
+
     // The model "remembers" the tokens of every content longer than this
     // (remembered_plain answers for them).
     size_t remember_over = std::string::npos;

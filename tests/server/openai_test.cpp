@@ -171,12 +171,26 @@ TEST(openai_mapping, unimplemented_parameters_are_refused_by_name) {
               {"parallel_tool_calls", true}});
     parse_ok({{"messages", msgs}, {"tool_choice", "none"}, {"top_logprobs", nullptr}});
     for (const auto & [key, value] : std::vector<std::pair<std::string, json>>{
-             {"suffix", "}"}, {"echo", true}, {"best_of", 2}, {"logprobs", 2}}) {
+             {"echo", true}, {"best_of", 2}, {"logprobs", 2}, {"tools", json::array()}, {"segments", json::array()}}) {
         api_error e = parse_err({{"prompt", "def f("}, {key, value}}, body_mode::text);
         EXPECT_EQ(e.code, "unsupported_parameter") << key;
         EXPECT_EQ(e.param, key);
     }
     parse_ok({{"prompt", "def f("}, {"logprobs", 0}, {"echo", false}, {"best_of", 1}, {"suffix", ""}}, body_mode::text);
+}
+
+// /v1/completions: the prompt as given (raw), a suffix makes it fill-in-the-middle.
+TEST(openai_mapping, a_completion_prompt_is_raw) {
+    completion_request cr = parse_ok({{"prompt", "def f(x):"}}, body_mode::text);
+    EXPECT_TRUE(cr.raw);
+    ASSERT_EQ(cr.segments.size(), 1u);
+    EXPECT_EQ(cr.segments[0].content, "def f(x):");
+    EXPECT_FALSE(cr.suffix.has_value());
+    completion_request fim = parse_ok({{"prompt", "def f(x):"}, {"suffix", "\n    return y"}}, body_mode::text);
+    ASSERT_TRUE(fim.suffix.has_value());
+    EXPECT_EQ(*fim.suffix, "\n    return y");
+    EXPECT_EQ(parse_err({{"prompt", "x"}, {"suffix", 3}}, body_mode::text).param, "suffix");
+    EXPECT_FALSE(parse_ok({{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}}).raw);
 }
 
 // Found by fuzz/fuzz_chat_request.cpp: a top_p in (0, 1] but below float's smallest
@@ -227,7 +241,7 @@ TEST(openai_mapping, workspace_chat_takes_segments_only_and_text_takes_a_prompt)
     EXPECT_EQ(w.segments[0].kind, segment_kind::user);
     completion_request t = parse_ok({{"prompt", "hello"}}, body_mode::text);
     ASSERT_EQ(t.segments.size(), 1u);
-    EXPECT_EQ(t.segments[0].id, "user");
+    EXPECT_EQ(t.segments[0].id, "prompt");
     EXPECT_EQ(t.shape, api_shape::text);
 }
 

@@ -213,6 +213,34 @@ TEST(routes_progress, a_prefilling_stream_tells_its_progress_in_keep_alive_comme
     (*sc)->stop();
 }
 
+// /v1/completions takes its prompt as given: no chat template around it (its prompt
+// tokens are the text's own), a second prompt with the same beginning reuses its
+// blocks, and a suffix needs the vocabulary's FIM tokens.
+TEST_F(routes_model_test, completions_take_the_prompt_as_given) {
+    std::string code;
+    for (int i = 0; code.size() < 1200; ++i) code += "def f" + std::to_string(i) + "(x):\n    return x * " + std::to_string(i) + "\n";
+    auto tokens_of = [&](const std::string & text) {
+        size_t n = 0;
+        EXPECT_TRUE(sched_->call([&](context_engine & ce) { n = ce.tokenize(text)->size(); }).ok());
+        return n;
+    };
+    http_response a = post("/v1/completions", {{"prompt", code}, {"max_tokens", 2}, {"temperature", 0}});
+    ASSERT_EQ(a.status, 200) << a.body;
+    const json ja = json::parse(a.body);
+    EXPECT_EQ(ja["object"], "text_completion");
+    EXPECT_EQ(ja["usage"]["prompt_tokens"].get<size_t>(), tokens_of(code)) << "the text's own tokens, no template";
+    http_response b = post("/v1/completions", {{"prompt", code + "def g(y):\n"}, {"max_tokens", 2}, {"temperature", 0}});
+    ASSERT_EQ(b.status, 200) << b.body;
+    EXPECT_GE(json::parse(b.body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 64)
+        << "the shared beginning is reused";
+    // The tiny model's vocabulary (Qwen2's) has no fill-in-the-middle tokens: a suffix is
+    // a 400 that says so (the FIM layout itself: Assembler.ARawPromptIsTheTextAsGivenAndCacheable).
+    http_response f = post("/v1/completions", {{"prompt", "def add(a, b):\n"}, {"suffix", "\nprint(add(1, 2))\n"},
+                                               {"max_tokens", 2}, {"temperature", 0}});
+    EXPECT_EQ(f.status, 400) << f.body;
+    EXPECT_NE(f.body.find("no fill-in-the-middle tokens"), std::string::npos) << f.body;
+}
+
 // A request whose text plainly needs more tokens than a sequence holds is refused
 // before it is tokenized at all (3 MB would take seconds to tokenize).
 TEST_F(routes_model_test, a_request_plainly_too_long_is_refused_before_tokenizing) {
