@@ -138,6 +138,24 @@ TEST(Scheduler, AThrowOnTheEngineThreadFailsOnlyThatJob) {
     EXPECT_EQ((*s)->stats().n_completed, 1u);
 }
 
+// `done` (a job run with keep_logits) equals the cold run of `r` bit for bit.
+void expect_equals_cold(scheduler & s, const turn_request & r, const completion_event & done,
+                        const std::string * streamed = nullptr) {
+    std::optional<turn_result> cold;
+    ASSERT_TRUE(s.call([&](context_engine & ce) {
+        auto c = ce.run_cold(r);
+        if (c.ok()) cold = std::move(c.value());
+    }).ok());
+    ASSERT_TRUE(cold.has_value());
+    EXPECT_EQ(done.tokens, cold->gen.tokens);
+    if (streamed) EXPECT_EQ(*streamed, cold->gen.text);
+    ASSERT_FALSE(done.prompt_logits.empty());
+    ASSERT_EQ(done.prompt_logits.size(), cold->prompt_logits.size());
+    EXPECT_EQ(0, std::memcmp(done.prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
+    ASSERT_EQ(done.gen_logits.size(), cold->gen_logits.size());
+    EXPECT_EQ(0, std::memcmp(done.gen_logits.data(), cold->gen_logits.data(), cold->gen_logits.size() * 4));
+}
+
 // A job decoded alone (the warm path: its prefix copied from the cache) gives the same
 // tokens and bit-identical logits, after the prompt and at every generation step, as
 // the cold reference run; and its streamed deltas are exactly the cold text.
@@ -160,19 +178,7 @@ TEST(Scheduler, ALoneJobEqualsTheColdRun) {
     std::string streamed;
     for (auto & e : second.events) if (e.what == completion_event::kind::delta) streamed += e.text;
 
-    std::optional<turn_result> cold;
-    ASSERT_TRUE((*s)->call([&](context_engine & ce) {
-        auto r = ce.run_cold(warm_req);
-        if (r.ok()) cold = std::move(r.value());
-    }).ok());
-    ASSERT_TRUE(cold.has_value());
-    EXPECT_EQ(done.tokens, cold->gen.tokens);
-    EXPECT_EQ(streamed, cold->gen.text);
-    ASSERT_EQ(done.prompt_logits.size(), cold->prompt_logits.size());
-    ASSERT_FALSE(done.prompt_logits.empty());
-    EXPECT_EQ(0, std::memcmp(done.prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
-    ASSERT_EQ(done.gen_logits.size(), cold->gen_logits.size());
-    EXPECT_EQ(0, std::memcmp(done.gen_logits.data(), cold->gen_logits.data(), cold->gen_logits.size() * 4));
+    expect_equals_cold(**s, warm_req, done, &streamed);
 }
 
 // A cold prompt is prefilled one canonical chunk per round: a small job admitted
@@ -206,18 +212,7 @@ TEST(Scheduler, AnInterleavedPrefillEqualsTheColdRunAndDoesNotStallOthers) {
     EXPECT_EQ((*s)->stats().prefilling_jobs, 0u);
     const completion_event & done = *cb.last();
     EXPECT_EQ(done.usage.cached_tokens, 0);
-    std::optional<turn_result> cold;
-    ASSERT_TRUE((*s)->call([&](context_engine & ce) {
-        auto r = ce.run_cold(big);
-        if (r.ok()) cold = std::move(r.value());
-    }).ok());
-    ASSERT_TRUE(cold.has_value());
-    EXPECT_EQ(done.tokens, cold->gen.tokens);
-    ASSERT_EQ(done.prompt_logits.size(), cold->prompt_logits.size());
-    ASSERT_FALSE(done.prompt_logits.empty());
-    EXPECT_EQ(0, std::memcmp(done.prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
-    ASSERT_EQ(done.gen_logits.size(), cold->gen_logits.size());
-    EXPECT_EQ(0, std::memcmp(done.gen_logits.data(), cold->gen_logits.data(), cold->gen_logits.size() * 4));
+    expect_equals_cold(**s, big, done);
 }
 
 TEST(Scheduler, BatchesConcurrentJobsAndCompletesThemAll) {
@@ -338,21 +333,6 @@ bool wait_prewarms(scheduler & s, uint64_t n) {
     return false;
 }
 
-// `done` (a job run with keep_logits) equals the cold run of `r` bit for bit.
-void expect_equals_cold(scheduler & s, const turn_request & r, const completion_event & done) {
-    std::optional<turn_result> cold;
-    ASSERT_TRUE(s.call([&](context_engine & ce) {
-        auto c = ce.run_cold(r);
-        if (c.ok()) cold = std::move(c.value());
-    }).ok());
-    ASSERT_TRUE(cold.has_value());
-    EXPECT_EQ(done.tokens, cold->gen.tokens);
-    ASSERT_FALSE(done.prompt_logits.empty());
-    ASSERT_EQ(done.prompt_logits.size(), cold->prompt_logits.size());
-    EXPECT_EQ(0, std::memcmp(done.prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
-    ASSERT_EQ(done.gen_logits.size(), cold->gen_logits.size());
-    EXPECT_EQ(0, std::memcmp(done.gen_logits.data(), cold->gen_logits.data(), cold->gen_logits.size() * 4));
-}
 
 // A pre-warm caches the stored context without generating; the chat sent after it is a
 // full hit that prefills only its question, says it was served from the pre-warm, and
