@@ -120,6 +120,7 @@ void check_request(const json & body, body_mode mode) {
     FUZZ_CHECK(sp.presence_penalty >= -2 && sp.presence_penalty <= 2);
     FUZZ_CHECK(sp.frequency_penalty >= -2 && sp.frequency_penalty <= 2);
     FUZZ_CHECK(sp.logit_bias.size() <= 1024);
+    FUZZ_CHECK(sp.n_logprobs >= -1 && sp.n_logprobs <= 20);
     for (const auto & [tok, b] : sp.logit_bias) FUZZ_CHECK(tok >= 0 && b >= -100 && b <= 100);
     if (!cr.workspace.empty()) FUZZ_CHECK(!validate_workspace_id(cr.workspace));
 

@@ -101,6 +101,20 @@ struct sampling_params {
     float frequency_penalty = 0.0f;
     // Added to a token's logit before sampling (OpenAI's logit_bias; -100 bans it).
     std::vector<std::pair<token_id, float>> logit_bias;
+    // Log-probabilities of each generated token (from the model's logits, before any
+    // sampler): -1 = none, 0 = the chosen token's, k = also the k most likely (<= 20).
+    int32_t n_logprobs = -1;
+};
+
+// One generated token's log-probability (natural log, over the whole vocabulary).
+struct token_logprob {
+    token_id token = -1;
+    float logprob = 0;
+    std::string piece;  // its text (may be part of a UTF-8 character)
+};
+struct token_logprobs {
+    token_logprob chosen;
+    std::vector<token_logprob> top;  // the most likely first (n_logprobs of them)
 };
 inline constexpr int32_t k_penalty_window = 4096;
 
@@ -152,6 +166,7 @@ class generation_step {
                                   // of a UTF-8 character)
         bool finished = false;
         finish_reason finish = finish_reason::length;  // when finished
+        std::optional<token_logprobs> logprobs;        // sp.n_logprobs >= 0 and a token was sampled
     };
     // Errors: those of token_sampler::make.
     static result<std::unique_ptr<generation_step>> make(const engine & e, const sampling_params & sp);

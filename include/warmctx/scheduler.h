@@ -47,6 +47,9 @@ struct completion_event {
     kind what = kind::delta;
     std::string text;
     token_id token = -1;
+    // delta: the log-probabilities of the tokens whose text this delta completes (the
+    // request asked sampling.n_logprobs >= 0); tokens of a stop string are not reported.
+    std::vector<token_logprobs> logprobs;
     finish_reason finish = finish_reason::length;
     completion_usage usage;
     explain_report explain;  // started, done

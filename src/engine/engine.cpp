@@ -630,6 +630,29 @@ struct generation_step::impl {
     explicit impl(std::vector<std::string> stop) : text(std::move(stop)) {}
 };
 
+namespace {
+// log-softmax over the whole vocabulary: the chosen token's and the k largest.
+token_logprobs logprobs_of(const engine & e, std::span<const float> logits, token_id chosen, int32_t k) {
+    float mx = -INFINITY;
+    for (float x : logits) mx = std::max(mx, x);
+    double sum = 0;
+    for (float x : logits) sum += std::exp((double)x - mx);
+    const float log_z = mx + (float)std::log(sum);
+    token_logprobs out;
+    out.chosen = {chosen, logits[(size_t)chosen] - log_z, e.token_piece(chosen)};
+    const size_t n = std::min<size_t>((size_t)std::max(k, 0), logits.size());
+    if (n > 0) {
+        std::vector<token_id> idx(logits.size());
+        for (size_t i = 0; i < idx.size(); ++i) idx[i] = (token_id)i;
+        std::partial_sort(idx.begin(), idx.begin() + (long)n, idx.end(), [&](token_id a, token_id b) {
+            return logits[(size_t)a] > logits[(size_t)b] || (logits[(size_t)a] == logits[(size_t)b] && a < b);
+        });
+        for (size_t i = 0; i < n; ++i) out.top.push_back({idx[i], logits[(size_t)idx[i]] - log_z, e.token_piece(idx[i])});
+    }
+    return out;
+}
+}  // namespace
+
 generation_step::generation_step(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 generation_step::~generation_step() = default;
 
@@ -652,6 +675,7 @@ generation_step::decision generation_step::next(std::span<const float> logits, p
     };
     if ((int32_t)p_->tokens.size() >= p_->sp.max_tokens) return end(finish_reason::length);
     d.token = p_->sampler->sample(logits);
+    if (p_->sp.n_logprobs >= 0) d.logprobs = logprobs_of(*p_->e, logits, d.token, p_->sp.n_logprobs);
     if (p_->e->is_end_of_generation(d.token)) return end(finish_reason::eos);
     p_->tokens.push_back(d.token);
     d.delta = p_->text.push(p_->e->token_piece(d.token));

@@ -56,6 +56,7 @@ struct active_job {
     bool failed = false;         // cancelled because serving it failed (counted as failed)
     finish_reason finish = finish_reason::length;
     double t_queue_ms = 0, t_first_token_ms = 0;
+    std::vector<token_logprobs> logprobs;  // not yet sent with an event
 };
 }  // namespace
 
@@ -327,11 +328,14 @@ struct scheduler::impl {
         if (j.q.job.turn.keep_logits && j.gen->n_generated() < j.q.job.turn.sampling.max_tokens)
             j.gen_logits.insert(j.gen_logits.end(), j.logits.begin(), j.logits.end());
         auto d = j.gen->next(j.logits, j.pos);
+        if (d.logprobs) j.logprobs.push_back(std::move(*d.logprobs));
         if (!d.delta.empty()) {
             completion_event ev;
             ev.what = completion_event::kind::delta;
             ev.text = std::move(d.delta);
             ev.token = d.token;
+            ev.logprobs = std::move(j.logprobs);
+            j.logprobs.clear();
             if (!emit(j, ev)) return;
         }
         if (d.finished) {
@@ -360,6 +364,8 @@ struct scheduler::impl {
                 completion_event ev;
                 ev.what = completion_event::kind::delta;
                 ev.text = std::move(rest);
+                ev.logprobs = std::move(j.logprobs);
+                j.logprobs.clear();
                 emit(j, ev);
             }
             status st = ce->finish_turn(j.turn, (size_t)j.gen->n_generated());

@@ -388,11 +388,27 @@ maybe_error parse_completion_request(const json & body, body_mode mode, const re
     auto refuse = [](const char * param, const std::string & why) {
         return bad_request("unsupported_parameter", std::string(param) + " is not supported: " + why, param);
     };
-    if (const json * v = field(body, "logprobs"); v && !v->is_null() && !(v->is_boolean() && !v->get<bool>()) &&
-                                                  !(mode == body_mode::text && v->is_number_integer() && v->get<int64_t>() == 0))
-        return refuse("logprobs", "this server does not return log-probabilities yet");
-    if (const json * v = field(body, "top_logprobs"); v && !v->is_null())
-        return refuse("top_logprobs", "this server does not return log-probabilities yet");
+    // logprobs: chat `logprobs: true` with `top_logprobs` 0..20; text `logprobs: k` (0..20).
+    if (const json * v = field(body, "logprobs"); v && !v->is_null()) {
+        if (mode == body_mode::text) {
+            if (!v->is_number_integer()) return wrong_type("logprobs", "an integer", *v);
+            const int64_t k = v->get<int64_t>();
+            if (k < 0 || k > 20) return bad_request("invalid_value", "logprobs must be in [0, 20]", "logprobs");
+            sp.n_logprobs = static_cast<int32_t>(k);
+        } else {
+            if (!v->is_boolean()) return wrong_type("logprobs", "a boolean", *v);
+            if (v->get<bool>()) sp.n_logprobs = 0;
+        }
+    }
+    if (const json * v = field(body, "top_logprobs"); v && !v->is_null()) {
+        if (mode == body_mode::text) return bad_request("invalid_value", "top_logprobs is a chat field", "top_logprobs");
+        if (!v->is_number_integer()) return wrong_type("top_logprobs", "an integer", *v);
+        const int64_t k = v->get<int64_t>();
+        if (k < 0 || k > 20) return bad_request("invalid_value", "top_logprobs must be in [0, 20]", "top_logprobs");
+        if (sp.n_logprobs < 0)
+            return bad_request("invalid_value", "top_logprobs needs logprobs: true", "top_logprobs");
+        sp.n_logprobs = static_cast<int32_t>(k);
+    }
     if (const json * v = field(body, "response_format"); v && !v->is_null()) {
         if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string())
             return wrong_type("response_format", "an object with a string `type`", *v);
@@ -517,15 +533,53 @@ json chunk_base(const response_meta & m) {
 }
 }  // namespace
 
+namespace {
+json bytes_of(const std::string & piece) {
+    json b = json::array();
+    for (unsigned char c : piece) b.push_back((int)c);
+    return b;
+}
+}  // namespace
+
+json logprobs_json(api_shape shape, const std::vector<token_logprobs> & lps, size_t offset) {
+    if (shape == api_shape::chat) {
+        json content = json::array();
+        for (const token_logprobs & t : lps) {
+            json top = json::array();
+            for (const token_logprob & a : t.top)
+                top.push_back({{"token", a.piece}, {"logprob", a.logprob}, {"bytes", bytes_of(a.piece)}});
+            content.push_back({{"token", t.chosen.piece},
+                               {"logprob", t.chosen.logprob},
+                               {"bytes", bytes_of(t.chosen.piece)},
+                               {"top_logprobs", std::move(top)}});
+        }
+        return {{"content", std::move(content)}};
+    }
+    json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+    for (const token_logprobs & t : lps) {
+        tokens.push_back(t.chosen.piece);
+        token_lps.push_back(t.chosen.logprob);
+        json top = json::object();
+        for (const token_logprob & a : t.top) top[a.piece] = a.logprob;
+        tops.push_back(std::move(top));
+        offsets.push_back(offset);
+        offset += t.chosen.piece.size();
+    }
+    return {{"tokens", std::move(tokens)},
+            {"token_logprobs", std::move(token_lps)},
+            {"top_logprobs", std::move(tops)},
+            {"text_offset", std::move(offsets)}};
+}
+
 json completion_response(const response_meta & m, const std::string & text, finish_reason finish,
-                         const completion_usage & usage, json warmctx_ext) {
+                         const completion_usage & usage, json warmctx_ext, json logprobs) {
     json choice = {{"index", 0}, {"finish_reason", openai_finish_reason(finish)}};
     if (m.shape == api_shape::chat) {
         choice["message"] = {{"role", "assistant"}, {"content", text}};
     } else {
         choice["text"] = text;
     }
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = std::move(logprobs);
     return {{"id", m.id},
             {"object", m.shape == api_shape::chat ? "chat.completion" : "text_completion"},
             {"created", m.created},
@@ -543,12 +597,15 @@ json chunk_role(const response_meta & m, bool include_usage) {
     return j;
 }
 
-json chunk_delta(const response_meta & m, const std::string & text, bool include_usage) {
+json chunk_delta(const response_meta & m, const std::string & text, bool include_usage, json logprobs) {
     json j = chunk_base(m);
-    if (m.shape == api_shape::chat)
-        j["choices"] = json::array({{{"index", 0}, {"delta", {{"content", text}}}, {"finish_reason", nullptr}}});
-    else
-        j["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+    if (m.shape == api_shape::chat) {
+        json choice = {{"index", 0}, {"delta", {{"content", text}}}, {"finish_reason", nullptr}};
+        if (!logprobs.is_null()) choice["logprobs"] = std::move(logprobs);
+        j["choices"] = json::array({std::move(choice)});
+    } else {
+        j["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}}});
+    }
     if (include_usage) j["usage"] = nullptr;
     return j;
 }

@@ -66,9 +66,9 @@ enum class body_mode {
 
 // Parses a request body (already valid JSON) into `out`. Unknown fields are ignored
 // (clients send many); known fields of the wrong type or out of range are a 400 naming
-// the field, and so are known fields this server does not implement yet (logprobs,
-// top_logprobs, a response_format other than text, a tool_choice other than auto/none,
-// a completion's echo/best_of). Sampling defaults: max_tokens to the end of the
+// the field, and so are known fields this server does not implement yet (a
+// response_format other than text, a tool_choice other than auto/none, a completion's
+// echo/best_of). logprobs/top_logprobs set sampling.n_logprobs. Sampling defaults: max_tokens to the end of the
 // context (limits.default_max_tokens when set), temperature 1 (OpenAI's), top_p 1, a
 // random seed when none is given; presence_penalty, frequency_penalty and logit_bias
 // go to the sampler.
@@ -114,15 +114,21 @@ struct response_meta {
     api_shape shape = api_shape::chat;
 };
 
-// A whole non-streamed response.
+// The `logprobs` object of a choice: chat {"content": [{token, logprob, bytes,
+// top_logprobs}]}, text {tokens, token_logprobs, top_logprobs, text_offset} (text_offset
+// counted from `offset`, the bytes of text before these tokens).
+nlohmann::json logprobs_json(api_shape shape, const std::vector<token_logprobs> & lps, size_t offset = 0);
+
+// A whole non-streamed response (`logprobs`: the choice's, null when not asked).
 nlohmann::json completion_response(const response_meta & m, const std::string & text,
                                    finish_reason finish, const completion_usage & usage,
-                                   nlohmann::json warmctx_ext);
+                                   nlohmann::json warmctx_ext, nlohmann::json logprobs = nullptr);
 
 // Streamed chunks (the JSON after "data: "). `include_usage` adds "usage": null to
 // each, as OpenAI does when stream_options.include_usage is set.
 nlohmann::json chunk_role(const response_meta & m, bool include_usage);  // chat only
-nlohmann::json chunk_delta(const response_meta & m, const std::string & text, bool include_usage);
+nlohmann::json chunk_delta(const response_meta & m, const std::string & text, bool include_usage,
+                           nlohmann::json logprobs = nullptr);
 nlohmann::json chunk_finish(const response_meta & m, finish_reason finish, bool include_usage,
                             nlohmann::json warmctx_ext);
 nlohmann::json chunk_usage(const response_meta & m, const completion_usage & usage);

@@ -79,6 +79,8 @@ struct stream_state {
     bool role_sent = false;
     bool finished = false;  // the stream's last chunk was written, or the client left
     prefill_progress progress;
+    bool logprobs = false;  // the request asked for them
+    size_t text_bytes = 0;  // text sent so far (a completion's text_offset)
     std::chrono::steady_clock::time_point t_last_write{};
 };
 
@@ -130,8 +132,13 @@ bool stream_step(stream_state & st, chunk_sink & sink) {
             case completion_event::kind::progress:
             case completion_event::kind::started: break;
             case completion_event::kind::delta:
-                if (!ev.text.empty() && !write_or_cancel(st, sink, sse(chunk_delta(st.meta, ev.text, st.include_usage))))
+                if (!ev.text.empty() &&
+                    !write_or_cancel(st, sink,
+                                     sse(chunk_delta(st.meta, ev.text, st.include_usage,
+                                                     st.logprobs ? logprobs_json(st.meta.shape, ev.logprobs, st.text_bytes)
+                                                                 : json(nullptr)))))
                     return false;
+                st.text_bytes += ev.text.size();
                 break;
             case completion_event::kind::done: {
                 std::string out = sse(chunk_finish(st.meta, ev.finish, st.include_usage,
@@ -254,8 +261,10 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     meta.created = static_cast<int64_t>(std::time(nullptr));
     meta.model = ctx.model_name;
 
+    const bool want_logprobs = cr.sampling.n_logprobs >= 0;
     if (!cr.stream) {
         std::string text;
+        std::vector<token_logprobs> lps;
         prefill_progress progress;
         for (;;) {
             while (!pending.empty()) {
@@ -268,12 +277,16 @@ void run_completion(route_context & ctx, const http_request & req, http_response
                     case completion_event::kind::admitted:
             case completion_event::kind::progress:
             case completion_event::kind::started: break;
-                    case completion_event::kind::delta: text += ev.text; break;
+                    case completion_event::kind::delta:
+                        text += ev.text;
+                        lps.insert(lps.end(), ev.logprobs.begin(), ev.logprobs.end());
+                        break;
                     case completion_event::kind::error: return respond_error(res, *log, job_error(ev.error));
                     case completion_event::kind::done:
                         send_json(res, 200,
                                   completion_response(meta, text, ev.finish, ev.usage,
-                                                      warmctx_json(cr.workspace, ev.explain, ev)));
+                                                      warmctx_json(cr.workspace, ev.explain, ev),
+                                                      want_logprobs ? logprobs_json(meta.shape, lps) : json(nullptr)));
                         return;
                 }
             }
@@ -290,6 +303,7 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     st->meta = meta;
     st->workspace = cr.workspace;
     st->include_usage = cr.include_usage;
+    st->logprobs = want_logprobs;
     st->pending = std::move(pending);
     log->deferred = true;
     registered.reset();  // stream_end unregisters

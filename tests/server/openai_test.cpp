@@ -155,8 +155,6 @@ TEST(openai_mapping, penalties_and_logit_bias_reach_the_sampler) {
 TEST(openai_mapping, unimplemented_parameters_are_refused_by_name) {
     const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
     for (const auto & [key, value] : std::vector<std::pair<std::string, json>>{
-             {"logprobs", true},
-             {"top_logprobs", 3},
              {"response_format", {{"type", "json_object"}}},
              {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}}}}},
              {"tool_choice", "required"},
@@ -171,12 +169,26 @@ TEST(openai_mapping, unimplemented_parameters_are_refused_by_name) {
               {"parallel_tool_calls", true}});
     parse_ok({{"messages", msgs}, {"tool_choice", "none"}, {"top_logprobs", nullptr}});
     for (const auto & [key, value] : std::vector<std::pair<std::string, json>>{
-             {"echo", true}, {"best_of", 2}, {"logprobs", 2}, {"tools", json::array()}, {"segments", json::array()}}) {
+             {"echo", true}, {"best_of", 2}, {"tools", json::array()}, {"segments", json::array()}}) {
         api_error e = parse_err({{"prompt", "def f("}, {key, value}}, body_mode::text);
         EXPECT_EQ(e.code, "unsupported_parameter") << key;
         EXPECT_EQ(e.param, key);
     }
     parse_ok({{"prompt", "def f("}, {"logprobs", 0}, {"echo", false}, {"best_of", 1}, {"suffix", ""}}, body_mode::text);
+}
+
+TEST(openai_mapping, logprobs_fields) {
+    const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
+    EXPECT_EQ(parse_ok({{"messages", msgs}}).sampling.n_logprobs, -1);
+    EXPECT_EQ(parse_ok({{"messages", msgs}, {"logprobs", true}}).sampling.n_logprobs, 0);
+    EXPECT_EQ(parse_ok({{"messages", msgs}, {"logprobs", true}, {"top_logprobs", 5}}).sampling.n_logprobs, 5);
+    EXPECT_EQ(parse_ok({{"messages", msgs}, {"logprobs", false}}).sampling.n_logprobs, -1);
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"top_logprobs", 5}}).param, "top_logprobs");  // needs logprobs: true
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"logprobs", true}, {"top_logprobs", 21}}).param, "top_logprobs");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"logprobs", 3}}).param, "logprobs");
+    EXPECT_EQ(parse_ok({{"prompt", "x"}, {"logprobs", 3}}, body_mode::text).sampling.n_logprobs, 3);
+    EXPECT_EQ(parse_err({{"prompt", "x"}, {"logprobs", true}}, body_mode::text).param, "logprobs");
+    EXPECT_EQ(parse_err({{"prompt", "x"}, {"logprobs", 21}}, body_mode::text).param, "logprobs");
 }
 
 // /v1/completions: the prompt as given (raw), a suffix makes it fill-in-the-middle.

@@ -248,6 +248,55 @@ TEST_F(routes_model_test, completions_take_the_prompt_as_given) {
     EXPECT_NE(f.body.find("no fill-in-the-middle tokens"), std::string::npos) << f.body;
 }
 
+// logprobs: the chosen token's log-probability and the most likely alternatives, per
+// generated token, in OpenAI's shapes (chat, streamed chat, completions). Greedy: the
+// chosen token is the most likely one.
+TEST_F(routes_model_test, logprobs_come_with_every_generated_token) {
+    json body = {{"messages", json::array({{{"role", "user"}, {"content", "Count to ten."}}})},
+                 {"max_tokens", 6}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}};
+    http_response res = post("/v1/chat/completions", body);
+    ASSERT_EQ(res.status, 200) << res.body;
+    const json j = json::parse(res.body);
+    const json & content = j["choices"][0]["logprobs"]["content"];
+    ASSERT_TRUE(content.is_array()) << res.body.substr(0, 400);
+    const int n = j["usage"]["completion_tokens"].get<int>();
+    if (j["choices"][0]["finish_reason"] == "length") EXPECT_EQ((int)content.size(), n);
+    ASSERT_FALSE(content.empty());
+    std::string joined;
+    for (const json & t : content) {
+        ASSERT_EQ(t["top_logprobs"].size(), 3u);
+        EXPECT_LE(t["logprob"].get<double>(), 0.0);
+        EXPECT_EQ(t["logprob"], t["top_logprobs"][0]["logprob"]) << "greedy takes the most likely";
+        EXPECT_EQ(t["token"], t["top_logprobs"][0]["token"]);
+        EXPECT_GE(t["top_logprobs"][0]["logprob"].get<double>(), t["top_logprobs"][1]["logprob"].get<double>());
+        EXPECT_GE(t["top_logprobs"][1]["logprob"].get<double>(), t["top_logprobs"][2]["logprob"].get<double>());
+        joined += t["token"].get<std::string>();
+    }
+    EXPECT_EQ(joined, j["choices"][0]["message"]["content"].get<std::string>());
+
+    body["stream"] = true;
+    http_response sres = post("/v1/chat/completions", body);
+    string_sink sink;
+    ASSERT_TRUE(drive(sres, sink));
+    size_t streamed = 0;
+    for (size_t p = sink.text.find("data: {"); p != std::string::npos; p = sink.text.find("data: {", p + 1)) {
+        const json c = json::parse(sink.text.substr(p + 6, sink.text.find("\n\n", p) - p - 6));
+        const json & ch = c["choices"][0];
+        if (ch.contains("logprobs") && ch["logprobs"].is_object()) streamed += ch["logprobs"]["content"].size();
+    }
+    EXPECT_EQ(streamed, content.size()) << "the same tokens, over the stream's chunks";
+
+    http_response cres = post("/v1/completions", {{"prompt", "one two three"}, {"max_tokens", 4}, {"temperature", 0}, {"logprobs", 2}});
+    ASSERT_EQ(cres.status, 200) << cres.body;
+    const json cl = json::parse(cres.body)["choices"][0]["logprobs"];
+    ASSERT_TRUE(cl["tokens"].is_array()) << cres.body.substr(0, 400);
+    EXPECT_EQ(cl["tokens"].size(), cl["token_logprobs"].size());
+    EXPECT_EQ(cl["tokens"].size(), cl["text_offset"].size());
+    ASSERT_FALSE(cl["top_logprobs"].empty());
+    EXPECT_LE(cl["top_logprobs"][0].size(), 2u);
+    EXPECT_EQ(cl["text_offset"][0], 0);
+}
+
 // A request whose text plainly needs more tokens than a sequence holds is refused
 // before it is tokenized at all (3 MB would take seconds to tokenize).
 TEST_F(routes_model_test, a_request_plainly_too_long_is_refused_before_tokenizing) {
