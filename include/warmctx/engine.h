@@ -104,6 +104,9 @@ struct sampling_params {
     // Log-probabilities of each generated token (from the model's logits, before any
     // sampler): -1 = none, 0 = the chosen token's, k = also the k most likely (<= 20).
     int32_t n_logprobs = -1;
+    // A GBNF grammar (root rule "root") the output must follow: tokens it does not allow
+    // are never sampled, and when it is complete only the end of generation is. "" = none.
+    std::string grammar;
 };
 
 // One generated token's log-probability (natural log, over the whole vocabulary).
@@ -131,13 +134,16 @@ struct generation {
 // Picks the next token from logits: greedy (first maximum) when temperature <= 0,
 // else a seeded chain of top-k, top-p, temperature and a distribution sampler.
 // Deterministic for a given seed and logits sequence.
+class engine;
+
 class token_sampler {
   public:
     // Greedy (the first maximum) when temperature <= 0, else top-k, top-p, temperature
     // and a seeded draw; logit_bias then the penalties come first when given.
     // Errors: invalid_argument (top_p outside (0, 1], negative top_k or max_tokens, a
     // logit_bias token outside [0, n_vocab), a bias or penalty that is not finite).
-    static result<std::unique_ptr<token_sampler>> make(const sampling_params & sp, int32_t n_vocab);
+    // A grammar needs the engine's vocabulary (invalid_argument when it does not parse).
+    static result<std::unique_ptr<token_sampler>> make(const sampling_params & sp, const engine & e);
     ~token_sampler();
     token_id sample(std::span<const float> logits);
 
@@ -275,6 +281,7 @@ class engine {
     status load_seq_raw(seq_id seq, std::span<const uint8_t> bytes);
 
   private:
+    friend class token_sampler;  // a grammar sampler needs the vocabulary
     struct impl;
     explicit engine(std::unique_ptr<impl> p);
     std::unique_ptr<impl> p_;

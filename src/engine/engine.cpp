@@ -574,7 +574,8 @@ struct token_sampler::impl {
 token_sampler::token_sampler(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 token_sampler::~token_sampler() = default;
 
-result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params & sp, int32_t n_vocab) {
+result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params & sp, const engine & e) {
+    const int32_t n_vocab = e.model().n_vocab;
     if (sp.max_tokens < 0) return invalid_argument("max_tokens must not be negative");
     if (sp.temperature > 0 && (sp.top_p <= 0 || sp.top_p > 1)) return invalid_argument("top_p must be in (0, 1]");
     if (sp.top_k < 0) return invalid_argument("top_k must not be negative");
@@ -590,13 +591,18 @@ result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params
     }
     const bool penalties = sp.presence_penalty != 0 || sp.frequency_penalty != 0;
     auto p = std::make_unique<impl>();
-    if (sp.temperature > 0 || penalties || !bias.empty()) {
+    if (sp.temperature > 0 || penalties || !bias.empty() || !sp.grammar.empty()) {
         p->chain.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
         if (!bias.empty())
             llama_sampler_chain_add(p->chain.get(), llama_sampler_init_logit_bias(n_vocab, (int32_t)bias.size(), bias.data()));
         if (penalties)
             llama_sampler_chain_add(p->chain.get(), llama_sampler_init_penalties(n_vocab, k_penalty_window, 1.0f,
                                                                                  sp.frequency_penalty, sp.presence_penalty));
+        if (!sp.grammar.empty()) {
+            llama_sampler * g = llama_sampler_init_grammar(e.p_->vocab, sp.grammar.c_str(), "root");
+            if (!g) return invalid_argument("the grammar does not parse (GBNF with a rule named root)");
+            llama_sampler_chain_add(p->chain.get(), g);
+        }
     }
     if (sp.temperature <= 0) {
         if (p->chain) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_greedy());
@@ -657,7 +663,7 @@ generation_step::generation_step(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 generation_step::~generation_step() = default;
 
 result<std::unique_ptr<generation_step>> generation_step::make(const engine & e, const sampling_params & sp) {
-    auto sampler = token_sampler::make(sp, e.model().n_vocab);
+    auto sampler = token_sampler::make(sp, e);
     if (!sampler.ok()) return sampler.error();
     auto p = std::make_unique<impl>(sp.stop);
     p->e = &e;

@@ -239,6 +239,16 @@ maybe_error parse_segments(const json & arr, std::string_view param, std::vector
     return std::nullopt;
 }
 
+// response_format json_object: llama.cpp's grammars/json.gbnf (MIT), a JSON object.
+const char * const k_json_object_grammar = R"gbnf(root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+)gbnf";
+
 maybe_error parse_completion_request(const json & body, body_mode mode, const request_limits & limits,
                                      completion_request & out) {
     if (!body.is_object()) return wrong_type("body", "a JSON object", body);
@@ -412,9 +422,11 @@ maybe_error parse_completion_request(const json & body, body_mode mode, const re
     if (const json * v = field(body, "response_format"); v && !v->is_null()) {
         if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string())
             return wrong_type("response_format", "an object with a string `type`", *v);
-        if ((*v)["type"] != "text")
-            return refuse("response_format", "only {\"type\": \"text\"}; structured output (json_object, json_schema) is "
-                                             "not implemented yet");
+        if ((*v)["type"] == "json_object") {
+            sp.grammar = k_json_object_grammar;
+        } else if ((*v)["type"] != "text") {
+            return refuse("response_format", "only \"text\" and \"json_object\"; json_schema is not implemented yet");
+        }
     }
     if (const json * v = field(body, "tool_choice"); v && !v->is_null()) {
         const bool plain = v->is_string() && (*v == "auto" || *v == "none");

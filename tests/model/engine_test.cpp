@@ -175,6 +175,33 @@ TEST(Engine, LogitBiasAndPenaltiesShapeTheChoice) {
     EXPECT_EQ(e->generate(0, l, bad).error().code(), status_code::invalid_argument);
 }
 
+// A grammar decides what may be generated: only "yes" or "no", then the end.
+TEST(Engine, AGrammarConstrainsTheOutput) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    auto p = random_tokens(25, 17, e->model().n_vocab);
+    for (float temperature : {0.0f, 1.0f}) {
+        std::vector<float> l;
+        e->clear_seq(0);
+        ASSERT_TRUE(e->prefill(0, p, 0, {}, &l).ok());
+        sampling_params sp;
+        sp.max_tokens = 16;
+        sp.temperature = temperature;
+        sp.seed = 5;
+        sp.grammar = R"(root ::= "yes" | "no")";
+        auto g = e->generate(0, l, sp);
+        ASSERT_TRUE(g.ok()) << g.error().to_string();
+        EXPECT_TRUE(g->text == "yes" || g->text == "no") << g->text;
+        EXPECT_EQ(g->finish, finish_reason::eos);
+    }
+    sampling_params bad;
+    bad.grammar = "root ::= (";
+    std::vector<float> l;
+    e->clear_seq(0);
+    ASSERT_TRUE(e->prefill(0, p, 0, {}, &l).ok());
+    EXPECT_EQ(e->generate(0, l, bad).error().code(), status_code::invalid_argument);
+}
+
 TEST(Engine, StopStringEndsGeneration) {
     auto e = open_tiny();
     ASSERT_TRUE(e);

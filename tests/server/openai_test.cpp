@@ -155,7 +155,6 @@ TEST(openai_mapping, penalties_and_logit_bias_reach_the_sampler) {
 TEST(openai_mapping, unimplemented_parameters_are_refused_by_name) {
     const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
     for (const auto & [key, value] : std::vector<std::pair<std::string, json>>{
-             {"response_format", {{"type", "json_object"}}},
              {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}}}}},
              {"tool_choice", "required"},
              {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}) {

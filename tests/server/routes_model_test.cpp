@@ -297,6 +297,26 @@ TEST_F(routes_model_test, logprobs_come_with_every_generated_token) {
     EXPECT_EQ(cl["text_offset"][0], 0);
 }
 
+// response_format json_object: the answer is a JSON object (under llama.cpp's JSON
+// grammar), whatever the model would have said.
+TEST_F(routes_model_test, response_format_json_object_constrains_the_answer) {
+    json body = {{"messages", json::array({{{"role", "user"}, {"content", "Give me JSON."}}})},
+                 {"max_tokens", 48}, {"temperature", 0}, {"response_format", {{"type", "json_object"}}}};
+    http_response res = post("/v1/chat/completions", body);
+    ASSERT_EQ(res.status, 200) << res.body;
+    const json j = json::parse(res.body);
+    const std::string text = j["choices"][0]["message"]["content"];
+    ASSERT_FALSE(text.empty());
+    EXPECT_EQ(text[0], '{') << text;
+    if (j["choices"][0]["finish_reason"] == "stop") {  // complete: it parses, as an object
+        json parsed = json::parse(text, nullptr, false);
+        EXPECT_TRUE(parsed.is_object()) << text;
+    }
+    body.erase("response_format");
+    const std::string free_text = json::parse(post("/v1/chat/completions", body).body)["choices"][0]["message"]["content"];
+    EXPECT_NE(free_text, text) << "the grammar changed the answer";
+}
+
 // A request whose text plainly needs more tokens than a sequence holds is refused
 // before it is tokenized at all (3 MB would take seconds to tokenize).
 TEST_F(routes_model_test, a_request_plainly_too_long_is_refused_before_tokenizing) {
