@@ -314,7 +314,8 @@ class context_engine {
     // reference every warm answer must equal.
     result<turn_result> run_cold(const turn_request & req);
     // What run_turn would do, without running anything: no counter of the cache or of a
-    // tier moves, no LRU is touched, nothing is loaded.
+    // tier moves, no LRU is touched, nothing is loaded. Uses req.assembled as begin_turn
+    // does (assemble off the engine thread first).
     result<explain_report> explain(const turn_request & req) const;
     // Assembles without running (manifest, tokens, hashes). Reads only what serving
     // never changes (the tokenizer, the template, the profile; the tokenizer's memo has

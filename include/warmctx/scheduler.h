@@ -165,6 +165,8 @@ class scheduler {
     // does not fit before the job is queued - one whose text plainly cannot fit before
     // it is tokenized at all (check_plausible); put the result in turn_request::assembled.
     result<assembled_prompt> assemble(const turn_request & req) const;
+    // The same without the size checks (a manifest, an explain of a prompt too long to run).
+    result<assembled_prompt> assemble_unchecked(const turn_request & req) const;
     // The engine's counters as the engine thread last published them (after every
     // finished job and engine call, and at least every 250 ms while it works), so a
     // reader never waits on a prefill; nullptr before the first publication.

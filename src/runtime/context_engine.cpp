@@ -331,7 +331,10 @@ status context_engine::check_fits(const assembled_prompt & ap) const { return p_
 status context_engine::check_plausible(const turn_request & req) const { return p_->plausible(req); }
 
 result<explain_report> context_engine::explain(const turn_request & req) const {
-    auto ap = p_->assemble(req);
+    // Assembled off the engine thread already when the caller could (as for a turn).
+    auto ap = req.assembled && req.assembled->root_hash == root_hash(p_->prof, p_->opts.tenant_salt)
+                  ? result<assembled_prompt>(*req.assembled)
+                  : p_->assemble(req);
     if (!ap.ok()) return ap.error();
     match m = p_->best_match(p_->cache->peek(ap->blocks, req.workspace), ap->blocks, -1);
     reuse_point at = snap_reuse(*ap, m.n_blocks);

@@ -710,6 +710,10 @@ result<assembled_prompt> scheduler::assemble(const turn_request & req) const {
     return ap;
 }
 
+result<assembled_prompt> scheduler::assemble_unchecked(const turn_request & req) const {
+    return p_->ce->assemble_request(req);
+}
+
 std::shared_ptr<const context_counters> scheduler::published_counters() const {
     std::lock_guard<std::mutex> lk(p_->pub_mu);
     return p_->published;

@@ -222,10 +222,11 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
         tr.workspace = call.ws;
         tr.segments = std::move(*segs);
         tr.add_generation_prompt = false;  // the stored context itself
-        std::optional<result<assembled_prompt>> r;
-        if (auto e = c->engine_call([&](context_engine & ce) { r.emplace(ce.assemble_request(tr)); })) return *e;
-        if (!r->ok()) return r->error();
-        json j = (*r)->man.to_json();
+        // Assembled here: the engine thread is not needed (nor waited for).
+        if (!c->sched) return unavailable("the engine is stopping: no engine", 1);
+        auto r = c->sched->assemble_unchecked(tr);  // a manifest need not fit a sequence
+        if (!r.ok()) return r.error();
+        json j = r->man.to_json();
         j["workspace"] = call.ws;
         return {200, std::move(j)};
     });
@@ -239,6 +240,12 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
             if (find_invalid_utf8(q->second) != k_utf8_valid)
                 return bad_request("invalid_utf8", "question is not valid UTF-8", "question");
             if (!q->second.empty()) tr.segments.push_back(segment{"user", segment_kind::user, "", "", q->second});
+        }
+        // Tokenized here, not on the engine thread, which only looks the blocks up.
+        if (c->sched) {
+            auto ap = c->sched->assemble_unchecked(tr);
+            if (!ap.ok()) return ap.error();
+            tr.assembled = std::make_shared<const assembled_prompt>(std::move(*ap));
         }
         std::optional<result<explain_report>> r;
         if (auto e = c->engine_call([&](context_engine & ce) { r.emplace(ce.explain(tr)); })) return *e;

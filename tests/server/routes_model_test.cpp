@@ -582,5 +582,27 @@ TEST(durable_workspaces, a_restart_keeps_stored_workspaces_warm_from_the_disk_ti
     std::filesystem::remove_all(dir);
 }
 
+// The stored context's manifest is assembled on the HTTP thread: it answers while the
+// engine thread is busy (held 3 s here, as a long prefill chunk would hold it); explain
+// tokenizes there too and waits only for the lookup.
+TEST_F(routes_model_test, manifest_does_not_wait_on_the_engine_thread) {
+    ASSERT_EQ(router_->handle(put_req("mf", "map", {{"kind", "repo_map"}, {"content", repo_map_text(400, 9)}})).status, 201);
+    engine_held busy(*sched_, 3s);
+    http_request r;
+    r.method = "GET";
+    r.path = "/v1/workspaces/mf/manifest";
+    const auto t0 = std::chrono::steady_clock::now();
+    http_response res = router_->handle(r);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+    ASSERT_EQ(res.status, 200) << res.body;
+    EXPECT_GT(json::parse(res.body)["n_tokens"].get<int>(), 300);
+    busy.join();
+    r.path = "/v1/workspaces/mf/explain";
+    http_response ex = router_->handle(r);
+    ASSERT_EQ(ex.status, 200) << ex.body;
+    EXPECT_GT(json::parse(ex.body)["prompt_tokens"].get<int>(), json::parse(res.body)["n_tokens"].get<int>())
+        << "the stored context plus the generation prompt";
+}
+
 }  // namespace
 }  // namespace warmctx::server_detail
