@@ -1,12 +1,12 @@
 #include "workspace_store.h"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "openai.h"
 #include "warmctx/assembler.h"
 #include "warmctx/hash.h"
 
@@ -99,10 +99,7 @@ result<store_load_report> workspace_store::load(const kind_table & kinds) {
     const std::string stamp = std::to_string(unix_ms_now()) + "-";
     for (const std::string & ws : *dirs) {
         if (ws == "quarantine") continue;
-        if (ws.empty() || ws[0] == '.' || ws.size() > 64 ||
-            !std::all_of(ws.begin(), ws.end(), [](char ch) {
-                return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
-            })) {
+        if (validate_workspace_id(ws)) {  // the API's own rule for a workspace id
             rep.problems.push_back(persist_.dir + "/" + ws + ": not a workspace id, left alone");
             continue;
         }
