@@ -15,6 +15,7 @@ install(TARGETS warmctx RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS $<TARGET_FILE:llama-server> $<TARGET_FILE:llama-bench>
         DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/warmctx)
 install(FILES ${PROJECT_BINARY_DIR}/share/warmctx/ggml-vocab-qwen2.gguf
+              ${PROJECT_BINARY_DIR}/share/warmctx/qwen2.5-chat-template.jinja
         DESTINATION ${CMAKE_INSTALL_DATADIR}/warmctx)
 install(FILES ${PROJECT_SOURCE_DIR}/LICENSE ${PROJECT_SOURCE_DIR}/THIRD_PARTY_NOTICES.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR})
@@ -30,10 +31,14 @@ endforeach()
 
 # The library: the layers up to the runtime (the HTTP server is the command's), and the
 # llama.cpp libraries they link, as one imported target warmctx::warmctx.
-set(WARMCTX_LIB_TARGETS warmctx_runtime warmctx_workload warmctx_engine warmctx_store warmctx_cache
-    warmctx_context warmctx_util llama ggml ggml-cpu ggml-base)
+# warmctx_chat and llama.cpp's llama-common (the chat templates) sit between the engine
+# and the layers below it; llama-common's own HTTP client (model downloads, unused here)
+# comes last.
+set(WARMCTX_LIB_TARGETS warmctx_runtime warmctx_workload warmctx_engine warmctx_chat llama-common
+    llama-common-base warmctx_store warmctx_cache warmctx_context warmctx_util llama ggml ggml-cpu ggml-base
+    cpp-httplib)
 if(WARMCTX_CUDA)
-  list(INSERT WARMCTX_LIB_TARGETS 9 ggml-cuda)
+  list(INSERT WARMCTX_LIB_TARGETS 13 ggml-cuda)
 endif()
 set(WARMCTX_LIB_FILES "")
 foreach(t ${WARMCTX_LIB_TARGETS})

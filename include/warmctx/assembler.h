@@ -44,6 +44,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "warmctx/types.h"
+#include "warmctx/conversation.h"
 #include "warmctx/hash.h"
 #include "warmctx/kind_table.h"
 #include "warmctx/profile.h"
@@ -77,6 +78,19 @@ class text_model {
     virtual result<std::string> render_message(std::string_view role, std::string_view content) const = 0;
     // The text that opens the assistant's answer, e.g. "<|im_start|>assistant\n".
     virtual std::string generation_prompt() const = 0;
+    // True when whole conversations are rendered through the model's own (Jinja)
+    // template (render_conversation); assemble() then takes that path, below.
+    virtual bool renders_conversations() const { return false; }
+    // The conversation as the model's template renders it, tools in the template's own
+    // format (`tools_json`: the OpenAI tools array as JSON text, "" = none), with the
+    // runs that came from the request's data marked. REQUIRES of the implementation:
+    // the same input always gives the same output; no BOS text when prefix_tokens()
+    // holds the BOS.
+    virtual result<rendered_conversation> render_conversation(std::span<const conversation_message>,
+                                                              std::string_view /*tools_json*/,
+                                                              bool /*add_generation_prompt*/) const {
+        return failed_precondition("this text model renders no conversations");
+    }
     // Tokens that open every prompt (a BOS for models that want one; none for Qwen2).
     // They are part of the first segment's token range.
     virtual std::vector<token_id> prefix_tokens() const { return {}; }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "warmctx/assembler.h"
+#include "warmctx/chat_template.h"
 #include "warmctx/engine.h"
 #include "warmctx/kind_table.h"
 #include "warmctx/prefix_cache.h"
@@ -363,6 +364,9 @@ class context_engine {
 
     const profile & current_profile() const;
     const model_info & model() const;
+    // The model's Jinja chat template (tool-call grammars, output parsing); nullptr when
+    // prompts are rendered with the built-in per-message templates.
+    const chat_templates * chat_template() const;
     const context_info & context() const;
     // Text -> tokens through the model's tokenizer (control tokens parsed), e.g. to size
     // a synthetic workload.

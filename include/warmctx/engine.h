@@ -52,6 +52,11 @@ struct engine_options {
     kv_mode mode = kv_mode::exact;
     bool flash_attn = false;      // off by default: the exactness facts were measured without it
     bool verbose = false;         // let llama.cpp log to stderr
+    // The chat template: the model's own unless `chat_template` is given (the text of a
+    // Jinja template, e.g. read from --chat-template-file). `jinja` off renders with
+    // llama.cpp's built-in per-message templates instead (no tools in the template).
+    std::string chat_template;
+    bool jinja = true;
 };
 
 struct chat_message {
@@ -63,7 +68,9 @@ struct model_info {
     std::string path;
     std::string description;       // llama_model_desc, e.g. "qwen2 1B Q4_0"
     std::string architecture;      // general.architecture
-    std::string chat_template;     // tokenizer.chat_template ("" if none)
+    std::string chat_template;     // tokenizer.chat_template, or the override ("" if none)
+    bool chat_template_overridden = false;
+    std::string bos_text, eos_text;  // the BOS / EOS tokens' text ("" if none)
     uint64_t size_bytes = 0;       // bytes of tensor data
     uint64_t n_params = 0;
     int32_t n_vocab = 0;
@@ -107,6 +114,16 @@ struct sampling_params {
     // A GBNF grammar (root rule "root") the output must follow: tokens it does not allow
     // are never sampled, and when it is complete only the end of generation is. "" = none.
     std::string grammar;
+    // A lazy grammar binds only from the first trigger on (the model may answer in text
+    // or call a tool): a regex over the output, or a literal text (a single token when
+    // the vocabulary has it as one).
+    bool grammar_lazy = false;
+    std::vector<std::string> grammar_trigger_patterns;
+    std::vector<std::string> grammar_trigger_words;
+    // Text the prompt already ends with that a (not lazy) grammar describes too - a
+    // template's generation prompt, which tool-call grammars start with: fed to the
+    // grammar before the first token is sampled.
+    std::string grammar_prefill;
 };
 
 // One generated token's log-probability (natural log, over the whole vocabulary).
@@ -210,6 +227,7 @@ class engine {
 
     const model_info & model() const;
     const context_info & context() const;
+    const engine_options & options() const;
 
     // Text -> tokens. `parse_special` lets "<|im_start|>" become one control token.
     result<std::vector<token_id>> tokenize(std::string_view text, bool parse_special = true) const;
@@ -217,6 +235,9 @@ class engine {
     std::string token_piece(token_id t) const;
     // The fill-in-the-middle tokens (prefix, suffix, middle), when the vocabulary has all three.
     std::optional<std::array<token_id, 3>> fim_tokens() const;
+    // The text of every token that tokenize(text, true) parses as one special token
+    // (control, user-defined and unknown tokens), longest first.
+    std::vector<std::string> special_token_texts() const;
     // Renders messages through the model's own chat template.
     result<std::string> apply_chat_template(std::span<const chat_message> messages,
                                             bool add_generation_prompt) const;

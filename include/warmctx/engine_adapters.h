@@ -20,6 +20,12 @@ namespace warmctx {
 // tokens): an unchanged segment is not tokenized again next turn. Thread-safe.
 std::unique_ptr<text_model> make_engine_text_model(const engine & e);
 
+// The model's Jinja chat template behind a text model made by make_engine_text_model,
+// when it renders conversations with one (engine_options::jinja and a template that
+// loads); nullptr otherwise.
+class chat_templates;
+const chat_templates * engine_chat_templates(const text_model & tm);
+
 // llama_memory_seq_cp / seq_rm over `e`. Used by the engine thread only.
 std::unique_ptr<kv_ops> make_engine_kv_ops(engine & e);
 

@@ -172,6 +172,7 @@ class scheduler {
     // reader never waits on a prefill; nullptr before the first publication.
     std::shared_ptr<const context_counters> published_counters() const;
     const model_info & model() const;      // immutable after start
+    const chat_templates * chat_template() const;  // context_engine::chat_template
     const context_info & context() const;  // immutable after start
     uint32_t n_parallel() const;
 

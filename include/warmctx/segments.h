@@ -44,6 +44,11 @@ struct segment {
     std::string path;        // optional (pinned files); breaks ties in the order
     std::string role;        // optional chat role override ("user"/"assistant" for history)
     std::string content;
+    // A chat message's structure, for templates that render it (history segments):
+    // an assistant message's OpenAI `tool_calls` array as JSON text ("" = none), and
+    // the call a `tool` message answers ("" = none). Part of the segment's identity.
+    std::string tool_calls;
+    std::string tool_call_id;
 };
 
 }  // namespace warmctx

@@ -24,6 +24,8 @@ struct model_flags {
     uint32_t chunk = 512;
     bool flash_attn = false;
     bool verbose = false;
+    std::string chat_template_file;  // "" = the model's own template
+    bool no_jinja = false;
 
     void add_to(CLI::App & app, bool with_ctx = true);
     // Resolves the model path (generating the default if needed) into engine options.

@@ -137,6 +137,18 @@ int run_serve(const serve_args & a) {
              " MiB allocated; cached prefixes up to " +
              (so.engine.budget.max_bytes ? std::to_string(so.engine.budget.max_bytes >> 20) + " MiB" : std::string("unlimited")) +
              " of RAM (--budget-bytes)");
+    {
+        const model_info & mi = (*sched)->model();
+        const std::string whose = mi.chat_template_overridden ? "from --chat-template-file" : "the model's own";
+        if ((*sched)->chat_template())
+            progress("serve: chat template: " + whose + ", Jinja (tools in its own format, tool calls parsed)");
+        else if (mi.chat_template.empty())
+            progress("serve: chat template: none in the model (pass --chat-template-file)");
+        else
+            progress("serve: chat template: " + whose + ", llama.cpp's built-in per-message rendering" +
+                     (so.engine.engine.jinja ? " (the Jinja template did not load)" : " (--no-jinja)") +
+                     "; tool_choice \"required\" is refused");
+    }
     if (cf.cache_dir.empty()) {
         progress("serve: nothing kept on disk (--no-disk): a restart starts cold and forgets stored workspaces");
     } else {

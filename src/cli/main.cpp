@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "cli.h"
+#include "warmctx/chat_template.h"
 
 #ifndef WARMCTX_VERSION
 #define WARMCTX_VERSION "0"
@@ -41,6 +42,11 @@ void model_flags::add_to(CLI::App & app, bool with_ctx) {
         ->capture_default_str();
     app.add_option("--chunk", chunk, "canonical prefill chunk, tokens")->capture_default_str();
     app.add_flag("--flash-attn", flash_attn, "use flash attention (needed for quantized KV types)");
+    app.add_option("--chat-template-file", chat_template_file,
+                   "a Jinja chat template to use instead of the model's own (e.g. one of llama.cpp's models/templates/)");
+    app.add_flag("--no-jinja", no_jinja,
+                 "render prompts with llama.cpp's built-in per-message templates instead of the model's Jinja template "
+                 "(no tools in the template's own format, no tool-call parsing)");
     app.add_flag("-v,--verbose", verbose, "show llama.cpp's log");
 }
 
@@ -110,6 +116,17 @@ result<engine_options> model_flags::to_options(uint32_t n_seq_max) const {
     o.kv_type = kv_type;
     o.flash_attn = flash_attn;
     o.verbose = verbose;
+    o.jinja = !no_jinja;
+    if (!chat_template_file.empty()) {
+        std::ifstream f(chat_template_file, std::ios::binary);
+        if (!f) return not_found("cannot open chat template file '" + chat_template_file + "'");
+        std::stringstream ss;
+        ss << f.rdbuf();
+        o.chat_template = ss.str();
+        if (o.chat_template.empty()) return invalid_argument("chat template file '" + chat_template_file + "' is empty");
+        auto t = chat_templates::load({o.chat_template, "", "", false});
+        if (!t.ok()) return t.error().with_context(chat_template_file);
+    }
     return o;
 }
 

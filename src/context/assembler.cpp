@@ -153,9 +153,10 @@ struct piece {
     int segment_index = 0;
 };
 
-std::string message_content(const segment & s, const kind_policy & p) {
+// A segment's message text: its content, after a one-line header for kinds that have
+// one (the path says more to the model than the id).
+std::string message_text(const segment & s, const kind_policy & p) {
     if (!p.header) return s.content;
-    // One line naming what follows; the path says more to the model than the id.
     std::string c = "# ";
     c += segment_kind_name(s.kind);
     c += ": ";
@@ -163,6 +164,29 @@ std::string message_content(const segment & s, const kind_policy & p) {
     c += '\n';
     c += s.content;
     return c;
+}
+
+// The message text of the per-message path: a template that renders one message alone
+// has no place for tool calls, so an assistant message's calls follow its text as JSON.
+std::string message_content(const segment & s, const kind_policy & p) {
+    std::string c = message_text(s, p);
+    if (!s.tool_calls.empty()) {
+        if (!c.empty()) c += '\n';
+        c += s.tool_calls;
+    }
+    return c;
+}
+
+// What a manifest entry's content_hash covers: the content, and a message's structure
+// when it has one (so the hash of a plain segment is the hash of its content alone).
+hash128 segment_content_hash(const segment & s) {
+    if (s.tool_calls.empty() && s.tool_call_id.empty()) return hash_string(s.content);
+    std::string all = s.content;
+    all += '\x1f';
+    all += s.tool_calls;
+    all += '\x1f';
+    all += s.tool_call_id;
+    return hash_string(all);
 }
 
 status append_tokens(std::vector<token_id> & out, const std::vector<token_id> & more) {
@@ -205,6 +229,45 @@ result<std::vector<token_id>> tokenize_segment(const segment & s, const kind_pol
 // thread: starting threads would cost more than they save.
 constexpr size_t k_parallel_tokenize_min_bytes = 64 << 10;
 
+// Runs one(i) for every i of `todo`. When the work is large (`todo_bytes` at least
+// k_parallel_tokenize_min_bytes), it is spread over up to 8 threads, the largest item
+// first on the least loaded thread; each item is done exactly once either way.
+template <class Size, class One>
+void run_spread(std::vector<size_t> todo, Size size_of, size_t todo_bytes, One one) {
+    // Helper threads of all prompts being assembled at once (several server threads
+    // may assemble at the same time) stay within the machine's cores.
+    static std::atomic<int> helpers_in_use{0};
+    const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+    int want = (int)std::min<size_t>({(size_t)cores, 8, todo.size()}) - 1;
+    if (todo_bytes < k_parallel_tokenize_min_bytes) want = 0;
+    int got = want > 0 ? helpers_in_use.fetch_add(want) : cores;
+    const int n_helpers = std::clamp(cores - 1 - got, 0, std::max(want, 0));
+    if (want > 0) helpers_in_use.fetch_sub(want - n_helpers);  // keep only what is used
+    struct release {
+        int n;
+        ~release() { if (n > 0) helpers_in_use.fetch_sub(n); }
+    } released{n_helpers};
+    const size_t n_threads = (size_t)n_helpers + 1;
+    if (n_threads < 2) {
+        for (size_t i : todo) one(i);
+        return;
+    }
+    std::sort(todo.begin(), todo.end(), [&](size_t a, size_t b) { return size_of(a) > size_of(b); });
+    std::vector<std::vector<size_t>> work(n_threads);
+    std::vector<size_t> load(n_threads, 0);
+    for (size_t i : todo) {
+        const size_t t = (size_t)(std::min_element(load.begin(), load.end()) - load.begin());
+        work[t].push_back(i);
+        load[t] += size_of(i) + 1;
+    }
+    std::vector<std::thread> threads;
+    threads.reserve(n_threads - 1);
+    for (size_t t = 1; t < n_threads; ++t)
+        threads.emplace_back([&, t] { for (size_t i : work[t]) one(i); });
+    for (size_t i : work[0]) one(i);
+    for (auto & th : threads) th.join();
+}
+
 // Every segment's tokens, in `order`. Segments tokenize independently, so when a
 // prompt has much content the model does not remember (a cold prompt), those
 // segments are spread over up to 8 threads, the largest first on the least loaded
@@ -225,39 +288,308 @@ std::vector<result<std::vector<token_id>>> tokenize_segments(std::span<const seg
         }
     }
     auto one = [&](size_t i) { out[i] = tokenize_segment(*order[i], kinds.policy(order[i]->kind), roles[i], model); };
-    // Helper threads of all prompts being assembled at once (several server threads
-    // may assemble at the same time) stay within the machine's cores.
-    static std::atomic<int> helpers_in_use{0};
-    const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
-    int want = (int)std::min<size_t>({(size_t)cores, 8, todo.size()}) - 1;
-    if (todo_bytes < k_parallel_tokenize_min_bytes) want = 0;
-    int got = want > 0 ? helpers_in_use.fetch_add(want) : cores;
-    const int n_helpers = std::clamp(cores - 1 - got, 0, std::max(want, 0));
-    if (want > 0) helpers_in_use.fetch_sub(want - n_helpers);  // keep only what is used
-    struct release {
-        int n;
-        ~release() { if (n > 0) helpers_in_use.fetch_sub(n); }
-    } released{n_helpers};
-    const size_t n_threads = (size_t)n_helpers + 1;
-    if (n_threads < 2) {
-        for (size_t i : todo) one(i);
-        return out;
+    run_spread(todo, [&](size_t i) { return order[i]->content.size(); }, todo_bytes, one);
+    return out;
+}
+
+// ---- the model's own template (text_model::renders_conversations) -------------------
+//
+// The conversation is rendered whole, once, as the template renders it (F). It is then
+// cut into one piece per segment at points where the text before the cut depends on
+// the segments before it only: the end of the rendering of segments [0, k) without a
+// generation prompt, when that rendering is a prefix of F. Those prefix renderings are
+// made with every content replaced by a short placeholder ("skeletons": cheap, and the
+// same turn after turn, so the text model may remember them), and mapped onto F by
+// aligning the skeleton of the whole conversation with F, content by content (a
+// template may trim a content; any other transformation fails the alignment, and then
+// the prefixes are rendered with their real contents). A segment whose prefix is not a
+// prefix of F (Qwen2.5's template writes a default system prompt when the tools come
+// without one, so "tools alone" is no prefix of "tools and system") shares one piece
+// with the segments after it, up to the next cut. Each piece is tokenized alone, the
+// template's own text with special tokens parsed, the request's data as plain text.
+// Where the cuts fall decides only how much a later turn can reuse: the prompt is F in
+// every case.
+
+constexpr std::string_view k_placeholder = "WARMCTXPLACEHOLDER";
+
+std::string placeholder(size_t i) { return std::string(k_placeholder) + std::to_string(i) + "Z"; }
+
+std::string strip_ws(std::string_view s) {
+    const size_t b = s.find_first_not_of(" \t\r\n");
+    if (b == std::string_view::npos) return {};
+    const size_t e = s.find_last_not_of(" \t\r\n");
+    return std::string(s.substr(b, e - b + 1));
+}
+
+// An OpenAI `tools` array (JSON text of [{"type":"function","function":{"name":...}}]):
+// the template renders it in its own tool format. A tools segment holding anything else
+// (free text describing tools) is rendered as a message of the kind's role.
+bool is_openai_tools(const std::string & content) {
+    const std::string t = strip_ws(content);
+    if (t.empty() || t.front() != '[') return false;
+    const nlohmann::json j = nlohmann::json::parse(t, nullptr, false);
+    if (!j.is_array() || j.empty()) return false;
+    for (const auto & tool : j) {
+        if (!tool.is_object()) return false;
+        auto f = tool.find("function");
+        if (f == tool.end() || !f->is_object()) return false;
+        auto n = f->find("name");
+        if (n == f->end() || !n->is_string()) return false;
     }
-    std::sort(todo.begin(), todo.end(),
-              [&](size_t a, size_t b) { return order[a]->content.size() > order[b]->content.size(); });
-    std::vector<std::vector<size_t>> work(n_threads);
-    std::vector<size_t> load(n_threads, 0);
-    for (size_t i : todo) {
-        const size_t t = (size_t)(std::min_element(load.begin(), load.end()) - load.begin());
-        work[t].push_back(i);
-        load[t] += order[i]->content.size() + 1;
+    return true;
+}
+
+struct conversation_plan {
+    std::vector<conversation_message> msgs;   // real contents
+    std::vector<conversation_message> skel;   // contents replaced by placeholders
+    std::vector<int> msg_of;                  // segment -> message index, -1 for tools
+    std::vector<std::string> tools_of;        // segment -> its tools array text (tools segments)
+};
+
+// The tools arrays of the segments [0, k) as one array text ("" when none).
+std::string tools_upto(const conversation_plan & cp, size_t k) {
+    std::string out;
+    for (size_t i = 0; i < k; ++i) {
+        const std::string & t = cp.tools_of[i];
+        if (t.empty()) continue;
+        const std::string inner = strip_ws(t);
+        if (inner.size() < 2) continue;
+        const std::string body = strip_ws(std::string_view(inner).substr(1, inner.size() - 2));
+        if (body.empty()) continue;
+        out += out.empty() ? "[" : ",";
+        out += body;
     }
-    std::vector<std::thread> threads;
-    threads.reserve(n_threads - 1);
-    for (size_t t = 1; t < n_threads; ++t)
-        threads.emplace_back([&, t] { for (size_t i : work[t]) one(i); });
-    for (size_t i : work[0]) one(i);
-    for (auto & th : threads) th.join();
+    if (!out.empty()) out += "]";
+    return out;
+}
+
+std::vector<conversation_message> msgs_upto(const std::vector<conversation_message> & all, const conversation_plan & cp,
+                                            size_t k) {
+    std::vector<conversation_message> out;
+    for (size_t i = 0; i < k; ++i)
+        if (cp.msg_of[i] >= 0) out.push_back(all[(size_t)cp.msg_of[i]]);
+    return out;
+}
+
+// Maps positions of the whole skeleton onto F: a list of (skeleton end, F end) anchors
+// after each placeholder; literal text between them has the same length in both.
+struct skeleton_map {
+    std::vector<std::pair<size_t, size_t>> anchors;  // sorted by skeleton position
+    std::vector<std::pair<size_t, size_t>> holes;    // [begin, end) of each placeholder in the skeleton
+    std::optional<size_t> map(size_t skel_pos) const {
+        for (const auto & [b, e] : holes)
+            if (skel_pos > b && skel_pos < e) return std::nullopt;
+        size_t sb = 0, fb = 0;
+        for (const auto & [se, fe] : anchors) {
+            if (se > skel_pos) break;
+            sb = se;
+            fb = fe;
+        }
+        return fb + (skel_pos - sb);
+    }
+};
+
+// Aligns the skeleton with F. nullopt when F is not the skeleton with each content (or
+// the content stripped of surrounding whitespace) in its placeholder's place.
+std::optional<skeleton_map> align(std::string_view skel, std::string_view f, const std::vector<conversation_message> & msgs) {
+    skeleton_map m;
+    size_t sp = 0, fp = 0;
+    while (true) {
+        const size_t at = skel.find(k_placeholder, sp);
+        const size_t lit_end = at == std::string_view::npos ? skel.size() : at;
+        const std::string_view lit = skel.substr(sp, lit_end - sp);
+        if (f.substr(fp, lit.size()) != lit) return std::nullopt;
+        fp += lit.size();
+        if (at == std::string_view::npos) break;
+        size_t q = at + k_placeholder.size();
+        size_t idx = 0;
+        bool digits = false;
+        while (q < skel.size() && skel[q] >= '0' && skel[q] <= '9') idx = idx * 10 + size_t(skel[q++] - '0'), digits = true;
+        if (!digits || q >= skel.size() || skel[q] != 'Z' || idx >= msgs.size()) return std::nullopt;
+        ++q;
+        // The literal after this placeholder decides between the content as given and
+        // the content stripped (a template that trims).
+        const size_t next = skel.find(k_placeholder, q);
+        const std::string_view after = skel.substr(q, (next == std::string_view::npos ? skel.size() : next) - q);
+        const std::string & raw = msgs[idx].content;
+        auto fits = [&](std::string_view c) {
+            return f.substr(fp, c.size()) == c && f.substr(fp + c.size(), after.size()) == after;
+        };
+        size_t used;
+        if (fits(raw)) {
+            used = raw.size();
+        } else {
+            const std::string st = strip_ws(raw);
+            if (!fits(st)) return std::nullopt;
+            used = st.size();
+        }
+        m.holes.push_back({at, q});
+        fp += used;
+        m.anchors.push_back({q, fp});
+        sp = q;
+    }
+    if (fp != f.size()) return std::nullopt;
+    return m;
+}
+
+// The cut points: cut[k] (k = 1..n) = where the text of segments [0, k) ends in F, or
+// nullopt when no such point exists.
+result<std::vector<std::optional<size_t>>> conversation_cuts(const conversation_plan & cp, const rendered_conversation & f,
+                                                             const text_model & model, bool add_generation_prompt) {
+    const size_t n = cp.msg_of.size();
+    std::vector<std::optional<size_t>> cut(n + 1);
+    cut[0] = 0;
+    auto whole_skel = model.render_conversation(cp.skel, tools_upto(cp, n), add_generation_prompt);
+    std::optional<skeleton_map> sm;
+    if (whole_skel.ok()) sm = align(whole_skel->text, f.text, cp.msgs);
+    for (size_t k = 1; k <= n; ++k) {
+        if (sm) {
+            auto sk = model.render_conversation(msgs_upto(cp.skel, cp, k), tools_upto(cp, k), false);
+            if (!sk.ok() || whole_skel->text.compare(0, sk->text.size(), sk->text) != 0) continue;
+            cut[k] = sm->map(sk->text.size());
+        } else {
+            // The template changes contents in a way the alignment does not know: render
+            // the prefixes with their real contents.
+            auto pk = model.render_conversation(msgs_upto(cp.msgs, cp, k), tools_upto(cp, k), false);
+            if (!pk.ok() || f.text.compare(0, pk->text.size(), pk->text) != 0) continue;
+            cut[k] = pk->text.size();
+        }
+    }
+    // Cuts only move forward.
+    size_t last = 0;
+    for (size_t k = 1; k <= n; ++k) {
+        if (cut[k] && *cut[k] < last) cut[k].reset();
+        if (cut[k]) last = *cut[k];
+    }
+    return cut;
+}
+
+// F's text in [a, b), cut into runs of template text and data.
+struct text_run {
+    size_t begin = 0, end = 0;
+    bool input = false;
+};
+std::vector<text_run> runs_in(const rendered_conversation & f, size_t a, size_t b) {
+    std::vector<text_run> out;
+    size_t prev = 0;
+    for (const render_run & r : f.runs) {
+        const size_t lo = std::max(prev, a), hi = std::min(r.end, b);
+        if (lo < hi) {
+            if (!out.empty() && out.back().input == r.input && out.back().end == lo) out.back().end = hi;
+            else out.push_back({lo, hi, r.input});
+        }
+        prev = r.end;
+        if (prev >= b) break;
+    }
+    if (f.runs.empty() && a < b) out.push_back({a, b, false});
+    return out;
+}
+
+struct conversation_tokens {
+    std::vector<result<std::vector<token_id>>> seg;  // per segment in `order` (empty: shares the next piece)
+    std::vector<retention_class> piece_cls;          // per segment: the class of the piece it ends
+    std::vector<token_id> gen;                       // the generation prompt's own tokens
+};
+
+result<conversation_tokens> tokenize_conversation(std::span<const segment * const> order,
+                                                  std::span<const std::string> roles, const kind_table & kinds,
+                                                  const text_model & model, bool add_generation_prompt) {
+    conversation_plan cp;
+    for (size_t i = 0; i < order.size(); ++i) {
+        const segment & s = *order[i];
+        if (s.kind == segment_kind::tools && is_openai_tools(s.content)) {
+            cp.msg_of.push_back(-1);
+            cp.tools_of.push_back(s.content);
+            continue;
+        }
+        cp.msg_of.push_back((int)cp.msgs.size());
+        cp.tools_of.emplace_back();
+        conversation_message m{roles[i], message_text(s, kinds.policy(s.kind)), s.tool_calls, s.tool_call_id};
+        conversation_message k = m;
+        // An empty content stays empty: templates test it ("if message.content"), and
+        // there is nothing to put back.
+        if (!k.content.empty()) k.content = placeholder(cp.msgs.size());
+        cp.msgs.push_back(std::move(m));
+        cp.skel.push_back(std::move(k));
+    }
+    const size_t n = order.size();
+    auto f = model.render_conversation(cp.msgs, tools_upto(cp, n), add_generation_prompt);
+    if (!f.ok()) return f.error();
+    auto cuts = conversation_cuts(cp, *f, model, add_generation_prompt);
+    if (!cuts.ok()) return cuts.error();
+    std::vector<std::optional<size_t>> & cut = *cuts;
+
+    // Pieces: a segment with a cut after it ends a piece; the generation prompt is the
+    // rest of F when the last segment has a cut, else part of the last piece.
+    conversation_tokens out;
+    out.seg.assign(n, std::vector<token_id>{});
+    out.piece_cls.assign(n, retention_class::none);
+    struct span_of {
+        size_t seg;  // the segment that ends the piece (n: the generation prompt)
+        size_t a, b;
+    };
+    std::vector<span_of> spans;
+    size_t from = 0, group = 0;
+    retention_class cls = retention_class::highest;
+    for (size_t k = 1; k <= n; ++k) {
+        cls = std::min(cls, kinds.policy(order[k - 1]->kind).retention);
+        const bool last = k == n;
+        if (cut[k] || (last && !add_generation_prompt)) {
+            const size_t to = last && !add_generation_prompt ? f->text.size() : *cut[k];
+            spans.push_back({k - 1, from, to});
+            for (size_t g = group; g < k; ++g) out.piece_cls[g] = cls;
+            from = to;
+            group = k;
+            cls = retention_class::highest;
+        }
+    }
+    if (group < n) {  // no cut after the last segment: it shares the generation prompt's piece
+        spans.push_back({n - 1, from, f->text.size()});
+        for (size_t g = group; g < n; ++g) out.piece_cls[g] = retention_class::none;
+        from = f->text.size();
+    }
+    if (add_generation_prompt && from < f->text.size()) spans.push_back({n, from, f->text.size()});
+
+    // Tokenize: every run alone; data runs as plain text (remembered ones from the
+    // model's memo), the big unknown ones spread over threads.
+    struct job {
+        size_t span;
+        text_run run;
+        std::optional<std::vector<token_id>> toks;
+        status err;
+    };
+    std::vector<job> jobs;
+    for (size_t i = 0; i < spans.size(); ++i)
+        for (const text_run & r : runs_in(*f, spans[i].a, spans[i].b)) jobs.push_back({i, r, std::nullopt, {}});
+    std::vector<size_t> todo;
+    size_t todo_bytes = 0;
+    const std::string_view text(f->text);
+    for (size_t j = 0; j < jobs.size(); ++j) {
+        const std::string_view t = text.substr(jobs[j].run.begin, jobs[j].run.end - jobs[j].run.begin);
+        if (jobs[j].run.input) {
+            if (auto known = model.remembered_plain(t)) {
+                jobs[j].toks = std::move(known);
+                continue;
+            }
+            todo_bytes += t.size();
+        }
+        todo.push_back(j);
+    }
+    run_spread(todo, [&](size_t j) { return jobs[j].run.end - jobs[j].run.begin; }, todo_bytes, [&](size_t j) {
+        const std::string_view t = text.substr(jobs[j].run.begin, jobs[j].run.end - jobs[j].run.begin);
+        auto r = jobs[j].run.input ? model.tokenize_plain(t) : model.tokenize(t);
+        if (r.ok()) jobs[j].toks = std::move(*r);
+        else jobs[j].err = r.error();
+    });
+    for (const job & j : jobs) {
+        const span_of & sp = spans[j.span];
+        if (!j.err.ok()) {
+            const std::string where = sp.seg < n ? "segment " + quote_input(order[sp.seg]->id) : "generation prompt";
+            return j.err.with_context(where + ": tokenizing");
+        }
+        std::vector<token_id> & dst = sp.seg < n ? *out.seg[sp.seg] : out.gen;
+        dst.insert(dst.end(), j.toks->begin(), j.toks->end());
+    }
     return out;
 }
 
@@ -327,7 +659,21 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
         const kind_policy & p = kinds.policy(s->kind);
         roles.push_back((p.role_from_segment && !s->role.empty()) ? s->role : p.role);
     }
-    auto seg_tokens = tokenize_segments(order, roles, kinds, model);
+    // Per segment: its tokens and the class of the piece it ends (its own class, or in
+    // a conversation rendered whole the lowest class of the segments sharing a piece).
+    std::vector<result<std::vector<token_id>>> seg_tokens;
+    std::vector<retention_class> piece_cls;
+    std::optional<std::vector<token_id>> gen_tokens;  // the conversation path's
+    if (model.renders_conversations()) {
+        auto ct = tokenize_conversation(order, roles, kinds, model, add_generation_prompt);
+        if (!ct.ok()) return ct.error();
+        seg_tokens = std::move(ct->seg);
+        piece_cls = std::move(ct->piece_cls);
+        gen_tokens = std::move(ct->gen);
+    } else {
+        seg_tokens = tokenize_segments(order, roles, kinds, model);
+        for (const segment * s : order) piece_cls.push_back(kinds.policy(s->kind).retention);
+    }
 
     for (size_t i = 0; i < order.size(); ++i) {
         const segment * s = order[i];
@@ -349,20 +695,26 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
         WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, toks));
         e.token_end = static_cast<pos_t>(out.tokens.size());
         e.content_bytes = s->content.size();
-        e.content_hash = hash_string(s->content);
+        e.content_hash = segment_content_hash(*s);
         e.token_hash = hash_tokens(std::span(out.tokens).subspan(e.token_begin, e.n_tokens()));
-        pieces.push_back({e.token_begin, e.token_end, e.cls, static_cast<int>(man.segments.size())});
+        // A segment that shares the next segment's piece has no tokens of its own.
+        // (Pieces cover the prompt without gaps: the first also holds the prefix tokens.)
+        const pos_t piece_begin = pieces.empty() ? 0 : pieces.back().end;
+        if (e.token_end > piece_begin)
+            pieces.push_back({piece_begin, e.token_end, piece_cls[i], static_cast<int>(man.segments.size())});
         man.segments.push_back(std::move(e));
     }
 
     if (add_generation_prompt) {
-        auto toks = model.tokenize(model.generation_prompt());
+        auto toks = gen_tokens ? result<std::vector<token_id>>(std::move(*gen_tokens))
+                               : model.tokenize(model.generation_prompt());
         if (!toks.ok()) return toks.error().with_context("generation prompt: tokenizing");
         man.generation_prompt_begin = static_cast<pos_t>(out.tokens.size());
         WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, *toks));
         man.generation_prompt_end = static_cast<pos_t>(out.tokens.size());
-        pieces.push_back({man.generation_prompt_begin, man.generation_prompt_end, retention_class::none,
-                          k_generation_prompt_index});
+        if (man.generation_prompt_end > man.generation_prompt_begin)
+            pieces.push_back({man.generation_prompt_begin, man.generation_prompt_end, retention_class::none,
+                              k_generation_prompt_index});
     }
     const auto n_tokens = static_cast<pos_t>(out.tokens.size());
     man.n_tokens = n_tokens;

@@ -388,7 +388,19 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
 
     char buf[256];
     if (llama_model_desc(p->model.get(), buf, sizeof buf) > 0) p->minfo.description = buf;
-    if (const char * t = llama_model_chat_template(p->model.get(), nullptr)) p->minfo.chat_template = t;
+    if (!opts.chat_template.empty()) {
+        p->minfo.chat_template = opts.chat_template;
+        p->minfo.chat_template_overridden = true;
+    } else if (const char * t = llama_model_chat_template(p->model.get(), nullptr)) {
+        p->minfo.chat_template = t;
+    }
+    for (auto [tok, out] : {std::pair{llama_vocab_bos(p->vocab), &p->minfo.bos_text},
+                            std::pair{llama_vocab_eos(p->vocab), &p->minfo.eos_text}}) {
+        if (tok < 0) continue;
+        char tb[256];
+        const int32_t n = llama_token_to_piece(p->vocab, tok, tb, sizeof tb, 0, true);
+        if (n > 0) out->assign(tb, (size_t)n);
+    }
     p->minfo.n_vocab = llama_vocab_n_tokens(p->vocab);
     p->minfo.n_ctx_train = llama_model_n_ctx_train(p->model.get());
     p->minfo.n_layer = llama_model_n_layer(p->model.get());
@@ -455,6 +467,7 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     return std::unique_ptr<engine>(new engine(std::move(p)));
 }
 
+const engine_options & engine::options() const { return p_->opts; }
 const model_info & engine::model() const { return p_->minfo; }
 const context_info & engine::context() const { return p_->cinfo; }
 
@@ -486,6 +499,24 @@ result<std::string> engine::detokenize(std::span<const token_id> tokens) const {
         if (n < 0) return engine_error("llama_detokenize failed");
     }
     out.resize((size_t)n);
+    return out;
+}
+
+std::vector<std::string> engine::special_token_texts() const {
+    std::vector<std::string> out;
+    const int32_t n = llama_vocab_n_tokens(p_->vocab);
+    for (token_id t = 0; t < n; ++t) {
+        if (!(llama_vocab_get_attr(p_->vocab, t) &
+              (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED | LLAMA_TOKEN_ATTR_UNKNOWN)))
+            continue;
+        char buf[256];
+        const int32_t k = llama_token_to_piece(p_->vocab, t, buf, sizeof buf, 0, true);
+        if (k > 0) out.emplace_back(buf, (size_t)k);
+    }
+    std::sort(out.begin(), out.end(), [](const std::string & a, const std::string & b) {
+        return a.size() != b.size() ? a.size() > b.size() : a < b;
+    });
+    out.erase(std::unique(out.begin(), out.end()), out.end());
     return out;
 }
 
@@ -574,6 +605,18 @@ struct token_sampler::impl {
 token_sampler::token_sampler(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 token_sampler::~token_sampler() = default;
 
+namespace {
+// A literal as a regex (std::regex ECMAScript syntax): every metacharacter escaped.
+std::string regex_escape(const std::string & s) {
+    std::string out;
+    for (char c : s) {
+        if (std::string_view(".^$|()[]{}*+?\\/-").find(c) != std::string_view::npos) out += '\\';
+        out += c;
+    }
+    return out;
+}
+}  // namespace
+
 result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params & sp, const engine & e) {
     const int32_t n_vocab = e.model().n_vocab;
     if (sp.max_tokens < 0) return invalid_argument("max_tokens must not be negative");
@@ -599,8 +642,31 @@ result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params
             llama_sampler_chain_add(p->chain.get(), llama_sampler_init_penalties(n_vocab, k_penalty_window, 1.0f,
                                                                                  sp.frequency_penalty, sp.presence_penalty));
         if (!sp.grammar.empty()) {
-            llama_sampler * g = llama_sampler_init_grammar(e.p_->vocab, sp.grammar.c_str(), "root");
+            llama_sampler * g = nullptr;
+            if (sp.grammar_lazy) {
+                std::vector<std::string> patterns = sp.grammar_trigger_patterns;
+                std::vector<llama_token> tokens;
+                for (const std::string & w : sp.grammar_trigger_words) {
+                    auto t = e.tokenize(w, true);
+                    if (t.ok() && t->size() == 1) tokens.push_back((*t)[0]);
+                    else patterns.push_back(regex_escape(w));
+                }
+                std::vector<const char *> pc;
+                for (const auto & s : patterns) pc.push_back(s.c_str());
+                g = llama_sampler_init_grammar_lazy_patterns(e.p_->vocab, sp.grammar.c_str(), "root", pc.data(), pc.size(),
+                                                             tokens.data(), tokens.size());
+            } else {
+                g = llama_sampler_init_grammar(e.p_->vocab, sp.grammar.c_str(), "root");
+            }
             if (!g) return invalid_argument("the grammar does not parse (GBNF with a rule named root)");
+            if (!sp.grammar_lazy && !sp.grammar_prefill.empty()) {
+                auto toks = e.tokenize(sp.grammar_prefill, true);
+                if (!toks.ok()) {
+                    llama_sampler_free(g);
+                    return toks.error();
+                }
+                for (token_id t : *toks) llama_sampler_accept(g, t);
+            }
             llama_sampler_chain_add(p->chain.get(), g);
         }
     }

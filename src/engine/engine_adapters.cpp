@@ -6,6 +6,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "warmctx/chat_template.h"
+
 namespace warmctx {
 
 namespace {
@@ -14,6 +16,12 @@ namespace {
 class engine_text_model final : public text_model {
   public:
     explicit engine_text_model(const engine & e) : e_(e) {
+        const model_info & mi = e.model();
+        if (e.options().jinja && !mi.chat_template.empty()) {
+            auto t = chat_templates::load({mi.chat_template, mi.bos_text, mi.eos_text, /*strip_bos=*/false,
+                                           e.special_token_texts()});
+            if (t.ok()) jinja_ = std::move(*t);
+        }
         // The generation prompt is what add_generation_prompt appends to a conversation.
         std::vector<chat_message> one = {{"user", "x"}};
         auto with = e_.apply_chat_template(one, true);
@@ -64,6 +72,50 @@ class engine_text_model final : public text_model {
         return e_.apply_chat_template(m, false);
     }
     std::string generation_prompt() const override { return gen_prompt_; }
+    bool renders_conversations() const override { return jinja_ != nullptr; }
+    // Renders of small inputs (the assembler's skeletons: the same every turn) are
+    // remembered, least recently used out past k_render_memo_bytes.
+    result<rendered_conversation> render_conversation(std::span<const conversation_message> msgs,
+                                                      std::string_view tools_json,
+                                                      bool add_generation_prompt) const override {
+        if (!jinja_) return failed_precondition("the model's chat template is not rendered as Jinja");
+        size_t in_bytes = tools_json.size();
+        for (const auto & m : msgs) in_bytes += m.role.size() + m.content.size() + m.tool_calls.size() + m.tool_call_id.size();
+        if (in_bytes > k_render_memo_max_input) return jinja_->render(msgs, tools_json, add_generation_prompt);
+        std::string key;
+        key.reserve(in_bytes + 8 * msgs.size() + 2);
+        key += add_generation_prompt ? 'g' : 'n';
+        for (const auto & m : msgs)
+            for (const std::string * f : {&m.role, &m.content, &m.tool_calls, &m.tool_call_id}) {
+                key += std::to_string(f->size());
+                key += ':';
+                key += *f;
+            }
+        key += tools_json;
+        const hash128 h = hash_string(key);
+        {
+            std::lock_guard lk(render_mu_);
+            if (auto it = renders_.find(h); it != renders_.end()) {
+                render_lru_.splice(render_lru_.begin(), render_lru_, it->second);
+                return it->second->r;
+            }
+        }
+        auto r = jinja_->render(msgs, tools_json, add_generation_prompt);
+        if (!r.ok()) return r;
+        std::lock_guard lk(render_mu_);
+        if (!renders_.count(h)) {
+            render_lru_.push_front({h, *r});
+            renders_[h] = render_lru_.begin();
+            render_bytes_ += r->text.size() + 64;
+            while (render_bytes_ > k_render_memo_bytes && !render_lru_.empty()) {
+                render_bytes_ -= render_lru_.back().r.text.size() + 64;
+                renders_.erase(render_lru_.back().key);
+                render_lru_.pop_back();
+            }
+        }
+        return r;
+    }
+    const chat_templates * templates() const { return jinja_.get(); }
 
   private:
     static constexpr size_t k_memo_min_bytes = 256;
@@ -73,8 +125,19 @@ class engine_text_model final : public text_model {
         size_t n_bytes = 0;
         std::vector<token_id> tokens;
     };
+    static constexpr size_t k_render_memo_max_input = 256u << 10;
+    static constexpr size_t k_render_memo_bytes = 32u << 20;
+    struct render_entry {
+        hash128 key;
+        rendered_conversation r;
+    };
     const engine & e_;
+    std::unique_ptr<chat_templates> jinja_;
     std::string gen_prompt_;
+    mutable std::mutex render_mu_;
+    mutable std::list<render_entry> render_lru_;
+    mutable std::unordered_map<hash128, std::list<render_entry>::iterator, hash128_hasher> renders_;
+    mutable size_t render_bytes_ = 0;
     mutable std::mutex mu_;
     mutable std::list<memo_entry> lru_;
     mutable std::unordered_map<hash128, std::list<memo_entry>::iterator, hash128_hasher> memo_;
@@ -110,6 +173,11 @@ std::string hex_digest_of_vocab(const engine & e) {
 
 std::unique_ptr<text_model> make_engine_text_model(const engine & e) { return std::make_unique<engine_text_model>(e); }
 
+const chat_templates * engine_chat_templates(const text_model & tm) {
+    const auto * etm = dynamic_cast<const engine_text_model *>(&tm);
+    return etm ? etm->templates() : nullptr;
+}
+
 std::unique_ptr<kv_ops> make_engine_kv_ops(engine & e) { return std::make_unique<engine_kv_ops>(e); }
 
 result<profile> engine_profile(const engine & e, const engine_options & opts) {
@@ -120,7 +188,9 @@ result<profile> engine_profile(const engine & e, const engine_options & opts) {
     profile p;
     p.model_digest = md->hex();
     p.tokenizer_digest = hex_digest_of_vocab(e);
-    p.chat_template_digest = hash_string(mi.chat_template).hex();
+    // How the template is rendered is part of it: Jinja and the built-in per-message
+    // templates make different prompts of the same messages.
+    p.chat_template_digest = hash_string((opts.jinja ? "jinja\n" : "builtin\n") + mi.chat_template).hex();
     p.llama_commit = std::string(llama_commit());
     p.backend = ci.backend;
     p.rope_freq_base = mi.rope_freq_base;

@@ -719,6 +719,7 @@ status context_engine::set_chunk_tokens(uint32_t n) {
 
 const profile & context_engine::current_profile() const { return p_->prof; }
 const model_info & context_engine::model() const { return p_->eng->model(); }
+const chat_templates * context_engine::chat_template() const { return engine_chat_templates(*p_->tm); }
 const context_info & context_engine::context() const { return p_->eng->context(); }
 result<std::vector<token_id>> context_engine::tokenize(std::string_view text) const { return p_->eng->tokenize(text, true); }
 const prefix_cache & context_engine::cache() const { return *p_->cache; }

@@ -720,6 +720,7 @@ std::shared_ptr<const context_counters> scheduler::published_counters() const {
 }
 
 const model_info & scheduler::model() const { return p_->minfo; }
+const chat_templates * scheduler::chat_template() const { return p_->ce->chat_template(); }
 const context_info & scheduler::context() const { return p_->cinfo; }
 uint32_t scheduler::n_parallel() const { return p_->opts.n_parallel; }
 

@@ -153,10 +153,28 @@ maybe_error map_messages(const json & messages, const json * tools, std::vector<
             s.id = buf;
         } else if (role == "user" || role == "assistant" || role == "tool") {
             if (role == "assistant") {
-                if (const json * tc = field(m, "tool_calls")) {
+                if (const json * tc = field(m, "tool_calls"); tc && !tc->is_null()) {
                     if (!tc->is_array()) return wrong_type(p + ".tool_calls", "an array", *tc);
-                    if (!content.empty()) content += "\n";
-                    content += dump_json(*tc);  // std::map keys: sorted, canonical
+                    for (size_t k = 0; k < tc->size(); ++k) {
+                        const json & c = (*tc)[k];
+                        const std::string cp = index_param(p + ".tool_calls", k);
+                        if (!c.is_object()) return wrong_type(cp, "an object", c);
+                        const json * fn = field(c, "function");
+                        if (!fn || !fn->is_object()) return bad_request("missing_field", cp + ".function is required", cp + ".function");
+                        const json * name = field(*fn, "name");
+                        if (!name || !name->is_string())
+                            return bad_request("missing_field", cp + ".function.name must be a string", cp + ".function.name");
+                        const json * args = field(*fn, "arguments");
+                        if (args && !args->is_string() && !args->is_object())
+                            return wrong_type(cp + ".function.arguments", "a string of JSON", *args);
+                    }
+                    if (!tc->empty()) s.tool_calls = dump_json(*tc);  // std::map keys: sorted, canonical
+                }
+            }
+            if (role == "tool") {
+                if (const json * id = field(m, "tool_call_id"); id && !id->is_null()) {
+                    if (!id->is_string()) return wrong_type(p + ".tool_call_id", "a string", *id);
+                    s.tool_call_id = id->get<std::string>();
                 }
             }
             const bool last = i + 1 == messages.size();
@@ -183,6 +201,21 @@ maybe_error map_messages(const json & messages, const json * tools, std::vector<
             segment s;
             s.kind = segment_kind::tools;
             s.id = "tools";
+            for (size_t k = 0; k < tools->size(); ++k) {
+                const json & t = (*tools)[k];
+                const std::string tp = index_param("tools", k);
+                if (!t.is_object()) return wrong_type(tp, "an object", t);
+                const json * type = field(t, "type");
+                if (!type || *type != "function")
+                    return bad_request("unsupported_parameter", tp + ".type: only \"function\" tools are supported",
+                                       tp + ".type");
+                const json * fn = field(t, "function");
+                if (!fn || !fn->is_object()) return bad_request("missing_field", tp + ".function is required", tp + ".function");
+                const json * name = field(*fn, "name");
+                if (!name || !name->is_string() || name->get<std::string>().empty())
+                    return bad_request("missing_field", tp + ".function.name must be a non-empty string",
+                                       tp + ".function.name");
+            }
             s.content = dump_json(*tools);
             out.push_back(std::move(s));
         }
@@ -316,6 +349,16 @@ maybe_error parse_completion_request(const json & body, body_mode mode, const re
         if (auto e = validate_workspace_id(*ws)) return e;
         out.workspace = *ws;
     }
+    // OpenAI's prompt_cache_key (requests that share a prefix) names the workspace when
+    // the request names none: itself when it is a valid workspace id, else "key-" and
+    // 16 hex digits of its hash.
+    std::optional<std::string> pck;
+    if (auto e = get_string(body, "prompt_cache_key", "prompt_cache_key", pck)) return e;
+    if (pck && !pck->empty() && out.workspace.empty()) {
+        if (!validate_workspace_id(*pck)) out.workspace = *pck;
+        else out.workspace = "key-" + hash_string(*pck).hex().substr(0, 16);
+        out.workspace_from_cache_key = true;
+    }
 
     // ---- sampling ----
     sampling_params & sp = out.sampling;
@@ -424,16 +467,48 @@ maybe_error parse_completion_request(const json & body, body_mode mode, const re
             return wrong_type("response_format", "an object with a string `type`", *v);
         if ((*v)["type"] == "json_object") {
             sp.grammar = k_json_object_grammar;
+        } else if ((*v)["type"] == "json_schema") {
+            const json * js = field(*v, "json_schema");
+            if (!js || !js->is_object()) return wrong_type("response_format.json_schema", "an object", js ? *js : json());
+            const json * schema = field(*js, "schema");
+            if (!schema || !schema->is_object())
+                return bad_request("missing_field", "response_format.json_schema.schema must be an object",
+                                   "response_format.json_schema.schema");
+            out.json_schema = dump_json(*schema);
         } else if ((*v)["type"] != "text") {
-            return refuse("response_format", "only \"text\" and \"json_object\"; json_schema is not implemented yet");
+            return bad_request("invalid_value", "response_format.type must be text, json_object or json_schema",
+                               "response_format.type");
         }
     }
+    for (const segment & s : out.segments)
+        if (s.kind == segment_kind::tools && s.id == "tools") out.tools_json = s.content;
     if (const json * v = field(body, "tool_choice"); v && !v->is_null()) {
-        const bool plain = v->is_string() && (*v == "auto" || *v == "none");
-        if (!plain)
-            return refuse("tool_choice", "only \"auto\" and \"none\": tool calls are not parsed from the output yet, so "
-                                         "a required or named tool cannot be enforced");
+        if (v->is_string() && *v == "auto") {
+            out.tool_choice = tool_choice_mode::auto_;
+        } else if (v->is_string() && *v == "none") {
+            out.tool_choice = tool_choice_mode::none;
+        } else if (v->is_string() && *v == "required") {
+            out.tool_choice = tool_choice_mode::required;
+        } else if (v->is_object() && field(*v, "function") && (*v)["function"].is_object() &&
+                   (*v)["function"].contains("name") && (*v)["function"]["name"].is_string()) {
+            out.tool_choice = tool_choice_mode::required;
+            out.tool_choice_name = (*v)["function"]["name"].get<std::string>();
+        } else {
+            return bad_request("invalid_value",
+                               "tool_choice must be \"auto\", \"none\", \"required\" or "
+                               "{\"type\": \"function\", \"function\": {\"name\": ...}}",
+                               "tool_choice");
+        }
+        if (out.tool_choice == tool_choice_mode::required && out.tools_json.empty())
+            return bad_request("invalid_value", "tool_choice requires a tool call but the request has no tools",
+                               "tool_choice");
     }
+    if (const json * v = field(body, "parallel_tool_calls"); v && !v->is_null()) {
+        if (!v->is_boolean()) return wrong_type("parallel_tool_calls", "a boolean", *v);
+        out.parallel_tool_calls = v->get<bool>();
+    }
+    if (!out.json_schema.empty() && !out.tools_json.empty() && out.tool_choice != tool_choice_mode::none)
+        return refuse("response_format", "a json_schema together with tools (use one or the other)");
     if (mode == body_mode::text) {
         if (const json * v = field(body, "echo"); v && v->is_boolean() && v->get<bool>())
             return refuse("echo", "the prompt is not echoed back");
@@ -583,10 +658,29 @@ json logprobs_json(api_shape shape, const std::vector<token_logprobs> & lps, siz
             {"text_offset", std::move(offsets)}};
 }
 
+json tool_call_json(const parsed_tool_call & c, int index) {
+    json j = {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+    if (index >= 0) j["index"] = index;
+    return j;
+}
+
 json completion_response(const response_meta & m, const std::string & text, finish_reason finish,
-                         const completion_usage & usage, json warmctx_ext, json logprobs) {
+                         const completion_usage & usage, json warmctx_ext, json logprobs, const parsed_answer * parsed) {
     json choice = {{"index", 0}, {"finish_reason", openai_finish_reason(finish)}};
-    if (m.shape == api_shape::chat) {
+    if (m.shape == api_shape::chat && parsed) {
+        json msg = {{"role", "assistant"}};
+        const bool calls = !parsed->tool_calls.empty();
+        msg["content"] = calls && parsed->content.empty() ? json(nullptr) : json(parsed->content);
+        if (!parsed->reasoning.empty()) msg["reasoning_content"] = parsed->reasoning;
+        if (calls) {
+            json arr = json::array();
+            for (const auto & c : parsed->tool_calls) arr.push_back(tool_call_json(c));
+            msg["tool_calls"] = std::move(arr);
+            if (finish != finish_reason::length && finish != finish_reason::context_full)
+                choice["finish_reason"] = "tool_calls";
+        }
+        choice["message"] = std::move(msg);
+    } else if (m.shape == api_shape::chat) {
         choice["message"] = {{"role", "assistant"}, {"content", text}};
     } else {
         choice["text"] = text;
@@ -622,11 +716,20 @@ json chunk_delta(const response_meta & m, const std::string & text, bool include
     return j;
 }
 
-json chunk_finish(const response_meta & m, finish_reason finish, bool include_usage, json warmctx_ext) {
+json chunk_tool_calls(const response_meta & m, json calls, bool include_usage) {
+    json j = chunk_base(m);
+    j["choices"] = json::array({{{"index", 0}, {"delta", {{"tool_calls", std::move(calls)}}}, {"finish_reason", nullptr}}});
+    if (include_usage) j["usage"] = nullptr;
+    return j;
+}
+
+json chunk_finish(const response_meta & m, finish_reason finish, bool include_usage, json warmctx_ext, bool tool_calls) {
     json j = chunk_base(m);
     if (m.shape == api_shape::chat)
-        j["choices"] = json::array(
-            {{{"index", 0}, {"delta", json::object()}, {"finish_reason", openai_finish_reason(finish)}}});
+        j["choices"] = json::array({{{"index", 0},
+                                     {"delta", json::object()},
+                                     {"finish_reason", tool_calls ? std::string_view("tool_calls")
+                                                                  : openai_finish_reason(finish)}}});
     else
         j["choices"] = json::array(
             {{{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(finish)}}});

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api_error.h"
+#include "warmctx/conversation.h"
 #include "warmctx/context_engine.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/segments.h"
@@ -49,12 +50,21 @@ enum class api_shape { chat, text };    // chat.completion vs text_completion
 struct completion_request {
     api_shape shape = api_shape::chat;
     std::string workspace;              // "" = not named (derive_workspace)
+    bool workspace_from_cache_key = false;  // named by prompt_cache_key, not `workspace`
     std::vector<segment> segments;      // messages mapping, then the `segments` extension
     sampling_params sampling;
     bool stream = false;
     bool include_usage = false;         // stream_options.include_usage
     bool raw = false;                   // /v1/completions: the prompt as given, no template
     std::optional<std::string> suffix;  // /v1/completions: fill-in-the-middle
+    // Tools: the `tools` array as canonical JSON text ("" = none), tool_choice (a named
+    // function is `required` of that one), parallel_tool_calls (OpenAI's default: true).
+    std::string tools_json;
+    tool_choice_mode tool_choice = tool_choice_mode::auto_;
+    std::string tool_choice_name;
+    bool parallel_tool_calls = true;
+    // response_format json_schema: the schema as JSON text ("" = none).
+    std::string json_schema;
 };
 
 // What the body of each route must carry.
@@ -119,10 +129,21 @@ struct response_meta {
 // counted from `offset`, the bytes of text before these tokens).
 nlohmann::json logprobs_json(api_shape shape, const std::vector<token_logprobs> & lps, size_t offset = 0);
 
-// A whole non-streamed response (`logprobs`: the choice's, null when not asked).
+// A whole non-streamed response (`logprobs`: the choice's, null when not asked). With
+// `parsed` (a chat answer parsed by the template's tool-call format) the message carries
+// its content (null when there are calls and no text), `tool_calls` and
+// `reasoning_content`, and finish_reason is "tool_calls" when it called any.
 nlohmann::json completion_response(const response_meta & m, const std::string & text,
                                    finish_reason finish, const completion_usage & usage,
-                                   nlohmann::json warmctx_ext, nlohmann::json logprobs = nullptr);
+                                   nlohmann::json warmctx_ext, nlohmann::json logprobs = nullptr,
+                                   const parsed_answer * parsed = nullptr);
+
+// A parsed call in OpenAI's shape: {"id","type":"function","function":{"name","arguments"}}
+// (`index` added for a streamed delta when index >= 0).
+nlohmann::json tool_call_json(const parsed_tool_call & c, int index = -1);
+// A streamed chat delta of tool-call fragments: {"tool_calls":[{index, id?, type?,
+// function:{name?, arguments}}]} - `calls` already in that shape.
+nlohmann::json chunk_tool_calls(const response_meta & m, nlohmann::json calls, bool include_usage);
 
 // Streamed chunks (the JSON after "data: "). `include_usage` adds "usage": null to
 // each, as OpenAI does when stream_options.include_usage is set.
@@ -130,7 +151,7 @@ nlohmann::json chunk_role(const response_meta & m, bool include_usage);  // chat
 nlohmann::json chunk_delta(const response_meta & m, const std::string & text, bool include_usage,
                            nlohmann::json logprobs = nullptr);
 nlohmann::json chunk_finish(const response_meta & m, finish_reason finish, bool include_usage,
-                            nlohmann::json warmctx_ext);
+                            nlohmann::json warmctx_ext, bool tool_calls = false);
 nlohmann::json chunk_usage(const response_meta & m, const completion_usage & usage);
 
 }  // namespace warmctx::server_detail

@@ -9,6 +9,8 @@
 #include "json_util.h"
 #include "route_context.h"
 #include "warmctx/assembler.h"
+#include "responses.h"
+#include "warmctx/chat_template.h"
 
 namespace warmctx::server_detail {
 
@@ -62,6 +64,26 @@ void note_progress(route_context & ctx, const request_log & log, const completio
                    {"elapsed_ms", std::round(ms_between(log.t_start, steady::now()))}});
 }
 
+// Calls whose arguments are not a whole JSON object (an answer cut short by max_tokens)
+// are dropped; without parallel_tool_calls only the first call counts.
+void keep_whole_calls(parsed_answer & a, bool parallel) {
+    std::vector<parsed_tool_call> kept;
+    for (auto & c : a.tool_calls) {
+        json args = json::parse(c.arguments, nullptr, false);
+        if (args.is_discarded() || !args.is_object()) continue;
+        kept.push_back(std::move(c));
+        if (!parallel) break;
+    }
+    a.tool_calls = std::move(kept);
+}
+
+// Tool call ids: the model's own when its format has them, else the response id and
+// the call's index.
+void name_calls(parsed_answer & a, const std::string & response_id) {
+    for (size_t i = 0; i < a.tool_calls.size(); ++i)
+        if (a.tool_calls[i].id.empty()) a.tool_calls[i].id = "call_" + response_id + "_" + std::to_string(i);
+}
+
 api_error job_error(const status & st) {
     if (st.code() == status_code::cancelled) return unavailable("request cancelled: " + st.message(), 1);
     return error_from_status(st);
@@ -81,6 +103,15 @@ struct stream_state {
     prefill_progress progress;
     bool logprobs = false;  // the request asked for them
     size_t text_bytes = 0;  // text sent so far (a completion's text_offset)
+    // An answer parsed by the template's tool-call format: the raw text so far, and what
+    // of its parse has been sent (content bytes; per call, whether its head went out and
+    // how many bytes of arguments).
+    std::shared_ptr<const chat_output_parser> parser;
+    std::string raw;
+    size_t content_sent = 0;
+    std::vector<size_t> args_sent;
+    bool any_call = false;
+    bool parallel_calls = true;  // parallel_tool_calls: else only the first call is sent
     std::chrono::steady_clock::time_point t_last_write{};
 };
 
@@ -92,6 +123,36 @@ bool write_or_cancel(stream_state & st, chunk_sink & sink, const std::string & d
     st.finished = true;
     st.ctx->finish(*st.log, k_status_client_closed);
     return false;
+}
+
+// The chunks that bring a client from what it has of a parsed answer to `now`: new
+// content, each new call's head (id, name), new argument bytes. A parse that rewrote
+// what was sent (content that turned out to open a call) sends only what extends it.
+std::string parsed_deltas(stream_state & st, parsed_answer now) {
+    name_calls(now, st.meta.id);
+    std::string out;
+    if (now.content.size() > st.content_sent) {
+        out += sse(chunk_delta(st.meta, now.content.substr(st.content_sent), st.include_usage));
+        st.content_sent = now.content.size();
+    }
+    json frags = json::array();
+    for (size_t i = 0; i < now.tool_calls.size() && (st.parallel_calls || i == 0); ++i) {
+        const parsed_tool_call & c = now.tool_calls[i];
+        if (i >= st.args_sent.size()) {
+            if (c.name.empty()) break;  // its head is not complete yet
+            frags.push_back({{"index", i},
+                             {"id", c.id},
+                             {"type", "function"},
+                             {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+            st.args_sent.push_back(c.arguments.size());
+            st.any_call = true;
+        } else if (c.arguments.size() > st.args_sent[i]) {
+            frags.push_back({{"index", i}, {"function", {{"arguments", c.arguments.substr(st.args_sent[i])}}}});
+            st.args_sent[i] = c.arguments.size();
+        }
+    }
+    if (!frags.empty()) out += sse(chunk_tool_calls(st.meta, std::move(frags), st.include_usage));
+    return out;
 }
 
 // One call of the transport: the role chunk first (chat), then whatever events are
@@ -132,6 +193,15 @@ bool stream_step(stream_state & st, chunk_sink & sink) {
             case completion_event::kind::progress:
             case completion_event::kind::started: break;
             case completion_event::kind::delta:
+                if (st.parser) {
+                    st.raw += ev.text;
+                    auto p = st.parser->parse(st.raw, /*partial=*/true);
+                    if (p.ok()) {
+                        const std::string out = parsed_deltas(st, std::move(*p));
+                        if (!out.empty() && !write_or_cancel(st, sink, out)) return false;
+                    }
+                    break;
+                }
                 if (!ev.text.empty() &&
                     !write_or_cancel(st, sink,
                                      sse(chunk_delta(st.meta, ev.text, st.include_usage,
@@ -141,8 +211,15 @@ bool stream_step(stream_state & st, chunk_sink & sink) {
                 st.text_bytes += ev.text.size();
                 break;
             case completion_event::kind::done: {
-                std::string out = sse(chunk_finish(st.meta, ev.finish, st.include_usage,
-                                                   warmctx_json(st.workspace, ev.explain, ev)));
+                std::string out;
+                if (st.parser) {
+                    // The final parse: what the partial ones held back (a call's last bytes).
+                    auto p = st.parser->parse(st.raw, /*partial=*/false);
+                    if (p.ok()) out += parsed_deltas(st, std::move(*p));
+                }
+                out += sse(chunk_finish(st.meta, ev.finish, st.include_usage, warmctx_json(st.workspace, ev.explain, ev),
+                                        st.any_call && ev.finish != finish_reason::length &&
+                                            ev.finish != finish_reason::context_full));
                 if (st.include_usage) out += sse(chunk_usage(st.meta, ev.usage));
                 out += "data: [DONE]\n\n";
                 if (!write_or_cancel(st, sink, out)) return false;
@@ -176,7 +253,7 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     completion_request cr;
     if (auto e = parse_completion_request(body, mode, ctx.limits, cr)) return respond_error(res, *log, *e);
     if (path_ws) {
-        if (!cr.workspace.empty() && cr.workspace != *path_ws)
+        if (!cr.workspace.empty() && !cr.workspace_from_cache_key && cr.workspace != *path_ws)
             return respond_error(res, *log,
                                  bad_request("invalid_workspace",
                                              "the body names workspace '" + cr.workspace + "' but the path names '" +
@@ -203,6 +280,35 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     if (cr.workspace.empty()) cr.workspace = derive_workspace(cr.segments);
     log->workspace = cr.workspace;
     if (!ctx.sched) return respond_error(res, *log, unavailable("the engine is stopping: no engine", 1));
+
+    // Tools (and a JSON schema): the template's grammar and parser for the answer.
+    std::shared_ptr<const chat_output_parser> parser;
+    const bool with_tools = !cr.tools_json.empty() && cr.tool_choice != tool_choice_mode::none;
+    if (cr.shape == api_shape::chat && (with_tools || !cr.json_schema.empty())) {
+        const chat_templates * ct = ctx.sched->chat_template();
+        if (with_tools && ct) {
+            answer_request ar{cr.tools_json, cr.tool_choice, cr.tool_choice_name, cr.parallel_tool_calls, cr.json_schema};
+            auto af = ct->answer({}, ar);
+            if (!af.ok()) return respond_error(res, *log, error_from_status(af.error(), "tool_choice"));
+            cr.sampling.grammar = af->grammar;
+            cr.sampling.grammar_lazy = af->grammar_lazy;
+            cr.sampling.grammar_trigger_patterns = af->trigger_patterns;
+            cr.sampling.grammar_trigger_words = af->trigger_words;
+            cr.sampling.grammar_prefill = af->generation_prompt;
+            for (const auto & s : af->additional_stops) cr.sampling.stop.push_back(s);
+            parser = af->parser;
+        } else if (with_tools && cr.tool_choice == tool_choice_mode::required) {
+            return respond_error(res, *log,
+                                 bad_request("unsupported_parameter",
+                                             "tool_choice requires a call, which needs the model's Jinja chat template "
+                                             "(the server runs with --no-jinja, or the template did not load)",
+                                             "tool_choice"));
+        } else if (!cr.json_schema.empty()) {
+            auto g = json_schema_grammar(cr.json_schema);
+            if (!g.ok()) return respond_error(res, *log, error_from_status(g.error(), "response_format"));
+            cr.sampling.grammar = *g;
+        }
+    }
 
     auto ch = std::make_shared<request_channel>();
     completion_job job;
@@ -282,12 +388,26 @@ void run_completion(route_context & ctx, const http_request & req, http_response
                         lps.insert(lps.end(), ev.logprobs.begin(), ev.logprobs.end());
                         break;
                     case completion_event::kind::error: return respond_error(res, *log, job_error(ev.error));
-                    case completion_event::kind::done:
+                    case completion_event::kind::done: {
+                        std::optional<parsed_answer> parsed;
+                        if (parser) {
+                            // An answer the format cannot parse (cut short by max_tokens, say)
+                            // is returned as text.
+                            auto p = parser->parse(text, /*partial=*/false);
+                            if (!p.ok()) p = parser->parse(text, /*partial=*/true);
+                            if (p.ok()) {
+                                parsed = std::move(*p);
+                                keep_whole_calls(*parsed, cr.parallel_tool_calls);
+                                name_calls(*parsed, meta.id);
+                            }
+                        }
                         send_json(res, 200,
                                   completion_response(meta, text, ev.finish, ev.usage,
                                                       warmctx_json(cr.workspace, ev.explain, ev),
-                                                      want_logprobs ? logprobs_json(meta.shape, lps) : json(nullptr)));
+                                                      want_logprobs ? logprobs_json(meta.shape, lps) : json(nullptr),
+                                                      parsed ? &*parsed : nullptr));
                         return;
+                    }
                 }
             }
             for (auto & te : ch->pop_all(k_poll)) pending.push_back(std::move(te));
@@ -304,6 +424,8 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     st->workspace = cr.workspace;
     st->include_usage = cr.include_usage;
     st->logprobs = want_logprobs;
+    st->parser = parser;
+    st->parallel_calls = cr.parallel_tool_calls;
     st->pending = std::move(pending);
     log->deferred = true;
     registered.reset();  // stream_end unregisters
@@ -322,6 +444,124 @@ void run_completion(route_context & ctx, const http_request & req, http_response
         st->ctx->unregister_channel(st->ch);
     };
 }
+
+namespace {
+
+// A chat error body ({"error": {...}}) back as an api_error, its param renamed to the
+// Responses field it came from.
+api_error parse_error_body(const http_response & chat, const responses_request_info & info) {
+    api_error e;
+    e.http_status = chat.status;
+    json j = json::parse(chat.body, nullptr, false);
+    if (j.is_object() && j.contains("error") && j["error"].is_object()) {
+        const json & x = j["error"];
+        auto str = [&](const char * k) { return x.contains(k) && x[k].is_string() ? x[k].get<std::string>() : std::string(); };
+        e.type = str("type");
+        e.code = str("code");
+        e.message = str("message");
+        e.param = str("param");
+    }
+    chat_error_to_responses(e, info);
+    return e;
+}
+
+// A chunk_sink that takes the chat route's server-sent events and writes the Responses
+// events they become.
+class responses_sink final : public chunk_sink {
+  public:
+    responses_sink(chunk_sink & out, responses_stream & rs, responses_request_info & info, std::string & buf)
+        : out_(out), rs_(rs), info_(info), buf_(buf) {}
+    bool write(std::string_view data) override {
+        buf_.append(data);
+        size_t end;
+        while ((end = buf_.find("\n\n")) != std::string::npos) {
+            const std::string ev = buf_.substr(0, end);
+            buf_.erase(0, end + 2);
+            if (ev.rfind(": ", 0) == 0) {  // a keep-alive comment: passed on as it is
+                if (!out_.write(ev + "\n\n")) return false;
+                continue;
+            }
+            if (ev.rfind("data: ", 0) != 0) continue;
+            const std::string payload = ev.substr(6);
+            std::vector<responses_event> events;
+            if (payload == "[DONE]") {
+                if (!rs_.done()) events = rs_.finish();
+            } else {
+                json c = json::parse(payload, nullptr, false);
+                if (c.is_object() && c.contains("error")) {
+                    http_response r;
+                    r.status = 500;
+                    r.body = payload;
+                    events = rs_.error(parse_error_body(r, info_));
+                } else if (c.is_object()) {
+                    events = rs_.chunk(c);
+                }
+            }
+            std::string text;
+            for (const auto & e : events) text += sse_text(e);
+            if (!text.empty() && !out_.write(text)) return false;
+        }
+        return true;
+    }
+    void done() override { out_.done(); }
+
+  private:
+    chunk_sink & out_;
+    responses_stream & rs_;
+    responses_request_info & info_;
+    std::string & buf_;  // an event cut between two writes waits here
+};
+
+// POST /v1/responses: the request becomes a chat request (responses.h), runs as one, and
+// its answer - whole or streamed - is translated back.
+void run_responses(route_context & ctx, const http_request & req, http_response & res,
+                   const std::shared_ptr<request_log> & log) {
+    json body;
+    if (auto e = parse_body(req, body)) return respond_error(res, *log, *e);
+    json chat_body;
+    auto info = std::make_shared<responses_request_info>();
+    if (auto e = responses_to_chat(body, chat_body, *info)) return respond_error(res, *log, *e);
+    if (info->model.empty()) info->model = ctx.model_name;
+    http_request chat_req = req;
+    chat_req.body = dump_json(chat_body);
+    http_response chat_res;
+    run_completion(ctx, chat_req, chat_res, log, body_mode::chat, nullptr);
+    const std::string id = make_response_id();
+    const int64_t created = static_cast<int64_t>(std::time(nullptr));
+    if (!chat_res.stream) {
+        if (chat_res.status != 200) {
+            api_error e = parse_error_body(chat_res, *info);
+            res.status = chat_res.status;
+            res.headers = chat_res.headers;
+            res.content_type = "application/json";
+            res.body = e.body();
+            return;
+        }
+        json cc = json::parse(chat_res.body, nullptr, false);
+        send_json(res, 200, chat_to_response(cc, *info, id, created));
+        return;
+    }
+    auto rs = std::make_shared<responses_stream>(*info, id, created);
+    res.status = chat_res.status;
+    res.headers = chat_res.headers;
+    res.content_type = chat_res.content_type;
+    auto started = std::make_shared<bool>(false);
+    auto buf = std::make_shared<std::string>();
+    auto inner = chat_res.stream;
+    res.stream = [rs, info, inner, started, buf](chunk_sink & sink) {
+        if (!*started) {
+            *started = true;
+            std::string text;
+            for (const auto & e : rs->start()) text += sse_text(e);
+            if (!sink.write(text)) return false;
+        }
+        responses_sink rsink(sink, *rs, *info, *buf);
+        return inner(rsink);
+    };
+    res.stream_end = chat_res.stream_end;
+}
+
+}  // namespace
 
 void add_openai_routes(route_table & t, route_context & ctx) {
     route_context * c = &ctx;
@@ -360,6 +600,10 @@ void add_openai_routes(route_table & t, route_context & ctx) {
     t.push_back({"POST", "/v1/chat/completions", "/v1/chat/completions", true,
                  [c](const http_request & req, http_response & res, const auto & log) {
                      run_completion(*c, req, res, log, body_mode::chat, nullptr);
+                 }});
+    t.push_back({"POST", "/v1/responses", "/v1/responses", true,
+                 [c](const http_request & req, http_response & res, const auto & log) {
+                     run_responses(*c, req, res, log);
                  }});
     t.push_back({"POST", "/v1/completions", "/v1/completions", true,
                  [c](const http_request & req, http_response & res, const auto & log) {

@@ -148,6 +148,15 @@ std::string workload_generator::edit_one_line(const std::string & text) {
     b = b == std::string::npos ? 0 : b + 1;
     size_t e = text.find('\n', mid);
     if (e == std::string::npos) e = text.size();
+    // A tool schema line (tool_schemas) is replaced by another tool, so that the array
+    // stays valid JSON and a template still renders it as tools.
+    const std::string line = text.substr(b, e - b);
+    if (line.rfind(R"({"type":"function")", 0) == 0) {
+        const std::string one = tool_schemas(1);  // "[\n{...}\n]\n"
+        const size_t ob = one.find('{'), oe = one.rfind('}');
+        const bool comma = !line.empty() && line.back() == ',';
+        return text.substr(0, b) + one.substr(ob, oe - ob + 1) + (comma ? "," : "") + text.substr(e);
+    }
     return text.substr(0, b) + "// edited: " + words(6) + text.substr(e);
 }
 

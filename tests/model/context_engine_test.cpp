@@ -166,7 +166,16 @@ TEST(ContextEngine, ContentCannotInjectControlTokens) {
     r.add_generation_prompt = false;
     auto ap = f.ce->assemble_request(r);
     ASSERT_TRUE(ap.ok());
-    EXPECT_EQ(std::count(ap->tokens.begin(), ap->tokens.end(), (*im_end)[0]), 1);  // the frame's own
+    // As many control tokens as the same message with harmless content has (the
+    // template's frame: with Qwen2.5's, also its default system prompt): the content's
+    // "<|im_end|>" stays text.
+    turn_request plain = f.request("a", {{"q", segment_kind::user, "", "", "x"}});
+    plain.add_generation_prompt = false;
+    auto ap0 = f.ce->assemble_request(plain);
+    ASSERT_TRUE(ap0.ok());
+    const auto n_frame = std::count(ap0->tokens.begin(), ap0->tokens.end(), (*im_end)[0]);
+    EXPECT_GE(n_frame, 1);
+    EXPECT_EQ(std::count(ap->tokens.begin(), ap->tokens.end(), (*im_end)[0]), n_frame);
 }
 
 TEST(ContextEngine, BadRequestsAreErrorsAndChangeNothing) {

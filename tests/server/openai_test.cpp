@@ -69,13 +69,60 @@ TEST(openai_mapping, last_message_not_user_is_history_and_tool_calls_are_kept) {
     json body = {{"messages", json::array({{{"role", "user"}, {"content", "run ls"}},
                                            {{"role", "assistant"},
                                             {"content", nullptr},
-                                            {"tool_calls", json::array({{{"id", "c1"}, {"type", "function"}}})}},
-                                           {{"role", "tool"}, {"content", "a.txt"}}})}};
+                                            {"tool_calls", json::array({{{"id", "c1"},
+                                                                         {"type", "function"},
+                                                                         {"function", {{"name", "sh"}, {"arguments", "{}"}}}}})}},
+                                           {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "a.txt"}}})}};
     completion_request cr = parse_ok(body);
     ASSERT_EQ(cr.segments.size(), 3u);
     for (const segment & s : cr.segments) EXPECT_EQ(s.kind, segment_kind::history);
-    EXPECT_EQ(cr.segments[1].content, R"([{"id":"c1","type":"function"}])");
+    // The calls are the message's structure (canonical JSON), not part of its text.
+    EXPECT_EQ(cr.segments[1].content, "");
+    EXPECT_EQ(cr.segments[1].tool_calls, R"([{"function":{"arguments":"{}","name":"sh"},"id":"c1","type":"function"}])");
     EXPECT_EQ(cr.segments[2].role, "tool");
+    EXPECT_EQ(cr.segments[2].tool_call_id, "c1");
+    // A call without a function name is a 400 naming it.
+    json bad = body;
+    bad["messages"][1]["tool_calls"][0]["function"].erase("name");
+    EXPECT_EQ(parse_err(bad).param, "messages[1].tool_calls[0].function.name");
+}
+
+TEST(openai_mapping, tool_choice_parallel_calls_json_schema_and_prompt_cache_key) {
+    const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
+    const json tools = json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", json::object()}}}}});
+    completion_request a = parse_ok({{"messages", msgs}, {"tools", tools}});
+    EXPECT_EQ(a.tool_choice, tool_choice_mode::auto_);
+    EXPECT_TRUE(a.parallel_tool_calls);  // OpenAI's default
+    EXPECT_EQ(a.tools_json, R"([{"function":{"name":"f","parameters":{}},"type":"function"}])");
+    completion_request r = parse_ok({{"messages", msgs}, {"tools", tools}, {"tool_choice", "required"},
+                                     {"parallel_tool_calls", false}});
+    EXPECT_EQ(r.tool_choice, tool_choice_mode::required);
+    EXPECT_FALSE(r.parallel_tool_calls);
+    completion_request n = parse_ok(
+        {{"messages", msgs}, {"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}});
+    EXPECT_EQ(n.tool_choice, tool_choice_mode::required);
+    EXPECT_EQ(n.tool_choice_name, "f");
+    EXPECT_EQ(parse_ok({{"messages", msgs}, {"tools", tools}, {"tool_choice", "none"}}).tool_choice, tool_choice_mode::none);
+    // A required call without tools, an unknown tool_choice, a tool that is not a function.
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"tool_choice", "required"}}).param, "tool_choice");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"tools", tools}, {"tool_choice", "sometimes"}}).param, "tool_choice");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"tools", json::array({{{"type", "web_search"}}})}}).param, "tools[0].type");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"parallel_tool_calls", "yes"}}).param, "parallel_tool_calls");
+    // json_schema: the schema, canonical.
+    const json schema_rf = {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}};
+    completion_request s = parse_ok({{"messages", msgs}, {"response_format", schema_rf}});
+    EXPECT_EQ(s.json_schema, R"({"type":"object"})");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"response_format", {{"type", "json_schema"}}}}).param,
+              "response_format.json_schema");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"response_format", {{"type", "xml"}}}}).param, "response_format.type");
+    // prompt_cache_key names the workspace when `workspace` does not; an id it cannot be is hashed.
+    completion_request k = parse_ok({{"messages", msgs}, {"prompt_cache_key", "conv-123"}});
+    EXPECT_EQ(k.workspace, "conv-123");
+    EXPECT_TRUE(k.workspace_from_cache_key);
+    completion_request h = parse_ok({{"messages", msgs}, {"prompt_cache_key", "a key/with spaces"}});
+    EXPECT_EQ(h.workspace.rfind("key-", 0), 0u);
+    EXPECT_EQ(h.workspace.size(), 4u + 16u);
+    EXPECT_EQ(parse_ok({{"messages", msgs}, {"workspace", "w"}, {"prompt_cache_key", "conv-123"}}).workspace, "w");
 }
 
 TEST(openai_mapping, workspace_derivation) {
@@ -154,14 +201,16 @@ TEST(openai_mapping, penalties_and_logit_bias_reach_the_sampler) {
 // What is not implemented yet is refused by name with a 400, never ignored with a 200.
 TEST(openai_mapping, unimplemented_parameters_are_refused_by_name) {
     const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
-    for (const auto & [key, value] : std::vector<std::pair<std::string, json>>{
-             {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}}}}},
-             {"tool_choice", "required"},
-             {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}) {
-        api_error e = parse_err({{"messages", msgs}, {key, value}});
-        EXPECT_EQ(e.http_status, 400) << key;
-        EXPECT_EQ(e.code, "unsupported_parameter") << key;
-        EXPECT_EQ(e.param, key);
+    const json tools = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+    // A schema and tools at once is the one combination not implemented.
+    {
+        api_error e = parse_err({{"messages", msgs},
+                                 {"tools", tools},
+                                 {"response_format",
+                                  {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}}}}}});
+        EXPECT_EQ(e.http_status, 400);
+        EXPECT_EQ(e.code, "unsupported_parameter");
+        EXPECT_EQ(e.param, "response_format");
     }
     // What is accepted: the values that ask for nothing this server lacks.
     parse_ok({{"messages", msgs}, {"logprobs", false}, {"response_format", {{"type", "text"}}}, {"tool_choice", "auto"},

@@ -1,0 +1,231 @@
+// server/responses.h - the OpenAI Responses API (POST /v1/responses) as a translation
+// over chat completions. Pure functions and one small state machine: no I/O, no scheduler.
+//
+// A Responses request body becomes a chat-completions body, which then runs through the
+// chat pipeline unchanged (parse_completion_request and everything after it); the chat
+// result, whole or streamed, is translated back into a Responses `response` object or
+// into Responses stream events. Nothing is stored: every request carries its whole input.
+//
+// Request (responses_to_chat):
+//
+//   Responses                                 chat completions
+//   instructions: "..."                       messages[0] = {"role":"system"}
+//   input: "text"                             {"role":"user","content":"text"}
+//   input[i] message item (type "message"     {"role": same, "content": the text parts
+//     or none; role user, assistant,            joined with "\n"}
+//     system, developer)
+//   input[i] function_call                    an assistant message's tool_calls[] entry
+//     {call_id, name, arguments}                {"id":call_id,"type":"function","function":
+//                                               {"name","arguments"}}; consecutive calls, and
+//                                               calls right after an assistant message item,
+//                                               share ONE assistant message
+//   input[i] function_call_output             {"role":"tool","tool_call_id":call_id,
+//     {call_id, output}                         "content":output (text parts joined)}
+//   input[i] reasoning                        skipped (a local model has no encrypted
+//                                               reasoning to replay); it does not break
+//                                               the merge of function calls around it
+//   tools[i] {"type":"function", name,        {"type":"function","function":{name,
+//     description, parameters, strict}          description, parameters, strict}}
+//   tool_choice "auto"|"none"|"required"      the same
+//   tool_choice {"type":"function",name}      {"type":"function","function":{"name"}}
+//   max_output_tokens                         max_tokens
+//   text.format json_object                   response_format {"type":"json_object"}
+//   text.format json_schema {name, schema,    response_format {"type":"json_schema",
+//     strict, description}                      "json_schema":{name, schema, strict, description}}
+//   model, temperature, top_p, seed, user,    copied
+//     parallel_tool_calls, prompt_cache_key,
+//     workspace (warmctx's extension)
+//   stream: true                              stream: true, stream_options.include_usage: true
+//                                               (the final event carries usage)
+//
+// Accepted and ignored (they change nothing on a local server): store false (and absent:
+// OpenAI's default is true, but refusing an absent `store` would refuse every client),
+// include, reasoning (its effort and summary are echoed), metadata (echoed), service_tier,
+// truncation "disabled", background false, safety_identifier, prompt_cache_retention,
+// stream_options, max_tool_calls (it limits hosted tools, which are refused), top_logprobs 0,
+// text.verbosity (echoed). Other unknown fields are ignored, as on the chat routes.
+//
+// Refused with 400 unsupported_parameter naming the field: store true,
+// previous_response_id, conversation, background true, truncation "auto", prompt (a
+// stored prompt template), top_logprobs > 0, hosted tools (web_search, file_search,
+// code_interpreter, mcp, local_shell, ...; every tool type but "function", `custom`
+// freeform tools included), input_image / input_file / input_audio parts, item_reference
+// items. Known fields of the wrong type are a 400 naming the field ("input[2].call_id").
+//
+// Response (chat_to_response and responses_stream):
+//
+//   chat completion                           Responses
+//   message.content (non-empty)               output[] {"type":"message","id":"msg_<s>",
+//                                               "role":"assistant","content":[{"type":
+//                                               "output_text","text","annotations":[]}]}
+//   message.tool_calls[k]                     output[] {"type":"function_call","id":
+//                                               "fc_<s>_<k>","call_id":tool_calls[k].id,
+//                                               "name","arguments"}
+//   finish_reason stop | tool_calls           status "completed"
+//   finish_reason length                      status "incomplete", incomplete_details
+//                                               {"reason":"max_output_tokens"}; the last
+//                                               output item's status is "incomplete" too
+//   usage {prompt_tokens, completion_tokens,  usage {input_tokens, input_tokens_details
+//     total_tokens, prompt_tokens_details       {cached_tokens}, output_tokens,
+//     {cached_tokens}}                          output_tokens_details{reasoning_tokens:0},
+//                                               total_tokens}
+//   warmctx                                   warmctx (the same object)
+//
+// <s> is the response id without its "resp_" prefix, so item ids follow from the
+// response id. The response object echoes the request's settings (instructions, tools
+// as sent, tool_choice, parallel_tool_calls, temperature, top_p, max_output_tokens, text,
+// reasoning, metadata, prompt_cache_key, user) and store:false, previous_response_id:null,
+// error:null. `output_text` is not sent: it is an SDK convenience, not wire format.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api_error.h"
+
+namespace warmctx::server_detail {
+
+// What the response object echoes back, and what the translation back needs.
+struct responses_request_info {
+    std::string model;                          // as sent ("" when absent)
+    bool stream = false;
+    nlohmann::json instructions = nullptr;      // the string, or null
+    nlohmann::json tools = nlohmann::json::array();  // the Responses-format array as sent
+    nlohmann::json tool_choice = "auto";        // as sent (Responses shape)
+    bool parallel_tool_calls = true;
+    std::optional<double> temperature;          // echoed as 1 when absent (OpenAI's default)
+    std::optional<double> top_p;                // echoed as 1 when absent
+    std::optional<int64_t> max_output_tokens;
+    nlohmann::json text = {{"format", {{"type", "text"}}}};  // {"format": {...}, "verbosity"?}
+    std::optional<std::string> reasoning_effort;
+    std::optional<std::string> reasoning_summary;
+    nlohmann::json metadata = nlohmann::json::object();
+    std::optional<std::string> prompt_cache_key;
+    std::optional<std::string> user;
+    std::optional<std::string> safety_identifier;
+    // For chat_error_to_responses: the Responses field each chat message came from,
+    // by chat message index ("instructions", "input", "input[3]").
+    std::vector<std::string> message_sources;
+};
+
+// Translates a Responses request body (already valid JSON) into a chat-completions body
+// for parse_completion_request (body_mode::chat). On error chat_body is unspecified.
+maybe_error responses_to_chat(const nlohmann::json & body, nlohmann::json & chat_body,
+                              responses_request_info & info);
+
+// Renames the param of an error the chat parser gave for a translated body to the
+// Responses field it came from: messages[k].* -> input[i] (or instructions),
+// max_tokens -> max_output_tokens, response_format* -> text.format,
+// tools[i].function.x -> tools[i].x, tool_choice.function.name -> tool_choice.name.
+void chat_error_to_responses(api_error & e, const responses_request_info & info);
+
+// A new response id: "resp_" + 32 random hex digits.
+std::string make_response_id();
+
+// The response object with `status` ("in_progress", "completed", "incomplete",
+// "failed"), an empty output and usage null: what the stream's first events carry and
+// what chat_to_response fills in. model: info.model.
+nlohmann::json response_object(const responses_request_info & info, const std::string & response_id,
+                               int64_t created_at, std::string_view status);
+
+// Chat usage -> Responses usage; null when `chat_usage` is not an object.
+nlohmann::json responses_usage(const nlohmann::json & chat_usage);
+
+// A whole non-streamed chat.completion -> the Responses `response` object. The model is
+// info.model, or the completion's when info.model is empty.
+nlohmann::json chat_to_response(const nlohmann::json & chat_completion, const responses_request_info & info,
+                                const std::string & response_id, int64_t created_at);
+
+// One stream event: the SSE event name and its data (whose `type` is the same name).
+struct responses_event {
+    std::string event;
+    nlohmann::json data;
+};
+
+// "event: <name>\ndata: <compact json>\n\n".
+std::string sse_text(const responses_event & e);
+
+// The streamed translation: chat.completion.chunk objects in, Responses events out.
+//
+//   start()        response.created, response.in_progress
+//   chunk(c)       for text: response.output_item.added (message), response.content_part.added,
+//                    then response.output_text.delta per piece;
+//                  for a tool call: closes the open message or call, then
+//                    response.output_item.added (function_call, arguments ""), then
+//                    response.function_call_arguments.delta per fragment
+//                  (closing a message: response.output_text.done, response.content_part.done,
+//                   response.output_item.done; closing a call:
+//                   response.function_call_arguments.done, response.output_item.done)
+//   finish(...)    closes what is open, then response.completed (response.incomplete for
+//                  finish reason "length") with the whole response object, usage included
+//   error(e)       `error` {"type":"error","code","message","param"} - what OpenAI sends
+//                  when a stream fails - then response.failed with the response so far and
+//                  its `error` {code, message}: the node SDK stops at the first, clients
+//                  that only watch response.* events (Codex) at the second
+//
+// Every event's data carries `sequence_number`, 0, 1, 2, ... over the whole stream (a
+// chunk(), finish() or error() before start() sends start()'s two events first). Tool
+// calls arrive one after another, as OpenAI and llama-server stream them: a delta with a
+// tool-call index other than the open call's starts a new call. After finish() or
+// error() every call returns no events.
+class responses_stream {
+public:
+    responses_stream(responses_request_info info, std::string response_id, int64_t created_at);
+
+    std::vector<responses_event> start();
+
+    // One chat.completion.chunk. It also records what the chunks carry for finish():
+    // a choice's finish_reason, `usage` (the include_usage chunk) and `warmctx`.
+    std::vector<responses_event> chunk(const nlohmann::json & chat_chunk);
+
+    // finish_reason: "stop", "length", "tool_calls", ...; usage: a chat usage object;
+    // warmctx: the extension object (passed through as `warmctx`; null: none).
+    std::vector<responses_event> finish(std::string_view finish_reason, const nlohmann::json & usage,
+                                        const nlohmann::json & warmctx);
+    // The same with what the chunks carried ("stop" when none said).
+    std::vector<responses_event> finish();
+
+    std::vector<responses_event> error(const api_error & e);
+
+    bool done() const { return done_; }
+
+private:
+    struct item {
+        bool is_call = false;
+        std::string id;            // msg_... / fc_...
+        int output_index = 0;
+        std::string text;          // a message's text
+        int64_t chat_index = 0;    // a call's index in the chat deltas
+        std::string call_id, name, arguments;
+        std::string status = "in_progress";
+    };
+
+    responses_event make(std::string type, nlohmann::json data);
+    nlohmann::json item_json(const item & it) const;
+    void open_message(std::vector<responses_event> & out);
+    void close_open(std::vector<responses_event> & out, const char * status);
+    nlohmann::json final_object(std::string_view status) const;
+
+    responses_request_info info_;
+    std::string id_;
+    std::string suffix_;           // the id without "resp_"
+    int64_t created_at_ = 0;
+    int64_t seq_ = 0;
+    std::vector<item> items_;
+    int open_ = -1;                // index into items_ of the open item, -1: none
+    int n_messages_ = 0, n_calls_ = 0;
+    bool done_ = false;
+    // What the chunks carried, for finish().
+    std::string seen_finish_;
+    nlohmann::json seen_usage_ = nullptr;
+    nlohmann::json seen_warmctx_ = nullptr;
+    // What the final response object carries (set by finish() / error()).
+    nlohmann::json usage_ = nullptr, warmctx_ = nullptr;
+};
+
+}  // namespace warmctx::server_detail
