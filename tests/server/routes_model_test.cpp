@@ -2,6 +2,7 @@
 // struct in, a response struct (or a stream driven through a chunk_sink) out.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <atomic>
@@ -604,5 +605,234 @@ TEST_F(routes_model_test, manifest_does_not_wait_on_the_engine_thread) {
         << "the stored context plus the generation prompt";
 }
 
+
+// ---- tools: the template's format, grammars, parsing --------------------------------
+
+// Two tools whose arguments the grammar confines to a few values (the tiny model's
+// weights are random: only a grammar makes what it says checkable).
+json weather_tools() {
+    return json::parse(R"([
+      {"type":"function","function":{"name":"get_weather","description":"The weather in a city",
+        "parameters":{"type":"object","properties":{"city":{"type":"string","enum":["Paris","Rome"]},
+                                                    "unit":{"type":"string","enum":["c","f"]}},
+                      "required":["city","unit"]}}},
+      {"type":"function","function":{"name":"get_time","description":"The time in a city",
+        "parameters":{"type":"object","properties":{"city":{"type":"string","enum":["Oslo","Lima"]}},
+                      "required":["city"]}}}])");
+}
+
+// A call's arguments follow its tool's schema: every required key, each an allowed value.
+void expect_valid_call(const json & call, const json & tools) {
+    ASSERT_EQ(call["type"], "function");
+    ASSERT_TRUE(call["id"].is_string() && !call["id"].get<std::string>().empty());
+    const std::string name = call["function"]["name"];
+    const json args = json::parse(call["function"]["arguments"].get<std::string>(), nullptr, false);
+    ASSERT_TRUE(args.is_object()) << call.dump();
+    const json * schema = nullptr;
+    for (const auto & t : tools)
+        if (t["function"]["name"] == name) schema = &t["function"]["parameters"];
+    ASSERT_NE(schema, nullptr) << "no tool named " << name;
+    for (const auto & req : (*schema)["required"]) ASSERT_TRUE(args.contains(req.get<std::string>())) << args.dump();
+    for (const auto & [k, v] : args.items()) {
+        ASSERT_TRUE((*schema)["properties"].contains(k)) << k;
+        const json & allowed = (*schema)["properties"][k]["enum"];
+        EXPECT_NE(std::find(allowed.begin(), allowed.end(), v), allowed.end()) << k << " = " << v.dump();
+    }
+}
+
+json tool_request(const json & tools, json tool_choice, bool stream) {
+    return {{"messages", json::array({{{"role", "system"}, {"content", "You call tools."}},
+                                      {{"role", "user"}, {"content", "Weather in Paris?"}}})},
+            {"tools", tools},
+            {"tool_choice", std::move(tool_choice)},
+            {"parallel_tool_calls", false},
+            {"max_tokens", 200},
+            {"temperature", 0},
+            {"stream", stream}};
+}
+
+// tool_choice "required": the answer is one call (parallel_tool_calls false), parsed from
+// the template's format into message.tool_calls, following its schema.
+TEST_F(routes_model_test, a_required_tool_call_is_parsed_and_follows_its_schema) {
+    const json tools = weather_tools();
+    http_response res = post("/v1/chat/completions", tool_request(tools, "required", false));
+    ASSERT_EQ(res.status, 200) << res.body;
+    const json j = json::parse(res.body);
+    const json & msg = j["choices"][0]["message"];
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls") << res.body;
+    EXPECT_TRUE(msg["content"].is_null()) << res.body;
+    ASSERT_EQ(msg["tool_calls"].size(), 1u) << res.body;
+    expect_valid_call(msg["tool_calls"][0], tools);
+}
+
+// A named function is the one called.
+TEST_F(routes_model_test, a_named_tool_choice_calls_that_function) {
+    const json tools = weather_tools();
+    for (const char * name : {"get_time", "get_weather"}) {
+        http_response res =
+            post("/v1/chat/completions", tool_request(tools, {{"type", "function"}, {"function", {{"name", name}}}}, false));
+        ASSERT_EQ(res.status, 200) << res.body;
+        const json j = json::parse(res.body);
+        ASSERT_EQ(j["choices"][0]["message"]["tool_calls"].size(), 1u) << res.body;
+        EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["name"], name);
+        expect_valid_call(j["choices"][0]["message"]["tool_calls"][0], tools);
+    }
+    // A function that is not among the tools is a 400 naming tool_choice.
+    http_response bad =
+        post("/v1/chat/completions", tool_request(tools, {{"type", "function"}, {"function", {{"name", "nope"}}}}, false));
+    EXPECT_EQ(bad.status, 400) << bad.body;
+    EXPECT_EQ(json::parse(bad.body)["error"]["param"], "tool_choice");
+}
+
+// Streamed, the call arrives as delta.tool_calls fragments that add up to the same call
+// as the whole answer, and the last chunk says finish_reason "tool_calls".
+TEST_F(routes_model_test, a_streamed_tool_call_adds_up_to_the_whole_one) {
+    const json tools = weather_tools();
+    const json whole = json::parse(post("/v1/chat/completions", tool_request(tools, "required", false)).body);
+    http_response res = post("/v1/chat/completions", tool_request(tools, "required", true));
+    ASSERT_EQ(res.status, 200) << res.body;
+    string_sink sink;
+    ASSERT_TRUE(drive(res, sink));
+    std::string name, args, id, finish, content;
+    size_t n_fragments = 0;
+    for (size_t at = 0; (at = sink.text.find("data: {", at)) != std::string::npos;) {
+        const size_t end = sink.text.find("\n\n", at);
+        const json c = json::parse(sink.text.substr(at + 6, end - at - 6));
+        at = end;
+        if (c["choices"].empty()) continue;
+        const json & ch = c["choices"][0];
+        if (ch["finish_reason"].is_string()) finish = ch["finish_reason"];
+        const json & d = ch["delta"];
+        if (d.contains("content") && d["content"].is_string()) content += d["content"].get<std::string>();
+        if (!d.contains("tool_calls")) continue;
+        for (const auto & f : d["tool_calls"]) {
+            ++n_fragments;
+            EXPECT_EQ(f["index"], 0);
+            if (f.contains("id")) id = f["id"];
+            if (f["function"].contains("name")) name = f["function"]["name"];
+            if (f["function"].contains("arguments")) args += f["function"]["arguments"].get<std::string>();
+        }
+    }
+    const json & call = whole["choices"][0]["message"]["tool_calls"][0];
+    EXPECT_GT(n_fragments, 1u) << "the arguments came in pieces, as they were generated";
+    EXPECT_EQ(content, "");
+    EXPECT_EQ(name, call["function"]["name"]);
+    EXPECT_EQ(args, call["function"]["arguments"]);
+    EXPECT_FALSE(id.empty());
+    EXPECT_EQ(finish, "tool_calls");
+}
+
+// A tool loop: each turn sends the history back with the assistant's calls and the tool
+// results. Every turn after the first reuses at least 95% of the previous turn's prompt
+// (all of it but the uncached tail: the generation prompt, and on the second turn the
+// first question).
+TEST_F(routes_model_test, a_tool_loop_reuses_the_previous_turns_prompt) {
+    const json tools = weather_tools();
+    std::string sys = "You are an agent that answers with tools. ";
+    while (sys.size() < 4000) sys += "Check the weather and the time before you answer, and say which tool you used. ";
+    json messages = json::array({{{"role", "system"}, {"content", sys}}, {{"role", "user"}, {"content", "Paris?"}}});
+    int64_t prev_prompt = 0;
+    for (int turn = 0; turn < 5; ++turn) {
+        json body = {{"messages", messages}, {"tools", tools}, {"tool_choice", "required"},
+                     {"parallel_tool_calls", false}, {"max_tokens", 200}, {"temperature", 0},
+                     {"workspace", "tool-loop"}};
+        http_response res = post("/v1/chat/completions", body);
+        ASSERT_EQ(res.status, 200) << res.body;
+        const json j = json::parse(res.body);
+        const int64_t prompt = j["usage"]["prompt_tokens"], cached = j["usage"]["prompt_tokens_details"]["cached_tokens"];
+        if (turn > 0) EXPECT_GE(cached, prev_prompt * 95 / 100) << "turn " << turn << ": " << j["warmctx"].dump();
+        prev_prompt = prompt;
+        const json & msg = j["choices"][0]["message"];
+        ASSERT_EQ(msg["tool_calls"].size(), 1u) << res.body;
+        expect_valid_call(msg["tool_calls"][0], tools);
+        messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", msg["tool_calls"]}});
+        messages.push_back({{"role", "tool"},
+                            {"tool_call_id", msg["tool_calls"][0]["id"]},
+                            {"content", "result " + std::to_string(turn) + ": 18 degrees"}});
+    }
+}
+
+// response_format json_schema: the answer is a JSON object that follows the schema.
+TEST_F(routes_model_test, a_json_schema_response_format_is_followed) {
+    json body = {{"messages", json::array({{{"role", "user"}, {"content", "Pick."}}})},
+                 {"max_tokens", 120},
+                 {"temperature", 0},
+                 {"response_format",
+                  {{"type", "json_schema"},
+                   {"json_schema",
+                    {{"name", "pick"},
+                     {"schema",
+                      {{"type", "object"},
+                       {"properties", {{"color", {{"type", "string"}, {"enum", {"red", "green"}}}},
+                                       {"ok", {{"type", "boolean"}}}}},
+                       {"required", {"color", "ok"}},
+                       {"additionalProperties", false}}}}}}}};
+    http_response res = post("/v1/chat/completions", body);
+    ASSERT_EQ(res.status, 200) << res.body;
+    const json j = json::parse(res.body);
+    ASSERT_EQ(j["choices"][0]["finish_reason"], "stop") << res.body;
+    const json out = json::parse(j["choices"][0]["message"]["content"].get<std::string>(), nullptr, false);
+    ASSERT_TRUE(out.is_object()) << res.body;
+    EXPECT_EQ(out.size(), 2u);
+    EXPECT_TRUE(out["color"] == "red" || out["color"] == "green") << out.dump();
+    EXPECT_TRUE(out["ok"].is_boolean()) << out.dump();
+}
+
+// POST /v1/responses: Codex's request shape (instructions, input items, function tools,
+// store false, include, reasoning, prompt_cache_key) runs as a chat and answers with a
+// function_call item; streamed, its events end in response.completed with the same call.
+TEST_F(routes_model_test, the_responses_api_runs_a_tool_call_whole_and_streamed) {
+    json body = json::parse(R"({
+      "model":"tiny","instructions":"You are a coding agent.",
+      "input":[{"type":"message","role":"developer","content":[{"type":"input_text","text":"Work in /src."}]},
+               {"type":"message","role":"user","content":[{"type":"input_text","text":"List the files."}]}],
+      "tools":[{"type":"function","name":"shell","description":"Run a command","strict":true,
+                "parameters":{"type":"object","properties":{"cmd":{"type":"string","enum":["ls","pwd"]}},
+                              "required":["cmd"],"additionalProperties":false}}],
+      "tool_choice":"required","parallel_tool_calls":false,"store":false,
+      "include":["reasoning.encrypted_content"],"reasoning":{"effort":"medium","summary":"auto"},
+      "prompt_cache_key":"codex-session-1","max_output_tokens":120,"temperature":0})");
+    http_response res = post("/v1/responses", body);
+    ASSERT_EQ(res.status, 200) << res.body;
+    const json r = json::parse(res.body);
+    EXPECT_EQ(r["object"], "response");
+    EXPECT_EQ(r["status"], "completed");
+    ASSERT_EQ(r["output"].size(), 1u) << res.body;
+    const json & call = r["output"][0];
+    EXPECT_EQ(call["type"], "function_call");
+    EXPECT_EQ(call["name"], "shell");
+    const json args = json::parse(call["arguments"].get<std::string>());
+    EXPECT_TRUE(args["cmd"] == "ls" || args["cmd"] == "pwd") << args.dump();
+    EXPECT_EQ(r["warmctx"]["workspace"], "codex-session-1");  // prompt_cache_key names the workspace
+    EXPECT_GT(r["usage"]["input_tokens"].get<int64_t>(), 0);
+
+    body["stream"] = true;
+    http_response sres = post("/v1/responses", body);
+    ASSERT_EQ(sres.status, 200) << sres.body;
+    string_sink sink;
+    ASSERT_TRUE(drive(sres, sink));
+    std::vector<std::string> events;
+    json completed;
+    std::string args_deltas;
+    int64_t seq = -1;
+    for (size_t at = 0; (at = sink.text.find("event: ", at)) != std::string::npos;) {
+        const size_t nl = sink.text.find('\n', at);
+        events.push_back(sink.text.substr(at + 7, nl - at - 7));
+        const size_t d = sink.text.find("data: ", nl), end = sink.text.find("\n\n", d);
+        const json data = json::parse(sink.text.substr(d + 6, end - d - 6));
+        EXPECT_EQ(data["sequence_number"].get<int64_t>(), seq + 1);
+        seq = data["sequence_number"];
+        if (events.back() == "response.function_call_arguments.delta") args_deltas += data["delta"].get<std::string>();
+        if (events.back() == "response.completed") completed = data["response"];
+        at = end;
+    }
+    ASSERT_GE(events.size(), 5u) << sink.text;
+    EXPECT_EQ(events.front(), "response.created");
+    EXPECT_EQ(events.back(), "response.completed");
+    ASSERT_EQ(completed["output"].size(), 1u) << sink.text;
+    EXPECT_EQ(completed["output"][0]["arguments"], call["arguments"]);  // greedy: the same call
+    EXPECT_EQ(args_deltas, call["arguments"]);
+    EXPECT_GT(completed["usage"]["input_tokens_details"]["cached_tokens"].get<int64_t>(), 0);  // the second time
+}
 }  // namespace
 }  // namespace warmctx::server_detail
