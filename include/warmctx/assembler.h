@@ -81,6 +81,10 @@ class text_model {
     // True when whole conversations are rendered through the model's own (Jinja)
     // template (render_conversation); assemble() then takes that path, below.
     virtual bool renders_conversations() const { return false; }
+    // True when the template writes every message's content verbatim, and what it writes
+    // around a content does not depend on it (but for its being empty): a conversation's
+    // rendering is then its skeleton's with the contents put in (conversation.h).
+    virtual bool renders_contents_verbatim() const { return false; }
     // The conversation as the model's template renders it, tools in the template's own
     // format (`tools_json`: the OpenAI tools array as JSON text, "" = none), with the
     // runs that came from the request's data marked. REQUIRES of the implementation:

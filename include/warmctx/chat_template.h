@@ -85,6 +85,11 @@ class chat_templates {
     virtual result<answer_format> answer(std::span<const conversation_message> tail, const answer_request & req) const = 0;
 
     virtual const std::string & source() const = 0;
+    // The template writes contents verbatim (text_model::renders_contents_verbatim), as
+    // probed at load: conversations of every role with contents that templates are known
+    // to look into (surrounding whitespace, <think>, <tool_response>, [TOOL_CALLS], ...)
+    // render exactly as their skeletons with the contents put in.
+    virtual bool contents_verbatim() const = 0;
     // The template renders `tools` itself (rather than the generic fallback).
     virtual bool supports_tools() const = 0;
 };

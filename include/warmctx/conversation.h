@@ -5,7 +5,11 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace warmctx {
@@ -31,6 +35,69 @@ struct rendered_conversation {
     std::string text;
     std::vector<render_run> runs;
 };
+
+// ---- skeletons -------------------------------------------------------------------
+//
+// A skeleton is a conversation rendered with every non-empty content replaced by
+// content_placeholder(i) (i: the message's index). For a template that writes contents
+// verbatim (chat_templates::contents_verbatim), the real rendering is the skeleton's
+// with each placeholder replaced by its content - cheap, and the skeleton stays the same
+// turn after turn.
+
+inline constexpr std::string_view k_content_placeholder = "WARMCTXPLACEHOLDER";
+inline std::string content_placeholder(size_t i) {
+    return std::string(k_content_placeholder) + std::to_string(i) + "Z";
+}
+
+// A skeleton's rendering with the contents put in: the text, its runs (a placeholder
+// must lie inside a run of data), and per placeholder its [begin, end) in the skeleton
+// and where it ends in the expanded text.
+struct expanded_skeleton {
+    rendered_conversation text;
+    std::vector<std::pair<size_t, size_t>> holes;    // skeleton [begin, end) of each placeholder
+    std::vector<std::pair<size_t, size_t>> anchors;  // (skeleton end, expanded end) of each
+    // Where skeleton position `pos` lands in the expanded text (nullopt: inside a placeholder).
+    std::optional<size_t> map(size_t pos) const {
+        size_t sb = 0, fb = 0;
+        for (size_t i = 0; i < holes.size(); ++i) {
+            if (pos > holes[i].first && pos < holes[i].second) return std::nullopt;
+            if (anchors[i].first > pos) break;
+            sb = anchors[i].first;
+            fb = anchors[i].second;
+        }
+        return fb + (pos - sb);
+    }
+};
+
+// nullopt when a placeholder is malformed, names no message, or lies in template text.
+inline std::optional<expanded_skeleton> expand_skeleton(const rendered_conversation & skel,
+                                                        std::span<const conversation_message> msgs) {
+    expanded_skeleton out;
+    size_t prev = 0;
+    for (const render_run & r : skel.runs) {
+        const std::string_view run(skel.text.data() + prev, r.end - prev);
+        size_t sp = 0;
+        while (true) {
+            const size_t at = run.find(k_content_placeholder, sp);
+            out.text.text.append(run.substr(sp, at == std::string_view::npos ? run.npos : at - sp));
+            if (at == std::string_view::npos) break;
+            if (!r.input) return std::nullopt;
+            size_t q = at + k_content_placeholder.size(), idx = 0;
+            bool digits = false;
+            while (q < run.size() && run[q] >= '0' && run[q] <= '9') idx = idx * 10 + size_t(run[q++] - '0'), digits = true;
+            if (!digits || q >= run.size() || run[q] != 'Z' || idx >= msgs.size()) return std::nullopt;
+            ++q;
+            out.holes.push_back({prev + at, prev + q});
+            out.text.text += msgs[idx].content;
+            out.anchors.push_back({prev + q, out.text.text.size()});
+            sp = q;
+        }
+        if (!out.text.runs.empty() && out.text.runs.back().input == r.input) out.text.runs.back().end = out.text.text.size();
+        else out.text.runs.push_back({out.text.text.size(), r.input});
+        prev = r.end;
+    }
+    return out;
+}
 
 // How the answer may call tools (OpenAI's tool_choice): auto (the model decides),
 // none (no calls: the answer is text), required (at least one call).

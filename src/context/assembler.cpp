@@ -310,9 +310,7 @@ std::vector<result<std::vector<token_id>>> tokenize_segments(std::span<const seg
 // Where the cuts fall decides only how much a later turn can reuse: the prompt is F in
 // every case.
 
-constexpr std::string_view k_placeholder = "WARMCTXPLACEHOLDER";
-
-std::string placeholder(size_t i) { return std::string(k_placeholder) + std::to_string(i) + "Z"; }
+constexpr std::string_view k_placeholder = k_content_placeholder;
 
 std::string strip_ws(std::string_view s) {
     const size_t b = s.find_first_not_of(" \t\r\n");
@@ -434,19 +432,25 @@ std::optional<skeleton_map> align(std::string_view skel, std::string_view f, con
 
 // The cut points: cut[k] (k = 1..n) = where the text of segments [0, k) ends in F, or
 // nullopt when no such point exists.
+// `expanded`: F made from the whole skeleton (a template that writes contents verbatim);
+// else the skeleton is aligned with F here.
 result<std::vector<std::optional<size_t>>> conversation_cuts(const conversation_plan & cp, const rendered_conversation & f,
-                                                             const text_model & model, bool add_generation_prompt) {
+                                                             const text_model & model, bool add_generation_prompt,
+                                                             const rendered_conversation * whole_skel_in,
+                                                             const expanded_skeleton * expanded) {
     const size_t n = cp.msg_of.size();
     std::vector<std::optional<size_t>> cut(n + 1);
     cut[0] = 0;
-    auto whole_skel = model.render_conversation(cp.skel, tools_upto(cp, n), add_generation_prompt);
+    result<rendered_conversation> whole_skel = whole_skel_in ? result<rendered_conversation>(*whole_skel_in)
+                                                             : model.render_conversation(cp.skel, tools_upto(cp, n),
+                                                                                         add_generation_prompt);
     std::optional<skeleton_map> sm;
-    if (whole_skel.ok()) sm = align(whole_skel->text, f.text, cp.msgs);
+    if (!expanded && whole_skel.ok()) sm = align(whole_skel->text, f.text, cp.msgs);
     for (size_t k = 1; k <= n; ++k) {
-        if (sm) {
+        if (expanded || sm) {
             auto sk = model.render_conversation(msgs_upto(cp.skel, cp, k), tools_upto(cp, k), false);
             if (!sk.ok() || whole_skel->text.compare(0, sk->text.size(), sk->text) != 0) continue;
-            cut[k] = sm->map(sk->text.size());
+            cut[k] = expanded ? expanded->map(sk->text.size()) : sm->map(sk->text.size());
         } else {
             // The template changes contents in a way the alignment does not know: render
             // the prefixes with their real contents.
@@ -508,14 +512,28 @@ result<conversation_tokens> tokenize_conversation(std::span<const segment * cons
         conversation_message k = m;
         // An empty content stays empty: templates test it ("if message.content"), and
         // there is nothing to put back.
-        if (!k.content.empty()) k.content = placeholder(cp.msgs.size());
+        if (!k.content.empty()) k.content = content_placeholder(cp.msgs.size());
         cp.msgs.push_back(std::move(m));
         cp.skel.push_back(std::move(k));
     }
     const size_t n = order.size();
-    auto f = model.render_conversation(cp.msgs, tools_upto(cp, n), add_generation_prompt);
+    // F: from the skeleton when the template writes contents verbatim (the skeleton is
+    // the same turn after turn, so the text model remembers its rendering), else rendered
+    // with the real contents.
+    std::optional<rendered_conversation> whole_skel;
+    std::optional<expanded_skeleton> expanded;
+    if (model.renders_contents_verbatim()) {
+        auto ws = model.render_conversation(cp.skel, tools_upto(cp, n), add_generation_prompt);
+        if (ws.ok()) {
+            expanded = expand_skeleton(*ws, cp.msgs);
+            if (expanded) whole_skel = std::move(*ws);
+        }
+    }
+    result<rendered_conversation> f = expanded ? result<rendered_conversation>(std::move(expanded->text))
+                                               : model.render_conversation(cp.msgs, tools_upto(cp, n), add_generation_prompt);
     if (!f.ok()) return f.error();
-    auto cuts = conversation_cuts(cp, *f, model, add_generation_prompt);
+    auto cuts = conversation_cuts(cp, *f, model, add_generation_prompt, whole_skel ? &*whole_skel : nullptr,
+                                  expanded ? &*expanded : nullptr);
     if (!cuts.ok()) return cuts.error();
     std::vector<std::optional<size_t>> & cut = *cuts;
 

@@ -87,7 +87,10 @@ class chat_templates_impl final : public chat_templates {
             by_start_[t.substr(0, 2)].push_back(&t);
             if (control_starts_.find(t[0]) == std::string::npos) control_starts_ += t[0];
         }
+        verbatim_ = probe_verbatim();
     }
+
+    bool contents_verbatim() const override { return verbatim_; }
 
     const std::string & source() const override { return src_.source; }
     bool supports_tools() const override { return tmpl_.caps.supports_tools; }
@@ -148,6 +151,42 @@ class chat_templates_impl final : public chat_templates {
     }
 
   private:
+    bool probe_verbatim() const {
+        static const char * const k_probes[] = {
+            "plain words", "  padded on both sides  \n", "\n", "a\n\n\nb", "<think>\nr\n</think>\n\nanswer",
+            "<tool_response>\nx\n</tool_response>", "<tool_call>\n{}\n</tool_call>", "[TOOL_CALLS]", "{\"json\": [1, 2]}",
+        };
+        const std::string call = R"([{"id":"call0001a","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}])";
+        const std::string tools = R"([{"type":"function","function":{"name":"f","description":"d",)"
+                                  R"("parameters":{"type":"object","properties":{"a":{"type":"integer"}}}}}])";
+        const std::vector<std::vector<conversation_message>> shapes = {
+            {{"system", "", "", ""}, {"user", "", "", ""}, {"assistant", "", "", ""}, {"user", "", "", ""}},
+            {{"system", "", "", ""}, {"user", "", "", ""}, {"assistant", "", call, ""}, {"tool", "", "", "call0001a"},
+             {"assistant", "", "", ""}, {"user", "", "", ""}},
+        };
+        size_t rendered = 0;
+        for (const char * probe : k_probes)
+            for (const auto & shape : shapes)
+                for (const std::string & t : {std::string(), tools}) {
+                    std::vector<conversation_message> real = shape, skel = shape;
+                    for (size_t i = 0; i < real.size(); ++i) {
+                        real[i].content = probe;
+                        skel[i].content = content_placeholder(i);
+                    }
+                    rendered_conversation r, s;
+                    try {
+                        r = render_impl(real, t, true);
+                        s = render_impl(skel, t, true);
+                    } catch (const std::exception &) {
+                        continue;  // a shape this template refuses says nothing
+                    }
+                    auto x = expand_skeleton(s, real);
+                    if (!x || x->text.text != r.text) return false;
+                    ++rendered;
+                }
+        return rendered > 0;
+    }
+
     // The first control token text in `s` (nullptr: none). Texts are longest first.
     const std::string * first_control(const std::string & s) const {
         if (s.size() < 2) return nullptr;
@@ -349,6 +388,7 @@ class chat_templates_impl final : public chat_templates {
     chat_template_source src_;
     std::map<std::string, std::vector<const std::string *>> by_start_;  // control texts by their first two bytes
     std::string control_starts_;                                         // their first bytes
+    bool verbatim_ = false;
     common_chat_template tmpl_;
     common_chat_templates_ptr common_templates_;
     mutable std::mutex mu_;

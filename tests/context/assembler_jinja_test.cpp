@@ -101,7 +101,11 @@ struct render_call {
 
 class jinja_text_model final : public text_model {
   public:
-    explicit jinja_text_model(const chat_templates & t) : t_(t) {}
+    // `verbatim`: take the skeleton path where the template allows it (the engine's text
+    // model does), else always render with the real contents.
+    explicit jinja_text_model(const chat_templates & t, bool verbatim = true)
+        : t_(t), verbatim_(verbatim && t.contents_verbatim()) {}
+    bool renders_contents_verbatim() const override { return verbatim_; }
 
     result<std::vector<token_id>> tokenize(std::string_view text) const override { return tokenize_with_specials(text); }
     result<std::vector<token_id>> tokenize_plain(std::string_view text) const override { return tokenize_bytes(text); }
@@ -132,6 +136,7 @@ class jinja_text_model final : public text_model {
 
   private:
     const chat_templates & t_;
+    bool verbatim_ = false;
     mutable std::mutex mu_;
     mutable std::vector<render_call> calls_;
 };
@@ -425,6 +430,34 @@ TEST_P(AssemblerJinja, PromptIsTheTemplatesOwnRendering) {
     EXPECT_EQ(at, static_cast<pos_t>(p.tokens.size()));
 }
 
+// A template that writes contents verbatim is assembled from its skeleton (contents put
+// into a rendering with placeholders); the prompt, its pieces and hashes are those of the
+// real rendering. Qwen2.5's and Hermes's templates pass the probe; Llama 3.1's trims
+// contents, so it is always rendered with the real contents (so is Mistral Nemo's, whose
+// probe conversations it refuses: its roles must alternate).
+TEST_P(AssemblerJinja, TheSkeletonPathAssemblesWhatTheRealRenderingDoes) {
+    const template_case & tc = GetParam();
+    if (tc.name == std::string("Qwen25") || tc.name == std::string("Hermes2Pro")) EXPECT_TRUE(tmpl().contents_verbatim());
+    if (tc.name == std::string("Llama31")) EXPECT_FALSE(tmpl().contents_verbatim());
+    chat c = base_chat();
+    c.history[0].content = "  leading and trailing spaces  \n";  // what a trimming template changes
+    for (bool gen : {true, false}) {
+        jinja_text_model skeleton(tmpl(), true), real(tmpl(), false);
+        auto a = try_assemble(to_segments(c), skeleton, gen);
+        auto b = try_assemble(to_segments(c), real, gen);
+        ASSERT_EQ(a.ok(), b.ok()) << tc.name;
+        if (!a.ok()) continue;
+        EXPECT_EQ(a->tokens, b->tokens) << tc.name;
+        EXPECT_EQ(a->blocks, b->blocks) << tc.name;
+        EXPECT_EQ(a->man, b->man) << tc.name;
+        EXPECT_EQ(detokenize(a->tokens), direct(c, gen).text) << tc.name;
+        if (tmpl().contents_verbatim()) {
+            // No render with a real content: every render was of placeholders.
+            for (const auto & call : skeleton.calls()) EXPECT_TRUE(call.placeholders || call.n_messages == 0) << tc.name;
+        }
+    }
+}
+
 TEST_P(AssemblerJinja, TheBosIsOneSpecialToken) {
     // The template writes bos_token itself (strip_bos false, no prefix tokens): the text
     // "<|begin_of_text|>" must become the BOS token, not seventeen bytes.
@@ -460,14 +493,15 @@ TEST_P(AssemblerJinja, CutsOneConversation) {
         table += "  " + e.id + " [" + std::to_string(e.token_begin) + ", " + std::to_string(e.token_end) + ") " +
                  std::string(retention_class_name(e.cls)) + "\n";
     const auto calls = m.calls();
-    const bool aligned = calls.size() > 2 && calls[2].placeholders;
+    const bool aligned = tmpl().contents_verbatim() || (calls.size() > 2 && calls[2].placeholders);
     std::cout << "[" << tc.name << "] " << pieces_with_tokens(p) << " pieces of " << p.man.segments.size()
               << " segments, stable_end " << p.stable_end << ", " << p.tokens.size() << " tokens, "
               << calls.size() << " renders, skeleton alignment " << (aligned ? "used" : "not used") << "\n"
               << table;
     EXPECT_EQ(pieces_with_tokens(p), tc.expected_pieces) << table;
-    // One render of F, one of the whole skeleton, one per prefix.
-    EXPECT_EQ(calls.size(), 2 + p.man.segments.size());
+    // One render of F (none when F is expanded from the skeleton), one of the whole
+    // skeleton, one per prefix.
+    EXPECT_EQ(calls.size(), (tmpl().contents_verbatim() ? 1 : 2) + p.man.segments.size());
     // The same conversation with text beside the call: the pieces do not depend on whether
     // the skeleton aligned.
     chat c2 = base_chat();
