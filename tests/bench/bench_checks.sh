@@ -68,6 +68,15 @@ contention)
   check '.prewarm.chat_after_restart_target_met' \
         "after a restart the first chat, with no PUT, is served from the disk tier" '.prewarm.chat_after_restart'
   ;;
+render)
+  "$warmctx" bench render -m "$model" --size 4000 --turns 5 --json >"$out"
+  check '.jinja.prompt_tokens > 4000 and .builtin.prompt_tokens > 4000 and .jinja.cold_ms > 0' \
+        "both modes assembled the agent turn" '{jinja: .jinja.prompt_tokens, builtin: .builtin.prompt_tokens}'
+  check '(.jinja.warm_ms_all | length) == 5 and .jinja.warm_ms_median > 0 and .builtin.warm_ms_median > 0 and (.warm_overhead_ms | type) == "number"' \
+        "warm assembly timed in both modes, and the overhead reported" '{jinja, builtin, warm_overhead_ms} | del(.jinja.warm_ms_all, .builtin.warm_ms_all)'
+  check '.parse.format != null and .parse.answer_tokens > 5 and .parse.whole_ms_median > 0 and .parse.streamed_total_ms_median >= .parse.whole_ms_median' \
+        "a tool call parsed whole and as a stream" '.parse'
+  ;;
 *) echo "unknown check $which"; exit 2 ;;
 esac
 echo "bench checks passed: $which"
