@@ -521,7 +521,7 @@ void run_responses(route_context & ctx, const http_request & req, http_response 
     json chat_body;
     auto info = std::make_shared<responses_request_info>();
     if (auto e = responses_to_chat(body, chat_body, *info)) return respond_error(res, *log, *e);
-    if (info->model.empty()) info->model = ctx.model_name;
+    info->model = ctx.model_name;  // the served model, as the chat routes name it
     http_request chat_req = req;
     chat_req.body = dump_json(chat_body);
     http_response chat_res;
