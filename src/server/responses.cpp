@@ -1,5 +1,7 @@
 #include "responses.h"
 
+#include "request_fields.h"
+
 #include <cmath>
 #include <limits>
 #include <random>
@@ -13,13 +15,6 @@ using json = nlohmann::json;
 
 namespace {
 
-api_error wrong_type(std::string_view param, std::string_view expected, const json & got) {
-    return bad_request("invalid_type",
-                       std::string(param) + " must be " + std::string(expected) + ", not " +
-                           std::string(json_type_name(got)),
-                       std::string(param));
-}
-
 api_error refuse(std::string_view param, std::string_view why) {
     return bad_request("unsupported_parameter", std::string(param) + " is not supported: " + std::string(why),
                        std::string(param));
@@ -29,56 +24,8 @@ api_error missing(std::string_view param) {
     return bad_request("missing_field", std::string(param) + " is required", std::string(param));
 }
 
-// The field, or nullptr when absent or null (clients send explicit nulls for "the
-// default"). `obj` may be any JSON value: a non-object has no fields.
-const json * field(const json & obj, const char * key) {
-    if (!obj.is_object()) return nullptr;
-    auto it = obj.find(key);
-    if (it == obj.end() || it->is_null()) return nullptr;
-    return &*it;
-}
-
 std::string sub(std::string_view base, std::string_view name) { return std::string(base) + "." + std::string(name); }
 std::string idx(std::string_view base, size_t i) { return std::string(base) + "[" + std::to_string(i) + "]"; }
-
-maybe_error get_string(const json & obj, const char * key, std::string_view param, std::optional<std::string> & out) {
-    const json * f = field(obj, key);
-    if (!f) return std::nullopt;
-    if (!f->is_string()) return wrong_type(param, "a string", *f);
-    out = f->get<std::string>();
-    return std::nullopt;
-}
-
-maybe_error get_bool(const json & obj, const char * key, std::string_view param, std::optional<bool> & out) {
-    const json * f = field(obj, key);
-    if (!f) return std::nullopt;
-    if (!f->is_boolean()) return wrong_type(param, "a boolean", *f);
-    out = f->get<bool>();
-    return std::nullopt;
-}
-
-maybe_error get_number(const json & obj, const char * key, std::string_view param, std::optional<double> & out) {
-    const json * f = field(obj, key);
-    if (!f) return std::nullopt;
-    if (!f->is_number()) return wrong_type(param, "a number", *f);
-    const double v = f->get<double>();
-    if (!std::isfinite(v)) return bad_request("invalid_value", std::string(param) + " must be finite", std::string(param));
-    out = v;
-    return std::nullopt;
-}
-
-maybe_error get_int(const json & obj, const char * key, std::string_view param, std::optional<int64_t> & out) {
-    const json * f = field(obj, key);
-    if (!f) return std::nullopt;
-    if (f->is_number_unsigned()) {
-        const uint64_t u = f->get<uint64_t>();
-        out = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
-                                                                             : static_cast<int64_t>(u);
-        return std::nullopt;
-    }
-    if (f->is_number_integer()) { out = f->get<int64_t>(); return std::nullopt; }
-    return wrong_type(param, "an integer", *f);
-}
 
 // The fields a value must have as a string: absent or null is "missing".
 maybe_error need_string(const json & obj, const char * key, std::string_view param, std::string & out) {
