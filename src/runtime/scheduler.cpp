@@ -54,6 +54,7 @@ struct active_job {
     bool finished = false;
     bool cancelled = false;
     bool failed = false;         // cancelled because serving it failed (counted as failed)
+    bool kv_suspect = false;     // a decode failed: its sequence's KV is not cached
     finish_reason finish = finish_reason::length;
     double t_queue_ms = 0, t_first_token_ms = 0;
     std::vector<token_logprobs> logprobs;  // not yet sent with an event
@@ -320,6 +321,7 @@ struct scheduler::impl {
         emit(j, ev);
         j.cancelled = true;
         j.failed = true;
+        j.kv_suspect = true;
     }
 
     // Samples the next token of `j` from its logits, emits text, decides whether it ends
@@ -352,7 +354,16 @@ struct scheduler::impl {
         // no longer active.
         a_active--;
         if (j.cancelled) {
-            ce->abort_turn(j.turn);
+            // A client that left (or a stop) keeps what its prefill computed: the blocks
+            // done so far are cached, as a pre-warm stopped early keeps them, so a retry
+            // of the same request starts from them. A failed decode keeps nothing.
+            if (j.kv_suspect) {
+                ce->abort_turn(j.turn);
+            } else {
+                status st = ce->finish_turn(j.turn, 0);
+                (void)st;  // nobody waits for it
+                publish();
+            }
             (j.failed ? a_failed : a_cancelled)++;
         } else if (j.prewarm) {
             status st = ce->finish_turn(j.turn, 0);
@@ -420,6 +431,7 @@ struct scheduler::impl {
                 ev.error = st;
                 emit(j, ev);
                 j.cancelled = true;  // retire without caching
+                j.kv_suspect = true;
                 continue;
             }
             j.pos++;

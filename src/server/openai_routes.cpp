@@ -477,8 +477,12 @@ class responses_sink final : public chunk_sink {
         while ((end = buf_.find("\n\n")) != std::string::npos) {
             const std::string ev = buf_.substr(0, end);
             buf_.erase(0, end + 2);
-            if (ev.rfind(": ", 0) == 0) {  // a keep-alive comment: passed on as it is
-                if (!out_.write(ev + "\n\n")) return false;
+            if (ev.rfind(": ", 0) == 0) {
+                // A keep-alive comment: passed on, and before the answer begins a
+                // response.in_progress event too (Codex's idle timer counts events only).
+                std::string text = ev + "\n\n";
+                for (const auto & e : rs_.heartbeat()) text += sse_text(e);
+                if (!out_.write(text)) return false;
                 continue;
             }
             if (ev.rfind("data: ", 0) != 0) continue;

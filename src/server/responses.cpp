@@ -357,8 +357,27 @@ maybe_error responses_to_chat(const json & body, json & chat_body, responses_req
         if (!tools->is_array()) return wrong_type("tools", "an array", *tools);
         json chat_tools = json::array();
         for (size_t i = 0; i < tools->size(); ++i) {
+            const json & tool = (*tools)[i];
+            // A namespace only groups function tools (Codex sends one): its tools join the
+            // list under their own names.
+            if (tool.is_object() && tool.value("type", json()) == "namespace") {
+                const json * inner = field(tool, "tools");
+                if (!inner || !inner->is_array())
+                    return bad_request("missing_field", idx("tools", i) + ".tools must be an array of function tools",
+                                       idx("tools", i) + ".tools");
+                for (size_t k = 0; k < inner->size(); ++k) {
+                    json t;
+                    if (auto e = translate_tool((*inner)[k], k, t)) {
+                        e->param = idx("tools", i) + "." + e->param;
+                        e->message = idx("tools", i) + "." + e->message;
+                        return e;
+                    }
+                    chat_tools.push_back(std::move(t));
+                }
+                continue;
+            }
             json t;
-            if (auto e = translate_tool((*tools)[i], i, t)) return e;
+            if (auto e = translate_tool(tool, i, t)) return e;
             chat_tools.push_back(std::move(t));
         }
         info.tools = *tools;
@@ -605,6 +624,14 @@ std::vector<responses_event> responses_stream::start() {
     json r = response_object(info_, id_, created_at_, "in_progress");
     out.push_back(make("response.created", {{"response", r}}));
     out.push_back(make("response.in_progress", {{"response", std::move(r)}}));
+    return out;
+}
+
+std::vector<responses_event> responses_stream::heartbeat() {
+    std::vector<responses_event> out;
+    if (done_ || !items_.empty()) return out;
+    if (seq_ == 0) return start();
+    out.push_back(make("response.in_progress", {{"response", response_object(info_, id_, created_at_, "in_progress")}}));
     return out;
 }
 

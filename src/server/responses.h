@@ -192,6 +192,11 @@ public:
 
     std::vector<responses_event> error(const api_error & e);
 
+    // While the answer has not begun (queued, prefilling): another response.in_progress.
+    // Clients whose idle timers count events, not SSE comments (Codex), stay connected
+    // through a long prefill. Nothing once the answer has begun or ended.
+    std::vector<responses_event> heartbeat();
+
     bool done() const { return done_; }
 
 private:

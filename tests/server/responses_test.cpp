@@ -709,5 +709,42 @@ TEST(Responses, SseTextAndIds) {
     EXPECT_NE(a, b);
 }
 
+// Codex groups tools in a namespace: its function tools join the list under their names;
+// a bad tool inside is named with the namespace's index.
+TEST(Responses, ANamespaceOfFunctionToolsIsFlattened) {
+    json tools = json::array({{{"type", "function"}, {"name", "shell"}},
+                              {{"type", "namespace"},
+                               {"name", "multi_agent_v1"},
+                               {"description", "agents"},
+                               {"tools", json::array({{{"type", "function"}, {"name", "spawn_agent"}},
+                                                      {{"type", "function"}, {"name", "close_agent"}}})}}});
+    json chat = chat_ok(with(base(), "tools", tools));
+    ASSERT_EQ(chat["tools"].size(), 3u);
+    EXPECT_EQ(chat["tools"][1]["function"]["name"], "spawn_agent");
+    EXPECT_EQ(chat["tools"][2]["function"]["name"], "close_agent");
+    tools[1]["tools"][1] = {{"type", "web_search"}};
+    EXPECT_EQ(chat_err(with(base(), "tools", tools)).param, "tools[1].tools[1].type");
+    tools[1].erase("tools");
+    EXPECT_EQ(chat_err(with(base(), "tools", tools)).param, "tools[1].tools");
+}
+
+// Before the answer begins, a heartbeat is another response.in_progress (with the next
+// sequence number); after, nothing.
+TEST(Responses, HeartbeatsAreInProgressEventsUntilTheAnswerBegins) {
+    responses_request_info info;
+    chat_ok(with(base(), "stream", true), &info);
+    responses_stream rs(info, "resp_h1", 7);
+    auto first = rs.heartbeat();  // before start(): start()'s two events
+    ASSERT_EQ(first.size(), 2u);
+    EXPECT_EQ(first[0].event, "response.created");
+    auto hb = rs.heartbeat();
+    ASSERT_EQ(hb.size(), 1u);
+    EXPECT_EQ(hb[0].event, "response.in_progress");
+    EXPECT_EQ(hb[0].data["sequence_number"], 2);
+    EXPECT_EQ(hb[0].data["response"]["status"], "in_progress");
+    (void)rs.chunk(text_then_call_chunks()[1]);
+    EXPECT_TRUE(rs.heartbeat().empty());
+}
+
 }  // namespace
 }  // namespace warmctx::server_detail

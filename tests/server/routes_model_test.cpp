@@ -407,6 +407,32 @@ TEST_F(routes_model_test, a_client_gone_mid_stream_cancels_the_job_and_records_4
               std::string::npos);
 }
 
+// A client that leaves keeps what its request prefilled: a retry of the same request
+// (agents retry after a timeout) starts from the cached blocks, not cold.
+TEST_F(routes_model_test, a_retry_after_the_client_left_reuses_what_it_prefilled) {
+    std::string sys = "A retried request. ";
+    while (sys.size() < 3000) sys += "The agent's system prompt is long and the same every time it is sent. ";
+    json body = {{"messages", json::array({{{"role", "system"}, {"content", sys}}, {{"role", "user"}, {"content", "go"}}})},
+                 {"max_tokens", 400}, {"temperature", 1.0}, {"seed", 3}, {"stream", true},
+                 {"workspace", "retry"}};
+    const uint64_t cancelled = sched_->stats().n_cancelled;
+    http_response res = post("/v1/chat/completions", body);
+    ASSERT_EQ(res.status, 200) << res.body;
+    string_sink sink(2);  // the role chunk and one more, then the connection is gone
+    EXPECT_FALSE(drive(res, sink));
+    auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (sched_->stats().n_cancelled == cancelled && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(5ms);
+    ASSERT_GT(sched_->stats().n_cancelled, cancelled);
+    body["stream"] = false;
+    body["max_tokens"] = 2;
+    http_response again = post("/v1/chat/completions", body);
+    ASSERT_EQ(again.status, 200) << again.body;
+    const json j = json::parse(again.body);
+    EXPECT_GT(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0) << j["warmctx"].dump();
+    EXPECT_NE(j["warmctx"]["result"], "cold") << j["warmctx"].dump();
+}
+
 TEST_F(routes_model_test, workspace_chat_merges_the_stored_segments) {
     http_request put;
     put.method = "PUT";
