@@ -144,10 +144,13 @@ std::string workload_generator::question() {
 std::string workload_generator::edit_one_line(const std::string & text) {
     // Replace a line near the middle with a new one of the same shape.
     size_t mid = text.size() / 2;
+    // On a line's end, the line it ends (else [b, e) would run backwards).
+    if (mid > 0 && mid < text.size() && text[mid] == '\n') --mid;
     size_t b = text.rfind('\n', mid);
     b = b == std::string::npos ? 0 : b + 1;
     size_t e = text.find('\n', mid);
     if (e == std::string::npos) e = text.size();
+    if (e < b) e = b;  // an empty line
     // A tool schema line (tool_schemas) is replaced by another tool, so that the array
     // stays valid JSON and a template still renders it as tools.
     const std::string line = text.substr(b, e - b);

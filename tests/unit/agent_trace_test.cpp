@@ -3,7 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "warmctx/workload.h"
 
 namespace warmctx {
 namespace {
@@ -96,6 +101,32 @@ TEST(AgentTrace, BadOptionsAreErrors) {
     o = {};
     o.n_turns = 0;
     EXPECT_FALSE(make_agent_trace(o, words).ok());
+}
+
+
+// A stable edit of tool schemas keeps them a JSON array of tools (a template renders them
+// as tools), whichever line the middle of the text falls on - a line's end included.
+TEST(WorkloadEdit, AToolSchemaEditStaysATextOfValidTools) {
+    for (uint64_t seed = 1; seed <= 400; ++seed) {
+        workload_generator g(seed, words);
+        const std::string tools = g.tool_schemas(1 + (int)(seed % 5));
+        const std::string edited = g.edit_one_line(tools);
+        EXPECT_NE(edited, tools) << seed;
+        const nlohmann::json j = nlohmann::json::parse(edited, nullptr, false);
+        ASSERT_TRUE(j.is_array()) << seed << ":\n" << edited;
+        ASSERT_EQ(j.size(), nlohmann::json::parse(tools).size()) << seed;
+        for (const auto & t : j) EXPECT_TRUE(t["function"]["name"].is_string()) << seed;
+    }
+    // The middle exactly on a line's end ("aa|\nbb") edits the line it ends, and the rest
+    // stays as it was; in a line, that line.
+    workload_generator g(1, words);
+    const std::string a = g.edit_one_line("aa\nbb");
+    EXPECT_EQ(a.rfind("// edited: ", 0), 0u) << a;
+    EXPECT_EQ(a.substr(a.size() - 3), "\nbb") << a;
+    EXPECT_EQ(std::count(a.begin(), a.end(), '\n'), 1) << a;
+    const std::string e = g.edit_one_line("abc\ndef\n");
+    EXPECT_EQ(e.rfind("abc\n// edited: ", 0), 0u) << e;
+    EXPECT_EQ(e.back(), '\n');
 }
 
 }  // namespace
