@@ -23,6 +23,7 @@
 #include "fake_text_model.h"
 #include "fuzz_common.h"
 #include "openai.h"
+#include "responses.h"
 #include "workspace_store.h"
 #include "warmctx/assembler.h"
 #include "warmctx/kind_table.h"
@@ -175,5 +176,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         return 0;
     }
     for (body_mode mode : {body_mode::chat, body_mode::workspace_chat, body_mode::text}) check_request(*body, mode);
+    // The same body as a Responses request: refused with a well-formed error, or
+    // translated into a chat body that the chat parser then takes or refuses.
+    json chat_body;
+    responses_request_info info;
+    if (auto e = responses_to_chat(*body, chat_body, info)) {
+        chat_error_to_responses(*e, info);
+        check_error(*e);
+    } else {
+        check_request(chat_body, body_mode::chat);
+    }
     return 0;
 }

@@ -187,22 +187,28 @@ class chat_templates_impl final : public chat_templates {
         return rendered > 0;
     }
 
-    // The first control token text in `s` (nullptr: none). Texts are longest first.
-    const std::string * first_control(const std::string & s) const {
-        if (s.size() < 2) return nullptr;
-        for (size_t at = s.find_first_of(control_starts_); at != std::string::npos; at = s.find_first_of(control_starts_, at + 1)) {
-            auto it = by_start_.find(s.substr(at, 2));
+    // The first control token text in `s` at or after `from`, and where (nullptr: none).
+    // Texts are longest first.
+    const std::string * first_control(std::string_view s, size_t from = 0, size_t * where = nullptr) const {
+        for (size_t at = s.find_first_of(control_starts_, from); at != std::string_view::npos && at + 1 < s.size();
+             at = s.find_first_of(control_starts_, at + 1)) {
+            auto it = by_start_.find(std::string(s.substr(at, 2)));
             if (it == by_start_.end()) continue;
             for (const std::string * t : it->second)
-                if (s.compare(at, t->size(), *t) == 0) return t;
+                if (s.compare(at, t->size(), *t) == 0) {
+                    if (where) *where = at;
+                    return t;
+                }
         }
         return nullptr;
     }
+    const std::string * first_control(const std::string & s) const { return first_control(std::string_view(s)); }
     // Every control token text in `s` replaced by U+FFFD.
     void neutralize(std::string & s) const {
-        while (const std::string * t = first_control(s)) {
-            const size_t at = s.find(*t);
+        size_t at = 0;
+        while (const std::string * t = first_control(s, at, &at)) {
             s.replace(at, t->size(), "\xEF\xBF\xBD");
+            at += 3;
         }
     }
     // Control token texts in the template's own runs.
@@ -210,13 +216,11 @@ class chat_templates_impl final : public chat_templates {
         size_t n = 0, prev = 0;
         for (const render_run & run : r.runs) {
             if (!run.input) {
-                std::string t = r.text.substr(prev, run.end - prev);
-                for (size_t at = 0; at < t.size();) {
-                    const std::string * c = first_control(t.substr(at));
-                    if (!c) break;
-                    const size_t pos = t.find(*c, at);
+                const std::string_view t(r.text.data() + prev, run.end - prev);
+                size_t at = 0;
+                while (const std::string * c = first_control(t, at, &at)) {
                     ++n;
-                    at = pos + c->size();
+                    at += c->size();
                 }
             }
             prev = run.end;

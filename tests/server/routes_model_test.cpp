@@ -102,6 +102,17 @@ class routes_model_test : public ::testing::Test {
                 {"stream_options", {{"include_usage", true}}}};
     }
     std::string metrics() const { return ctx_->metrics.render(engine_snapshot{}); }
+    // Streams `body`, leaves after the role chunk and one more, and waits until the
+    // scheduler has cancelled the job (its count past `cancelled_before`).
+    void leave_mid_stream(const json & body, uint64_t cancelled_before) {
+        http_response res = post("/v1/chat/completions", body);
+        ASSERT_EQ(res.status, 200) << res.body;
+        string_sink sink(2);
+        EXPECT_FALSE(drive(res, sink));
+        auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (sched_->stats().n_cancelled == cancelled_before && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(5ms);
+    }
 
     static std::unique_ptr<scheduler> sched_;
     std::unique_ptr<route_context> ctx_;
@@ -395,13 +406,7 @@ TEST_F(routes_model_test, a_client_gone_mid_stream_cancels_the_job_and_records_4
     body["max_tokens"] = 1500;
     body["temperature"] = 1.0;
     body["seed"] = 7;
-    http_response res = post("/v1/chat/completions", body);
-    ASSERT_EQ(res.status, 200) << res.body;
-    string_sink sink(2);  // the role chunk and one more, then the connection is gone
-    EXPECT_FALSE(drive(res, sink));
-    auto deadline = std::chrono::steady_clock::now() + 30s;
-    while (sched_->stats().n_cancelled == cancelled && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(5ms);
+    leave_mid_stream(body, cancelled);
     EXPECT_GT(sched_->stats().n_cancelled, cancelled);
     EXPECT_NE(metrics().find("warmctx_requests_total{route=\"/v1/chat/completions\",status=\"499\"} 1\n"),
               std::string::npos);
@@ -416,13 +421,7 @@ TEST_F(routes_model_test, a_retry_after_the_client_left_reuses_what_it_prefilled
                  {"max_tokens", 400}, {"temperature", 1.0}, {"seed", 3}, {"stream", true},
                  {"workspace", "retry"}};
     const uint64_t cancelled = sched_->stats().n_cancelled;
-    http_response res = post("/v1/chat/completions", body);
-    ASSERT_EQ(res.status, 200) << res.body;
-    string_sink sink(2);  // the role chunk and one more, then the connection is gone
-    EXPECT_FALSE(drive(res, sink));
-    auto deadline = std::chrono::steady_clock::now() + 30s;
-    while (sched_->stats().n_cancelled == cancelled && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(5ms);
+    leave_mid_stream(body, cancelled);
     ASSERT_GT(sched_->stats().n_cancelled, cancelled);
     body["stream"] = false;
     body["max_tokens"] = 2;
