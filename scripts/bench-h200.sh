@@ -4,7 +4,7 @@
 # no Debian packages and no network: it builds from what scripts/pack-device.sh put
 # in .devcarry/ (run that first, on a machine that has them).
 #
-# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace s3 contention verify render (default: build s2 trace s3)
+# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace s3 contention verify render restore (default: build s2 trace s3)
 # environment:
 #   OUT                 where results go (default: bench/results/h200-run)
 #   WARMCTX_DEADLINE_S  start no bench stage after this many seconds (default: none)
@@ -79,7 +79,8 @@ for s in "${stages[@]}"; do
            >"$out/verify-h200.json" 2>"$out/verify-h200.log"; then log "verify: exit 0"; else log "verify: FAILED (exit $?)"; fi
       tail -3 "$out/verify-h200.log" ;;
     render) run_bench render --size 47000 --turns 30 ;;  # CPU work: the host's cores
-    *) echo "unknown stage $s (build s2 trace s3 contention verify render)" >&2; exit 2 ;;
+    restore) run_bench restore "${gpu[@]}" --prefix-tokens 2048,13000 ;;  # pool loads into device KV
+    *) echo "unknown stage $s (build s2 trace s3 contention verify render restore)" >&2; exit 2 ;;
   esac
 done
 log "all stages done; results in $out"

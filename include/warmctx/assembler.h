@@ -70,6 +70,19 @@ class text_model {
     // tokenizing (a memo of recent contents), else nullopt. The assembler tokenizes
     // only the rest, in parallel when it is large.
     virtual std::optional<std::vector<token_id>> remembered_plain(std::string_view) const { return std::nullopt; }
+    // True when tokenize_plain(a + b) == tokenize_plain(a) + tokenize_plain(b) for every
+    // `a` ending in '\n' and `b` starting with an ASCII letter or digit (a BPE tokenizer
+    // whose pre-tokenizer never joins a line break to the word after it). The assembler
+    // then cuts a large text at such line starts, deterministically, and tokenizes the
+    // parts on several threads: one big segment (a repository map) is no longer one
+    // thread's work.
+    virtual bool plain_splits_at_lines() const { return false; }
+    // tokenize_plain of a part of a larger text: the implementation need not remember it.
+    virtual result<std::vector<token_id>> tokenize_plain_part(std::string_view text) const {
+        return tokenize_plain(text);
+    }
+    // The plain tokens of `text`, joined from its parts, for remembered_plain.
+    virtual void remember_plain(std::string_view /*text*/, const std::vector<token_id> & /*tokens*/) const {}
     // One chat message through the model's template, exactly the text this message
     // contributes inside a conversation, e.g. "<|im_start|>user\nhi<|im_end|>\n".
     // REQUIRES of the implementation: no BOS and no default system prompt that a

@@ -57,7 +57,10 @@ struct tier_options {
 };
 
 struct context_engine_options {
-    engine_options engine;            // its n_seq_max is set to n_work_seqs + 1
+    engine_options engine;            // its n_seq_max is set to n_work_seqs (+ 1: cold_stream)
+    // A KV stream of its own for run_cold, the reference runs of verify, the benches and
+    // the tests. serve has none: every stream it allocates runs turns.
+    bool cold_stream = true;
     uint32_t n_holders = 4096;        // at most this many cached prefixes in the pool (each
                                       // is compact: the byte budget is the real bound)
     uint32_t n_work_seqs = 1;         // turns in flight at once (the scheduler's n_parallel)
@@ -312,7 +315,8 @@ class context_engine {
     status decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits);
 
     // The same prompt computed cold in a fresh sequence, the cache untouched: the
-    // reference every warm answer must equal.
+    // reference every warm answer must equal. Errors: failed_precondition without
+    // options.cold_stream.
     result<turn_result> run_cold(const turn_request & req);
     // What run_turn would do, without running anything: no counter of the cache or of a
     // tier moves, no LRU is touched, nothing is loaded. Uses req.assembled as begin_turn

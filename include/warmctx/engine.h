@@ -300,6 +300,12 @@ class engine {
     // engine (any sequence).
     result<std::vector<uint8_t>> save_seq_raw(seq_id seq) const;
     status load_seq_raw(seq_id seq, std::span<const uint8_t> bytes);
+    // Between the two forms, without touching the KV streams: save_seq(s) is
+    // portable_state(save_seq_raw(s)), and load_seq(s, b) loads raw_state(b, s).
+    // Errors: corrupt (not the expected form), out_of_range (raw_state: more tokens than
+    // a sequence holds here).
+    result<std::vector<uint8_t>> portable_state(std::span<const uint8_t> raw) const;
+    result<std::vector<uint8_t>> raw_state(std::span<const uint8_t> portable, seq_id seq) const;
 
   private:
     friend class token_sampler;  // a grammar sampler needs the vocabulary
@@ -314,5 +320,13 @@ result<model_info> read_model_info(const std::string & path);
 // The llama.cpp commit warmctx was built against (for the cache profile).
 std::string_view llama_commit();
 std::string_view backend_name();
+
+// Cuts a sequence state of either form, in place, to the prefix [0, n_tokens): its
+// first n_tokens cells, which must hold positions 0..n_tokens-1 in that order (a prefix
+// prefilled or loaded at position 0 of an emptied stream, as every cached prefix is).
+// Rewrites the bytes; no engine call, so no KV stream is needed to cut a copy.
+// Errors: corrupt (not a state of a plain attention KV cache, or cells out of that
+// order), out_of_range (the state holds fewer than n_tokens cells).
+status truncate_seq_state(std::vector<uint8_t> & state, pos_t n_tokens);
 
 }  // namespace warmctx

@@ -236,10 +236,11 @@ std::string tail_of_file(const std::string & path, size_t n) {
 }  // namespace
 
 result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_options & o) {
-    auto eo = o.mf.to_options(o.parallel + 1);
+    auto eo = o.mf.to_options(o.parallel);
     if (!eo) return eo.error();
     scheduler_options so;
     so.engine.engine = *eo;
+    so.engine.cold_stream = false;  // as serve: every stream runs turns
     so.engine.n_holders = o.holders;
     if (status st = o.cf.apply(so.engine); !st.ok()) return st;
     so.n_parallel = o.parallel;

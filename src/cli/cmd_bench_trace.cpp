@@ -2,8 +2,8 @@
 // replayed turn by turn through HTTP against warmctx with semantic eviction, warmctx
 // with plain LRU, and llama-server with its RAM prompt cache, all allocating the same
 // KV bytes A (every stream, slot, pool and cache counted whole, not what they use):
-//   - warmctx-*: one work stream and the cold/scratch stream of n_ctx cells each, and
-//     a pool of cached prefixes of --budget-bytes A - 2 streams;
+//   - warmctx-*: one work stream of n_ctx cells (serve allocates no other stream), and
+//     a pool of cached prefixes of --budget-bytes A - 1 stream;
 //   - llama-server: one slot of the same n_ctx and --cache-ram A - 1 slot (at least
 //     1 MiB; --server-cache-ram-mib overrides).
 // And each system at its own defaults (what a user meets): warmctx-defaults (serve's
@@ -91,15 +91,16 @@ int run_trace(trace_args a) {
     const uint64_t stream_bytes = (uint64_t)((mf.n_ctx + 255) / 256 * 256) * bpt;
     const double stream_mib = (double)stream_bytes / (1 << 20);
 
-    // Every system allocates the same KV bytes: warmctx two streams + its pool,
-    // llama-server its slot + --cache-ram.
+    // Every system allocates the same KV bytes: warmctx its work stream + its pool,
+    // llama-server its slot + --cache-ram. (The default A is what it was when warmctx
+    // also allocated a cold stream: two streams + 40% of the stable prompts' KV.)
     double budget_mib = a.budget_mib;
     if (budget_mib == 0) budget_mib = std::ceil(2 * stream_mib + 0.4 * (double)(stable_sum * bpt) / (1 << 20));
     const uint64_t allocated_bytes = (uint64_t)(budget_mib * (1 << 20));
-    if (allocated_bytes <= 2 * stream_bytes)
-        return fail(invalid_argument("--budget-mib " + std::to_string(budget_mib) + " does not exceed warmctx's two KV streams (" +
-                                     std::to_string(2 * stream_mib) + " MiB)"));
-    const uint64_t budget_bytes = allocated_bytes - 2 * stream_bytes;  // warmctx's pool
+    if (allocated_bytes <= stream_bytes)
+        return fail(invalid_argument("--budget-mib " + std::to_string(budget_mib) + " does not exceed warmctx's KV stream (" +
+                                     std::to_string(stream_mib) + " MiB)"));
+    const uint64_t budget_bytes = allocated_bytes - stream_bytes;  // warmctx's pool
     const double slot_mib = stream_mib;
     const int server_cache_ram_mib = a.server_cache_ram_mib > 0
         ? (int)std::ceil(a.server_cache_ram_mib)
@@ -117,7 +118,7 @@ int run_trace(trace_args a) {
                 {"budget", {{"mib", budget_mib}, {"allocated_bytes", allocated_bytes}, {"bytes", budget_bytes},
                             {"kv_bytes_per_token", bpt}, {"tokens", bpt ? budget_bytes / bpt : 0},
                             {"stream_bytes", stream_bytes},
-                            {"warmctx_allocated_bytes", 2 * stream_bytes + budget_bytes},
+                            {"warmctx_allocated_bytes", stream_bytes + budget_bytes},
                             {"llama_server_slot_mib", slot_mib},
                             {"llama_server_cache_ram_mib", server_cache_ram_mib},
                             {"llama_server_allocated_bytes", stream_bytes + (uint64_t)server_cache_ram_mib * (1 << 20)},
@@ -211,7 +212,7 @@ int run_trace(trace_args a) {
     }
     out["ratios"] = ratios;
     if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return 0; }
-    std::printf("allocated KV %.0f MiB each (warmctx: 2 streams of %.1f MiB + a pool of %llu tokens; llama-server: "
+    std::printf("allocated KV %.0f MiB each (warmctx: 1 stream of %.1f MiB + a pool of %llu tokens; llama-server: "
                 "slot %.1f MiB + --cache-ram %d MiB); %d turns over %d workspaces, %d edits\n",
                 budget_mib, stream_mib, (unsigned long long)(bpt ? budget_bytes / (bpt + 12) : 0), slot_mib,
                 server_cache_ram_mib, a.t.n_turns, a.t.n_workspaces, n_edits);

@@ -110,12 +110,13 @@ int run_serve(const serve_args & a) {
     if (!server) return fail(server.error());
     progress("serve: bound http://" + sv.host + ":" + std::to_string((*server)->port()) +
              ", loading the model (GET /health: 503 until ready)");
-    auto eo = a.mf.to_options(1 + a.n_parallel);  // may generate the default model
+    auto eo = a.mf.to_options(a.n_parallel);  // may generate the default model
     if (!eo) {
         (*server)->stop();
         return fail(eo.error());
     }
     so.engine.engine = *eo;
+    so.engine.cold_stream = false;  // every KV stream runs turns
     progress("serve: loading " + so.engine.engine.model_path);
     auto sched = scheduler::start(so);
     if (!sched) {

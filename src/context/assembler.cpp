@@ -268,27 +268,100 @@ void run_spread(std::vector<size_t> todo, Size size_of, size_t todo_bytes, One o
     for (auto & th : threads) th.join();
 }
 
+// A text at least this large is cut at line starts (text_model::plain_splits_at_lines)
+// into parts of about k_part_bytes, so that one big segment spreads over threads too.
+constexpr size_t k_split_min_bytes = 32 << 10;
+constexpr size_t k_part_bytes = 16 << 10;
+
+bool ascii_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
+// The parts of `t`: each cut is the first line start at or after k_part_bytes from the
+// last cut whose first character is an ASCII letter or digit. Depends on the text only.
+std::vector<std::string_view> cut_at_lines(std::string_view t) {
+    std::vector<std::string_view> parts;
+    size_t from = 0;
+    while (t.size() - from >= k_part_bytes + k_part_bytes / 2) {
+        size_t p = from + k_part_bytes;
+        while (p < t.size() && !(t[p - 1] == '\n' && ascii_alnum(t[p]))) ++p;
+        if (p >= t.size()) break;
+        parts.push_back(t.substr(from, p - from));
+        from = p;
+    }
+    parts.push_back(t.substr(from));
+    return parts;
+}
+
+// tokenize_plain of every text, spread over threads when there is much (run_spread);
+// a large text is tokenized in parts where the model allows it (cut_at_lines), and
+// its joined tokens are then remembered whole.
+std::vector<result<std::vector<token_id>>> tokenize_plain_spread(const text_model & model,
+                                                                 std::span<const std::string_view> texts) {
+    struct part {
+        size_t text;
+        std::string_view s;
+        bool whole;
+        result<std::vector<token_id>> toks = std::vector<token_id>{};
+    };
+    std::vector<part> parts;
+    size_t bytes = 0;
+    const bool split = model.plain_splits_at_lines();
+    for (size_t i = 0; i < texts.size(); ++i) {
+        bytes += texts[i].size();
+        if (!split || texts[i].size() < k_split_min_bytes) {
+            parts.push_back({i, texts[i], true});
+            continue;
+        }
+        auto cuts = cut_at_lines(texts[i]);
+        for (std::string_view c : cuts) parts.push_back({i, c, cuts.size() == 1});
+    }
+    std::vector<size_t> todo(parts.size());
+    for (size_t j = 0; j < todo.size(); ++j) todo[j] = j;
+    run_spread(todo, [&](size_t j) { return parts[j].s.size(); }, bytes, [&](size_t j) {
+        parts[j].toks = parts[j].whole ? model.tokenize_plain(parts[j].s) : model.tokenize_plain_part(parts[j].s);
+    });
+    std::vector<result<std::vector<token_id>>> out(texts.size(), std::vector<token_id>{});
+    for (part & p : parts) {
+        if (!out[p.text].ok()) continue;
+        if (!p.toks.ok()) {
+            out[p.text] = p.toks.error();
+            continue;
+        }
+        if (p.whole) out[p.text] = std::move(p.toks);
+        else out[p.text]->insert(out[p.text]->end(), p.toks->begin(), p.toks->end());
+    }
+    for (size_t i = 0; i < texts.size(); ++i)
+        if (out[i].ok() && split && texts[i].size() >= k_split_min_bytes && cut_at_lines(texts[i]).size() > 1)
+            model.remember_plain(texts[i], *out[i]);
+    return out;
+}
+
 // Every segment's tokens, in `order`. Segments tokenize independently, so when a
 // prompt has much content the model does not remember (a cold prompt), those
-// segments are spread over up to 8 threads, the largest first on the least loaded
-// thread; the result does not depend on the split.
+// contents are spread over threads (tokenize_plain_spread); the result does not
+// depend on the split.
 std::vector<result<std::vector<token_id>>> tokenize_segments(std::span<const segment * const> order,
                                                              std::span<const std::string> roles,
                                                              const kind_table & kinds, const text_model & model) {
     std::vector<result<std::vector<token_id>>> out(order.size(), std::vector<token_id>{});
+    std::vector<std::optional<std::vector<token_id>>> known(order.size());
+    std::vector<std::string> contents(order.size());
     std::vector<size_t> todo;  // segments whose content is not remembered
-    size_t todo_bytes = 0;
+    std::vector<std::string_view> texts;
     for (size_t i = 0; i < order.size(); ++i) {
-        const kind_policy & p = kinds.policy(order[i]->kind);
-        if (auto known = model.remembered_plain(message_content(*order[i], p))) {
-            out[i] = tokenize_segment(*order[i], p, roles[i], model, std::move(known));
-        } else {
+        contents[i] = message_content(*order[i], kinds.policy(order[i]->kind));
+        known[i] = model.remembered_plain(contents[i]);
+        if (!known[i]) {
             todo.push_back(i);
-            todo_bytes += order[i]->content.size();
+            texts.push_back(contents[i]);
         }
     }
-    auto one = [&](size_t i) { out[i] = tokenize_segment(*order[i], kinds.policy(order[i]->kind), roles[i], model); };
-    run_spread(todo, [&](size_t i) { return order[i]->content.size(); }, todo_bytes, one);
+    auto toks = tokenize_plain_spread(model, texts);
+    for (size_t k = 0; k < todo.size(); ++k) {
+        if (toks[k].ok()) known[todo[k]] = std::move(*toks[k]);
+        else out[todo[k]] = toks[k].error().with_context("segment " + quote_input(order[todo[k]]->id) + ": tokenizing");
+    }
+    for (size_t i = 0; i < order.size(); ++i)
+        if (known[i]) out[i] = tokenize_segment(*order[i], kinds.policy(order[i]->kind), roles[i], model, std::move(known[i]));
     return out;
 }
 
@@ -579,26 +652,29 @@ result<conversation_tokens> tokenize_conversation(std::span<const segment * cons
     std::vector<job> jobs;
     for (size_t i = 0; i < spans.size(); ++i)
         for (const text_run & r : runs_in(*f, spans[i].a, spans[i].b)) jobs.push_back({i, r, std::nullopt, {}});
+    // Data runs the model does not remember: spread over threads (tokenize_plain_spread);
+    // the template's own text between them, on this thread (it is small).
     std::vector<size_t> todo;
-    size_t todo_bytes = 0;
+    std::vector<std::string_view> texts;
     const std::string_view text(f->text);
     for (size_t j = 0; j < jobs.size(); ++j) {
         const std::string_view t = text.substr(jobs[j].run.begin, jobs[j].run.end - jobs[j].run.begin);
-        if (jobs[j].run.input) {
-            if (auto known = model.remembered_plain(t)) {
-                jobs[j].toks = std::move(known);
-                continue;
-            }
-            todo_bytes += t.size();
+        if (!jobs[j].run.input) {
+            auto r = model.tokenize(t);
+            if (r.ok()) jobs[j].toks = std::move(*r);
+            else jobs[j].err = r.error();
+        } else if (auto known = model.remembered_plain(t)) {
+            jobs[j].toks = std::move(known);
+        } else {
+            todo.push_back(j);
+            texts.push_back(t);
         }
-        todo.push_back(j);
     }
-    run_spread(todo, [&](size_t j) { return jobs[j].run.end - jobs[j].run.begin; }, todo_bytes, [&](size_t j) {
-        const std::string_view t = text.substr(jobs[j].run.begin, jobs[j].run.end - jobs[j].run.begin);
-        auto r = jobs[j].run.input ? model.tokenize_plain(t) : model.tokenize(t);
-        if (r.ok()) jobs[j].toks = std::move(*r);
-        else jobs[j].err = r.error();
-    });
+    auto toks = tokenize_plain_spread(model, texts);
+    for (size_t k = 0; k < todo.size(); ++k) {
+        if (toks[k].ok()) jobs[todo[k]].toks = std::move(*toks[k]);
+        else jobs[todo[k]].err = toks[k].error();
+    }
     for (const job & j : jobs) {
         const span_of & sp = spans[j.span];
         if (!j.err.ok()) {

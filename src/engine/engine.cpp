@@ -318,6 +318,78 @@ result<parsed_state> parse_seq_state(std::span<const uint8_t> bytes, int32_t seq
 
 }  // namespace
 
+status truncate_seq_state(std::vector<uint8_t> & state, pos_t n_keep) {
+    if (n_keep < 0) return invalid_argument("truncate_seq_state: a negative token count");
+    state_reader r{state};
+    uint32_t magic = 0, id = 0, n_stream = 0;
+    if (!r.u32(magic) || magic != k_seq_state_magic) return bad_state("not llama.cpp's sequence state magic");
+    if (!r.u32(id) || !r.u32(n_stream) || n_stream == 0) return bad_state("no KV stream");
+    // Compacts record by record towards the front: the write cursor never passes the
+    // read cursor, so memmove over the same buffer is safe.
+    uint8_t * b = state.data();
+    size_t w = r.at;
+    auto put = [&](size_t from, size_t n) {
+        if (n > 0 && w != from) std::memmove(b + w, b + from, n);
+        w += n;
+    };
+    bool kept = false;
+    for (uint32_t s = 0; s < n_stream; ++s) {
+        auto rec = read_stream_record(r, (int32_t)id);  // validates every size below
+        if (!rec.ok()) return rec.error();
+        const uint32_t n_cells = rec->n_cells;
+        if (n_cells == 0) {
+            put(rec->begin, 4);
+            continue;
+        }
+        if ((uint64_t)n_keep > n_cells)
+            return out_of_range("truncate_seq_state: the state holds " + std::to_string(n_cells) + " tokens, not " +
+                                std::to_string(n_keep));
+        const size_t cells = rec->begin + 4;
+        for (pos_t i = 0; i < n_keep; ++i) {
+            uint32_t pos = 0;
+            std::memcpy(&pos, b + cells + (size_t)i * k_seq_state_cell_bytes, 4);
+            if ((pos_t)pos != i) return bad_state("cell " + std::to_string(i) + " holds position " + std::to_string(pos));
+        }
+        kept = true;
+        const uint32_t k = (uint32_t)n_keep;
+        std::memcpy(b + w, &k, 4);
+        w += 4;
+        if (k == 0) continue;
+        put(cells, (size_t)k * k_seq_state_cell_bytes);
+        size_t at = cells + (size_t)n_cells * k_seq_state_cell_bytes;
+        uint32_t v_trans = 0, n_layer = 0;
+        std::memcpy(&v_trans, b + at, 4);
+        std::memcpy(&n_layer, b + at + 4, 4);
+        put(at, 8);
+        at += 8;
+        for (int part = 0; part < 2; ++part) {
+            for (uint32_t l = 0; l < n_layer; ++l) {
+                if (part == 0 || v_trans == 0) {
+                    uint64_t row_bytes = 0;
+                    std::memcpy(&row_bytes, b + at + 4, 8);
+                    put(at, 12);
+                    at += 12;
+                    put(at, (size_t)(k * row_bytes));
+                    at += (size_t)(n_cells * row_bytes);
+                } else {
+                    uint32_t elem_bytes = 0, n_embd = 0;
+                    std::memcpy(&elem_bytes, b + at + 4, 4);
+                    std::memcpy(&n_embd, b + at + 8, 4);
+                    put(at, 12);
+                    at += 12;
+                    for (uint32_t j = 0; j < n_embd; ++j) {
+                        put(at, (size_t)k * elem_bytes);
+                        at += (size_t)n_cells * elem_bytes;
+                    }
+                }
+            }
+        }
+    }
+    if (!kept && n_keep > 0) return out_of_range("truncate_seq_state: the state holds no tokens");
+    state.resize(w);
+    return {};
+}
+
 struct engine::impl {
     engine_options opts;
     model_ptr model;
@@ -860,10 +932,17 @@ status engine::apply_pending_copies(seq_id scratch) {
 result<std::vector<uint8_t>> engine::save_seq(seq_id seq) const {
     auto saved = save_seq_raw(seq);
     if (!saved.ok()) return saved.error();
-    const std::vector<uint8_t> & raw = *saved;
+    auto out = portable_state(*saved);
+    if (!out.ok()) return engine_error("save_seq: " + out.error().message());
+    return out;
+}
+
+result<std::vector<uint8_t>> engine::portable_state(std::span<const uint8_t> raw) const {
     // To the one-stream form (see the layout above read_stream_record).
-    auto st = parse_seq_state(raw, seq, p_->n_stream);
-    if (!st.ok()) return engine_error("save_seq: " + st.error().message());
+    uint32_t id = 0;
+    if (raw.size() >= 8) std::memcpy(&id, raw.data() + 4, 4);
+    auto st = parse_seq_state(raw, (int32_t)id, p_->n_stream);
+    if (!st.ok()) return st.error();
     std::vector<uint8_t> out;
     out.reserve(16 + (st->record ? st->record->end - st->record->begin : 0));
     put_u32(out, k_seq_state_magic);
@@ -896,6 +975,16 @@ status engine::load_seq_raw(seq_id seq, std::span<const uint8_t> bytes) {
 status engine::load_seq(seq_id seq, std::span<const uint8_t> bytes) {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
     if (bytes.empty()) return invalid_argument("load_seq: empty state");
+    auto full = raw_state(bytes, seq);
+    if (!full.ok()) return full.error();
+    llama_memory_seq_rm(p_->mem(), seq, -1, -1);
+    size_t r = llama_state_seq_set_data(p_->ctx.get(), full->data(), full->size(), seq);
+    if (r == 0) return corrupt("llama_state_seq_set_data rejected the state (wrong model, KV type or corrupt bytes)");
+    return {};
+}
+
+result<std::vector<uint8_t>> engine::raw_state(std::span<const uint8_t> bytes, seq_id seq) const {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
     auto st = parse_seq_state(bytes, 0, 1);  // save_seq's one-stream form only
     if (!st.ok()) return st.error();
     // A state made in a context with longer sequences may not fit this one's.
@@ -914,10 +1003,7 @@ status engine::load_seq(seq_id seq, std::span<const uint8_t> bytes) {
     if (st->record) append_record(full, bytes, *st->record, seq);
     else put_u32(full, 0);
     for (uint32_t s = 1; s < p_->n_stream; ++s) put_u32(full, 0);
-    llama_memory_seq_rm(p_->mem(), seq, -1, -1);
-    size_t r = llama_state_seq_set_data(p_->ctx.get(), full.data(), full.size(), seq);
-    if (r == 0) return corrupt("llama_state_seq_set_data rejected the state (wrong model, KV type or corrupt bytes)");
-    return {};
+    return full;
 }
 
 }  // namespace warmctx

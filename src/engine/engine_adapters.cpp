@@ -2,6 +2,7 @@
 // kv_ops (prefix cache), and the profile of the KV it computes.
 #include "warmctx/engine_adapters.h"
 
+#include <cctype>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -29,6 +30,7 @@ class engine_text_model final : public text_model {
         if (with.ok() && without.ok() && with->size() >= without->size() &&
             with->compare(0, without->size(), *without) == 0)
             gen_prompt_ = with->substr(without->size());
+        splits_at_lines_ = probe_line_splits();
     }
     result<std::vector<token_id>> tokenize(std::string_view text) const override { return e_.tokenize(text, true); }
     std::optional<fim_tokens> fim() const override {
@@ -52,20 +54,27 @@ class engine_text_model final : public text_model {
     result<std::vector<token_id>> tokenize_plain(std::string_view text) const override {
         if (text.size() < k_memo_min_bytes) return e_.tokenize(text, false);
         if (auto m = remembered_plain(text)) return std::move(*m);
-        const hash128 key = hash_string(text);
         auto t = e_.tokenize(text, false);
-        if (!t.ok() || t->size() > k_memo_max_tokens / 4) return t;
+        if (t.ok()) remember_plain(text, *t);
+        return t;
+    }
+    result<std::vector<token_id>> tokenize_plain_part(std::string_view text) const override {
+        return e_.tokenize(text, false);
+    }
+    bool plain_splits_at_lines() const override { return splits_at_lines_; }
+    void remember_plain(std::string_view text, const std::vector<token_id> & t) const override {
+        if (text.size() < k_memo_min_bytes || t.size() > k_memo_max_tokens / 4) return;
+        const hash128 key = hash_string(text);
         std::lock_guard lk(mu_);
-        if (memo_.count(key)) return t;
-        lru_.push_front({key, text.size(), *t});
+        if (memo_.count(key)) return;
+        lru_.push_front({key, text.size(), t});
         memo_[key] = lru_.begin();
-        memo_tokens_ += t->size();
+        memo_tokens_ += t.size();
         while (memo_tokens_ > k_memo_max_tokens && !lru_.empty()) {
             memo_tokens_ -= lru_.back().tokens.size();
             memo_.erase(lru_.back().key);
             lru_.pop_back();
         }
-        return t;
     }
     result<std::string> render_message(std::string_view role, std::string_view content) const override {
         std::vector<chat_message> m = {{std::string(role), std::string(content)}};
@@ -119,6 +128,32 @@ class engine_text_model final : public text_model {
     const chat_templates * templates() const { return jinja_.get(); }
 
   private:
+    // Whether cutting a text before a line that starts with an ASCII letter or digit
+    // leaves its plain tokens unchanged (text_model::plain_splits_at_lines): true for
+    // byte-level BPE tokenizers whose pre-tokenizer ends a word at a line break (Qwen2,
+    // Llama 3, GPT-style); false for SentencePiece, which adds a space to each text.
+    // Asked of this tokenizer on a probe of code, prose and markup lines.
+    bool probe_line_splits() const {
+        static constexpr std::string_view probe =
+            "src/engine/engine.cpp: 923 lines\n  class engine; struct impl {};\nint main(int argc, char ** argv) {\n"
+            "    return 0;\n}\n\nThe quick brown fox, again.\n- item one\n1. first\nfoo_bar = {\"a\": 1}\n\t\tx\n"
+            "<|im_end|> not special here\n  \nEnd\n\r\nZ99 and 42\n7 days\n";
+        auto whole = e_.tokenize(probe, false);
+        if (!whole.ok() || whole->empty()) return false;
+        std::vector<token_id> joined;
+        size_t from = 0;
+        for (size_t p = 1; p <= probe.size(); ++p) {
+            const bool cut = p == probe.size() ||
+                             (probe[p - 1] == '\n' && (std::isalnum((unsigned char)probe[p]) != 0) && (unsigned char)probe[p] < 0x80);
+            if (!cut) continue;
+            auto t = e_.tokenize(probe.substr(from, p - from), false);
+            if (!t.ok()) return false;
+            joined.insert(joined.end(), t->begin(), t->end());
+            from = p;
+        }
+        return joined == *whole;
+    }
+
     static constexpr size_t k_memo_min_bytes = 256;
     static constexpr size_t k_memo_max_tokens = 8u << 20;  // 32 MiB of token ids
     struct memo_entry {
@@ -143,6 +178,7 @@ class engine_text_model final : public text_model {
     mutable std::list<memo_entry> lru_;
     mutable std::unordered_map<hash128, std::list<memo_entry>::iterator, hash128_hasher> memo_;
     mutable size_t memo_tokens_ = 0;
+    bool splits_at_lines_ = false;
 };
 
 // kv_ops over the real engine: the prefix cache moves KV only through these.

@@ -68,14 +68,24 @@ struct stream_state {
     uint64_t t_finished = 0;
     bool busy = false;          // a pending turn runs in it
     bool unsaved = false;       // the blocks have not been offered to the pool yet
+    // The leading blocks up to the last one a later turn of the same workspace would
+    // still want; those after it are per-turn content (a diff, test output, a log or
+    // a snippet), which that turn's own replaces.
+    size_t n_durable = 0;
 };
+
+// Content a workspace sends fresh every turn: its next turn's supersedes it.
+bool is_per_turn(segment_kind k) {
+    return k == segment_kind::diff || k == segment_kind::test_output || k == segment_kind::terminal_log ||
+           k == segment_kind::snippet || k == segment_kind::user;
+}
 
 // Holder ids of the RAM pool: far above any engine sequence.
 constexpr seq_id k_first_pool_holder = seq_id{1} << 20;
 
 struct context_engine::impl {
     context_engine_options opts;
-    seq_id cold_seq = 1;       // after the work sequences; also the pool's scratch
+    seq_id cold_seq = -1;      // after the work sequences, when options.cold_stream
     std::unique_ptr<engine> eng;
     std::unique_ptr<text_model> tm;
     std::unique_ptr<kv_pool> pool;
@@ -291,17 +301,17 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     if (opts.max_workspaces < 1) return invalid_argument("max_workspaces must be at least 1");
     auto p = std::make_unique<impl>();
     p->opts = opts;
-    p->cold_seq = (seq_id)opts.n_work_seqs;
-    // The engine's KV streams: the work sequences and the cold/scratch one. Cached
-    // prefixes live in the RAM pool, not in streams.
-    p->opts.engine.n_seq_max = opts.n_work_seqs + 1;
+    p->cold_seq = opts.cold_stream ? (seq_id)opts.n_work_seqs : -1;
+    // The engine's KV streams: the work sequences and, for run_cold, the cold one.
+    // Cached prefixes live in the RAM pool, not in streams.
+    p->opts.engine.n_seq_max = opts.n_work_seqs + (opts.cold_stream ? 1 : 0);
     auto e = engine::open(p->opts.engine);
     if (!e.ok()) return e.error();
     p->eng = std::move(e.value());
     p->tm = make_engine_text_model(*p->eng);
     for (token_id t = 0; t < p->eng->model().n_vocab; ++t)
         p->max_piece_bytes = std::max<uint64_t>(p->max_piece_bytes, p->eng->token_piece(t).size());
-    p->pool = std::make_unique<kv_pool>(*p->eng, k_first_pool_holder, opts.n_holders, p->cold_seq);
+    p->pool = std::make_unique<kv_pool>(*p->eng, k_first_pool_holder, opts.n_holders);
     p->streams.resize(opts.n_work_seqs);
     // A held prefix's bytes: its cells' K and V, and per cell the position and
     // sequence id llama.cpp's saved state carries.
@@ -379,7 +389,11 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
         const reuse_point pat = snap_reuse(ap, peeked.n_blocks);
         const bool would_be_in_place = pat.n_tokens > 0 && peeked.holder == seq;
         const stream_state & s = p_->streams[(size_t)seq];
-        if (s.unsaved && (!would_be_in_place || pat.n_blocks < s.blocks.size())) p_->write_back(seq);
+        // In place, trimming only the last turn's per-turn blocks (its diff, test
+        // output...) loses nothing this workspace will ask for again: no write-back.
+        // Trimming more (an edit, a branch of the history) keeps a copy in the pool.
+        if (s.unsaved && (!would_be_in_place || pat.n_blocks < std::min(s.blocks.size(), s.n_durable)))
+            p_->write_back(seq);
     }
     match m = p_->cache->lookup(ap.blocks, t.now, req.workspace);
     // In place: this stream still holds at least as much from the turn it ran last.
@@ -481,8 +495,15 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
         status st = p_->eng->trim_seq(t.seq, path.back().end);
         if (st.ok()) {
             p_->tiers->forget_recent_loads();
-            p_->tiers->write_through(*p_->eng, p_->prof, t.seq, p_->cold_seq, t.workspace, t.ap, n_keep);
+            p_->tiers->write_through(*p_->eng, p_->prof, t.seq, t.workspace, t.ap, n_keep);
             s.blocks.assign(path.begin(), path.end());
+            s.n_durable = 0;
+            for (size_t i = 0; i < path.size(); ++i) {
+                const int k = path[i].segment_index;
+                const bool per_turn = k >= 0 && (size_t)k < t.ap.man.segments.size() &&
+                                      is_per_turn(t.ap.man.segments[(size_t)k].kind);
+                if (!per_turn) s.n_durable = i + 1;
+            }
             s.workspace = t.workspace;
             s.t_finished = t.now;
             s.unsaved = p_->cache->peek(path, t.workspace).n_blocks < n_keep;
@@ -578,6 +599,7 @@ result<turn_result> context_engine::run_turn(const turn_request & req) {
 }
 
 result<turn_result> context_engine::run_cold(const turn_request & req) {
+    if (p_->cold_seq < 0) return failed_precondition("run_cold needs the cold stream (context_engine_options::cold_stream)");
     auto t0 = clock_type::now();
     auto ap = p_->assemble(req);
     if (!ap.ok()) return ap.error();
@@ -638,23 +660,12 @@ status context_engine::snapshot_workspace(const std::string & workspace) {
     const bool from_stream = m.holder >= 0 && (uint32_t)m.holder < p_->opts.n_work_seqs;
     if (!from_stream && !p_->pool->state(m.holder))
         return internal_error("snapshot: the cache's holder has no state in the pool");
-    // Through the scratch sequence: the pool's bytes are in this context's own layout,
-    // a file's in the stream-independent one; and the holder may hold more than this
-    // workspace's path (another workspace's longer path through the same blocks).
-    e.clear_seq(p_->cold_seq);
-    result<std::vector<uint8_t>> kv = std::vector<uint8_t>{};
-    status st;
-    if (from_stream) {
-        auto raw = e.save_seq_raw(m.holder);
-        st = raw.ok() ? e.load_seq_raw(p_->cold_seq, *raw) : raw.error();
-    } else {
-        st = p_->pool->copy_seq(m.holder, p_->cold_seq);
-    }
-    if (st.ok()) st = e.trim_seq(p_->cold_seq, path.back().end);
-    if (st.ok()) kv = e.save_seq(p_->cold_seq);
-    e.clear_seq(p_->cold_seq);
-    WARMCTX_RETURN_IF_ERROR(st);
+    // The pool's bytes and a stream's are in this context's own layout, a file's in the
+    // stream-independent one; and the holder may hold more than this workspace's path
+    // (another workspace's longer path through the same blocks): cut the copy.
+    result<std::vector<uint8_t>> kv = from_stream ? e.save_seq(m.holder) : e.portable_state(*p_->pool->state(m.holder));
     if (!kv.ok()) return kv.error();
+    WARMCTX_RETURN_IF_ERROR(truncate_seq_state(*kv, path.back().end));
     return p_->tiers->put_disk(
         make_snapshot(p_->prof, workspace, ws->last_manifest, std::move(path), ws->last_tokens, std::move(kv.value())));
 }
@@ -672,15 +683,21 @@ status context_engine::resume_workspace(const std::string & workspace) {
     if (!ws) return not_found("workspace '" + workspace + "' has no turn yet");
     if (p_->best_match(p_->cache->peek(ws->last_blocks, workspace), ws->last_blocks, -1).n_blocks > 0)
         return {};  // already resident
-    // Restore into the scratch sequence, then let the cache take it as a holder.
+    // The file's state, made raw and cut in RAM, becomes a holder of the pool: no KV
+    // stream is involved.
     assembled_prompt ap;
     ap.tokens = ws->last_tokens;
     ap.blocks = ws->last_blocks;
-    tier_set::hit h = p_->tiers->restore(*p_->eng, p_->prof, ap, 0, p_->cold_seq);
-    if (h.tier == kv_tier::none) return not_found("no tier holds a prefix of workspace '" + workspace + "'");
+    auto [h, snap] = p_->tiers->fetch(p_->prof, ap, 0);
+    if (!snap) return not_found("no tier holds a prefix of workspace '" + workspace + "'");
+    auto raw = p_->eng->raw_state(snap->kv, 0);
+    status st = raw.ok() ? truncate_seq_state(*raw, h.at.n_tokens) : raw.error();
+    if (!st.ok()) return st.with_context("resume '" + workspace + "'");
     std::vector<block> path(ws->last_blocks.begin(), ws->last_blocks.begin() + (long)h.at.n_blocks);
-    status st = p_->cache->insert(workspace, path, p_->cold_seq, ++p_->now);
-    p_->eng->clear_seq(p_->cold_seq);
+    p_->pool->stage(std::move(raw.value()), h.at.n_tokens);
+    st = p_->cache->insert(workspace, path, p_->pool->staging(), ++p_->now);
+    p_->pool->clear_seq(p_->pool->staging());
+    if (st.ok()) p_->tiers->count_restore(h.at.n_tokens);
     return st;
 }
 

@@ -11,8 +11,13 @@ double ms_since(clock_type::time_point t) {
 }
 }  // namespace
 
-kv_pool::kv_pool(engine & e, seq_id first_holder, uint32_t n_holders, seq_id scratch)
-    : e_(e), first_(first_holder), n_(n_holders), scratch_(scratch) {}
+kv_pool::kv_pool(engine & e, seq_id first_holder, uint32_t n_holders)
+    : e_(e), first_(first_holder), n_(n_holders) {}
+
+void kv_pool::stage(std::vector<uint8_t> raw, pos_t n_tokens) {
+    staged_.bytes = std::move(raw);
+    staged_.n_tokens = n_tokens;
+}
 
 std::vector<seq_id> kv_pool::holder_ids() const {
     std::vector<seq_id> ids;
@@ -38,6 +43,15 @@ status kv_pool::copy_seq(seq_id src, seq_id dst) {
     if (src == dst) return {};
     const bool from_pool = is_holder(src), to_pool = is_holder(dst);
     if (!from_pool && !to_pool) return e_.copy_seq(src, dst);
+    if (src == staging() && to_pool) {  // staged bytes -> a holder
+        if (staged_.bytes.empty()) return failed_precondition("kv_pool: nothing staged");
+        staged_.bytes.shrink_to_fit();
+        ctr_.n_saves++;
+        ctr_.saved_bytes += staged_.bytes.size();
+        entries_[dst] = std::move(staged_);
+        staged_ = entry{};
+        return {};
+    }
     if (!from_pool) {  // a work sequence -> a holder
         entry fresh;
         WARMCTX_RETURN_IF_ERROR(save_into(src, fresh));
@@ -71,18 +85,25 @@ status kv_pool::trim_seq(seq_id seq, pos_t from) {
         entries_.erase(it);
         return {};
     }
-    // The state's layout is llama.cpp's: cut it by round trip through the scratch sequence.
-    e_.clear_seq(scratch_);
-    status st = e_.load_seq_raw(scratch_, it->second.bytes);
-    if (st.ok()) st = e_.trim_seq(scratch_, from);
-    if (st.ok()) st = save_into(scratch_, it->second);
-    e_.clear_seq(scratch_);
-    if (!st.ok()) return st;
+    // Cut in RAM: the first `from` cells are positions 0..from-1 (kv_pool.h).
+    auto t = clock_type::now();
+    status st = truncate_seq_state(it->second.bytes, from);
+    if (!st.ok()) {
+        entries_.erase(it);  // an unexpected layout: a miss later, never a wrong prefix
+        return st;
+    }
+    it->second.bytes.shrink_to_fit();
+    it->second.n_tokens = from;
     ctr_.n_rewrites++;
+    ctr_.save_ms += ms_since(t);
     return {};
 }
 
 void kv_pool::clear_seq(seq_id seq) {
+    if (seq == staging()) {
+        staged_ = entry{};
+        return;
+    }
     if (!is_holder(seq)) {
         e_.clear_seq(seq);
         return;

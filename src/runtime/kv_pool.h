@@ -7,8 +7,8 @@
 //   copy_seq(holder -> work)   loads the holder's state into the work sequence, at
 //                              positions 0..P-1 of its stream: the cell layout of a cold
 //                              run, so the logits equal a cold run's (exact mode);
-//   trim_seq(holder, from)     keeps [0, from) (a load, trim and save through the
-//                              scratch sequence: only under budget pressure);
+//   trim_seq(holder, from)     keeps [0, from): the saved state is cut in RAM
+//                              (truncate_seq_state), no KV stream involved;
 //   clear_seq(holder)          frees the bytes.
 // Engine sequences passed to it are forwarded to the engine unchanged.
 //
@@ -44,8 +44,14 @@ struct kv_pool_counters {
 class kv_pool final : public kv_ops {
   public:
     // Holder ids are [first_holder, first_holder + n_holders); none may be an engine
-    // sequence. `scratch` is an engine sequence the pool may use (empty between calls).
-    kv_pool(engine & e, seq_id first_holder, uint32_t n_holders, seq_id scratch);
+    // sequence.
+    kv_pool(engine & e, seq_id first_holder, uint32_t n_holders);
+
+    // A source that is no engine sequence: bytes in this engine's raw layout (a disk
+    // snapshot made raw, say) holding positions 0..n_tokens-1, which the next
+    // copy_seq(staging(), holder) moves into the holder; clear_seq(staging()) drops them.
+    seq_id staging() const { return first_ - 1; }
+    void stage(std::vector<uint8_t> raw, pos_t n_tokens);
 
     std::vector<seq_id> holder_ids() const;
     bool is_holder(seq_id s) const { return s >= first_ && s < first_ + (seq_id)n_; }
@@ -70,7 +76,7 @@ class kv_pool final : public kv_ops {
     engine & e_;
     seq_id first_;
     uint32_t n_;
-    seq_id scratch_;
+    entry staged_;
     std::unordered_map<seq_id, entry> entries_;
     kv_pool_counters ctr_;  // tickers; the gauges are computed
 };

@@ -55,8 +55,9 @@ std::optional<profile> tier_set::newest_profile(const std::string & workspace) c
     return newest->meta.prof;
 }
 
-tier_set::hit tier_set::restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than,
-                                seq_id seq) {
+std::pair<tier_set::hit, std::shared_ptr<const snapshot>> tier_set::fetch(const profile & prof,
+                                                                           const assembled_prompt & ap,
+                                                                           pos_t better_than) {
     hit h = find(ap, better_than, true);
     if (h.tier == kv_tier::none) return {};
     // Requests admitted while an earlier restore of the same file is still being
@@ -74,6 +75,13 @@ tier_set::hit tier_set::restore(engine & e, const profile & prof, const assemble
         if (recent_loads_.size() >= k_recent_loads) recent_loads_.pop_front();  // the oldest
         recent_loads_.emplace_back(key, snap);
     }
+    return {h, std::move(snap)};
+}
+
+tier_set::hit tier_set::restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than,
+                                seq_id seq) {
+    auto [h, snap] = fetch(prof, ap, better_than);
+    if (!snap) return {};
     e.clear_seq(seq);
     status st = e.load_seq(seq, snap->kv);
     if (st.ok()) st = e.trim_seq(seq, h.at.n_tokens);
@@ -83,8 +91,7 @@ tier_set::hit tier_set::restore(engine & e, const profile & prof, const assemble
     return h;
 }
 
-void tier_set::write_through(engine & e, const profile & prof, seq_id seq, seq_id scratch,
-                             const std::string & workspace, const assembled_prompt & ap, size_t n_blocks_held) {
+void tier_set::write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace, const assembled_prompt & ap, size_t n_blocks_held) {
     if (!disk_) return;
     // The leading run of cacheable blocks of at least the tier's class, of those the
     // sequence holds (a pre-warm stopped early holds fewer than the prompt has).
@@ -97,14 +104,9 @@ void tier_set::write_through(engine & e, const profile & prof, seq_id seq, seq_i
     auto kv = e.save_seq(seq);
     if (!kv.ok()) return write_failed(kv.error());
     if (e.seq_n_tokens(seq) > path.back().end) {
-        // The sequence holds more (it stays as it is, for in-place reuse): cut a copy.
-        e.clear_seq(scratch);
-        status st = e.load_seq(scratch, *kv);
-        if (st.ok()) st = e.trim_seq(scratch, path.back().end);
-        if (st.ok()) kv = e.save_seq(scratch);
-        e.clear_seq(scratch);
+        // The sequence holds more (it stays as it is, for in-place reuse): cut the copy.
+        status st = truncate_seq_state(*kv, path.back().end);
         if (!st.ok()) return write_failed(st);
-        if (!kv.ok()) return write_failed(kv.error());
     }
     auto put = disk_->put(make_snapshot(prof, workspace, ap.man, std::move(path), ap.tokens, std::move(kv.value())));
     if (!put.ok()) return write_failed(put.error());

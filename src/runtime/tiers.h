@@ -61,12 +61,20 @@ class tier_set {
     // (a miss). Returns kv_tier::none when nothing was restored (the sequence is then
     // empty).
     hit restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than, seq_id seq);
+    // The same without loading it anywhere: the hit and its file's snapshot (whose KV
+    // holds at least hit.at.n_tokens), or kv_tier::none and nullptr.
+    std::pair<hit, std::shared_ptr<const snapshot>> fetch(const profile & prof, const assembled_prompt & ap,
+                                                          pos_t better_than);
+    // Counts a fetched prefix of n_tokens as restored from disk (it went elsewhere).
+    void count_restore(pos_t n_tokens) {
+        ctr_.n_restores_disk++;
+        ctr_.n_restored_tokens += (uint64_t)n_tokens;
+    }
 
     // Write-through of a finished turn whose prompt's KV is in `seq` (no copy pending).
-    // `seq` is left as it is; a prefix shorter than it is cut through `scratch` (an
-    // empty sequence, left empty). Failures are counted, never fatal: the turn already
-    // succeeded.
-    void write_through(engine & e, const profile & prof, seq_id seq, seq_id scratch, const std::string & workspace,
+    // `seq` is left as it is; a prefix shorter than it is cut from a copy of its state.
+    // Failures are counted, never fatal: the turn already succeeded.
+    void write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
                        const assembled_prompt & ap, size_t n_blocks_held);
     // Puts a ready snapshot on disk. Errors: failed_precondition (no disk tier), put's.
     status put_disk(const snapshot & snap);

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <random>
 #include <set>
 
@@ -156,6 +157,50 @@ TEST(Assembler, ALargePromptTokenizesOnSeveralThreadsWithTheSameResult) {
     EXPECT_EQ(must_assemble(segs, k_salt, true, kind_table{}, warm).tokens, p.tokens);
     EXPECT_EQ(warm.threads, std::set<std::thread::id>{std::this_thread::get_id()});
     for (const auto & c : warm.plain_calls) EXPECT_LT(c.size(), 1000u);
+}
+
+TEST(Assembler, OneLargeSegmentIsCutAtLineStartsAndTokenizedInPartsWithTheSameResult) {
+    // A 200 KiB repository map, one segment: where the model allows it, its content is
+    // cut before lines that start with a letter or digit and the parts tokenize on
+    // several threads; the prompt is the same as tokenized whole.
+    std::string map;
+    for (int i = 0; map.size() < (200u << 10); ++i)
+        map += (i % 3 == 0 ? "  " : "") + std::string("src/mod_") + std::to_string(i) + ".cc: fn_" + std::to_string(i) + "()\n";
+    std::vector<segment> segs = {make_segment("system", segment_kind::system, "You are careful.\n"),
+                                 make_segment("map", segment_kind::repo_map, map),
+                                 make_segment("q", segment_kind::user, "what now?")};
+    fake_text_model whole;
+    const auto a = must_assemble(segs, k_salt, true, kind_table{}, whole);
+    EXPECT_TRUE(whole.part_calls.empty());
+    fake_text_model split;
+    split.splits_at_lines = true;
+    const auto b = must_assemble(segs, k_salt, true, kind_table{}, split);
+    EXPECT_EQ(b.tokens, a.tokens);
+    EXPECT_EQ(b.blocks, a.blocks);
+    ASSERT_GT(split.part_calls.size(), 8u);
+    // The parts come back in any order; sorted by where they are, they are the content
+    // (as the whole tokenization was given it: the largest plain text).
+    const std::string content = *std::max_element(whole.plain_calls.begin(), whole.plain_calls.end(),
+                                                  [](const auto & x, const auto & y) { return x.size() < y.size(); });
+    auto by_place = [&](const std::string & x, const std::string & y) { return content.find(x) < content.find(y); };
+    std::vector<std::string> parts = split.part_calls;
+    std::sort(parts.begin(), parts.end(), by_place);
+    std::string joined;
+    for (size_t i = 0; i < parts.size(); ++i) {
+        joined += parts[i];
+        if (i + 1 < parts.size()) EXPECT_EQ(parts[i].back(), '\n');
+        if (i > 0) EXPECT_TRUE(std::isalnum((unsigned char)parts[i].front())) << parts[i].substr(0, 20);
+    }
+    EXPECT_EQ(joined, content);
+    EXPECT_EQ(split.remembered.size(), 1u);
+    if (std::thread::hardware_concurrency() > 1) EXPECT_GT(split.threads.size(), 1u);
+    // The cuts depend on the text alone.
+    fake_text_model again;
+    again.splits_at_lines = true;
+    (void)must_assemble(segs, k_salt, true, kind_table{}, again);
+    std::vector<std::string> parts2 = again.part_calls;
+    std::sort(parts2.begin(), parts2.end(), by_place);
+    EXPECT_EQ(parts2, parts);
 }
 
 TEST(Assembler, ContentCannotInjectControlTokens) {

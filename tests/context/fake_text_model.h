@@ -88,6 +88,26 @@ class fake_text_model : public text_model {
         return fim_tokens{k_fim_pre, k_fim_suf, k_fim_mid};
     }
 
+    // plain_splits_at_lines() answers this; the parts and the remembered wholes are kept.
+    bool splits_at_lines = false;
+    mutable std::vector<std::string> part_calls;      // every text tokenize_plain_part() was given
+    mutable std::vector<std::string> remembered;      // every text remember_plain() was given
+    bool plain_splits_at_lines() const override { return splits_at_lines; }
+    result<std::vector<token_id>> tokenize_plain_part(std::string_view text) const override {
+        {
+            std::lock_guard lk(mu);
+            part_calls.emplace_back(text);
+            threads.insert(std::this_thread::get_id());
+        }
+        std::vector<token_id> out;
+        for (char c : text) out.push_back(static_cast<unsigned char>(c));
+        return out;
+    }
+    void remember_plain(std::string_view text, const std::vector<token_id> &) const override {
+        std::lock_guard lk(mu);
+        remembered.emplace_back(text);
+    }
+
     // The model "remembers" the tokens of every content longer than this
     // (remembered_plain answers for them).
     size_t remember_over = std::string::npos;

@@ -646,6 +646,42 @@ TEST(KvPool, AStreamIsWrittenBackOnlyWhenSomethingWouldOverwriteIt) {
     EXPECT_FALSE(t->explain.in_place);
 }
 
+TEST(KvPool, AnInPlaceTurnDropsTheLastTurnsDiffWithoutWritingItBackButKeepsAnEditedPrefix) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    auto a = make_workspace(*f.gen, 600, 1);
+    const segment question = a.back();
+    a.pop_back();
+    a.push_back({"diff", segment_kind::diff, "", "", f.gen->diff("src/pinned_0.cc", 2)});
+    a.push_back({"tests", segment_kind::test_output, "", "", f.gen->test_output(1)});
+    a.push_back(question);
+    ASSERT_TRUE(f.ce->run_turn(f.request("a", a)).ok());
+    // The next turn brings a new diff and new test output: the old ones are trimmed in
+    // place and superseded, so nothing is copied to the pool.
+    a[a.size() - 3].content = f.gen->diff("src/pinned_0.cc", 2);
+    a[a.size() - 2].content = f.gen->test_output(1);
+    auto req = f.request("a", a);
+    auto t = f.ce->run_turn(req);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_TRUE(t->explain.in_place);
+    EXPECT_EQ(t->explain.missed_segment, "diff") << t->explain.reason;
+    auto c = f.ce->counters();
+    EXPECT_EQ(c.memory.n_write_backs, 0u);
+    EXPECT_EQ(c.memory.n_pool_saves, 0u);
+    auto cold = f.ce->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_TRUE(same_logits(*t, *cold));
+    // An edit of the repository map trims stable blocks: they go to the pool first.
+    for (auto & s : a)
+        if (s.kind == segment_kind::repo_map) s.content = f.gen->edit_one_line(s.content);
+    t = f.ce->run_turn(f.request("a", a));
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_TRUE(t->explain.in_place);
+    c = f.ce->counters();
+    EXPECT_EQ(c.memory.n_write_backs, 1u);
+    EXPECT_EQ(c.memory.n_pool_saves, 1u);
+}
+
 TEST(KvPool, AWriteBackNeverEvictsWhatTheTurnsLookupFound) {
     // Room for one prefix. b's prefix is in the pool, a's only in the one work stream;
     // b's next turn must write a's back (evicting b) before it looks b up, or it would

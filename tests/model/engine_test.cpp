@@ -5,6 +5,8 @@
 #include <fstream>
 
 #include "tiny_model.h"
+#include "warmctx/assembler.h"
+#include "warmctx/engine_adapters.h"
 
 namespace warmctx {
 namespace {
@@ -291,6 +293,95 @@ TEST(Engine, SavedStateIsOneStreamsAndLoadRefusesWhatDoesNotFit) {
     status st = (*small)->load_seq(0, *a);
     EXPECT_EQ(st.code(), status_code::out_of_range) << st.to_string();
     EXPECT_EQ((*small)->seq_n_tokens(0), 0);
+}
+
+// truncate_seq_state cuts a saved state in RAM to a shorter prefix: the same bytes as the
+// state of that prefix prefilled alone (cut at a chunk start), in both forms and with V
+// transposed (no flash attention) or not; and a state whose cells are not positions
+// 0..k-1 in order, or which holds fewer tokens, is refused.
+TEST(Engine, ASavedStateCutInRamEqualsTheShorterPrefixsState) {
+    for (bool fa : {false, true}) {
+        SCOPED_TRACE(fa ? "flash attention" : "V transposed");
+        auto o = tiny_options(kv_mode::exact, 3);
+        o.flash_attn = fa;
+        auto r = engine::open(o);
+        ASSERT_TRUE(r.ok()) << r.error().to_string();
+        engine & e = **r;
+        auto p = random_tokens(300, 11, e.model().n_vocab);
+        ASSERT_TRUE(e.prefill(0, p, 0, {}).ok());
+        ASSERT_TRUE(e.prefill(1, std::span<const token_id>(p.data(), 128), 0, {}).ok());
+        auto whole = e.save_seq(0), part = e.save_seq(1);
+        ASSERT_TRUE(whole.ok() && part.ok());
+        auto cut = *whole;
+        ASSERT_TRUE(truncate_seq_state(cut, 128).ok());
+        EXPECT_EQ(cut, *part);
+        // llama.cpp's own layout (three streams, seq 0's cells in the first).
+        auto raw_whole = e.save_seq_raw(0), raw_part = e.save_seq_raw(1);
+        ASSERT_TRUE(raw_whole.ok() && raw_part.ok());
+        auto raw_cut = *raw_whole;
+        ASSERT_TRUE(truncate_seq_state(raw_cut, 128).ok());
+        auto portable = e.portable_state(raw_cut);
+        ASSERT_TRUE(portable.ok()) << portable.error().to_string();
+        EXPECT_EQ(*portable, *part);
+        ASSERT_TRUE(e.load_seq_raw(2, raw_cut).ok());
+        EXPECT_EQ(e.seq_n_tokens(2), 128);
+        // To nothing: an empty state, which loads as one.
+        auto none = *whole;
+        ASSERT_TRUE(truncate_seq_state(none, 0).ok());
+        EXPECT_EQ(none.size(), 16u);
+        ASSERT_TRUE(e.load_seq(2, none).ok());
+        EXPECT_EQ(e.seq_n_tokens(2), 0);
+        // More than it holds; cells out of order; not a state at all.
+        auto more = *whole;
+        EXPECT_EQ(truncate_seq_state(more, 301).code(), status_code::out_of_range);
+        auto swapped = *whole;
+        std::swap_ranges(swapped.begin() + 16, swapped.begin() + 20, swapped.begin() + 28);  // cells 0 and 1's pos
+        EXPECT_EQ(truncate_seq_state(swapped, 128).code(), status_code::corrupt);
+        std::vector<uint8_t> junk(64, 0xab);
+        EXPECT_EQ(truncate_seq_state(junk, 1).code(), status_code::corrupt);
+        auto short_by_one = *whole;
+        short_by_one.pop_back();
+        EXPECT_EQ(truncate_seq_state(short_by_one, 10).code(), status_code::corrupt);
+    }
+}
+
+// The real (Qwen2) tokenizer may be cut before a line that starts with a letter or digit:
+// its text model says so, and a 200 KiB text tokenized in parts, as the assembler does,
+// equals the whole text tokenized at once.
+TEST(Engine, TheQwenTokenizerMayBeCutAtLineStarts) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    auto tm = make_engine_text_model(*e);
+    EXPECT_TRUE(tm->plain_splits_at_lines());
+    std::string text;
+    for (int i = 0; text.size() < (200u << 10); ++i)
+        text += (i % 4 == 0 ? "    " : i % 4 == 1 ? "}\n" : "") + std::string("int value_") + std::to_string(i) +
+                " = compute(\"x y\", " + std::to_string(i * 7) + ");\n";
+    std::vector<segment> segs = {{"map", segment_kind::repo_map, "", "", text}};
+    // The same text model, but never cut.
+    struct whole_only final : text_model {
+        const text_model & m;
+        explicit whole_only(const text_model & x) : m(x) {}
+        result<std::vector<token_id>> tokenize(std::string_view t) const override { return m.tokenize(t); }
+        result<std::vector<token_id>> tokenize_plain(std::string_view t) const override { return m.tokenize_plain_part(t); }
+        result<std::string> render_message(std::string_view r, std::string_view c) const override {
+            return m.render_message(r, c);
+        }
+        std::string generation_prompt() const override { return m.generation_prompt(); }
+        bool renders_conversations() const override { return m.renders_conversations(); }
+        bool renders_contents_verbatim() const override { return m.renders_contents_verbatim(); }
+        result<rendered_conversation> render_conversation(std::span<const conversation_message> c, std::string_view t,
+                                                          bool g) const override {
+            return m.render_conversation(c, t, g);
+        }
+        std::vector<token_id> prefix_tokens() const override { return m.prefix_tokens(); }
+    } whole(*tm);
+    auto cut = assemble(segs, kind_table{}, *tm, profile{}, "salt", 512, false);
+    ASSERT_TRUE(cut.ok()) << cut.error().to_string();
+    auto at_once = assemble(segs, kind_table{}, whole, profile{}, "salt", 512, false);
+    ASSERT_TRUE(at_once.ok()) << at_once.error().to_string();
+    EXPECT_GT(cut->tokens.size(), 40000u);
+    EXPECT_EQ(cut->tokens, at_once->tokens);
 }
 
 }  // namespace
