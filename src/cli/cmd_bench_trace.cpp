@@ -96,15 +96,17 @@ int run_trace(trace_args a) {
     // also allocated a cold stream: two streams + 40% of the stable prompts' KV.)
     double budget_mib = a.budget_mib;
     if (budget_mib == 0) budget_mib = std::ceil(2 * stream_mib + 0.4 * (double)(stable_sum * bpt) / (1 << 20));
-    const uint64_t allocated_bytes = (uint64_t)(budget_mib * (1 << 20));
-    if (allocated_bytes <= stream_bytes)
-        return fail(invalid_argument("--budget-mib " + std::to_string(budget_mib) + " does not exceed warmctx's KV stream (" +
+    if ((uint64_t)(budget_mib * (1 << 20)) <= stream_bytes)
+        return fail(invalid_argument("--budget-mib " + std::to_string(budget_mib) + " does not exceed one KV stream (" +
                                      std::to_string(stream_mib) + " MiB)"));
-    const uint64_t budget_bytes = allocated_bytes - stream_bytes;  // warmctx's pool
     const double slot_mib = stream_mib;
+    // llama-server takes --cache-ram in whole MiB; warmctx's pool gets exactly as many
+    // bytes, so both allocate the same A (a little under --budget-mib).
     const int server_cache_ram_mib = a.server_cache_ram_mib > 0
         ? (int)std::ceil(a.server_cache_ram_mib)
         : std::max(1, (int)std::floor(budget_mib - slot_mib));
+    const uint64_t budget_bytes = (uint64_t)server_cache_ram_mib << 20;  // warmctx's pool
+    const uint64_t allocated_bytes = stream_bytes + budget_bytes;
 
     json out = {{"bench", "trace"},
                 {"model", model_path},

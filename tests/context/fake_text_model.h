@@ -58,11 +58,15 @@ class fake_text_model : public text_model {
 
     // Plain text: every byte is its own token, "<|im_end|>" included.
     result<std::vector<token_id>> tokenize_plain(std::string_view text) const override {
+        return plain(text, plain_calls);
+    }
+    // Records `text` in `calls`, then one token per byte.
+    result<std::vector<token_id>> plain(std::string_view text, std::vector<std::string> & calls) const {
         if (!fail_on.empty() && text.find(fail_on) != text.npos)
             return invalid_argument("fake tokenizer refuses '" + fail_on + "'");
         {
             std::lock_guard lk(mu);
-            plain_calls.emplace_back(text);
+            calls.emplace_back(text);
             threads.insert(std::this_thread::get_id());
         }
         std::vector<token_id> out;
@@ -94,14 +98,7 @@ class fake_text_model : public text_model {
     mutable std::vector<std::string> remembered;      // every text remember_plain() was given
     bool plain_splits_at_lines() const override { return splits_at_lines; }
     result<std::vector<token_id>> tokenize_plain_part(std::string_view text) const override {
-        {
-            std::lock_guard lk(mu);
-            part_calls.emplace_back(text);
-            threads.insert(std::this_thread::get_id());
-        }
-        std::vector<token_id> out;
-        for (char c : text) out.push_back(static_cast<unsigned char>(c));
-        return out;
+        return plain(text, part_calls);
     }
     void remember_plain(std::string_view text, const std::vector<token_id> &) const override {
         std::lock_guard lk(mu);
