@@ -16,6 +16,7 @@
 
 #include "bench_harness.h"
 #include "warmctx/agent_trace.h"
+#include "warmctx/scheduler.h"
 
 namespace warmctx::cli {
 namespace {
@@ -150,6 +151,7 @@ int run_trace(trace_args a) {
             if (name == "warmctx-defaults") {
                 o.mf.n_ctx = a.mf.n_ctx;  // as given (0: automatic), like serve
                 o.cf = cache_flags{};     // the default byte budget
+                o.parallel = scheduler_options{}.n_parallel;  // serve's default --parallel
             } else {
                 o.cf.budget_bytes = budget_bytes;
                 o.cf.policy = name == "warmctx-lru" ? "lru" : "semantic";

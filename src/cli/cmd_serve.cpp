@@ -32,7 +32,7 @@ struct serve_args {
     model_flags mf;
     std::string host = "127.0.0.1";
     int port = 8080;
-    uint32_t n_parallel = 4;
+    uint32_t n_parallel = scheduler_options{}.n_parallel;
     size_t max_queue = 64;
     cache_flags cf;
     std::string api_key;
