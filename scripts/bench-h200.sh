@@ -8,6 +8,7 @@
 # environment:
 #   OUT                 where results go (default: bench/results/h200-run)
 #   WARMCTX_DEADLINE_S  start no bench stage after this many seconds (default: none)
+#   TRACE_ARGS          more arguments for the trace stage (e.g. --systems warmctx-defaults,llama-server-defaults)
 # Every stage writes <stage>-h200.json and a log; the build is skipped when present.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -67,7 +68,7 @@ for s in "${stages[@]}"; do
   case "$s" in
     build) build ;;
     s2)    run_bench s2 "${gpu[@]}" --sizes 2048,8192,32768,47000 --warm-turns 5 ;;
-    trace) run_bench trace "${gpu[@]}" --workspaces 12 --turns 60 --stable-tokens 13000 --tail-tokens 600 ;;
+    trace) run_bench trace "${gpu[@]}" --workspaces 12 --turns 60 --stable-tokens 13000 --tail-tokens 600 ${TRACE_ARGS:-} ;;
     s3)    run_bench s3 "${gpu[@]}" --prompt-tokens 2048 --gen-tokens 128 --depth 8192 --reps 5 ;;
     contention) run_bench contention "${gpu[@]}" --cold-tokens 32000 --warm-tokens 4096 --warm-turns 5 --delay-ms 100 \
                   --scrape-ms 20 --prewarm-tokens 16000 ;;

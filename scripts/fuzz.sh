@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
     *) harnesses+=("$1"); shift ;;
   esac
 done
-all=(json chat_request workspace_routes snapshot kind_table profile manifest)
+all=(json chat_request workspace_routes snapshot kind_table profile manifest seq_state)
 [ ${#harnesses[@]} -gt 0 ] || harnesses=("${all[@]}")
 [ -n "$time_s$runs" ] || time_s=20
 

@@ -325,8 +325,9 @@ std::string_view backend_name();
 // first n_tokens cells, which must hold positions 0..n_tokens-1 in that order (a prefix
 // prefilled or loaded at position 0 of an emptied stream, as every cached prefix is).
 // Rewrites the bytes; no engine call, so no KV stream is needed to cut a copy.
-// Errors: corrupt (not a state of a plain attention KV cache, or cells out of that
-// order), out_of_range (the state holds fewer than n_tokens cells).
+// Errors (the state is then unchanged): corrupt (not a state of a plain attention KV
+// cache, or cells out of that order), out_of_range (the state holds fewer than n_tokens
+// cells), invalid_argument (n_tokens < 0).
 status truncate_seq_state(std::vector<uint8_t> & state, pos_t n_tokens);
 
 }  // namespace warmctx
