@@ -243,14 +243,29 @@ struct context_engine::impl {
         return n;
     }
 
-    // Offers an idle stream's unsaved blocks to the pool (a copy; the stream keeps
-    // them). Under the budget the pool may keep less, or nothing: never an error.
-    void write_back(seq_id seq) {
+    // Offers an idle stream's unsaved blocks (its first n_blocks, or all) to the pool (a
+    // copy; the stream keeps them). Under the budget the pool may keep less, or nothing:
+    // never an error.
+    void write_back(seq_id seq, size_t n_blocks = SIZE_MAX) {
         stream_state & s = streams[(size_t)seq];
-        if (s.busy || !s.unsaved || s.blocks.empty()) return;
+        n_blocks = std::min(n_blocks, s.blocks.size());
+        if (s.busy || !s.unsaved || n_blocks == 0) return;
         s.unsaved = false;
-        status st = cache->insert(s.workspace, s.blocks, seq, s.t_finished);
+        status st = cache->insert(s.workspace, std::span<const block>(s.blocks.data(), n_blocks), seq, s.t_finished);
         if (st.ok() || st.code() == status_code::resource_exhausted) ctr.memory.n_write_backs++;
+    }
+    // Before another prompt overwrites an idle stream: its durable blocks go to the pool,
+    // unless the pool holds them already; its per-turn blocks (the last turn's diff, test
+    // output...) do not - that workspace's next turn brings its own.
+    void write_back_displaced(seq_id seq) {
+        stream_state & s = streams[(size_t)seq];
+        const size_t n = std::min(s.n_durable, s.blocks.size());
+        if (!s.unsaved || n == 0) return;
+        if (cache->peek(std::span<const block>(s.blocks.data(), n), s.workspace).n_blocks >= n) {
+            s.unsaved = false;
+            return;
+        }
+        write_back(seq, n);
     }
     // Writes back every idle stream whose blocks `blocks` starts with: a lookup in
     // the pool then sees them wherever they ran.
@@ -392,8 +407,8 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
         // In place, trimming only the last turn's per-turn blocks (its diff, test
         // output...) loses nothing this workspace will ask for again: no write-back.
         // Trimming more (an edit, a branch of the history) keeps a copy in the pool.
-        if (s.unsaved && (!would_be_in_place || pat.n_blocks < std::min(s.blocks.size(), s.n_durable)))
-            p_->write_back(seq);
+        if (!would_be_in_place) p_->write_back_displaced(seq);
+        else if (s.unsaved && pat.n_blocks < std::min(s.blocks.size(), s.n_durable)) p_->write_back(seq);
     }
     match m = p_->cache->lookup(ap.blocks, t.now, req.workspace);
     // In place: this stream still holds at least as much from the turn it ran last.

@@ -682,6 +682,46 @@ TEST(KvPool, AnInPlaceTurnDropsTheLastTurnsDiffWithoutWritingItBackButKeepsAnEdi
     EXPECT_EQ(c.memory.n_pool_saves, 1u);
 }
 
+TEST(KvPool, AStreamTakenByAnotherWorkspaceKeepsItsDurableBlocksInThePoolButNotItsDiff) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    auto a = make_workspace(*f.gen, 600, 1);
+    const segment question = a.back();
+    a.pop_back();
+    a.push_back({"diff", segment_kind::diff, "", "", f.gen->diff("src/pinned_0.cc", 2)});
+    a.push_back({"tests", segment_kind::test_output, "", "", f.gen->test_output(1)});
+    a.push_back(question);
+    auto b = make_workspace(*f.gen, 500, 2);
+    for (auto & s : b)
+        if (s.id == "system") s.content = "You are a different agent.\n";
+    auto t = f.ce->run_turn(f.request("a", a));
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    const pos_t diff_begin = begin_of(t->man, "diff");
+    // b takes the one work stream: a's blocks up to its diff go to the pool, not the
+    // diff and the test output.
+    ASSERT_TRUE(f.ce->run_turn(f.request("b", b)).ok());
+    auto c = f.ce->counters();
+    EXPECT_EQ(c.memory.n_write_backs, 1u);
+    EXPECT_EQ(c.memory.n_pool_saves, 1u);
+    const uint64_t per_cell = f.ce->context().kv_bytes_per_token + 12;  // K, V, position and id
+    EXPECT_GE(c.memory.pool_bytes, (uint64_t)diff_begin * per_cell);
+    EXPECT_LT(c.memory.pool_bytes, (uint64_t)diff_begin * per_cell + 1024);  // headers
+    // a again, same diff: its prefix comes from the pool, the diff is prefilled again,
+    // and the answer equals the cold one.
+    auto req = f.request("a", a);
+    t = f.ce->run_turn(req);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_FALSE(t->explain.in_place);
+    EXPECT_EQ(t->explain.n_reused, diff_begin);
+    auto cold = f.ce->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_TRUE(same_logits(*t, *cold));
+    // b again: a's stream holds nothing durable the pool lacks, so nothing is saved.
+    const uint64_t saves = f.ce->counters().memory.n_pool_saves;
+    ASSERT_TRUE(f.ce->run_turn(f.request("b", b)).ok());
+    EXPECT_EQ(f.ce->counters().memory.n_pool_saves, saves);
+}
+
 TEST(KvPool, AWriteBackNeverEvictsWhatTheTurnsLookupFound) {
     // Room for one prefix. b's prefix is in the pool, a's only in the one work stream;
     // b's next turn must write a's back (evicting b) before it looks b up, or it would
