@@ -646,15 +646,21 @@ TEST(KvPool, AStreamIsWrittenBackOnlyWhenSomethingWouldOverwriteIt) {
     EXPECT_FALSE(t->explain.in_place);
 }
 
+// A workspace's stable context, then a diff and test output (per-turn kinds), then the question.
+std::vector<segment> workspace_with_diff(workload_generator & g) {
+    auto a = make_workspace(g, 600, 1);
+    const segment question = a.back();
+    a.pop_back();
+    a.push_back({"diff", segment_kind::diff, "", "", g.diff("src/pinned_0.cc", 2)});
+    a.push_back({"tests", segment_kind::test_output, "", "", g.test_output(1)});
+    a.push_back(question);
+    return a;
+}
+
 TEST(KvPool, AnInPlaceTurnDropsTheLastTurnsDiffWithoutWritingItBackButKeepsAnEditedPrefix) {
     fixture f;
     ASSERT_TRUE(f.ce);
-    auto a = make_workspace(*f.gen, 600, 1);
-    const segment question = a.back();
-    a.pop_back();
-    a.push_back({"diff", segment_kind::diff, "", "", f.gen->diff("src/pinned_0.cc", 2)});
-    a.push_back({"tests", segment_kind::test_output, "", "", f.gen->test_output(1)});
-    a.push_back(question);
+    auto a = workspace_with_diff(*f.gen);
     ASSERT_TRUE(f.ce->run_turn(f.request("a", a)).ok());
     // The next turn brings a new diff and new test output: the old ones are trimmed in
     // place and superseded, so nothing is copied to the pool.
@@ -685,12 +691,7 @@ TEST(KvPool, AnInPlaceTurnDropsTheLastTurnsDiffWithoutWritingItBackButKeepsAnEdi
 TEST(KvPool, AStreamTakenByAnotherWorkspaceKeepsItsDurableBlocksInThePoolButNotItsDiff) {
     fixture f;
     ASSERT_TRUE(f.ce);
-    auto a = make_workspace(*f.gen, 600, 1);
-    const segment question = a.back();
-    a.pop_back();
-    a.push_back({"diff", segment_kind::diff, "", "", f.gen->diff("src/pinned_0.cc", 2)});
-    a.push_back({"tests", segment_kind::test_output, "", "", f.gen->test_output(1)});
-    a.push_back(question);
+    auto a = workspace_with_diff(*f.gen);
     auto b = make_workspace(*f.gen, 500, 2);
     for (auto & s : b)
         if (s.id == "system") s.content = "You are a different agent.\n";
