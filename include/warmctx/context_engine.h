@@ -14,7 +14,8 @@
 // explain() produces the same report for a hypothetical request without running it.
 //
 // KV streams (engine sequences of n_ctx cells each): 0 .. n_work_seqs-1 are work
-// sequences (one per turn in flight), then one cold-reference and scratch sequence.
+// sequences (one per turn in flight), then, with options.cold_stream, the cold-reference
+// sequence of run_cold (serve allocates none).
 // Cached prefixes are not streams: the prefix cache's holders are compact saved states
 // in RAM (the pool), each the size of its own tokens, bounded by the byte budget.
 //
