@@ -303,6 +303,7 @@ std::vector<result<std::vector<token_id>>> tokenize_plain_spread(const text_mode
         result<std::vector<token_id>> toks = std::vector<token_id>{};
     };
     std::vector<part> parts;
+    std::vector<bool> in_parts(texts.size(), false);  // tokenized in more than one part
     size_t bytes = 0;
     const bool split = model.plain_splits_at_lines();
     for (size_t i = 0; i < texts.size(); ++i) {
@@ -312,7 +313,8 @@ std::vector<result<std::vector<token_id>>> tokenize_plain_spread(const text_mode
             continue;
         }
         auto cuts = cut_at_lines(texts[i]);
-        for (std::string_view c : cuts) parts.push_back({i, c, cuts.size() == 1});
+        in_parts[i] = cuts.size() > 1;
+        for (std::string_view c : cuts) parts.push_back({i, c, !in_parts[i]});
     }
     std::vector<size_t> todo(parts.size());
     for (size_t j = 0; j < todo.size(); ++j) todo[j] = j;
@@ -330,8 +332,7 @@ std::vector<result<std::vector<token_id>>> tokenize_plain_spread(const text_mode
         else out[p.text]->insert(out[p.text]->end(), p.toks->begin(), p.toks->end());
     }
     for (size_t i = 0; i < texts.size(); ++i)
-        if (out[i].ok() && split && texts[i].size() >= k_split_min_bytes && cut_at_lines(texts[i]).size() > 1)
-            model.remember_plain(texts[i], *out[i]);
+        if (out[i].ok() && in_parts[i]) model.remember_plain(texts[i], *out[i]);
     return out;
 }
 
