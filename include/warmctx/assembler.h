@@ -118,6 +118,13 @@ class text_model {
     virtual std::optional<fim_tokens> fim() const { return std::nullopt; }
 };
 
+// The assembler's cut points for plain_splits_at_lines: `p` is a line start (t[p-1] is
+// '\n') whose first character is an ASCII letter or digit. REQUIRES 0 < p < t.size().
+inline bool is_line_cut(std::string_view t, size_t p) {
+    const char c = t[p];
+    return t[p - 1] == '\n' && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'));
+}
+
 // ---- validation ----------------------------------------------------------------
 
 inline constexpr size_t k_max_segment_id_chars = 128;

@@ -273,8 +273,6 @@ void run_spread(std::vector<size_t> todo, Size size_of, size_t todo_bytes, One o
 constexpr size_t k_split_min_bytes = 32 << 10;
 constexpr size_t k_part_bytes = 16 << 10;
 
-bool ascii_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
-
 // The parts of `t`: each cut is the first line start at or after k_part_bytes from the
 // last cut whose first character is an ASCII letter or digit. Depends on the text only.
 std::vector<std::string_view> cut_at_lines(std::string_view t) {
@@ -282,7 +280,7 @@ std::vector<std::string_view> cut_at_lines(std::string_view t) {
     size_t from = 0;
     while (t.size() - from >= k_part_bytes + k_part_bytes / 2) {
         size_t p = from + k_part_bytes;
-        while (p < t.size() && !(t[p - 1] == '\n' && ascii_alnum(t[p]))) ++p;
+        while (p < t.size() && !is_line_cut(t, p)) ++p;
         if (p >= t.size()) break;
         parts.push_back(t.substr(from, p - from));
         from = p;

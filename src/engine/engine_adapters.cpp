@@ -2,7 +2,6 @@
 // kv_ops (prefix cache), and the profile of the KV it computes.
 #include "warmctx/engine_adapters.h"
 
-#include <cctype>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -143,8 +142,7 @@ class engine_text_model final : public text_model {
         std::vector<token_id> joined;
         size_t from = 0;
         for (size_t p = 1; p <= probe.size(); ++p) {
-            const bool cut = p == probe.size() ||
-                             (probe[p - 1] == '\n' && (std::isalnum((unsigned char)probe[p]) != 0) && (unsigned char)probe[p] < 0x80);
+            const bool cut = p == probe.size() || is_line_cut(probe, p);
             if (!cut) continue;
             auto t = e_.tokenize(probe.substr(from, p - from), false);
             if (!t.ok()) return false;

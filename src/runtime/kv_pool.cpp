@@ -86,7 +86,6 @@ status kv_pool::trim_seq(seq_id seq, pos_t from) {
         return {};
     }
     // Cut in RAM: the first `from` cells are positions 0..from-1 (kv_pool.h).
-    auto t = clock_type::now();
     status st = truncate_seq_state(it->second.bytes, from);
     if (!st.ok()) {
         entries_.erase(it);  // an unexpected layout: a miss later, never a wrong prefix
@@ -95,7 +94,6 @@ status kv_pool::trim_seq(seq_id seq, pos_t from) {
     it->second.bytes.shrink_to_fit();
     it->second.n_tokens = from;
     ctr_.n_rewrites++;
-    ctr_.save_ms += ms_since(t);
     return {};
 }
 

@@ -86,12 +86,12 @@ tier_set::hit tier_set::restore(engine & e, const profile & prof, const assemble
     status st = e.load_seq(seq, snap->kv);
     if (st.ok()) st = e.trim_seq(seq, h.at.n_tokens);
     if (!st.ok()) { e.clear_seq(seq); ctr_.n_restore_failures++; return {}; }
-    ctr_.n_restores_disk++;
-    ctr_.n_restored_tokens += (uint64_t)h.at.n_tokens;
+    count_restore(h.at.n_tokens);
     return h;
 }
 
-void tier_set::write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace, const assembled_prompt & ap, size_t n_blocks_held) {
+void tier_set::write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
+                             const assembled_prompt & ap, size_t n_blocks_held) {
     if (!disk_) return;
     // The leading run of cacheable blocks of at least the tier's class, of those the
     // sequence holds (a pre-warm stopped early holds fewer than the prompt has).
