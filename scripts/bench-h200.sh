@@ -8,6 +8,7 @@
 # environment:
 #   OUT                 where results go (default: bench/results/h200-run)
 #   WARMCTX_DEADLINE_S  start no bench stage after this many seconds (default: none)
+#   S2_SIZES            the s2 stage's prompt sizes (default: 2048,8192,32768,47000)
 #   TRACE_ARGS          more arguments for the trace stage (e.g. --systems warmctx-defaults,llama-server-defaults)
 # Every stage writes <stage>-h200.json and a log; the build is skipped when present.
 set -euo pipefail
@@ -67,7 +68,7 @@ machine
 for s in "${stages[@]}"; do
   case "$s" in
     build) build ;;
-    s2)    run_bench s2 "${gpu[@]}" --sizes 2048,8192,32768,47000 --warm-turns 5 ;;
+    s2)    run_bench s2 "${gpu[@]}" --sizes "${S2_SIZES:-2048,8192,32768,47000}" --warm-turns 5 ;;
     trace) run_bench trace "${gpu[@]}" --workspaces 12 --turns 60 --stable-tokens 13000 --tail-tokens 600 ${TRACE_ARGS:-} ;;
     s3)    run_bench s3 "${gpu[@]}" --prompt-tokens 2048 --gen-tokens 128 --depth 8192 --reps 5 ;;
     contention) run_bench contention "${gpu[@]}" --cold-tokens 32000 --warm-tokens 4096 --warm-turns 5 --delay-ms 100 \

@@ -252,6 +252,19 @@ struct reuse_point {
 };
 reuse_point snap_reuse(const assembled_prompt & ap, size_t n_blocks);
 
+// The leading segments of a prompt whose rest still has much to tokenize, so that they
+// can be prefilled while the rest tokenizes (scheduler::prefill_ahead): the longest run
+// of `segs` in the prompt's canonical order, of classes above `none`, whose contents not
+// remembered by `model` (text_model::remembered_plain) add up to at most
+// `max_lead_bytes`, when the contents after it not remembered add up to at least
+// `min_rest_bytes`. Empty when there is no such run, when it holds nothing to tokenize
+// (nothing to gain) or when it is the whole prompt. Assembled alone, these segments
+// give the tokens the whole prompt starts with wherever the template renders a
+// message independently of those after it; where it does not, a lookup simply finds
+// fewer blocks.
+std::vector<segment> leading_segments(std::span<const segment> segs, const kind_table & kinds,
+                                      const text_model & model, size_t min_rest_bytes, size_t max_lead_bytes);
+
 // Errors: invalid_argument (validate_segments fails, no segments, chunk_tokens == 0
 // or differs from prof.chunk_tokens), out_of_range (more than INT32_MAX tokens), and
 // whatever the text_model returns, prefixed with the segment's id.

@@ -91,6 +91,9 @@ struct turn_request {
     // class none), generate nothing; finish_turn caches them. Counted apart from turns
     // (context_counters::prewarm); the workspace's next turn says it was served from it.
     bool prewarm = false;
+    // A pre-warm that a request started for its own leading segments, to prefill them
+    // while the rest of its prompt tokenizes (scheduler::prefill_ahead).
+    bool ahead = false;
     // A raw completion: segments[0]'s content is the prompt as given, no chat template
     // (assemble_raw); `suffix` makes it fill-in-the-middle.
     bool raw = false;
@@ -128,6 +131,8 @@ struct prewarm_info {
     pos_t n_target = 0;             // the cacheable tokens it set out to cache
     pos_t n_found = 0;              // tokens it found cached ...
     kv_tier found_tier = kv_tier::none;  // ... in this tier (disk: restored after a restart)
+    bool ahead = false;             // this turn's own request started it, for its leading
+                                    // segments, while the rest of its prompt tokenized
 };
 
 struct segment_explain {
@@ -256,6 +261,7 @@ class pending_turn {
                             // a pre-warm's cacheable end
     pos_t reused = 0;       // prompt positions that came from a cache
     bool prewarm = false;
+    bool ahead = false;     // a pre-warm of a request's leading segments (turn_request::ahead)
     int64_t t_begin_unix_ms = 0;
 
     bool prefilled() const { return prefill_pos >= prefill_end; }
@@ -335,6 +341,11 @@ class context_engine {
     // than a work sequence holds (its bytes over the longest token's), so that megabytes
     // are refused without being tokenized. Thread safety: as assemble_request.
     status check_plausible(const turn_request & req) const;
+    // The request's leading segments to prefill while the rest still tokenizes
+    // (warmctx::leading_segments over its segments; empty for a raw prompt). Thread
+    // safety: as assemble_request.
+    std::vector<segment> leading_segments(const turn_request & req, size_t min_rest_bytes,
+                                          size_t max_lead_bytes) const;
 
     // Pins (or unpins) the stable blocks of the workspace's last turn.
     status pin_workspace(const std::string & workspace, bool pinned);

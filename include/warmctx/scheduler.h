@@ -84,6 +84,14 @@ struct scheduler_options {
     uint32_t n_parallel = 4;         // work sequences = jobs decoded at once
     size_t max_queue = 64;           // jobs waiting for a work sequence
     size_t max_prewarm_queue = 1024; // pre-warms waiting (one per workspace)
+    // prefill_ahead: a request whose prompt has at least this much content still to
+    // tokenize (0: never) has its leading segments, up to prefill_ahead_lead_bytes of
+    // content to tokenize, prefilled while the rest tokenizes - by default only when the
+    // model's layers run on a GPU (on the CPU, prefill and tokenizing share the cores).
+    enum class ahead_mode { gpu, always, never };
+    ahead_mode prefill_ahead = ahead_mode::gpu;
+    size_t prefill_ahead_min_bytes = 64 * 1024;
+    size_t prefill_ahead_lead_bytes = 32 * 1024;
     // A test seam: called on the engine thread as a job is admitted. A throw from it is
     // handled as any failure while serving a job (the job fails with `internal`, the
     // engine thread carries on), which is what the tests of that boundary use it for.
@@ -149,6 +157,17 @@ class scheduler {
     // chat's is.
     // Errors: resource_exhausted (max_prewarm_queue), failed_precondition (stopping).
     status prewarm(turn_request req);
+    // Before assembling a chat's prompt on the calling thread: when the prompt has much
+    // still to tokenize (scheduler_options::prefill_ahead_min_bytes), assembles its
+    // leading segments (context_engine::leading_segments) and queues them as a pre-warm
+    // of its workspace (turn_request::ahead), so that the engine prefills them while the
+    // caller tokenizes the rest; the chat, submitted next, stops that pre-warm at a chunk
+    // boundary and continues from it in place (see prewarm). Cache semantics are a
+    // pre-warm's: the warm tail is bit-identical to a cold run's, and whatever the
+    // pre-warm computed that the prompt does not start with is simply not reused.
+    // Returns true when a pre-warm was queued. Does nothing for a request that
+    // check_plausible refuses.
+    bool prefill_ahead(const turn_request & req);
     // Every queued and active job: chats, then pre-warms (a copy; the engine thread
     // updates what it reads after each admission, chunk and retirement).
     std::vector<job_progress> jobs() const;

@@ -143,6 +143,7 @@ class warmctx_system final : public bench_system {
                 if (auto w = j.find("warmctx"); w != j.end() && w->is_object()) {
                     t.server_ms = w->value("first_token_ms", 0.0);
                     if (auto ph = w->find("timings"); ph != w->end() && ph->is_object()) t.phases = *ph;
+                    if (auto rq = w->find("request_ms"); rq != w->end() && rq->is_number()) t.phases["request_ms"] = *rq;
                 }
                 auto u = j.find("usage");
                 if (u == j.end() || !u->is_object()) return;

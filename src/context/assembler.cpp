@@ -720,6 +720,44 @@ static void build_blocks(assembled_prompt & out, const std::vector<piece> & piec
     }
 }
 
+namespace {
+// Canonical order: (kind order, id, path). Ids are unique, so this is total and the
+// input order cannot leak through.
+std::vector<const segment *> canonical_order(std::span<const segment> segs, const kind_table & kinds) {
+    std::vector<const segment *> order(segs.size());
+    for (size_t i = 0; i < segs.size(); ++i) order[i] = &segs[i];
+    std::sort(order.begin(), order.end(), [&](const segment * a, const segment * b) {
+        return std::forward_as_tuple(kinds.policy(a->kind).order, a->id, a->path) <
+               std::forward_as_tuple(kinds.policy(b->kind).order, b->id, b->path);
+    });
+    return order;
+}
+}  // namespace
+
+std::vector<segment> leading_segments(std::span<const segment> segs, const kind_table & kinds,
+                                      const text_model & model, size_t min_rest_bytes, size_t max_lead_bytes) {
+    const std::vector<const segment *> order = canonical_order(segs, kinds);
+    // Bytes still to tokenize, per segment in order (a remembered content costs nothing).
+    std::vector<size_t> todo(order.size(), 0);
+    size_t total = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+        const std::string content = message_content(*order[i], kinds.policy(order[i]->kind));
+        if (!model.remembered_plain(content)) todo[i] = content.size();
+        total += todo[i];
+    }
+    size_t n = 0, lead = 0;
+    while (n < order.size() && kinds.policy(order[n]->kind).retention != retention_class::none &&
+           lead + todo[n] <= max_lead_bytes) {
+        lead += todo[n];
+        ++n;
+    }
+    // Nothing left to prefill ahead, or too little left to tokenize to be worth it.
+    if (n == 0 || n == order.size() || lead == 0 || total - lead < min_rest_bytes) return {};
+    std::vector<segment> out;
+    for (size_t i = 0; i < n; ++i) out.push_back(*order[i]);
+    return out;
+}
+
 result<assembled_prompt> assemble(std::span<const segment> segs, const kind_table & kinds,
                                   const text_model & model, const profile & prof,
                                   std::string_view tenant_salt, uint32_t chunk_tokens,
@@ -732,14 +770,7 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
         return invalid_argument("assemble: chunk_tokens " + std::to_string(chunk_tokens) +
                                 " differs from the profile's " + std::to_string(prof.chunk_tokens));
 
-    // Canonical order: (kind order, id, path). Ids are unique, so this is total and
-    // the input order cannot leak through.
-    std::vector<const segment *> order(segs.size());
-    for (size_t i = 0; i < segs.size(); ++i) order[i] = &segs[i];
-    std::sort(order.begin(), order.end(), [&](const segment * a, const segment * b) {
-        return std::forward_as_tuple(kinds.policy(a->kind).order, a->id, a->path) <
-               std::forward_as_tuple(kinds.policy(b->kind).order, b->id, b->path);
-    });
+    const std::vector<const segment *> order = canonical_order(segs, kinds);
 
     assembled_prompt out;
     manifest & man = out.man;

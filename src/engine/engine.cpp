@@ -447,7 +447,6 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
 
 struct token_sampler::impl {
     sampler_ptr chain;  // null: greedy
-    std::vector<llama_token_data> cand;
 };
 
 token_sampler::token_sampler(std::unique_ptr<impl> p) : p_(std::move(p)) {}
@@ -531,7 +530,10 @@ result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params
 
 token_id token_sampler::sample(std::span<const float> l) {
     if (!p_->chain) return (token_id)(std::max_element(l.begin(), l.end()) - l.begin());  // first maximum
-    auto & cand = p_->cand;
+    // One candidate array per thread, kept: every request's sampler would otherwise
+    // allocate and fault in n_vocab entries (1.8 MB for a 152k vocabulary) before its
+    // first token.
+    thread_local std::vector<llama_token_data> cand;
     cand.resize(l.size());
     for (size_t i = 0; i < l.size(); ++i) cand[i] = {(llama_token)i, l[i], 0.0f};
     llama_token_data_array arr{cand.data(), cand.size(), -1, false};

@@ -47,6 +47,7 @@ pending_turn & pending_turn::operator=(pending_turn && o) noexcept {
     prefill_end = o.prefill_end;
     reused = o.reused;
     prewarm = o.prewarm;
+    ahead = o.ahead;
     t_begin_unix_ms = o.t_begin_unix_ms;
     owner_ = o.owner_;
     o.owner_ = nullptr;
@@ -354,6 +355,11 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
 result<assembled_prompt> context_engine::assemble_request(const turn_request & req) const { return p_->assemble(req); }
 status context_engine::check_fits(const assembled_prompt & ap) const { return p_->fits(ap); }
 status context_engine::check_plausible(const turn_request & req) const { return p_->plausible(req); }
+std::vector<segment> context_engine::leading_segments(const turn_request & req, size_t min_rest_bytes,
+                                                      size_t max_lead_bytes) const {
+    if (req.raw || req.segments.empty()) return {};
+    return warmctx::leading_segments(req.segments, p_->opts.kinds, *p_->tm, min_rest_bytes, max_lead_bytes);
+}
 
 result<explain_report> context_engine::explain(const turn_request & req) const {
     // Assembled off the engine thread already when the caller could (as for a turn).
@@ -457,6 +463,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     t.prefill_pos = at.n_tokens;
     t.reused = at.n_tokens;
     t.prewarm = req.prewarm;
+    t.ahead = req.ahead;
     t.t_begin_unix_ms = unix_ms_now();
     t.prefill_end = (pos_t)ap.tokens.size();
     if (req.prewarm) {
@@ -510,7 +517,11 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
         status st = p_->eng->trim_seq(t.seq, path.back().end);
         if (st.ok()) {
             p_->tiers->forget_recent_loads();
-            p_->tiers->write_through(*p_->eng, p_->prof, t.seq, t.workspace, t.ap, n_keep);
+            // A pre-warm stopped early was stopped for a chat, which continues from it in
+            // place (and writes through what it ends with) or takes its stream (and puts
+            // its blocks in the pool): no disk write of a partial prefix on that chat's way.
+            if (!(t.prewarm && !t.prefilled()))
+                p_->tiers->write_through(*p_->eng, p_->prof, t.seq, t.workspace, t.ap, n_keep);
             s.blocks.assign(path.begin(), path.end());
             s.n_durable = 0;
             for (size_t i = 0; i < path.size(); ++i) {
@@ -543,6 +554,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     pw.n_target = t.prefill_end;
     pw.n_found = t.reused;
     pw.found_tier = t.explain.tier;
+    pw.ahead = t.ahead;
     prewarm_counters & c = p_->ctr.prewarm;
     c.n_prewarms++;
     if (pw.n_prefilled == 0 && pw.complete) c.n_already_cached++;

@@ -651,6 +651,26 @@ status scheduler::prewarm(turn_request req) {
     return {};
 }
 
+bool scheduler::prefill_ahead(const turn_request & req) {
+    using mode = scheduler_options::ahead_mode;
+    if (p_->opts.prefill_ahead == mode::never || p_->opts.prefill_ahead_min_bytes == 0) return false;
+    if (p_->opts.prefill_ahead == mode::gpu) {
+        const profile & prof = p_->ce->current_profile();
+        if (prof.n_gpu_layers == 0 || prof.backend == "CPU") return false;
+    }
+    if (req.prewarm || !req.cache || !req.add_generation_prompt) return false;
+    if (!p_->ce->check_plausible(req).ok()) return false;
+    turn_request lead;
+    lead.workspace = req.workspace;
+    lead.segments = p_->ce->leading_segments(req, p_->opts.prefill_ahead_min_bytes, p_->opts.prefill_ahead_lead_bytes);
+    if (lead.segments.empty()) return false;
+    lead.ahead = true;
+    auto ap = p_->ce->assemble_request(lead);
+    if (!ap.ok()) return false;  // the whole prompt's assembly will say why
+    lead.assembled = std::make_shared<const assembled_prompt>(std::move(*ap));
+    return prewarm(std::move(lead)).ok();
+}
+
 std::string_view job_state_name(job_progress::state s) {
     switch (s) {
         case job_progress::state::queued: return "queued";

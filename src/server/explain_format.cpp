@@ -41,7 +41,8 @@ nlohmann::json prewarm_json(const std::optional<prewarm_info> & p) {
             {"tokens_cached", p->n_cached},
             {"tokens_target", p->n_target},
             {"tokens_found", p->n_found},
-            {"found_in", kv_tier_name(p->found_tier)}};
+            {"found_in", kv_tier_name(p->found_tier)},
+            {"ahead", p->ahead}};
 }
 
 std::string explain_text(const explain_report & r) {

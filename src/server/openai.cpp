@@ -535,7 +535,8 @@ json segment_json(const segment & s) {
     return j;
 }
 
-json warmctx_json(const std::string & workspace, const explain_report & ex, const completion_event & done) {
+json warmctx_json(const std::string & workspace, const explain_report & ex, const completion_event & done,
+                  const request_timings & rt) {
     return {{"workspace", workspace},
             {"tokens_reused", ex.n_reused},
             {"tokens_prefilled", ex.n_prefilled},
@@ -549,8 +550,10 @@ json warmctx_json(const std::string & workspace, const explain_report & ex, cons
             {"queue_ms", done.t_queue_ms},
             {"first_token_ms", done.t_first_token_ms},
             {"total_ms", done.t_total_ms},
-            {"timings", {{"assemble_ms", done.t_assemble_ms}, {"restore_ms", done.t_restore_ms},
-                         {"copy_ms", done.t_copy_ms}, {"prefill_ms", done.t_prefill_ms}}}};
+            {"request_ms", rt.request_ms},
+            {"timings", {{"assemble_ms", rt.assemble_ms + done.t_assemble_ms}, {"answer_wait_ms", rt.answer_wait_ms},
+                         {"restore_ms", done.t_restore_ms}, {"copy_ms", done.t_copy_ms},
+                         {"prefill_ms", done.t_prefill_ms}}}};
 }
 
 namespace {

@@ -113,9 +113,17 @@ std::string_view openai_finish_reason(finish_reason r);
 nlohmann::json usage_json(const completion_usage & u);
 nlohmann::json segment_json(const segment & s);
 
+// Time the HTTP thread spent on a request before handing it to the scheduler.
+struct request_timings {
+    double assemble_ms = 0;     // rendering and tokenizing the prompt, hashing its blocks
+    double answer_wait_ms = 0;  // after that, waiting for the tools' or schema's grammar
+                                // (built meanwhile on another thread)
+    double request_ms = 0;      // arrival .. handed to the scheduler, all of it
+};
+
 // The `warmctx` extension object of a response: what reuse did for this request.
 nlohmann::json warmctx_json(const std::string & workspace, const explain_report & ex,
-                            const completion_event & done);
+                            const completion_event & done, const request_timings & rt);
 
 struct response_meta {
     std::string id;         // "chatcmpl-..." / "cmpl-..."

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <ctime>
 #include <deque>
+#include <future>
 
 #include "json_util.h"
 #include "route_context.h"
@@ -21,6 +22,10 @@ namespace {
 // How long a waiting HTTP thread sleeps between looks at its channel. Events wake it
 // at once; the timeout only bounds how late it notices a dead client or a stop.
 constexpr auto k_poll = std::chrono::milliseconds(100);
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
 
 std::string sse(const json & j) { return "data: " + dump_json(j) + "\n\n"; }
 
@@ -96,6 +101,7 @@ struct stream_state {
     std::shared_ptr<request_log> log;
     response_meta meta;
     std::string workspace;
+    request_timings timings;
     bool include_usage = false;
     std::deque<timed_event> pending;
     bool role_sent = false;
@@ -217,7 +223,7 @@ bool stream_step(stream_state & st, chunk_sink & sink) {
                     auto p = st.parser->parse(st.raw, /*partial=*/false);
                     if (p.ok()) out += parsed_deltas(st, std::move(*p));
                 }
-                out += sse(chunk_finish(st.meta, ev.finish, st.include_usage, warmctx_json(st.workspace, ev.explain, ev),
+                out += sse(chunk_finish(st.meta, ev.finish, st.include_usage, warmctx_json(st.workspace, ev.explain, ev, st.timings),
                                         st.any_call && ev.finish != finish_reason::length &&
                                             ev.finish != finish_reason::context_full));
                 if (st.include_usage) out += sse(chunk_usage(st.meta, ev.usage));
@@ -248,6 +254,7 @@ bool stream_step(stream_state & st, chunk_sink & sink) {
 
 void run_completion(route_context & ctx, const http_request & req, http_response & res,
                     const std::shared_ptr<request_log> & log, body_mode mode, const std::string * path_ws) {
+    const auto t_arrival = std::chrono::steady_clock::now();
     json body;
     if (auto e = parse_body(req, body)) return respond_error(res, *log, *e);
     completion_request cr;
@@ -281,49 +288,73 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     log->workspace = cr.workspace;
     if (!ctx.sched) return respond_error(res, *log, unavailable("the engine is stopping: no engine", 1));
 
-    // Tools (and a JSON schema): the template's grammar and parser for the answer.
-    std::shared_ptr<const chat_output_parser> parser;
+    // Tools (and a JSON schema): the template's grammar and parser for the answer. Built
+    // on another thread while this one assembles the prompt (a large tools array's
+    // grammar takes milliseconds the first time), unless there is none to build.
     const bool with_tools = !cr.tools_json.empty() && cr.tool_choice != tool_choice_mode::none;
-    if (cr.shape == api_shape::chat && (with_tools || !cr.json_schema.empty())) {
-        const chat_templates * ct = ctx.sched->chat_template();
+    const bool with_answer = cr.shape == api_shape::chat && (with_tools || !cr.json_schema.empty());
+    if (with_answer && with_tools && cr.tool_choice == tool_choice_mode::required && !ctx.sched->chat_template())
+        return respond_error(res, *log,
+                             bad_request("unsupported_parameter",
+                                         "tool_choice requires a call, which needs the model's Jinja chat template "
+                                         "(the server runs with --no-jinja, or the template did not load)",
+                                         "tool_choice"));
+    const chat_templates * ct = ctx.sched->chat_template();
+    auto build_answer = [&cr, ct, with_tools]() -> result<answer_format> {
         if (with_tools && ct) {
             answer_request ar{cr.tools_json, cr.tool_choice, cr.tool_choice_name, cr.parallel_tool_calls, cr.json_schema};
-            auto af = ct->answer({}, ar);
-            if (!af.ok()) return respond_error(res, *log, error_from_status(af.error(), "tool_choice"));
-            cr.sampling.grammar = af->grammar;
-            cr.sampling.grammar_lazy = af->grammar_lazy;
-            cr.sampling.grammar_trigger_patterns = af->trigger_patterns;
-            cr.sampling.grammar_trigger_words = af->trigger_words;
-            cr.sampling.grammar_prefill = af->generation_prompt;
-            for (const auto & s : af->additional_stops) cr.sampling.stop.push_back(s);
-            parser = af->parser;
-        } else if (with_tools && cr.tool_choice == tool_choice_mode::required) {
-            return respond_error(res, *log,
-                                 bad_request("unsupported_parameter",
-                                             "tool_choice requires a call, which needs the model's Jinja chat template "
-                                             "(the server runs with --no-jinja, or the template did not load)",
-                                             "tool_choice"));
-        } else if (!cr.json_schema.empty()) {
-            auto g = json_schema_grammar(cr.json_schema);
-            if (!g.ok()) return respond_error(res, *log, error_from_status(g.error(), "response_format"));
-            cr.sampling.grammar = *g;
+            return ct->answer({}, ar);
         }
-    }
+        answer_format af;
+        if (!cr.json_schema.empty()) {
+            auto g = json_schema_grammar(cr.json_schema);
+            if (!g.ok()) return g.error();
+            af.grammar = std::move(*g);
+        }
+        return af;
+    };
+    std::shared_ptr<const chat_output_parser> parser;
+    std::future<result<answer_format>> answer;
+    if (with_answer) answer = std::async(std::launch::async, build_answer);
 
     auto ch = std::make_shared<request_channel>();
     completion_job job;
     job.turn.workspace = cr.workspace;
     job.turn.segments = std::move(cr.segments);
-    job.turn.sampling = cr.sampling;
     job.turn.raw = cr.raw;
     job.turn.suffix = cr.suffix;
+    request_timings rt;
     {
         // Assembled and tokenized here, not on the engine thread: a prompt that does not
         // fit is refused without queueing, and the engine thread only looks it up.
+        const auto t_asm = std::chrono::steady_clock::now();
+        // A cold prompt with much to tokenize: its leading segments are prefilled while
+        // the rest tokenizes here.
+        ctx.sched->prefill_ahead(job.turn);
         auto ap = ctx.sched->assemble(job.turn);
+        rt.assemble_ms = ms_since(t_asm);
+        if (answer.valid()) {
+            // Its error first, as when it was built before the prompt.
+            const auto t_wait = std::chrono::steady_clock::now();
+            auto af = answer.get();
+            rt.answer_wait_ms = ms_since(t_wait);
+            if (!af.ok()) {
+                return respond_error(res, *log, error_from_status(af.error(), with_tools && ct ? "tool_choice"
+                                                                                               : "response_format"));
+            }
+            cr.sampling.grammar = std::move(af->grammar);
+            cr.sampling.grammar_lazy = af->grammar_lazy;
+            cr.sampling.grammar_trigger_patterns = std::move(af->trigger_patterns);
+            cr.sampling.grammar_trigger_words = std::move(af->trigger_words);
+            cr.sampling.grammar_prefill = std::move(af->generation_prompt);
+            for (auto & st : af->additional_stops) cr.sampling.stop.push_back(std::move(st));
+            parser = std::move(af->parser);
+        }
         if (!ap.ok()) return respond_error(res, *log, error_from_status(ap.error()));
         job.turn.assembled = std::make_shared<const assembled_prompt>(std::move(*ap));
     }
+    job.turn.sampling = cr.sampling;
+    rt.request_ms = ms_since(t_arrival);
     job.sink = [ch](const completion_event & ev) { return ch->push(ev); };
     if (!ctx.register_channel(ch)) return respond_error(res, *log, unavailable("the server is shutting down", 1));
     // Unregisters on every path out of this function, unless a stream takes over.
@@ -403,7 +434,7 @@ void run_completion(route_context & ctx, const http_request & req, http_response
                         }
                         send_json(res, 200,
                                   completion_response(meta, text, ev.finish, ev.usage,
-                                                      warmctx_json(cr.workspace, ev.explain, ev),
+                                                      warmctx_json(cr.workspace, ev.explain, ev, rt),
                                                       want_logprobs ? logprobs_json(meta.shape, lps) : json(nullptr),
                                                       parsed ? &*parsed : nullptr));
                         return;
@@ -422,6 +453,7 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     st->log = log;
     st->meta = meta;
     st->workspace = cr.workspace;
+    st->timings = rt;
     st->include_usage = cr.include_usage;
     st->logprobs = want_logprobs;
     st->parser = parser;

@@ -46,6 +46,50 @@ std::vector<std::string> ids_in_order(const assembled_prompt & p) {
     return ids;
 }
 
+// ---- leading segments (prefill ahead) ----------------------------------------------------
+
+TEST(Assembler, LeadingSegmentsAreThePromptsFirstOnesWhenTheRestHasMuchToTokenize) {
+    auto segs = typical_workspace();
+    std::string map;
+    for (int i = 0; i < 200; ++i) map += "src/module_" + std::to_string(i) + ".cc\n";
+    find(segs, "map").content = map;  // about 3.6 KB, right after the three short leading ones
+    const kind_table kinds;
+    const fake_text_model model;
+    const auto lead = leading_segments(segs, kinds, model, 2000, 400);
+    std::vector<std::string> ids;
+    for (const auto & s : lead) ids.push_back(s.id);
+    EXPECT_EQ(ids, (std::vector<std::string>{"sys", "tools", "rules"})) << "the canonical order, whatever the input's";
+
+    // Assembled alone, they give the blocks the whole prompt starts with: a lookup of the
+    // whole prompt finds what a pre-warm of them cached.
+    const auto whole = must_assemble(segs);
+    const auto part = must_assemble(lead);
+    const pos_t lead_end = entry(whole, "rules").token_end;
+    ASSERT_GT(lead_end, 0);
+    ASSERT_GE(part.tokens.size(), (size_t)lead_end);
+    EXPECT_TRUE(std::equal(whole.tokens.begin(), whole.tokens.begin() + lead_end, part.tokens.begin()));
+    size_t n_same = 0;
+    while (n_same < part.blocks.size() && n_same < whole.blocks.size() &&
+           part.blocks[n_same].chain == whole.blocks[n_same].chain)
+        ++n_same;
+    ASSERT_GT(n_same, 0u);
+    EXPECT_EQ(part.blocks[n_same - 1].end, lead_end) << "every cacheable block of the lead is one of the whole's";
+
+    // Too little left to tokenize, a lead over its bytes, or a rest the model remembers: none.
+    EXPECT_TRUE(leading_segments(segs, kinds, model, 100000, 400).empty());
+    EXPECT_TRUE(leading_segments(segs, kinds, model, 2000, 10).empty());
+    fake_text_model remembers;
+    remembers.remember_over = 1000;  // the map's tokens are known: the rest is cheap
+    EXPECT_TRUE(leading_segments(segs, kinds, remembers, 2000, 400).empty());
+    // A lead never holds a segment of class none (the question), nor the whole prompt.
+    std::vector<segment> two = {make_segment("sys", segment_kind::system, "Be brief."),
+                                make_segment("q", segment_kind::user, map)};
+    const auto lead2 = leading_segments(two, kinds, model, 2000, 400);
+    ASSERT_EQ(lead2.size(), 1u);
+    EXPECT_EQ(lead2[0].id, "sys");
+    EXPECT_TRUE(leading_segments(std::vector<segment>{two[1]}, kinds, model, 2000, 400).empty());
+}
+
 // ---- canonical order ---------------------------------------------------------------
 
 TEST(Assembler, InputOrderNeverChangesTheResult) {

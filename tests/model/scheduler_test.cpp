@@ -417,7 +417,63 @@ TEST(Scheduler, AChatDuringItsPrewarmStartsFromWhatThePrewarmHasDone) {
     EXPECT_EQ(cc.prewarm.n_preempted, 1u);
     EXPECT_EQ(cc.prewarm.n_prefilled_tokens + (uint64_t)done.explain.n_prefilled, (uint64_t)done.explain.n_prompt_tokens)
         << "no token prefilled twice";
+    EXPECT_EQ(cc.tiers.n_writes_disk, 1u) << "the stopped pre-warm wrote nothing to disk; the chat wrote its prefix";
     expect_equals_cold(**s, chat, done);
+}
+
+// A chat whose prompt has much to tokenize: its leading segments are prefilled while the
+// rest tokenizes (prefill_ahead), and the chat continues from them in place, its
+// logits equal to a cold run's.
+TEST(Scheduler, APromptsLeadingSegmentsArePrefilledAheadAndItsChatContinuesFromThem) {
+    workload_generator g(23, [](const std::string & x) { return x.size() / 3; });
+    auto segs = make_workspace(g, 1600, 1);
+    turn_request chat = req("ahead", segs, 6);
+    chat.keep_logits = true;
+    collector c;
+    std::atomic<bool> sent{false};
+    scheduler * self = nullptr;
+    auto o = tiny_scheduler(2);
+    o.prefill_ahead = scheduler_options::ahead_mode::always;
+    o.prefill_ahead_min_bytes = 1024;
+    o.prefill_ahead_lead_bytes = 1500;  // the system prompt, tools and rules, not the repository map
+    o.after_prefill_chunk = [&](const turn_request & r, pos_t) {
+        // The whole prompt is assembled once the pre-warm has done a chunk.
+        if (r.ahead && !sent.exchange(true)) ASSERT_TRUE(self->submit({chat, c.sink()}).ok());
+    };
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok());
+    self = s->get();
+    ASSERT_TRUE((*s)->prefill_ahead(chat));
+    ASSERT_TRUE(c.wait());
+    const completion_event & done = *c.last();
+    ASSERT_EQ(done.what, completion_event::kind::done);
+    ASSERT_TRUE(done.explain.prewarm.has_value());
+    EXPECT_TRUE(done.explain.prewarm->ahead);
+    EXPECT_GT(done.explain.prewarm->n_cached, 0);
+    EXPECT_EQ(done.explain.n_reused, done.explain.prewarm->n_cached) << "reuses exactly what was prefilled ahead";
+    EXPECT_TRUE(done.explain.in_place);
+    context_counters cc = counters_of(**s);
+    EXPECT_EQ(cc.prewarm.n_prefilled_tokens + (uint64_t)done.explain.n_prefilled, (uint64_t)done.explain.n_prompt_tokens)
+        << "no token prefilled twice";
+    expect_equals_cold(**s, chat, done);
+    // The same prompt again: everything is remembered, nothing to prefill ahead.
+    EXPECT_FALSE((*s)->prefill_ahead(chat));
+}
+
+TEST(Scheduler, PrefillAheadIsOffOnTheCpuByDefaultAndForSmallPrompts) {
+    workload_generator g(24, [](const std::string & x) { return x.size() / 3; });
+    const turn_request chat = req("ahead", make_workspace(g, 1600, 1), 4);
+    auto o = tiny_scheduler(1);
+    o.prefill_ahead_min_bytes = 1024;
+    auto s = scheduler::start(o);  // prefill_ahead: gpu, and the tiny model runs on the CPU
+    ASSERT_TRUE(s.ok());
+    EXPECT_FALSE((*s)->prefill_ahead(chat));
+    auto o2 = tiny_scheduler(1);
+    o2.prefill_ahead = scheduler_options::ahead_mode::always;  // the default 64 KiB: this prompt is smaller
+    auto s2 = scheduler::start(o2);
+    ASSERT_TRUE(s2.ok());
+    EXPECT_FALSE((*s2)->prefill_ahead(chat));
+    EXPECT_EQ((*s2)->stats().n_prewarms_submitted, 0u);
 }
 
 // With every work sequence taken, a chat of another workspace takes the pre-warm's:
