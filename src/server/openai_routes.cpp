@@ -293,13 +293,13 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     // grammar takes milliseconds the first time), unless there is none to build.
     const bool with_tools = !cr.tools_json.empty() && cr.tool_choice != tool_choice_mode::none;
     const bool with_answer = cr.shape == api_shape::chat && (with_tools || !cr.json_schema.empty());
-    if (with_answer && with_tools && cr.tool_choice == tool_choice_mode::required && !ctx.sched->chat_template())
+    const chat_templates * ct = ctx.sched->chat_template();
+    if (with_answer && with_tools && cr.tool_choice == tool_choice_mode::required && !ct)
         return respond_error(res, *log,
                              bad_request("unsupported_parameter",
                                          "tool_choice requires a call, which needs the model's Jinja chat template "
                                          "(the server runs with --no-jinja, or the template did not load)",
                                          "tool_choice"));
-    const chat_templates * ct = ctx.sched->chat_template();
     auto build_answer = [&cr, ct, with_tools]() -> result<answer_format> {
         if (with_tools && ct) {
             answer_request ar{cr.tools_json, cr.tool_choice, cr.tool_choice_name, cr.parallel_tool_calls, cr.json_schema};
