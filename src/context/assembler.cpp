@@ -237,7 +237,8 @@ void run_spread(std::vector<size_t> todo, Size size_of, size_t todo_bytes, One o
     // Helper threads of all prompts being assembled at once (several server threads
     // may assemble at the same time) stay within the machine's cores.
     static std::atomic<int> helpers_in_use{0};
-    const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+    // (hardware_concurrency reads sysfs on every call: once per process is enough.)
+    static const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
     int want = (int)std::min<size_t>({(size_t)cores, 8, todo.size()}) - 1;
     if (todo_bytes < k_parallel_tokenize_min_bytes) want = 0;
     int got = want > 0 ? helpers_in_use.fetch_add(want) : cores;

@@ -12,6 +12,51 @@ namespace warmctx {
 
 namespace {
 
+// Tokens of texts by content hash (and length), least recently used out past a bound of
+// token ids, each entry charged k_entry_cost more for its bookkeeping (so many tiny texts
+// cannot grow it without bound); a text with more than a quarter of the bound is not
+// kept. Thread-safe.
+class token_memo {
+  public:
+    explicit token_memo(size_t max_tokens) : max_tokens_(max_tokens) {}
+    std::optional<std::vector<token_id>> get(std::string_view text) const {
+        const hash128 key = hash_string(text);
+        std::lock_guard lk(mu_);
+        if (auto it = index_.find(key); it != index_.end() && it->second->n_bytes == text.size()) {
+            lru_.splice(lru_.begin(), lru_, it->second);
+            return it->second->tokens;
+        }
+        return std::nullopt;
+    }
+    void put(std::string_view text, const std::vector<token_id> & t) const {
+        if (t.size() > max_tokens_ / 4) return;
+        const hash128 key = hash_string(text);
+        std::lock_guard lk(mu_);
+        if (index_.count(key)) return;
+        lru_.push_front({key, text.size(), t});
+        index_[key] = lru_.begin();
+        tokens_ += t.size() + k_entry_cost;
+        while (tokens_ > max_tokens_ && !lru_.empty()) {
+            tokens_ -= lru_.back().tokens.size() + k_entry_cost;
+            index_.erase(lru_.back().key);
+            lru_.pop_back();
+        }
+    }
+
+  private:
+    static constexpr size_t k_entry_cost = 32;  // in token ids: 128 bytes
+    struct entry {
+        hash128 key;
+        size_t n_bytes = 0;
+        std::vector<token_id> tokens;
+    };
+    const size_t max_tokens_;
+    mutable std::mutex mu_;
+    mutable std::list<entry> lru_;
+    mutable std::unordered_map<hash128, std::list<entry>::iterator, hash128_hasher> index_;
+    mutable size_t tokens_ = 0;
+};
+
 // text_model over the real engine: the model's tokenizer and its chat template.
 class engine_text_model final : public text_model {
   public:
@@ -31,7 +76,14 @@ class engine_text_model final : public text_model {
             gen_prompt_ = with->substr(without->size());
         splits_at_lines_ = probe_line_splits();
     }
-    result<std::vector<token_id>> tokenize(std::string_view text) const override { return e_.tokenize(text, true); }
+    // Text with special tokens: the template's own text between contents (the system
+    // prompt's tools block, role headers), the same turn after turn; remembered too.
+    result<std::vector<token_id>> tokenize(std::string_view text) const override {
+        if (auto m = special_memo_.get(text)) return std::move(*m);
+        auto t = e_.tokenize(text, true);
+        if (t.ok()) special_memo_.put(text, *t);
+        return t;
+    }
     std::optional<fim_tokens> fim() const override {
         auto f = e_.fim_tokens();
         if (!f) return std::nullopt;
@@ -42,13 +94,7 @@ class engine_text_model final : public text_model {
     // their tokens are remembered by content hash, least recently used first out.
     std::optional<std::vector<token_id>> remembered_plain(std::string_view text) const override {
         if (text.size() < k_memo_min_bytes) return std::nullopt;
-        const hash128 key = hash_string(text);
-        std::lock_guard lk(mu_);
-        if (auto it = memo_.find(key); it != memo_.end() && it->second->n_bytes == text.size()) {
-            lru_.splice(lru_.begin(), lru_, it->second);
-            return it->second->tokens;
-        }
-        return std::nullopt;
+        return plain_memo_.get(text);
     }
     result<std::vector<token_id>> tokenize_plain(std::string_view text) const override {
         if (text.size() < k_memo_min_bytes) return e_.tokenize(text, false);
@@ -62,18 +108,8 @@ class engine_text_model final : public text_model {
     }
     bool plain_splits_at_lines() const override { return splits_at_lines_; }
     void remember_plain(std::string_view text, const std::vector<token_id> & t) const override {
-        if (text.size() < k_memo_min_bytes || t.size() > k_memo_max_tokens / 4) return;
-        const hash128 key = hash_string(text);
-        std::lock_guard lk(mu_);
-        if (memo_.count(key)) return;
-        lru_.push_front({key, text.size(), t});
-        memo_[key] = lru_.begin();
-        memo_tokens_ += t.size();
-        while (memo_tokens_ > k_memo_max_tokens && !lru_.empty()) {
-            memo_tokens_ -= lru_.back().tokens.size();
-            memo_.erase(lru_.back().key);
-            lru_.pop_back();
-        }
+        if (text.size() < k_memo_min_bytes) return;
+        plain_memo_.put(text, t);
     }
     result<std::string> render_message(std::string_view role, std::string_view content) const override {
         std::vector<chat_message> m = {{std::string(role), std::string(content)}};
@@ -153,12 +189,8 @@ class engine_text_model final : public text_model {
     }
 
     static constexpr size_t k_memo_min_bytes = 256;
-    static constexpr size_t k_memo_max_tokens = 8u << 20;  // 32 MiB of token ids
-    struct memo_entry {
-        hash128 key;
-        size_t n_bytes = 0;
-        std::vector<token_id> tokens;
-    };
+    static constexpr size_t k_memo_max_tokens = 8u << 20;          // 32 MiB of token ids
+    static constexpr size_t k_special_memo_max_tokens = 256u << 10;  // 1 MiB
     static constexpr size_t k_render_memo_max_input = 256u << 10;
     static constexpr size_t k_render_memo_bytes = 32u << 20;
     struct render_entry {
@@ -172,10 +204,8 @@ class engine_text_model final : public text_model {
     mutable std::list<render_entry> render_lru_;
     mutable std::unordered_map<hash128, std::list<render_entry>::iterator, hash128_hasher> renders_;
     mutable size_t render_bytes_ = 0;
-    mutable std::mutex mu_;
-    mutable std::list<memo_entry> lru_;
-    mutable std::unordered_map<hash128, std::list<memo_entry>::iterator, hash128_hasher> memo_;
-    mutable size_t memo_tokens_ = 0;
+    token_memo plain_memo_{k_memo_max_tokens};
+    token_memo special_memo_{k_special_memo_max_tokens};
     bool splits_at_lines_ = false;
 };
 

@@ -384,5 +384,39 @@ TEST(Engine, TheQwenTokenizerMayBeCutAtLineStarts) {
     EXPECT_EQ(cut->tokens, at_once->tokens);
 }
 
+// The text model remembers tokenizations (the template's text between contents repeats
+// every turn): asked again, it answers what the tokenizer does, and text with special
+// tokens is never answered from what the same text gave as plain text, or back.
+TEST(Engine, RememberedTokenizationsEqualTheTokenizersAndKeepSpecialApartFromPlain) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    auto tm = make_engine_text_model(*e);
+    const std::string tmpl = "<|im_end|>\n<|im_start|>user\n# Tools\n\nYou may call one or more functions.\n" +
+                             std::string(300, 'x') + "\n<|im_start|>assistant\n";
+    auto special = e->tokenize(tmpl, true);
+    auto plain = e->tokenize(tmpl, false);
+    ASSERT_TRUE(special.ok() && plain.ok());
+    ASSERT_NE(*special, *plain);  // the special tokens are single tokens only in the first
+    for (int round = 0; round < 3; ++round) {
+        auto s1 = tm->tokenize(tmpl);
+        auto p1 = tm->tokenize_plain(tmpl);
+        ASSERT_TRUE(s1.ok() && p1.ok());
+        EXPECT_EQ(*s1, *special) << "round " << round;
+        EXPECT_EQ(*p1, *plain) << "round " << round;
+    }
+    // Plain first, then special, on a text neither has seen.
+    const std::string other = tmpl + "<|im_end|>";
+    auto p2 = tm->tokenize_plain(other);
+    auto s2 = tm->tokenize(other);
+    ASSERT_TRUE(p2.ok() && s2.ok());
+    EXPECT_EQ(*p2, *e->tokenize(other, false));
+    EXPECT_EQ(*s2, *e->tokenize(other, true));
+    // Short texts too (role names, headers).
+    for (const char * t : {"user", "<|im_start|>", "\n"}) {
+        EXPECT_EQ(*tm->tokenize(t), *e->tokenize(t, true)) << t;
+        EXPECT_EQ(*tm->tokenize(t), *e->tokenize(t, true)) << t;
+    }
+}
+
 }  // namespace
 }  // namespace warmctx
