@@ -21,6 +21,9 @@ const wss = ["alpha", "beta", "gamma"];
 if (phase === "put") {
   for (const [i, ws] of wss.entries()) {
     await put(ws, "sys", "system", `You are a coding agent for project ${ws}.`);
+    // The tools the SDK will send, stored too (pretty-printed: stored as canonical JSON),
+    // so the pre-warm renders them as the first chat does.
+    await put(ws, "tools", "tools", JSON.stringify(tools, null, 2));
     let map = ""; for (let k = 0; k < 600 * (i + 1); k++) map += `src/${ws}/file${k}.ts `;
     const r = await put(ws, "map", "repo_map", map);
     console.log(`PUT ${ws}: prewarm=${r.prewarm}`);

@@ -195,6 +195,12 @@ maybe_error parse_segment_body(const json & obj, std::string id, std::string_vie
     return std::nullopt;
 }
 
+void canonicalize_stored_tools(segment & s) {
+    if (s.kind != segment_kind::tools) return;
+    auto arr = parse_json(s.content);
+    if (arr.ok() && arr->is_array()) s.content = dump_json(*arr);
+}
+
 maybe_error parse_segments(const json & arr, std::string_view param, std::vector<segment> & out) {
     if (!arr.is_array()) return wrong_type(param, "an array", arr);
     if (arr.size() > k_max_request_segments)

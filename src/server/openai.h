@@ -92,6 +92,12 @@ maybe_error map_messages(const nlohmann::json & messages, const nlohmann::json *
 // The `segments` extension: [{"id","kind","content","path"?,"role"?}, ...].
 // `param` prefixes field names in errors ("segments").
 maybe_error parse_segments(const nlohmann::json & arr, std::string_view param, std::vector<segment> & out);
+// A stored segment of kind tools whose content is a JSON array is kept as the canonical
+// JSON a chat's `tools` field becomes (keys sorted, no spaces), so the tools a client
+// stores and the tools its SDK sends with each chat render the same prompt, token for
+// token (a template keeps the key order it is given). A body's own segments are used as
+// sent.
+void canonicalize_stored_tools(segment & s);
 // One segment object (a PUT body), with the id given apart.
 maybe_error parse_segment_body(const nlohmann::json & obj, std::string id, std::string_view param,
                                segment & out);

@@ -180,6 +180,7 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
         if (auto e = parse_body(call.req, body)) return *e;
         segment seg;
         if (auto e = parse_segment_body(body, call.segment, "", seg)) return *e;
+        canonicalize_stored_tools(seg);
         if (seg.kind == segment_kind::user)
             return bad_request("invalid_kind",
                                "a stored segment cannot be of kind user (this turn's question travels with the chat "

@@ -552,6 +552,38 @@ TEST_F(routes_model_test, a_prewarm_includes_the_tools_the_last_chat_carried) {
     EXPECT_TRUE(w["prewarm"].is_object()) << w.dump();
 }
 
+// Tools stored as a segment (id `tools`, as a chat's `tools` field maps), written with
+// the client's own spacing and key order: the pre-warm after the PUT renders them as the
+// first chat that sends the same tools does, so that chat is a full hit from it.
+TEST_F(routes_model_test, stored_tools_in_any_json_layout_make_the_first_chat_with_tools_a_full_hit) {
+    const uint64_t before = n_prewarms(*sched_);
+    const std::string stored =
+        "[ {\"function\": {\"parameters\": {\"type\": \"object\", \"properties\": {\"path\": {\"type\": \"string\"}}},\n"
+        "                \"name\": \"read_file\"},\n   \"type\": \"function\"} ]";
+    http_response put = router_->handle(put_req("pw3", "tools", {{"kind", "tools"}, {"content", stored}}));
+    ASSERT_EQ(put.status, 201) << put.body;
+    ASSERT_EQ(router_->handle(put_req("pw3", "map", {{"kind", "repo_map"}, {"content", repo_map_text(600, 5)}})).status, 201);
+    ASSERT_TRUE(wait_for_prewarms(*sched_, before + 1));
+    const json tools = json::array({{{"type", "function"},
+                                     {"function", {{"name", "read_file"},
+                                                   {"parameters", {{"type", "object"}, {"properties", {{"path", {{"type", "string"}}}}}}}}}}});
+    json chat_body = user_chat("Read it.");
+    chat_body["tools"] = tools;
+    http_response res = post("/v1/workspaces/pw3/chat/completions", chat_body);
+    ASSERT_EQ(res.status, 200) << res.body;
+    const json w = json::parse(res.body)["warmctx"];
+    EXPECT_EQ(w["result"], "full_hit") << w.dump();
+    EXPECT_EQ(w["tokens_reused"], w["tokens_cacheable"]) << w.dump();
+    EXPECT_GT(w["tokens_reused"].get<int>(), 0) << w.dump();
+    // GET answers the stored form: the canonical JSON.
+    http_request g;
+    g.method = "GET";
+    g.path = "/v1/workspaces/pw3/segments/tools";
+    http_response got = router_->handle(g);
+    ASSERT_EQ(got.status, 200) << got.body;
+    EXPECT_EQ(json::parse(got.body)["content"], tools.dump());
+}
+
 // Durable workspaces: the segment store and the disk tier survive a restart. After it
 // the stored workspace is brought warm from the disk tier (a restore, no prefill) and
 // its first chat needs no PUT.
