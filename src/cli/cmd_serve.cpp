@@ -45,6 +45,7 @@ struct serve_args {
     bool quiet = false;
     bool no_disk = false;
     bool no_prewarm = false;
+    std::string prefill_ahead = "gpu";  // gpu, always, never
     bool disk_budget_given = false;
 };
 
@@ -81,6 +82,9 @@ int run_serve(const serve_args & a) {
     if (status st = cf.apply(so.engine); !st.ok()) return fail(st);
     so.n_parallel = a.n_parallel;
     so.max_queue = a.max_queue;
+    so.prefill_ahead = a.prefill_ahead == "always"  ? scheduler_options::ahead_mode::always
+                       : a.prefill_ahead == "never" ? scheduler_options::ahead_mode::never
+                                                    : scheduler_options::ahead_mode::gpu;
 
     server_options sv;
     sv.host = a.host;
@@ -211,6 +215,12 @@ void register_serve_command(CLI::App & app, int & rc) {
                 "$WARMCTX_HOME or $XDG_CACHE_HOME/warmctx or ~/.cache/warmctx, under kv/, the disk tier up to 8 GiB)");
     c->add_flag("--no-prewarm", a->no_prewarm,
                 "do not pre-warm a workspace when its stored stable segments change, nor the stored workspaces on start");
+    c->add_option("--prefill-ahead", a->prefill_ahead,
+                  "prefill a cold prompt's leading segments (system, tools, rules: up to 32 KiB of new text) while the "
+                  "rest of it, at least 64 KiB of new text, is still tokenized: gpu (only when the model's layers run on "
+                  "a GPU; on the CPU prefill and tokenizing share the cores), always, never")
+        ->check(CLI::IsMember({"gpu", "always", "never"}))
+        ->capture_default_str();
     c->parse_complete_callback([a, c] { a->disk_budget_given = c->count("--disk-budget-bytes") > 0; });
     for (CLI::Option * o : c->get_options())
         if (o->get_envname().empty() && !env_name_of(*o).empty() && o != c->get_help_ptr()) o->envname(env_name_of(*o));
