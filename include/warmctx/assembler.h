@@ -71,11 +71,12 @@ class text_model {
     // only the rest, in parallel when it is large.
     virtual std::optional<std::vector<token_id>> remembered_plain(std::string_view) const { return std::nullopt; }
     // True when tokenize_plain(a + b) == tokenize_plain(a) + tokenize_plain(b) for every
-    // `a` ending in '\n' and `b` starting with an ASCII letter or digit (a BPE tokenizer
-    // whose pre-tokenizer never joins a line break to the word after it). The assembler
-    // then cuts a large text at such line starts, deterministically, and tokenizes the
-    // parts on several threads: one big segment (a repository map) is no longer one
-    // thread's work.
+    // `a` ending in '\n' and `b` starting with an ASCII letter or digit or with "@@ " (a
+    // BPE tokenizer whose pre-tokenizer never joins a line break to the word after it):
+    // is_line_cut. The assembler then cuts a large text at such line starts,
+    // deterministically, and tokenizes the parts on several threads (one big segment, a
+    // repository map, is no longer one thread's work); and it cuts a diff at its files
+    // and hunks (diff_unit_cuts), so that each starts a chunk of its own.
     virtual bool plain_splits_at_lines() const { return false; }
     // tokenize_plain of a part of a larger text: the implementation need not remember it.
     virtual result<std::vector<token_id>> tokenize_plain_part(std::string_view text) const {
@@ -119,11 +120,23 @@ class text_model {
 };
 
 // The assembler's cut points for plain_splits_at_lines: `p` is a line start (t[p-1] is
-// '\n') whose first character is an ASCII letter or digit. REQUIRES 0 < p < t.size().
+// '\n') whose first character is an ASCII letter or digit, or that starts a diff's hunk
+// header ("@@ "). REQUIRES 0 < p < t.size().
 inline bool is_line_cut(std::string_view t, size_t p) {
     const char c = t[p];
-    return t[p - 1] == '\n' && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'));
+    return t[p - 1] == '\n' && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                                 t.substr(p, 3) == "@@ ");
 }
+
+// Where a unified diff (a segment of kind diff) is cut so that its parts start chunks of
+// their own: before each "diff --git " line (a file), before a file's first "@@ " line
+// (its header apart from its hunks: a file changed again keeps its header's tokens), and
+// before a later "@@ " line once k_diff_unit_min_bytes have passed since the last cut (a
+// hunk run too small to be worth a decode call of its own stays with the one before).
+// Each cut depends only on the text before it, so two diffs that start alike are cut
+// alike up to where they differ. Every cut is an is_line_cut point. Ascending, in (0, size).
+inline constexpr size_t k_diff_unit_min_bytes = 1024;
+std::vector<size_t> diff_unit_cuts(std::string_view t);
 
 // ---- validation ----------------------------------------------------------------
 

@@ -290,6 +290,32 @@ std::vector<std::string_view> cut_at_lines(std::string_view t) {
     return parts;
 }
 
+}  // namespace
+
+std::vector<size_t> diff_unit_cuts(std::string_view t) {
+    std::vector<size_t> cuts;
+    size_t last = 0;
+    bool hunk_seen = false;  // in the current file
+    for (size_t p = 1; p < t.size(); ++p) {
+        if (t[p - 1] != '\n') continue;
+        const std::string_view line = t.substr(p);
+        if (line.starts_with("diff --git ")) {
+            cuts.push_back(p);
+            last = p;
+            hunk_seen = false;
+        } else if (line.starts_with("@@ ")) {
+            if (!hunk_seen || p - last >= k_diff_unit_min_bytes) {
+                cuts.push_back(p);
+                last = p;
+            }
+            hunk_seen = true;
+        }
+    }
+    return cuts;
+}
+
+namespace {
+
 // tokenize_plain of every text, spread over threads when there is much (run_spread);
 // a large text is tokenized in parts where the model allows it (cut_at_lines), and
 // its joined tokens are then remembered whole.
@@ -566,6 +592,9 @@ struct conversation_tokens {
     std::vector<result<std::vector<token_id>>> seg;  // per segment in `order` (empty: shares the next piece)
     std::vector<retention_class> piece_cls;          // per segment: the class of the piece it ends
     std::vector<token_id> gen;                       // the generation prompt's own tokens
+    // Per segment: offsets into seg[i] where a piece of its own starts inside it (a
+    // diff's files and hunks: diff_unit_cuts), ascending, in (0, seg[i].size()).
+    std::vector<std::vector<size_t>> sub_cuts;
 };
 
 result<conversation_tokens> tokenize_conversation(std::span<const segment * const> order,
@@ -615,9 +644,11 @@ result<conversation_tokens> tokenize_conversation(std::span<const segment * cons
     conversation_tokens out;
     out.seg.assign(n, std::vector<token_id>{});
     out.piece_cls.assign(n, retention_class::none);
+    out.sub_cuts.assign(n, {});
     struct span_of {
         size_t seg;  // the segment that ends the piece (n: the generation prompt)
         size_t a, b;
+        bool diff = false;  // the piece is one diff segment's alone: cut at its units
     };
     std::vector<span_of> spans;
     size_t from = 0, group = 0;
@@ -627,7 +658,7 @@ result<conversation_tokens> tokenize_conversation(std::span<const segment * cons
         const bool last = k == n;
         if (cut[k] || (last && !add_generation_prompt)) {
             const size_t to = last && !add_generation_prompt ? f->text.size() : *cut[k];
-            spans.push_back({k - 1, from, to});
+            spans.push_back({k - 1, from, to, group == k - 1 && order[k - 1]->kind == segment_kind::diff});
             for (size_t g = group; g < k; ++g) out.piece_cls[g] = cls;
             from = to;
             group = k;
@@ -648,10 +679,25 @@ result<conversation_tokens> tokenize_conversation(std::span<const segment * cons
         text_run run;
         std::optional<std::vector<token_id>> toks;
         status err;
+        bool starts_piece = false;  // a diff unit: a piece of its own starts here
     };
     std::vector<job> jobs;
+    const bool unit_cuts = model.plain_splits_at_lines();
     for (size_t i = 0; i < spans.size(); ++i)
-        for (const text_run & r : runs_in(*f, spans[i].a, spans[i].b)) jobs.push_back({i, r, std::nullopt, {}});
+        for (const text_run & r : runs_in(*f, spans[i].a, spans[i].b)) {
+            if (!(unit_cuts && spans[i].diff && r.input)) {
+                jobs.push_back({i, r, std::nullopt, {}});
+                continue;
+            }
+            // A diff's data, cut at its units (is_line_cut points: the tokens are the
+            // same as the whole text's).
+            size_t from_at = r.begin;
+            for (size_t c : diff_unit_cuts(std::string_view(f->text).substr(r.begin, r.end - r.begin))) {
+                jobs.push_back({i, {from_at, r.begin + c, true}, std::nullopt, {}, from_at != r.begin});
+                from_at = r.begin + c;
+            }
+            jobs.push_back({i, {from_at, r.end, true}, std::nullopt, {}, from_at != r.begin});
+        }
     // Data runs the model does not remember: spread over threads (tokenize_plain_spread);
     // the template's own text between them, on this thread (it is small).
     std::vector<size_t> todo;
@@ -682,6 +728,7 @@ result<conversation_tokens> tokenize_conversation(std::span<const segment * cons
             return j.err.with_context(where + ": tokenizing");
         }
         std::vector<token_id> & dst = sp.seg < n ? *out.seg[sp.seg] : out.gen;
+        if (j.starts_piece && sp.seg < n && !dst.empty() && !j.toks->empty()) out.sub_cuts[sp.seg].push_back(dst.size());
         dst.insert(dst.end(), j.toks->begin(), j.toks->end());
     }
     return out;
@@ -788,6 +835,7 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     // a conversation rendered whole the lowest class of the segments sharing a piece).
     std::vector<result<std::vector<token_id>>> seg_tokens;
     std::vector<retention_class> piece_cls;
+    std::vector<std::vector<size_t>> sub_cuts(order.size());  // pieces inside a segment (a diff's units)
     std::optional<std::vector<token_id>> gen_tokens;  // the conversation path's
     if (model.renders_conversations()) {
         auto ct = tokenize_conversation(order, roles, kinds, model, add_generation_prompt);
@@ -795,6 +843,7 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
         seg_tokens = std::move(ct->seg);
         piece_cls = std::move(ct->piece_cls);
         gen_tokens = std::move(ct->gen);
+        sub_cuts = std::move(ct->sub_cuts);
     } else {
         seg_tokens = tokenize_segments(order, roles, kinds, model);
         for (const segment * s : order) piece_cls.push_back(kinds.policy(s->kind).retention);
@@ -817,6 +866,7 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
         e.cls = p.retention;
         // The first segment's range also holds the model's prefix tokens (BOS).
         e.token_begin = man.segments.empty() ? 0 : static_cast<pos_t>(out.tokens.size());
+        const auto toks_begin = static_cast<pos_t>(out.tokens.size());
         WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, toks));
         e.token_end = static_cast<pos_t>(out.tokens.size());
         e.content_bytes = s->content.size();
@@ -824,7 +874,13 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
         e.token_hash = hash_tokens(std::span(out.tokens).subspan(e.token_begin, e.n_tokens()));
         // A segment that shares the next segment's piece has no tokens of its own.
         // (Pieces cover the prompt without gaps: the first also holds the prefix tokens.)
-        const pos_t piece_begin = pieces.empty() ? 0 : pieces.back().end;
+        pos_t piece_begin = pieces.empty() ? 0 : pieces.back().end;
+        for (size_t c : sub_cuts[i]) {  // pieces inside it first
+            const pos_t at = toks_begin + static_cast<pos_t>(c);
+            if (at <= piece_begin || at >= e.token_end) continue;
+            pieces.push_back({piece_begin, at, piece_cls[i], static_cast<int>(man.segments.size())});
+            piece_begin = at;
+        }
         if (e.token_end > piece_begin)
             pieces.push_back({piece_begin, e.token_end, piece_cls[i], static_cast<int>(man.segments.size())});
         man.segments.push_back(std::move(e));

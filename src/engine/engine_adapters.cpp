@@ -163,16 +163,18 @@ class engine_text_model final : public text_model {
     const chat_templates * templates() const { return jinja_.get(); }
 
   private:
-    // Whether cutting a text before a line that starts with an ASCII letter or digit
-    // leaves its plain tokens unchanged (text_model::plain_splits_at_lines): true for
+    // Whether cutting a text before a line that starts with an ASCII letter or digit, or
+    // with a diff's "@@ " (is_line_cut), leaves its plain tokens unchanged (text_model::plain_splits_at_lines): true for
     // byte-level BPE tokenizers whose pre-tokenizer ends a word at a line break (Qwen2,
     // Llama 3, GPT-style); false for SentencePiece, which adds a space to each text.
-    // Asked of this tokenizer on a probe of code, prose and markup lines.
+    // Asked of this tokenizer on a probe of code, prose, markup and diff lines.
     bool probe_line_splits() const {
         static constexpr std::string_view probe =
             "src/engine/engine.cpp: 923 lines\n  class engine; struct impl {};\nint main(int argc, char ** argv) {\n"
             "    return 0;\n}\n\nThe quick brown fox, again.\n- item one\n1. first\nfoo_bar = {\"a\": 1}\n\t\tx\n"
-            "<|im_end|> not special here\n  \nEnd\n\r\nZ99 and 42\n7 days\n";
+            "<|im_end|> not special here\n  \nEnd\n\r\nZ99 and 42\n7 days\n"
+            "diff --git a/src/x.cc b/src/x.cc\n--- a/src/x.cc\n+++ b/src/x.cc\n@@ -1,3 +1,4 @@\n int a;\n-int b;\n+int c;\n"
+            "@@ -40,2 +41,2 @@ void f() {\n   return;\n";
         auto whole = e_.tokenize(probe, false);
         if (!whole.ok() || whole->empty()) return false;
         std::vector<token_id> joined;

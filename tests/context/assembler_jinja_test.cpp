@@ -106,6 +106,9 @@ class jinja_text_model final : public text_model {
     explicit jinja_text_model(const chat_templates & t, bool verbatim = true)
         : t_(t), verbatim_(verbatim && t.contents_verbatim()) {}
     bool renders_contents_verbatim() const override { return verbatim_; }
+    // The byte tokenizer's tokens never depend on where a text is cut.
+    bool splits_at_lines = false;
+    bool plain_splits_at_lines() const override { return splits_at_lines; }
 
     result<std::vector<token_id>> tokenize(std::string_view text) const override { return tokenize_with_specials(text); }
     result<std::vector<token_id>> tokenize_plain(std::string_view text) const override { return tokenize_bytes(text); }
@@ -556,6 +559,46 @@ TEST_P(AssemblerJinja, StablePrefixIsIndependentOfWhatFollows) {
     EXPECT_EQ(shared_end, entry(pb, "h0002").token_end);
     for (size_t i = 0; i < pa.blocks.size() && pa.blocks[i].end <= shared_end; ++i)
         EXPECT_EQ(pa.blocks[i], pb.blocks[i]) << "block " << i;
+}
+
+// A diff is cut at its units (diff_unit_cuts) when the tokenizer allows: its header
+// starts one chunk and its hunks another, so the next turn's diff of the same file, with
+// other hunks, reuses everything up to its first hunk. The prompt itself is unchanged.
+TEST_P(AssemblerJinja, ADiffsHunksStartAChunkSoTheNextDiffOfTheFileReusesItsHeader) {
+    auto with_diff = [&](const std::string & hunk) {
+        auto segs = to_segments(base_chat());
+        segs.push_back({"diff", segment_kind::diff, "", "",
+                        "--- a/src/parser.cc\n+++ b/src/parser.cc\n" + hunk + " int a;\n-int b;\n+int c;\n"});
+        return segs;
+    };
+    jinja_text_model cut(tmpl());
+    cut.splits_at_lines = true;
+    jinja_text_model whole(tmpl());
+    auto a = try_assemble(with_diff("@@ -10,3 +10,4 @@\n"), cut);
+    auto b = try_assemble(with_diff("@@ -212,3 +212,4 @@ void parse() {\n"), cut);
+    auto a_whole = try_assemble(with_diff("@@ -10,3 +10,4 @@\n"), whole);
+    if (!a_whole.ok() && a_whole.error().to_string().find("alternate") != std::string::npos)
+        GTEST_SKIP() << GetParam().name << ": roles must alternate (the diff and the question are both user messages)";
+    ASSERT_TRUE(a.ok() && b.ok() && a_whole.ok()) << (a.ok() ? "" : a.error().to_string());
+    EXPECT_EQ(a->tokens, a_whole->tokens) << "cutting changes chunks, never the prompt";
+    expect_chain_consistent(*a);
+
+    const auto hunk = find_text(a->tokens, "@@ -10,");
+    const manifest_entry & d = entry(*a, "diff");
+    ASSERT_TRUE(hunk);
+    ASSERT_GT((pos_t)hunk->begin, d.token_begin);
+    // A block ends exactly where the hunk starts (and none did without the cut).
+    auto ends_at = [](const assembled_prompt & p, size_t at) {
+        return std::any_of(p.blocks.begin(), p.blocks.end(), [&](const block & k) { return (size_t)k.end == at; });
+    };
+    EXPECT_TRUE(ends_at(*a, hunk->begin));
+    EXPECT_FALSE(ends_at(*a_whole, hunk->begin));
+    // The two turns share every block up to the hunk: the diff's header included.
+    size_t shared = 0;
+    for (size_t i = 0; i < std::min(a->blocks.size(), b->blocks.size()) && a->blocks[i] == b->blocks[i]; ++i)
+        shared = (size_t)a->blocks[i].end;
+    EXPECT_EQ(shared, hunk->begin);
+    EXPECT_GT(shared, (size_t)d.token_begin);
 }
 
 TEST_P(AssemblerJinja, NextTurnOfAToolLoopReusesThePreviousPrompt) {

@@ -48,6 +48,35 @@ std::vector<std::string> ids_in_order(const assembled_prompt & p) {
 
 // ---- leading segments (prefill ahead) ----------------------------------------------------
 
+// A diff's cut points: each file, each file's first hunk, and a later hunk only once
+// enough text has passed; each cut depends on the text before it only.
+TEST(Assembler, DiffUnitCutsAreItsFilesAndFirstHunksAndLaterHunksOnceLargeEnough) {
+    const std::string hdr1 = "diff --git a/x.cc b/x.cc\n--- a/x.cc\n+++ b/x.cc\n";
+    const std::string small_hunk = "@@ -1,2 +1,2 @@\n-a\n+b\n";
+    const std::string big_hunk = "@@ -9,2 +9,2 @@\n" + std::string(k_diff_unit_min_bytes, 'x') + "\n";
+    const std::string hdr2 = "diff --git a/y.cc b/y.cc\n--- a/y.cc\n+++ b/y.cc\n";
+    const std::string text = hdr1 + small_hunk + small_hunk + big_hunk + small_hunk + hdr2 + small_hunk;
+    size_t at = 0;
+    std::vector<size_t> want;
+    at += hdr1.size();
+    want.push_back(at);                      // x.cc's first hunk
+    at += 2 * small_hunk.size() + big_hunk.size();  // the next two hunks: too close to the last cut
+    want.push_back(at);                      // after the big one: far enough
+    at += small_hunk.size();
+    want.push_back(at);                      // y.cc
+    at += hdr2.size();
+    want.push_back(at);                      // y.cc's first hunk
+    EXPECT_EQ(diff_unit_cuts(text), want);
+    for (size_t c : want) EXPECT_TRUE(is_line_cut(text, c)) << c;
+    // Prefix-stable: a text that starts alike is cut alike up to where it differs.
+    const std::string other = hdr1 + small_hunk + "@@ -5,1 +5,1 @@\n-q\n";
+    EXPECT_EQ(diff_unit_cuts(other), std::vector<size_t>{hdr1.size()});
+    // Not a diff: no cuts; a "@@ " inside a line is no hunk; the very start is never a cut.
+    EXPECT_TRUE(diff_unit_cuts("plain text\nmore text\n").empty());
+    EXPECT_TRUE(diff_unit_cuts("x @@ -1 +1 @@\n").empty());
+    EXPECT_EQ(diff_unit_cuts("@@ -1 +1 @@\n-a\n"), std::vector<size_t>{});
+}
+
 TEST(Assembler, LeadingSegmentsAreThePromptsFirstOnesWhenTheRestHasMuchToTokenize) {
     auto segs = typical_workspace();
     std::string map;
