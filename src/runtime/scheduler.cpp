@@ -15,7 +15,9 @@
 //
 // Pre-warms (prewarm()) are the lowest priority: one at a time, admitted only into a
 // free work sequence when no chat waits, and given a chunk only in a round where no
-// chat's prompt is prefilling. A chat that needs a work sequence, or is of the
+// chat's prompt is prefilling and, unless it prefills a waiting request's leading
+// segments (prefill_ahead), no chat is generating: a speculative chunk between two
+// decode steps would slow every generating chat by a whole chunk's time. A chat that needs a work sequence, or is of the
 // pre-warm's workspace, preempts it: finish_turn caches the blocks prefilled so far
 // (every chunk end is a block end) and the chat starts from them.
 #include "warmctx/scheduler.h"
@@ -248,7 +250,9 @@ struct scheduler::impl {
         const bool oldest = ++n_prefill_rounds % 4 == 0;
         size_t n = 0;
         uint64_t remaining = 0;
+        bool generating = false;  // a chat decodes this round
         for (auto & j : slots) {
+            if (j && !j->prefilling && !j->prewarm && !j->finished && !j->cancelled) generating = true;
             if (!j || !j->prefilling || j->cancelled) continue;
             ++n;
             remaining += (uint64_t)j->turn.prefill_remaining();
@@ -260,7 +264,7 @@ struct scheduler::impl {
                                  : j->turn.prefill_remaining() < pick->turn.prefill_remaining()))
                 pick = j.get();
         }
-        if (!pick) pick = background;
+        if (!pick && background && (!generating || background->q.job.turn.ahead)) pick = background;
         a_prefilling = n;
         a_prefill_remaining = remaining;
         if (!pick) return;

@@ -421,6 +421,56 @@ TEST(Scheduler, AChatDuringItsPrewarmStartsFromWhatThePrewarmHasDone) {
     expect_equals_cold(**s, chat, done);
 }
 
+// A pre-warm never slows a generating chat: between the chat's first token and its end
+// no pre-warm chunk runs (on 2 cores one chunk costs several decode steps); the pre-warm
+// goes on when the chat is done, and completes.
+TEST(Scheduler, APrewarmWaitsWhileAChatGenerates) {
+    workload_generator g(25, [](const std::string & x) { return x.size() / 3; });
+    auto big = make_workspace(g, 1600, 1);  // about 25 chunks of 64
+    std::mutex log_mu;
+    std::string log;  // 'P': a pre-warm chunk, 'D': a token of the chat, 'E': its end
+    collector c;
+    event_sink chat_sink = [&, inner = c.sink()](const completion_event & ev) {
+        {
+            std::lock_guard<std::mutex> lk(log_mu);
+            if (ev.what == completion_event::kind::delta) log += 'D';
+            if (ev.what == completion_event::kind::done) log += 'E';
+        }
+        return inner(ev);
+    };
+    std::atomic<bool> sent{false};
+    scheduler * self = nullptr;
+    auto o = tiny_scheduler(2);
+    o.after_prefill_chunk = [&](const turn_request & r, pos_t) {
+        if (!r.prewarm) return;
+        {
+            std::lock_guard<std::mutex> lk(log_mu);
+            log += 'P';
+        }
+        if (!sent.exchange(true)) ASSERT_TRUE(self->submit({req("other", small_workspace(9), 12), chat_sink}).ok());
+    };
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok());
+    self = s->get();
+    ASSERT_TRUE((*s)->prewarm(prewarm_req("pw", big)).ok());
+    ASSERT_TRUE(c.wait());
+    ASSERT_EQ(c.last()->what, completion_event::kind::done);
+    ASSERT_TRUE(wait_prewarms(**s, 1));
+    std::string seen;
+    {
+        std::lock_guard<std::mutex> lk(log_mu);
+        seen = log;
+    }
+    const size_t first = seen.find('D'), end = seen.find('E');
+    ASSERT_NE(first, std::string::npos) << seen;
+    ASSERT_NE(end, std::string::npos) << seen;
+    EXPECT_EQ(seen.substr(first, end - first).find('P'), std::string::npos) << "a pre-warm chunk ran between two tokens: " << seen;
+    EXPECT_NE(seen.find('P', end), std::string::npos) << "the pre-warm went on after the chat: " << seen;
+    context_counters cc = counters_of(**s);
+    EXPECT_EQ(cc.prewarm.n_preempted, 0u);
+    EXPECT_EQ(cc.prewarm.n_prewarms, 1u);
+}
+
 // A chat whose prompt has much to tokenize: its leading segments are prefilled while the
 // rest tokenizes (prefill_ahead), and the chat continues from them in place, its
 // logits equal to a cold run's.
