@@ -133,9 +133,12 @@ inline bool is_line_cut(std::string_view t, size_t p) {
 // (its header apart from its hunks: a file changed again keeps its header's tokens), and
 // before a later "@@ " line once k_diff_unit_min_bytes have passed since the last cut (a
 // hunk run too small to be worth a decode call of its own stays with the one before).
-// Each cut depends only on the text before it, so two diffs that start alike are cut
-// alike up to where they differ. Every cut is an is_line_cut point. Ascending, in (0, size).
+// At most k_diff_max_cuts (a diff of thousands of tiny files would otherwise make as
+// many decode calls). Each cut depends only on the text before it, so two diffs that
+// start alike are cut alike up to where they differ. Every cut is an is_line_cut point.
+// Ascending, in (0, size).
 inline constexpr size_t k_diff_unit_min_bytes = 1024;
+inline constexpr size_t k_diff_max_cuts = 64;
 std::vector<size_t> diff_unit_cuts(std::string_view t);
 
 // ---- validation ----------------------------------------------------------------

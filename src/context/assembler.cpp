@@ -296,7 +296,7 @@ std::vector<size_t> diff_unit_cuts(std::string_view t) {
     std::vector<size_t> cuts;
     size_t last = 0;
     bool hunk_seen = false;  // in the current file
-    for (size_t p = 1; p < t.size(); ++p) {
+    for (size_t p = 1; p < t.size() && cuts.size() < k_diff_max_cuts; ++p) {
         if (t[p - 1] != '\n') continue;
         const std::string_view line = t.substr(p);
         if (line.starts_with("diff --git ")) {

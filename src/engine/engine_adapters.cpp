@@ -164,10 +164,11 @@ class engine_text_model final : public text_model {
 
   private:
     // Whether cutting a text before a line that starts with an ASCII letter or digit, or
-    // with a diff's "@@ " (is_line_cut), leaves its plain tokens unchanged (text_model::plain_splits_at_lines): true for
-    // byte-level BPE tokenizers whose pre-tokenizer ends a word at a line break (Qwen2,
-    // Llama 3, GPT-style); false for SentencePiece, which adds a space to each text.
-    // Asked of this tokenizer on a probe of code, prose, markup and diff lines.
+    // with a diff's "@@ " (is_line_cut), leaves its plain tokens unchanged
+    // (text_model::plain_splits_at_lines): true for byte-level BPE tokenizers whose
+    // pre-tokenizer ends a word at a line break (Qwen2, Llama 3, GPT-style); false for
+    // SentencePiece, which adds a space to each text. Asked of this tokenizer on a probe
+    // of code, prose, markup and diff lines.
     bool probe_line_splits() const {
         static constexpr std::string_view probe =
             "src/engine/engine.cpp: 923 lines\n  class engine; struct impl {};\nint main(int argc, char ** argv) {\n"

@@ -17,9 +17,10 @@
 // free work sequence when no chat waits, and given a chunk only in a round where no
 // chat's prompt is prefilling and, unless it prefills a waiting request's leading
 // segments (prefill_ahead), no chat is generating: a speculative chunk between two
-// decode steps would slow every generating chat by a whole chunk's time. A chat that needs a work sequence, or is of the
-// pre-warm's workspace, preempts it: finish_turn caches the blocks prefilled so far
-// (every chunk end is a block end) and the chat starts from them.
+// decode steps would slow every generating chat by a whole chunk's time. A chat that
+// needs a work sequence, or is of the pre-warm's workspace, preempts it: finish_turn
+// caches the blocks prefilled so far (every chunk end is a block end) and the chat
+// starts from them.
 #include "warmctx/scheduler.h"
 
 #include <chrono>

@@ -75,6 +75,13 @@ TEST(Assembler, DiffUnitCutsAreItsFilesAndFirstHunksAndLaterHunksOnceLargeEnough
     EXPECT_TRUE(diff_unit_cuts("plain text\nmore text\n").empty());
     EXPECT_TRUE(diff_unit_cuts("x @@ -1 +1 @@\n").empty());
     EXPECT_EQ(diff_unit_cuts("@@ -1 +1 @@\n-a\n"), std::vector<size_t>{});
+    // Thousands of tiny files: at most k_diff_max_cuts, the first ones.
+    std::string many;
+    for (int i = 0; i < 5000; ++i) many += "diff --git a/f" + std::to_string(i) + " b/f\n@@ -1 +1 @@\n";
+    const auto capped = diff_unit_cuts(many);
+    ASSERT_EQ(capped.size(), k_diff_max_cuts);
+    const auto head = diff_unit_cuts(std::string_view(many).substr(0, capped[20]));
+    EXPECT_TRUE(std::equal(head.begin(), head.end(), capped.begin())) << "the first cuts do not depend on what follows";
 }
 
 TEST(Assembler, LeadingSegmentsAreThePromptsFirstOnesWhenTheRestHasMuchToTokenize) {
