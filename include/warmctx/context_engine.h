@@ -58,7 +58,17 @@ struct tier_options {
 };
 
 struct context_engine_options {
-    engine_options engine;            // its n_seq_max is set to n_work_seqs (+ 1: cold_stream)
+    engine_options engine;            // its n_seq_max is set to n_work_seqs (+ 1: cold_stream);
+                                      // its n_seq_resident streams (none with cold_stream)
+                                      // become work streams too: the device tier
+    // A prefix another idle stream holds is copied stream to stream (llama.cpp copies the
+    // whole stream, keeping its cell layout: exact) instead of through the RAM pool. On a
+    // GPU that is a device-to-device copy (an 805 MB stream in about a millisecond on an
+    // H200), against a save to host RAM and a load back; on the CPU it copies n_ctx cells
+    // where the pool copies the prefix's own, so `automatic` turns it on only where the
+    // model's layers run on a GPU.
+    enum class stream_copy_mode { automatic, on, off };
+    stream_copy_mode stream_copies = stream_copy_mode::automatic;
     // A KV stream of its own for run_cold, the reference runs of verify, the benches and
     // the tests. serve has none: every stream it allocates runs turns.
     bool cold_stream = true;
@@ -224,6 +234,13 @@ struct kv_memory {
     double pool_save_ms = 0;
     uint64_t n_in_place_turns = 0;         // warm turns that copied nothing
     uint64_t n_write_backs = 0;            // a stream's blocks offered to the pool (lazily)
+    double write_back_ms = 0;              // time the turns spent on those write-backs
+    uint64_t n_streams = 0;                // work streams, the resident ones included
+    uint64_t n_resident_streams = 0;       // of which resident (the device tier)
+    bool streams_on_device = false;        // the model's layers (and so the KV) are on a GPU
+    uint64_t n_stream_copies = 0;          // prefixes copied stream to stream (device)
+    uint64_t n_branches_parked = 0;        // trimmed blocks kept by a copy into a free stream
+    uint64_t n_branches_dropped = 0;       // trimmed blocks of low retention not saved
 };
 
 struct prewarm_counters {
@@ -256,6 +273,10 @@ class pending_turn {
     uint64_t now = 0;
     bool cache = true;
     double t_assemble_ms = 0, t_copy_ms = 0, t_restore_ms = 0, t_prefill_ms = 0;
+    // Before the lookup: blocks of other streams or of this one that the turn would
+    // overwrite saved to the pool (or parked in a free stream); the lookup itself and
+    // the turn's explain.
+    double t_write_back_ms = 0, t_lookup_ms = 0;
     pos_t prefill_pos = 0;  // the next prompt position to prefill
     pos_t prefill_end = 0;  // prefilled when prefill_pos reaches it: the prompt's end, or
                             // a pre-warm's cacheable end

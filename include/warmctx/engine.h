@@ -45,12 +45,19 @@ struct engine_options {
                                   // whose n_seq_max streams fit auto_ctx_max_bytes
     uint64_t auto_ctx_max_bytes = 0;  // for n_ctx 0: the streams' KV bytes at most (0 = no bound)
     uint32_t n_seq_max = 4;       // sequences the context can hold at once
+    // Resident streams beyond n_seq_max (the device tier): KV streams of n_ctx cells that
+    // keep workspaces' prefixes where the model runs. >= 0: that many; -1: on a GPU, as
+    // many as fit resident_vram_share of the device memory free once the model and the
+    // n_seq_max streams are in it (less a reserve for compute buffers), at most 256
+    // streams in all; on the CPU none. context_info says what was chosen and why.
+    int32_t n_seq_resident = 0;
+    double resident_vram_share = 0.5;
     uint32_t chunk_tokens = 512;  // canonical chunk size (also llama's n_batch/n_ubatch)
     int32_t n_threads = 0;        // 0 = all hardware threads
     int32_t n_gpu_layers = 0;     // layers to offload when built with CUDA (-1 = all)
     std::string kv_type = "f16";  // f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | iq4_nl
     kv_mode mode = kv_mode::exact;
-    bool flash_attn = false;      // off by default: the exactness facts were measured without it
+    bool flash_attn = false;      // the commands turn it on by default where layers run on a GPU
     bool verbose = false;         // let llama.cpp log to stderr
     // The chat template: the model's own unless `chat_template` is given (the text of a
     // Jinja template, e.g. read from --chat-template-file). `jinja` off renders with
@@ -82,7 +89,12 @@ struct model_info {
 
 struct context_info {
     uint32_t n_ctx_seq = 0;        // tokens one sequence can hold
-    uint32_t n_seq_max = 0;
+    uint32_t n_seq_max = 0;        // every stream, the resident ones included
+    uint32_t n_seq_resident = 0;   // of which resident (engine_options::n_seq_resident)
+    std::string resident_reason;   // how n_seq_resident was chosen, for a start-up line
+    int32_t n_gpu_layers = 0;      // layers llama.cpp offloaded (of n_layer)
+    uint64_t device_free_bytes = 0, device_total_bytes = 0;  // the GPU's, at open (0: none)
+    bool flash_attn = false;
     uint32_t chunk_tokens = 0;
     std::string kv_type;
     kv_mode mode = kv_mode::exact;

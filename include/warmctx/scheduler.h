@@ -64,6 +64,11 @@ struct completion_event {
     // sequence (llama.cpp copies the data at the next decode, so inside t_prefill_ms),
     // prefilling the rest.
     double t_assemble_ms = 0, t_restore_ms = 0, t_copy_ms = 0, t_prefill_ms = 0;
+    // And: saving blocks the turn would overwrite (to the pool, or parked in a free
+    // stream), the lookup and explain, building the sampler chain, and waiting while
+    // other jobs' prefill chunks and decode steps ran. With queue_ms, these add up to
+    // first_token_ms less the engine thread's own bookkeeping.
+    double t_write_back_ms = 0, t_lookup_ms = 0, t_sampler_ms = 0, t_interleave_ms = 0;
     // done, for a job whose turn asked keep_logits (verification): every generated token,
     // the logits after the prompt and those of every generation step (n_vocab each),
     // as turn_result carries them for run_turn and run_cold.
@@ -81,7 +86,9 @@ struct completion_job {
 
 struct scheduler_options {
     context_engine_options engine;   // engine.engine.n_seq_max is derived
-    uint32_t n_parallel = 4;         // work sequences = jobs decoded at once
+    uint32_t n_parallel = 4;         // jobs admitted at once (each in a work stream; the
+                                     // engine's resident streams are work streams too, which
+                                     // keep other workspaces' prefixes between their turns)
     size_t max_queue = 64;           // jobs waiting for a work sequence
     size_t max_prewarm_queue = 1024; // pre-warms waiting (one per workspace)
     // prefill_ahead: a request whose prompt has at least this much content still to

@@ -20,6 +20,7 @@
 #include "warmctx/json.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
+#include "server/openai.h"
 
 extern char ** environ;
 
@@ -126,6 +127,16 @@ class warmctx_system final : public bench_system {
                      {"messages", json::array()}, {"segments", std::move(s)},
                      {"max_tokens", max_tokens}, {"temperature", 0},
                      {"stream", true},          {"stream_options", {{"include_usage", true}}}};
+        return post_chat(body);
+    }
+    turn_timing send_chat(const json & messages, const std::vector<token_id> &, int max_tokens) override {
+        json body = {{"model", "warmctx"}, {"messages", messages}, {"max_tokens", max_tokens},
+                     {"temperature", 0},   {"stream", true},       {"stream_options", {{"include_usage", true}}}};
+        return post_chat(body);
+    }
+
+  private:
+    turn_timing post_chat(const json & body) {
         return stream_post(
             http_->port(), "/v1/chat/completions", body.dump(),
             [](const json & j) {
@@ -142,7 +153,7 @@ class warmctx_system final : public bench_system {
             [](const json & j, turn_timing & t) {
                 if (auto w = j.find("warmctx"); w != j.end() && w->is_object()) {
                     t.server_ms = w->value("first_token_ms", 0.0);
-                    if (auto ph = w->find("timings"); ph != w->end() && ph->is_object()) t.phases = *ph;
+                    if (auto ph = w->find("timings"); ph != w->end() && ph->is_object()) t.phases = t.timings = *ph;
                     if (auto rq = w->find("request_ms"); rq != w->end() && rq->is_number()) t.phases["request_ms"] = *rq;
                 }
                 auto u = j.find("usage");
@@ -154,7 +165,6 @@ class warmctx_system final : public bench_system {
             });
     }
 
-  private:
     std::string name_;
     std::unique_ptr<scheduler> sched_;
     std::unique_ptr<http_server> http_;
@@ -241,6 +251,7 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
     if (!eo) return eo.error();
     scheduler_options so;
     so.engine.engine = *eo;
+    so.engine.engine.n_seq_resident = o.resident_streams;
     so.engine.cold_stream = false;  // as serve: every stream runs turns
     so.engine.n_holders = o.holders;
     if (status st = o.cf.apply(so.engine); !st.ok()) return st;
@@ -259,6 +270,11 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
     auto h = http_server::start(**s, sv);
     if (!h) return h.error();
     json desc = {{"n_ctx_per_seq", (*s)->context().n_ctx_seq},
+                 {"n_streams", (*s)->context().n_seq_max},
+                 {"n_resident_streams", (*s)->context().n_seq_resident},
+                 {"streams_allocated_bytes", (*s)->context().kv_streams_bytes},
+                 {"gpu_layers", (*s)->context().n_gpu_layers},
+                 {"flash_attn", (*s)->context().flash_attn},
                  {"holders", o.holders},
                  {"policy", o.cf.policy},
                  {"budget_tokens", o.cf.budget_tokens},
@@ -402,6 +418,12 @@ result<std::vector<token_id>> prompt_builder::tokens(const std::vector<segment> 
 uint64_t prompt_builder::kv_bytes_per_token() const { return p_->ce->context().kv_bytes_per_token; }
 const std::string & prompt_builder::model_path() const { return p_->path; }
 std::string prompt_builder::model_description() const { return p_->ce->model().description; }
+
+result<std::vector<segment>> chat_segments(const json & messages) {
+    std::vector<segment> out;
+    if (auto e = server_detail::map_messages(messages, nullptr, out)) return invalid_argument(e->message);
+    return out;
+}
 
 double percentile(std::vector<double> v, double p) {
     if (v.empty()) return 0;

@@ -34,6 +34,8 @@ struct turn_timing {
     int cached_tokens = 0;     // prompt tokens the system reused
     int completion_tokens = 0;
     nlohmann::json phases;     // warmctx: where first_token_ms went (assemble, copy, prefill)
+    nlohmann::json timings;    // warmctx: the response's `warmctx.timings` object as it came
+                               // (null when the response had none)
 };
 
 // A server under test, answering one streamed request at a time.
@@ -46,6 +48,14 @@ class bench_system {
     // tokens and template differences cannot skew the comparison).
     virtual turn_timing send(const std::string & workspace, const std::vector<segment> & segs,
                              const std::vector<token_id> & tokens, int max_tokens) = 0;
+    // Sends one turn as a plain OpenAI chat: `messages` ([{"role","content"}, ...]) with no
+    // workspace and no segments. warmctx takes the messages; llama-server, as in send(),
+    // `tokens` (the prompt warmctx assembles from those messages: chat_segments below).
+    virtual turn_timing send_chat(const nlohmann::json & messages, const std::vector<token_id> & tokens,
+                                  int max_tokens) {
+        (void)messages;
+        return send("", {}, tokens, max_tokens);
+    }
     // What the system was started with (flags, budgets), for the JSON report.
     virtual nlohmann::json describe() const = 0;
     // What the system holds now, for the report after a run (warmctx: its KV memory).
@@ -60,6 +70,8 @@ struct warmctx_system_options {
     model_flags mf;                 // mf.n_ctx: per work sequence
     uint32_t holders = 4096;        // pool entries at most (the byte budget binds first)
     uint32_t parallel = 1;          // work sequences (requests decoded at once)
+    int32_t resident_streams = 0;   // serve's --resident-streams (-1: its default, as many as
+                                    // fit half the GPU's free memory; none on the CPU)
     cache_flags cf;
     std::string workspace_dir;      // the durable segment store ("" = memory only)
 };
@@ -98,6 +110,11 @@ class prompt_builder {
     std::unique_ptr<impl> p_;
     explicit prompt_builder(std::unique_ptr<impl> p);
 };
+
+// The segments warmctx's chat route makes of a plain `messages` array (the server's own
+// mapping, server/openai.h): what prompt_builder::tokens needs to give llama-server the
+// prompt warmctx prefills for that chat. Errors: invalid_argument (what the route refuses).
+result<std::vector<segment>> chat_segments(const nlohmann::json & messages);
 
 double percentile(std::vector<double> v, double p);
 double median(std::vector<double> v);

@@ -18,11 +18,13 @@ struct model_flags {
     std::string model;          // "" = the default model (generated once, cached)
     uint32_t n_ctx = 0;         // 0 = automatic (engine_options::n_ctx)
     int32_t threads = 0;
-    int32_t gpu_layers = 0;
+    // A CUDA build offloads every layer and uses flash attention by default, as
+    // llama-server does; --gpu-layers 0 and --no-flash-attn opt out.
+    int32_t gpu_layers = backend_name() == "CPU" ? 0 : -1;
     std::string kv_type = "f16";
     std::string kv_mode = "exact";
     uint32_t chunk = 512;
-    bool flash_attn = false;
+    bool flash_attn = backend_name() != "CPU";
     bool verbose = false;
     std::string chat_template_file;  // "" = the model's own template
     bool no_jinja = false;

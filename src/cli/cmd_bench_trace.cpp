@@ -11,7 +11,19 @@
 // -np, --cache-ram, batch or KV-type flags).
 // Each turn is sent once, in trace order, by one client; llama-server gets the exact
 // tokens warmctx assembles, so both prefill the same prompt.
+// --history-window N gives every turn the last N messages of its workspace's
+// conversation (agent_trace.h); --messages plain sends warmctx each turn as a plain
+// OpenAI chat (system, history, user; no workspace, no segments) and llama-server the
+// tokens warmctx's chat route assembles from those messages.
+// Reported per system: prefilled tokens, the client TTFT distribution, warm turns (at most
+// k_warm_max_prefill tokens prefilled), and for warmctx the sums of every phase of the
+// responses' warmctx.timings and what they leave of the client TTFT unaccounted.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "bench_harness.h"
@@ -33,9 +45,35 @@ struct trace_args {
     std::vector<std::string> systems = {"warmctx-semantic", "warmctx-lru", "llama-server", "warmctx-defaults",
                                         "llama-server-defaults"};
     std::string llama_server = default_tool("llama-server");
+    std::string messages = "segments";  // how warmctx is sent a turn: segments | plain
     bool quick = false;
     bool json_out = false;
 };
+
+// A warm turn prefills at most this many tokens (its tail, not a context).
+constexpr int k_warm_max_prefill = 300;
+
+json ms_or_null(const std::vector<double> & v, double p) { return v.empty() ? json(nullptr) : json(percentile(v, p)); }
+json max_or_null(const std::vector<double> & v) {
+    return v.empty() ? json(nullptr) : json(*std::max_element(v.begin(), v.end()));
+}
+
+// Counts of TTFTs at most each edge (ms), 1-2-5 steps; the last bucket has no bound.
+json ttft_histogram(const std::vector<double> & v) {
+    static const double edges[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000};
+    json le = json::array(), counts = json::array();
+    std::vector<int> n(std::size(edges) + 1, 0);
+    for (double x : v) {
+        size_t b = 0;
+        while (b < std::size(edges) && x > edges[b]) ++b;
+        ++n[b];
+    }
+    for (size_t b = 0; b <= std::size(edges); ++b) {
+        le.push_back(b < std::size(edges) ? json(edges[b]) : json(nullptr));
+        counts.push_back(n[b]);
+    }
+    return {{"le_ms", le}, {"counts", counts}};
+}
 
 int run_trace(trace_args a) {
     if (a.quick) {
@@ -53,28 +91,48 @@ int run_trace(trace_args a) {
         }
     if (a.server_cache_ram_mib < 0) return fail(invalid_argument("--server-cache-ram-mib must be >= 0"));
     if (a.budget_mib < 0) return fail(invalid_argument("--budget-mib must be >= 0"));
+    if (a.messages != "segments" && a.messages != "plain")
+        return fail(invalid_argument("--messages must be segments or plain"));
+    const bool plain = a.messages == "plain";
     auto pb = prompt_builder::open(a.mf);
     if (!pb) return fail(pb.error());
     progress("generating the trace: " + std::to_string(a.t.n_workspaces) + " workspaces, " +
              std::to_string(a.t.n_turns) + " turns");
     auto tr = make_agent_trace(a.t, (*pb)->counter());
     if (!tr) return fail(tr.error());
+    // What each turn sends: its segments, or (plain) its chat messages; and the tokens
+    // warmctx assembles from them, which llama-server gets.
     std::vector<std::vector<token_id>> tokens;
+    std::vector<json> chats;
     size_t max_prompt = 0, total_prompt = 0;
     std::vector<size_t> stable_prompt((size_t)a.t.n_workspaces, 0);
     int n_edits = 0;
+    json history_of_turn = json::array();
     for (const auto & turn : tr->turns) {
-        auto t = (*pb)->tokens(turn.segments);
+        std::vector<segment> segs = turn.segments;
+        // the stable part: the stable segments, or (plain) the system message
+        std::vector<segment> stable(turn.segments.begin(), turn.segments.begin() + (std::ptrdiff_t)turn.n_stable);
+        if (plain) {
+            json msgs = json::array();
+            for (const auto & m : trace_chat_messages(turn)) msgs.push_back({{"role", m.role}, {"content", m.content}});
+            auto cs = chat_segments(msgs);
+            if (!cs) return fail(cs.error());
+            segs = std::move(*cs);
+            auto ss = chat_segments(json::array({msgs[0]}));
+            if (!ss) return fail(ss.error());
+            stable = std::move(*ss);
+            chats.push_back(std::move(msgs));
+        }
+        auto t = (*pb)->tokens(segs);
         if (!t) return fail(t.error());
         max_prompt = std::max(max_prompt, t->size());
         total_prompt += t->size();
-        // the stable part: everything before the diff
-        std::vector<segment> stable(turn.segments.begin(), turn.segments.end() - 3);
         if (stable_prompt[(size_t)turn.workspace] == 0) {
             auto st = (*pb)->tokens(stable);
             if (st) stable_prompt[(size_t)turn.workspace] = st->size();
         }
         if (!turn.edited.empty()) ++n_edits;
+        history_of_turn.push_back(turn.n_history);
         tokens.push_back(std::move(*t));
     }
     const uint64_t bpt = (*pb)->kv_bytes_per_token();
@@ -117,6 +175,7 @@ int run_trace(trace_args a) {
                  {{"seed", a.t.seed}, {"workspaces", a.t.n_workspaces}, {"turns", a.t.n_turns},
                   {"zipf_s", a.t.zipf_s}, {"stable_tokens_mean", a.t.stable_tokens}, {"edit_prob", a.t.edit_prob},
                   {"tail_tokens_mean", a.t.tail_tokens}, {"stable_prompt_tokens", stable_prompt},
+                  {"history_window", a.t.history_window}, {"messages", a.messages},
                   {"edits", n_edits}, {"prompt_tokens_total", total_prompt}, {"max_prompt_tokens", max_prompt}}},
                 {"budget", {{"mib", budget_mib}, {"allocated_bytes", allocated_bytes}, {"bytes", budget_bytes},
                             {"kv_bytes_per_token", bpt}, {"tokens", bpt ? budget_bytes / bpt : 0},
@@ -130,6 +189,8 @@ int run_trace(trace_args a) {
     json workspace_of = json::array();
     for (const auto & turn : tr->turns) workspace_of.push_back(turn.workspace);
     out["trace"]["workspace_of_turn"] = workspace_of;
+    out["trace"]["history_messages_of_turn"] = history_of_turn;
+    out["warm_turn_max_prefilled_tokens"] = k_warm_max_prefill;
 
     json systems = json::array();
     for (const auto & name : a.systems) {
@@ -152,6 +213,7 @@ int run_trace(trace_args a) {
                 o.mf.n_ctx = a.mf.n_ctx;  // as given (0: automatic), like serve
                 o.cf = cache_flags{};     // the default byte budget
                 o.parallel = scheduler_options{}.n_parallel;  // serve's default --parallel
+                o.resident_streams = -1;                      // and --resident-streams
             } else {
                 o.cf.budget_bytes = budget_bytes;
                 o.cf.policy = name == "warmctx-lru" ? "lru" : "semantic";
@@ -160,20 +222,45 @@ int run_trace(trace_args a) {
         }
         if (!sys) return fail(sys.error());
         progress(name + ": replaying " + std::to_string(tr->turns.size()) + " turns");
-        std::vector<double> ttft;
+        std::vector<double> ttft, warm_ttft, unaccounted;
         json per_turn_ttft = json::array(), per_turn_cached = json::array(), per_turn_prompt = json::array();
+        json per_turn_unaccounted = json::array(), per_turn_timings = json::array();
+        std::map<std::string, double> phase_sum;  // every numeric key of warmctx.timings
         uint64_t prompt_total = 0, cached_total = 0;
+        int mismatches = 0;
         const auto t0 = clock_type::now();
         for (size_t i = 0; i < tr->turns.size(); ++i) {
             const auto & turn = tr->turns[i];
-            auto r = (*sys)->send(tr->workspace_ids[(size_t)turn.workspace], turn.segments, tokens[i], 1);
+            auto r = plain ? (*sys)->send_chat(chats[i], tokens[i], 1)
+                           : (*sys)->send(tr->workspace_ids[(size_t)turn.workspace], turn.segments, tokens[i], 1);
             if (!r.ok) {
                 return fail(engine_error(name + ": turn " + std::to_string(i) + " failed: " + r.error));
             }
-            if ((size_t)r.prompt_tokens != tokens[i].size())
+            if ((size_t)r.prompt_tokens != tokens[i].size()) {
+                ++mismatches;
                 progress(name + ": turn " + std::to_string(i) + " reports " + std::to_string(r.prompt_tokens) +
                          " prompt tokens, expected " + std::to_string(tokens[i].size()));
+            }
             ttft.push_back(r.ttft_ms);
+            if (r.prompt_tokens - std::max(0, r.cached_tokens) <= k_warm_max_prefill) warm_ttft.push_back(r.ttft_ms);
+            if (r.timings.is_object()) {
+                // Each numeric key is a phase, whatever the server names; the rest of the
+                // client's TTFT is unaccounted (negative when the phases overlap or
+                // exceed it: reported as is).
+                double sum = 0;
+                for (auto it = r.timings.begin(); it != r.timings.end(); ++it) {
+                    if (!it.value().is_number()) continue;
+                    const double v = it.value().get<double>();
+                    phase_sum[it.key()] += v;
+                    sum += v;
+                }
+                unaccounted.push_back(r.ttft_ms - sum);
+                per_turn_unaccounted.push_back(r.ttft_ms - sum);
+                per_turn_timings.push_back(r.timings);
+            } else {
+                per_turn_unaccounted.push_back(nullptr);
+                per_turn_timings.push_back(nullptr);
+            }
             per_turn_ttft.push_back(r.ttft_ms);
             per_turn_cached.push_back(r.cached_tokens);
             per_turn_prompt.push_back(r.prompt_tokens);
@@ -191,10 +278,31 @@ int run_trace(trace_args a) {
                   {"ttft_p50_ms", percentile(ttft, 0.5)},
                   {"ttft_p95_ms", percentile(ttft, 0.95)},
                   {"ttft_mean_ms", summarize(ttft).mean},
+                  {"ttft_max_ms", max_or_null(ttft)},
+                  {"ttft_histogram", ttft_histogram(ttft)},
+                  {"warm_turns", warm_ttft.size()},
+                  {"warm_ttft_p50_ms", ms_or_null(warm_ttft, 0.5)},
+                  {"warm_ttft_p95_ms", ms_or_null(warm_ttft, 0.95)},
+                  {"warm_ttft_max_ms", max_or_null(warm_ttft)},
+                  {"prompt_token_mismatches", mismatches},
                   {"wall_ms", wall_ms},
                   {"config", (*sys)->describe()},
                   {"end_state", (*sys)->state()},
                   {"per_turn", {{"ttft_ms", per_turn_ttft}, {"cached_tokens", per_turn_cached}, {"prompt_tokens", per_turn_prompt}}}};
+        if (!unaccounted.empty()) {
+            json sums = json::object();
+            double total = 0, unaccounted_sum = 0;
+            for (const auto & [k, v] : phase_sum) { sums[k] = v; total += v; }
+            for (double x : unaccounted) unaccounted_sum += x;
+            s["phases"] = {{"turns", unaccounted.size()}, {"sum_ms", sums}, {"total_ms", total}};
+            s["unaccounted"] = {{"sum_ms", unaccounted_sum},
+                                {"p50_ms", percentile(unaccounted, 0.5)},
+                                {"p95_ms", percentile(unaccounted, 0.95)},
+                                {"max_ms", max_or_null(unaccounted)},
+                                {"min_ms", *std::min_element(unaccounted.begin(), unaccounted.end())}};
+            s["per_turn"]["unaccounted_ms"] = per_turn_unaccounted;
+            s["per_turn"]["timings"] = per_turn_timings;
+        }
         progress(name + ": prefilled " + std::to_string(prompt_total - cached_total) + " tokens, TTFT p50 " +
                  std::to_string(percentile(ttft, 0.5)) + " ms");
         systems.push_back(std::move(s));
@@ -220,11 +328,37 @@ int run_trace(trace_args a) {
                 "slot %.1f MiB + --cache-ram %d MiB); %d turns over %d workspaces, %d edits\n",
                 budget_mib, stream_mib, (unsigned long long)(bpt ? budget_bytes / (bpt + 12) : 0), slot_mib,
                 server_cache_ram_mib, a.t.n_turns, a.t.n_workspaces, n_edits);
-    std::printf("%-17s %12s %8s %12s %12s %12s\n", "system", "prefilled", "cached", "TTFT p50 ms", "TTFT p95 ms", "wall s");
+    if (a.t.history_window != 0 || plain)
+        std::printf("history window %s, sent as %s\n",
+                    a.t.history_window < 0 ? "all" : std::to_string(a.t.history_window).c_str(),
+                    plain ? "plain chat messages" : "segments");
+    // A number to one decimal, or "-" where there is none (no warm turn).
+    auto ms = [](const json & v) {
+        char b[32];
+        if (!v.is_number()) return std::string("-");
+        std::snprintf(b, sizeof b, "%.1f", v.get<double>());
+        return std::string(b);
+    };
+    std::printf("%-21s %10s %7s %10s %10s %10s %5s %10s %10s %8s\n", "system", "prefilled", "cached", "TTFT p50",
+                "TTFT p95", "TTFT max", "warm", "warm p50", "warm p95", "wall s");
     for (const auto & s : systems)
-        std::printf("%-17s %12llu %8.3f %12.1f %12.1f %12.1f\n", s["name"].get<std::string>().c_str(),
+        std::printf("%-21s %10llu %7.3f %10.1f %10.1f %10s %5d %10s %10s %8.1f\n", s["name"].get<std::string>().c_str(),
                     (unsigned long long)s["prefilled_tokens"].get<uint64_t>(), s["cached_ratio"].get<double>(),
-                    s["ttft_p50_ms"].get<double>(), s["ttft_p95_ms"].get<double>(), s["wall_ms"].get<double>() / 1000);
+                    s["ttft_p50_ms"].get<double>(), s["ttft_p95_ms"].get<double>(), ms(s["ttft_max_ms"]).c_str(),
+                    s["warm_turns"].get<int>(), ms(s["warm_ttft_p50_ms"]).c_str(), ms(s["warm_ttft_p95_ms"]).c_str(),
+                    s["wall_ms"].get<double>() / 1000);
+    std::printf("(TTFT at the client, ms; warm: turns that prefilled <= %d tokens)\n", k_warm_max_prefill);
+    for (const auto & s : systems) {
+        if (!s.contains("phases")) continue;
+        std::printf("%s: sums over %d turns of warmctx.timings, ms:", s["name"].get<std::string>().c_str(),
+                    s["phases"]["turns"].get<int>());
+        for (auto it = s["phases"]["sum_ms"].begin(); it != s["phases"]["sum_ms"].end(); ++it)
+            std::printf(" %s %.1f", it.key().c_str(), it.value().get<double>());
+        const json & u = s["unaccounted"];
+        std::printf("; unaccounted (TTFT - phases) sum %.1f, per turn p50 %.2f p95 %.2f max %.2f\n",
+                    u["sum_ms"].get<double>(), u["p50_ms"].get<double>(), u["p95_ms"].get<double>(),
+                    u["max_ms"].get<double>());
+    }
     for (auto it = ratios.begin(); it != ratios.end(); ++it) std::printf("%s: %.3f\n", it.key().c_str(), it.value().get<double>());
     return 0;
 }
@@ -246,8 +380,21 @@ void register_trace_bench(CLI::App & bench, int & rc) {
     c->add_option("--server-cache-ram-mib", a->server_cache_ram_mib, "llama-server's --cache-ram, MiB (0 = the budget less its slot)")->capture_default_str();
     c->add_option("--systems", a->systems, "systems: warmctx-semantic, warmctx-lru, llama-server (equal allocated KV), warmctx-defaults, llama-server-defaults")->delimiter(',')->capture_default_str();
     c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
+    c->add_option("--history-window", a->t.history_window,
+                  "earlier messages of its workspace's conversation each turn sends, the last N (the window "
+                  "slides); 0 = none, the stateless trace; -1 = all")
+        ->check(CLI::Range(-1, 1 << 20))
+        ->capture_default_str();
+    c->add_option("--messages", a->messages,
+                  "how warmctx is sent a turn: segments (typed, with the workspace) or plain (OpenAI chat "
+                  "messages: system, history, user; no workspace or segments); llama-server gets the tokens "
+                  "warmctx assembles either way")
+        ->check(CLI::IsMember({"segments", "plain"}))
+        ->capture_default_str();
     c->add_flag("--quick", a->quick, "a small trace (4 workspaces, 24 turns, ~1.5k-token stable contexts)");
-    c->add_flag("--json", a->json_out, "print JSON");
+    c->add_flag("--json", a->json_out,
+                "print JSON (per system: TTFT p50/p95/max/histogram and per-turn series, warm turns' count and "
+                "TTFT p50/p95; warmctx: the sum of each warmctx.timings phase and the unaccounted TTFT)");
     on_run(c, rc, [a] { return run_trace(*a); });
 }
 

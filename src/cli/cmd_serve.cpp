@@ -47,11 +47,30 @@ struct serve_args {
     bool no_prewarm = false;
     std::string prefill_ahead = "gpu";  // gpu, always, never
     bool disk_budget_given = false;
+    int32_t resident_streams = -1;      // -1: as many as fit resident_share of the GPU
+    double resident_share = 0.5;
+    std::string stream_copies = "auto";  // auto, on, off
 };
 
 // Out of the box the disk tier and the workspace store live in the user's cache
 // directory, so a restart loses no warm workspace.
 constexpr uint64_t k_default_disk_budget = uint64_t{8} << 30;
+
+// One start-up line: where the model's layers run and why.
+std::string where_the_model_runs(const context_info & ci, const model_info & mi, const model_flags & mf) {
+    const std::string fa = std::string("flash attention ") + (ci.flash_attn ? "on" : "off");
+    if (ci.n_gpu_layers > 0) {
+        std::string why = mf.gpu_layers < 0 ? "--gpu-layers -1, the default in a CUDA build" : "--gpu-layers " + std::to_string(mf.gpu_layers);
+        return "model on " + ci.backend + ": " + std::to_string(ci.n_gpu_layers) + " of " + std::to_string(mi.n_layer) +
+               " layers on the GPU (" + why + "), " + fa + (ci.flash_attn ? " (the default on a GPU; --no-flash-attn)" : "") +
+               "; " + std::to_string(ci.device_free_bytes >> 20) + " of " + std::to_string(ci.device_total_bytes >> 20) +
+               " MiB of device memory were free after the model";
+    }
+    if (ci.backend == "CPU")
+        return "model on the CPU (this build has no GPU backend; WARMCTX_CUDA=1 bash scripts/setup.sh builds one), " + fa;
+    if (ci.device_total_bytes == 0) return "model on the CPU: this " + ci.backend + " build found no GPU, " + fa;
+    return "model on the CPU (--gpu-layers 0), " + fa;
+}
 
 int run_serve(const serve_args & a) {
     // The server's rule (warmctx/server.h): the scheduler's queue, not the HTTP pool,
@@ -120,6 +139,11 @@ int run_serve(const serve_args & a) {
         return fail(eo.error());
     }
     so.engine.engine = *eo;
+    so.engine.engine.n_seq_resident = a.resident_streams;
+    so.engine.engine.resident_vram_share = a.resident_share;
+    so.engine.stream_copies = a.stream_copies == "on"    ? context_engine_options::stream_copy_mode::on
+                              : a.stream_copies == "off" ? context_engine_options::stream_copy_mode::off
+                                                         : context_engine_options::stream_copy_mode::automatic;
     so.engine.cold_stream = false;  // every KV stream runs turns
     progress("serve: loading " + so.engine.engine.model_path);
     auto sched = scheduler::start(so);
@@ -137,9 +161,16 @@ int run_serve(const serve_args & a) {
                 sv.host.c_str(), (*server)->port(), so.engine.engine.model_path.c_str(), ci.n_ctx_seq,
                 (*sched)->n_parallel(), so.max_queue, sv.api_key.empty() ? "" : ", API key required");
     std::fflush(stdout);
+    progress("serve: " + where_the_model_runs(ci, (*sched)->model(), a.mf));
+    if (ci.n_seq_resident > 0 || a.resident_streams != 0)
+        progress("serve: device tier: " + std::to_string(ci.n_seq_resident) + " resident KV streams beside the " +
+                 std::to_string((*sched)->n_parallel()) + " of --parallel (" + ci.resident_reason +
+                 "; --resident-streams, --resident-share): a workspace's prefix stays where the model runs between "
+                 "its turns");
     progress("serve: context " + std::to_string(ci.n_ctx_seq) + " tokens per sequence (" + ci.n_ctx_reason +
-             "; -c to change); KV streams " + std::to_string(ci.kv_streams_bytes >> 20) +
-             " MiB allocated; cached prefixes up to " +
+             "; -c to change); KV streams " + std::to_string(ci.n_seq_max) + " x " +
+             std::to_string((ci.kv_streams_bytes / std::max<uint32_t>(ci.n_seq_max, 1)) >> 20) + " MiB = " +
+             std::to_string(ci.kv_streams_bytes >> 20) + " MiB allocated; cached prefixes up to " +
              (so.engine.budget.max_bytes ? std::to_string(so.engine.budget.max_bytes >> 20) + " MiB" : std::string("unlimited")) +
              " of RAM (--budget-bytes)");
     {
@@ -188,7 +219,7 @@ void register_serve_command(CLI::App & app, int & rc) {
     a->mf.add_to(*c);
     c->add_option("--host", a->host, "address to listen on")->capture_default_str();
     c->add_option("--port", a->port, "port to listen on (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
-    c->add_option("--parallel", a->n_parallel, "requests decoded at once (work sequences)")->capture_default_str()->check(CLI::Range(1, 64));
+    c->add_option("--parallel", a->n_parallel, "requests decoded at once (each in a work stream)")->capture_default_str()->check(CLI::Range(1, 64));
     c->add_option("--queue", a->max_queue, "requests waiting for a work sequence; beyond it 429")->capture_default_str()->check(CLI::Range(1, 100000));
     a->cf.add_to(*c);
     c->add_option("--api-key", a->api_key, "require \"Authorization: Bearer KEY\" on every route but /health")->envname("WARMCTX_API_KEY");
@@ -220,6 +251,22 @@ void register_serve_command(CLI::App & app, int & rc) {
                   "rest of it, at least 64 KiB of new text, is still tokenized: gpu (only when the model's layers run on "
                   "a GPU; on the CPU prefill and tokenizing share the cores), always, never")
         ->check(CLI::IsMember({"gpu", "always", "never"}))
+        ->capture_default_str();
+    c->add_option("--resident-streams", a->resident_streams,
+                  "the device tier: KV streams kept beside --parallel's, each holding a workspace's prefix where the "
+                  "model runs between its turns (-1 = as many as fit --resident-share of the GPU's free memory; none "
+                  "on the CPU, where the RAM pool holds prefixes compactly)")
+        ->capture_default_str()
+        ->check(CLI::Range(-1, 255));
+    c->add_option("--resident-share", a->resident_share,
+                  "for --resident-streams -1: the share of the device memory free after the model, the work streams "
+                  "and a compute reserve that resident streams may take")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 0.95));
+    c->add_option("--stream-copies", a->stream_copies,
+                  "reuse a prefix another idle stream holds by copying the stream (on a GPU, device to device) instead "
+                  "of through the RAM pool: auto (when layers run on a GPU), on, off")
+        ->check(CLI::IsMember({"auto", "on", "off"}))
         ->capture_default_str();
     c->parse_complete_callback([a, c] { a->disk_budget_given = c->count("--disk-budget-bytes") > 0; });
     for (CLI::Option * o : c->get_options())

@@ -36,12 +36,16 @@ void model_flags::add_to(CLI::App & app, bool with_ctx) {
                        "streams fit " + std::to_string(default_kv_share_bytes() >> 20) + " MiB, a quarter of RAM up to 8 GiB)")
             ->capture_default_str();
     app.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
-    app.add_option("--gpu-layers", gpu_layers, "layers to offload to the GPU in a CUDA build (-1 = all)")->capture_default_str();
+    app.add_option("--gpu-layers", gpu_layers,
+                   "layers to offload to the GPU in a CUDA build (-1 = all, the default there; 0 = run on the CPU)")
+        ->capture_default_str();
     app.add_option("--kv-type", kv_type, "KV cache type: f32, f16, bf16, q8_0, q4_0, ...")->capture_default_str();
     app.add_option("--kv-mode", kv_mode, "exact (per-sequence KV, bit-identical reuse) or shared (one unified KV)")
         ->capture_default_str();
     app.add_option("--chunk", chunk, "canonical prefill chunk, tokens")->capture_default_str();
-    app.add_flag("--flash-attn", flash_attn, "use flash attention (needed for quantized KV types)");
+    app.add_flag("--flash-attn,!--no-flash-attn", flash_attn,
+                 "use flash attention (needed for quantized KV types; on by default in a CUDA build)")
+        ->capture_default_str();
     app.add_option("--chat-template-file", chat_template_file,
                    "a Jinja chat template to use instead of the model's own (e.g. one of llama.cpp's models/templates/)");
     app.add_flag("--no-jinja", no_jinja,

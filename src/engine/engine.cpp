@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "ggml.h"
+#include "ggml-backend.h"
 #include "gguf.h"
 #include "llama.h"
 
@@ -281,11 +282,53 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     } else {
         p->cinfo.n_ctx_reason = "as asked";
     }
+    // The GPU's memory once the model is in it, and the resident streams it has room for.
+    uint64_t dev_free = 0, dev_total = 0;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_GPU) continue;
+        size_t f = 0, t = 0;
+        ggml_backend_dev_memory(dev, &f, &t);
+        dev_free = f;
+        dev_total = t;
+        break;
+    }
+    const bool on_gpu = dev_total > 0 && opts.n_gpu_layers != 0;
+    p->cinfo.device_free_bytes = dev_free;
+    p->cinfo.device_total_bytes = dev_total;
+    p->cinfo.n_gpu_layers = on_gpu ? (opts.n_gpu_layers < 0 ? p->minfo.n_layer
+                                                            : std::min(opts.n_gpu_layers, p->minfo.n_layer))
+                                   : 0;
+    uint32_t n_resident = 0;
+    const uint64_t stream_bytes = (uint64_t)n_ctx * kv_bytes_per_token;
+    if (opts.n_seq_resident >= 0) {
+        n_resident = (uint32_t)opts.n_seq_resident;
+        p->cinfo.resident_reason = n_resident > 0 ? "as asked" : "none asked";
+    } else if (opts.mode != kv_mode::exact) {
+        p->cinfo.resident_reason = "none: shared KV mode";
+    } else if (!on_gpu) {
+        p->cinfo.resident_reason = "none: the model runs on the CPU, where the RAM pool holds prefixes compactly";
+    } else if (stream_bytes > 0) {
+        // A reserve for llama.cpp's compute buffers, then the share of what is left.
+        const uint64_t reserve = std::max<uint64_t>(uint64_t{1} << 30, dev_total / 20);
+        const uint64_t base = (uint64_t)opts.n_seq_max * stream_bytes + reserve;
+        const double share = std::clamp(opts.resident_vram_share, 0.0, 0.95);
+        const uint64_t room = dev_free > base ? (uint64_t)((double)(dev_free - base) * share) : 0;
+        n_resident = (uint32_t)std::min<uint64_t>(room / stream_bytes, 256 - std::min<uint32_t>(opts.n_seq_max, 256));
+        p->cinfo.resident_reason = std::to_string(n_resident) + " streams of " + std::to_string(stream_bytes >> 20) +
+                                   " MiB fit " + std::to_string((int)(share * 100 + 0.5)) + "% of the " +
+                                   std::to_string((dev_free > base ? dev_free - base : 0) >> 20) +
+                                   " MiB of device memory free after the model, the work streams and a " +
+                                   std::to_string(reserve >> 20) + " MiB reserve";
+    }
+    const uint32_t n_seq_total = opts.n_seq_max + n_resident;
+    if (n_seq_total > 256) return invalid_argument("n_seq_max + resident streams must be at most 256");
+
     llama_context_params cp = llama_context_default_params();
     // Every sequence may hold n_ctx tokens. In exact mode each has its own stream of
     // n_ctx cells; in shared mode one stream holds n_ctx * n_seq_max cells.
-    cp.n_ctx = n_ctx * opts.n_seq_max;
-    cp.n_seq_max = opts.n_seq_max;
+    cp.n_ctx = n_ctx * n_seq_total;
+    cp.n_seq_max = n_seq_total;
     cp.n_batch = opts.chunk_tokens;
     cp.n_ubatch = opts.chunk_tokens;
     cp.n_threads = n_threads;
@@ -301,8 +344,10 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
 
     p->cinfo.n_ctx_seq = opts.mode == kv_mode::exact ? llama_n_ctx_seq(p->ctx.get()) : n_ctx;
     p->cinfo.n_ctx_seq = std::min(p->cinfo.n_ctx_seq, n_ctx);
-    p->cinfo.n_seq_max = opts.n_seq_max;
-    p->n_stream = opts.mode == kv_mode::exact ? opts.n_seq_max : 1;  // as kv_unified decides
+    p->cinfo.n_seq_max = n_seq_total;
+    p->cinfo.n_seq_resident = n_resident;
+    p->cinfo.flash_attn = opts.flash_attn;
+    p->n_stream = opts.mode == kv_mode::exact ? n_seq_total : 1;  // as kv_unified decides
     p->cinfo.chunk_tokens = opts.chunk_tokens;
     p->cinfo.kv_type = opts.kv_type;
     p->cinfo.mode = opts.mode;

@@ -43,6 +43,8 @@ pending_turn & pending_turn::operator=(pending_turn && o) noexcept {
     t_copy_ms = o.t_copy_ms;
     t_restore_ms = o.t_restore_ms;
     t_prefill_ms = o.t_prefill_ms;
+    t_write_back_ms = o.t_write_back_ms;
+    t_lookup_ms = o.t_lookup_ms;
     prefill_pos = o.prefill_pos;
     prefill_end = o.prefill_end;
     reused = o.reused;
@@ -91,6 +93,7 @@ struct context_engine::impl {
     std::unique_ptr<text_model> tm;
     std::unique_ptr<kv_pool> pool;
     std::vector<stream_state> streams;  // one per work sequence
+    bool stream_copies = false;         // options.stream_copies, resolved
     std::unique_ptr<prefix_cache> cache;
     std::unique_ptr<tier_set> tiers;
     profile prof;
@@ -252,8 +255,54 @@ struct context_engine::impl {
         n_blocks = std::min(n_blocks, s.blocks.size());
         if (s.busy || !s.unsaved || n_blocks == 0) return;
         s.unsaved = false;
+        auto t = clock_type::now();
         status st = cache->insert(s.workspace, std::span<const block>(s.blocks.data(), n_blocks), seq, s.t_finished);
         if (st.ok() || st.code() == status_code::resource_exhausted) ctr.memory.n_write_backs++;
+        ctr.memory.write_back_ms += ms_between(t, clock_type::now());
+    }
+    // An idle stream other than `except` that holds at least the first n of `blocks`.
+    seq_id stream_holding(std::span<const block> blocks, seq_id except) const {
+        for (size_t o = 0; o < streams.size(); ++o)
+            if ((seq_id)o != except && !streams[o].busy && stream_match((seq_id)o, blocks) >= blocks.size())
+                return (seq_id)o;
+        return -1;
+    }
+    // An idle stream that holds nothing, other than `except`.
+    seq_id free_stream(seq_id except) const {
+        for (size_t o = 0; o < streams.size(); ++o)
+            if ((seq_id)o != except && !streams[o].busy && streams[o].blocks.empty()) return (seq_id)o;
+        return -1;
+    }
+    // A turn in place trims `seq` to its first n_keep blocks. The blocks it destroys
+    // that a later turn may want are kept - parked whole in a free stream when stream
+    // copies are on and one is free (no byte leaves the device), else offered to the
+    // pool - unless they are only content of low retention (history that slid out of
+    // an agent's window or was compacted away, a terminal log): a branch no agent
+    // revisits is not worth a copy of the whole stream on the turn's way.
+    void save_branch(seq_id seq, size_t n_keep) {
+        stream_state & s = streams[(size_t)seq];
+        const size_t n = std::min(s.blocks.size(), s.n_durable);
+        if (!s.unsaved || n_keep >= n) return;
+        retention_class top = retention_class::none;
+        for (size_t i = n_keep; i < n; ++i) top = std::max(top, s.blocks[i].cls);
+        if (top <= retention_class::low) {
+            ctr.memory.n_branches_dropped++;
+            return;
+        }
+        if (stream_copies) {
+            if (const seq_id f = free_stream(seq); f >= 0 && eng->copy_seq(seq, f).ok()) {
+                stream_state & d = streams[(size_t)f];
+                d.blocks = s.blocks;
+                d.workspace = s.workspace;
+                d.t_finished = s.t_finished;
+                d.n_durable = s.n_durable;
+                d.unsaved = true;
+                ctr.memory.n_branches_parked++;
+                ctr.memory.n_stream_copies++;
+                return;
+            }
+        }
+        write_back(seq);
     }
     // Before another prompt overwrites an idle stream: its durable blocks go to the pool,
     // unless the pool holds them already; its per-turn blocks (the last turn's diff, test
@@ -262,10 +311,13 @@ struct context_engine::impl {
         stream_state & s = streams[(size_t)seq];
         const size_t n = std::min(s.n_durable, s.blocks.size());
         if (!s.unsaved || n == 0) return;
-        if (cache->peek(std::span<const block>(s.blocks.data(), n), s.workspace).n_blocks >= n) {
+        const std::span<const block> durable(s.blocks.data(), n);
+        if (cache->peek(durable, s.workspace).n_blocks >= n) {
             s.unsaved = false;
             return;
         }
+        // Another stream of the device tier still holds them: nothing would be lost.
+        if (stream_copies && stream_holding(durable, seq) >= 0) return;
         write_back(seq, n);
     }
     // Writes back every idle stream whose blocks `blocks` starts with: a lookup in
@@ -279,18 +331,30 @@ struct context_engine::impl {
     // of `ap`: then the match's holder is that work stream. `seq` >= 0: only that
     // stream (in place); -1: any idle stream (explain: another stream's blocks would be
     // written back to the pool and found there).
+    // With stream copies, any idle stream may serve a turn too (copied whole), and a
+    // stream wins a tie with the pool (a device copy is cheaper than a load); `seq`
+    // itself wins every tie (in place, nothing copied).
     match best_match(match m, std::span<const block> blocks, seq_id seq) const {
-        for (size_t s = 0; s < streams.size(); ++s) {
-            if ((seq >= 0 && (seq_id)s != seq) || streams[s].busy) continue;
+        const bool others = seq < 0 || stream_copies;
+        const bool stream_wins_tie = seq >= 0 || stream_copies;
+        bool have_stream = false;
+        auto consider = [&](size_t s) {
+            if (streams[s].busy) return;
             const size_t n = stream_match((seq_id)s, blocks);
-            if (n == 0 || n < m.n_blocks || (n == m.n_blocks && seq < 0)) continue;
+            if (n == 0 || n < m.n_blocks || (n == m.n_blocks && (have_stream || !stream_wins_tie))) return;
             m.n_blocks = n;
             m.n_tokens = blocks[n - 1].end;
             m.holder = (seq_id)s;
             m.workspace = streams[s].workspace;
-        }
+            have_stream = true;
+        };
+        if (seq >= 0) consider((size_t)seq);
+        if (others)
+            for (size_t s = 0; s < streams.size(); ++s)
+                if ((seq_id)s != seq) consider(s);
         return m;
     }
+    bool is_stream(seq_id s) const { return s >= 0 && (size_t)s < streams.size(); }
 
     void clear_stream(seq_id seq) {
         eng->clear_seq(seq);
@@ -318,17 +382,24 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     auto p = std::make_unique<impl>();
     p->opts = opts;
     p->cold_seq = opts.cold_stream ? (seq_id)opts.n_work_seqs : -1;
-    // The engine's KV streams: the work sequences and, for run_cold, the cold one.
-    // Cached prefixes live in the RAM pool, not in streams.
+    // The engine's KV streams: the work sequences and, for run_cold, the cold one; then
+    // the resident streams (the device tier), which are work streams too. Cached
+    // prefixes also live in the RAM pool.
     p->opts.engine.n_seq_max = opts.n_work_seqs + (opts.cold_stream ? 1 : 0);
+    if (opts.cold_stream) p->opts.engine.n_seq_resident = 0;
     auto e = engine::open(p->opts.engine);
     if (!e.ok()) return e.error();
     p->eng = std::move(e.value());
+    p->opts.n_work_seqs = opts.n_work_seqs + p->eng->context().n_seq_resident;
+    using scm = context_engine_options::stream_copy_mode;
+    p->stream_copies = opts.stream_copies == scm::on ||
+                       (opts.stream_copies == scm::automatic && p->eng->context().n_gpu_layers > 0);
+    if (p->eng->context().mode != kv_mode::exact) p->stream_copies = false;
     p->tm = make_engine_text_model(*p->eng);
     for (token_id t = 0; t < p->eng->model().n_vocab; ++t)
         p->max_piece_bytes = std::max<uint64_t>(p->max_piece_bytes, p->eng->token_piece(t).size());
     p->pool = std::make_unique<kv_pool>(*p->eng, k_first_pool_holder, opts.n_holders);
-    p->streams.resize(opts.n_work_seqs);
+    p->streams.resize(p->opts.n_work_seqs);
     // A held prefix's bytes: its cells' K and V, and per cell the position and
     // sequence id llama.cpp's saved state carries.
     const uint64_t bpt = p->eng->context().kv_bytes_per_token;
@@ -400,27 +471,39 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     if (p_->streams[(size_t)seq].busy)
         return failed_precondition("work sequence " + std::to_string(seq) + " already runs a turn");
     t.now = ++p_->now;
+    auto tw = clock_type::now();
     // Other idle streams holding blocks this prompt starts with: into the pool, so
-    // that the lookup finds them.
-    p_->write_back_sharing(ap.blocks, seq);
+    // that the lookup finds them (with stream copies the lookup sees the streams).
+    if (!p_->stream_copies) p_->write_back_sharing(ap.blocks, seq);
     {
         // Blocks of this stream the turn would overwrite go to the pool first. Every
         // write-back comes before the lookup: an insert may evict what a lookup found.
         const match peeked = p_->best_match(p_->cache->peek(ap.blocks, req.workspace), ap.blocks, seq);
         const reuse_point pat = snap_reuse(ap, peeked.n_blocks);
         const bool would_be_in_place = pat.n_tokens > 0 && peeked.holder == seq;
-        const stream_state & s = p_->streams[(size_t)seq];
         // In place, trimming only the last turn's per-turn blocks (its diff, test
         // output...) loses nothing this workspace will ask for again: no write-back.
-        // Trimming more (an edit, a branch of the history) keeps a copy in the pool.
+        // Trimming more keeps what is worth keeping (save_branch).
         if (!would_be_in_place) p_->write_back_displaced(seq);
-        else if (s.unsaved && pat.n_blocks < std::min(s.blocks.size(), s.n_durable)) p_->write_back(seq);
+        else p_->save_branch(seq, pat.n_blocks);
     }
-    match m = p_->cache->lookup(ap.blocks, t.now, req.workspace);
+    auto tl = clock_type::now();
+    t.t_write_back_ms = ms_between(tw, tl);
+    const match pooled = p_->cache->lookup(ap.blocks, t.now, req.workspace);
     // In place: this stream still holds at least as much from the turn it ran last.
-    m = p_->best_match(std::move(m), ap.blocks, seq);
+    match m = p_->best_match(pooled, ap.blocks, seq);
     reuse_point at = snap_reuse(ap, m.n_blocks);
     bool in_place = at.n_tokens > 0 && m.holder == seq;
+    if (at.n_tokens > 0 && !in_place && p_->is_stream(m.holder)) {
+        // llama.cpp applies a stream copy at its next decode: a turn that prefills
+        // nothing would leave the copy pending, so it loads from the pool instead.
+        const size_t nc = impl::n_cacheable_blocks(ap);
+        const pos_t end = req.prewarm ? (nc > 0 ? ap.blocks[nc - 1].end : 0) : (pos_t)ap.tokens.size();
+        if (end <= at.n_tokens) {
+            m = pooled;
+            at = snap_reuse(ap, m.n_blocks);
+        }
+    }
     if (!in_place) p_->clear_stream(seq);
     p_->streams[(size_t)seq].busy = true;
     t.owner_ = this;  // from here on, an early return aborts the turn (clears `seq`)
@@ -439,6 +522,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     }
     t.explain = p_->explain(req.workspace, ap, m, at.n_tokens, tier);
     t.explain.in_place = in_place;
+    t.t_lookup_ms = ms_between(tl, clock_type::now()) - t.t_restore_ms;
     if (!req.prewarm && at.n_tokens > 0) {
         // The first turn after a pre-warm of this workspace says it was served from it.
         auto h = p_->workspaces.find(req.workspace);
@@ -456,6 +540,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
             if (!st.ok()) return st;  // aborts the turn
         } else {
             WARMCTX_RETURN_IF_ERROR(p_->copy_from_holder(m.holder, seq, at.n_tokens));
+            if (p_->is_stream(m.holder)) p_->ctr.memory.n_stream_copies++;
         }
         t.t_copy_ms = ms_between(tc, clock_type::now());
     }
@@ -789,6 +874,9 @@ context_counters context_engine::counters() const {
     m.n_pool_saves = pc.n_saves;
     m.pool_saved_bytes = pc.saved_bytes;
     m.pool_save_ms = pc.save_ms;
+    m.n_streams = p_->streams.size();
+    m.n_resident_streams = ci.n_seq_resident;
+    m.streams_on_device = ci.n_gpu_layers > 0;
     return c;
 }
 

@@ -60,6 +60,9 @@ struct active_job {
     bool kv_suspect = false;     // a decode failed: its sequence's KV is not cached
     finish_reason finish = finish_reason::length;
     double t_queue_ms = 0, t_first_token_ms = 0;
+    double t_sampler_ms = 0;     // building its sampler chain (a grammar's too) at admission
+    double t_interleave_ms = 0;  // admitted, waiting while other jobs' chunks and steps ran
+    clock_type::time_point t_own_end;  // when its admission or last chunk ended
     std::vector<token_logprobs> logprobs;  // not yet sent with an event
 };
 }  // namespace
@@ -160,11 +163,16 @@ struct scheduler::impl {
         return u;
     }
 
-    static void set_phases(completion_event & ev, const pending_turn & t) {
+    static void set_phases(completion_event & ev, const active_job & j) {
+        const pending_turn & t = j.turn;
         ev.t_assemble_ms = t.t_assemble_ms;
         ev.t_restore_ms = t.t_restore_ms;
         ev.t_copy_ms = t.t_copy_ms;
         ev.t_prefill_ms = t.t_prefill_ms;
+        ev.t_write_back_ms = t.t_write_back_ms;
+        ev.t_lookup_ms = t.t_lookup_ms;
+        ev.t_sampler_ms = j.t_sampler_ms;
+        ev.t_interleave_ms = j.t_interleave_ms;
     }
 
     // The engine thread's exception boundary: a throw (bad_alloc, say) while serving one
@@ -203,12 +211,15 @@ struct scheduler::impl {
         j.t_queue_ms = ms_between(j.q.t_submit, clock_type::now());
         j.prewarm = j.q.job.turn.prewarm;
         if (!j.prewarm) {
+            const auto ts = clock_type::now();
             auto gen = ce->start_generation(j.q.job.turn.sampling);
             if (!gen.ok()) return gen.error();
             j.gen = std::move(gen.value());
+            j.t_sampler_ms = ms_between(ts, clock_type::now());
         }
         auto t = ce->begin_turn_deferred(j.q.job.turn, (seq_id)slot);
         if (!t.ok()) return t.error();
+        j.t_own_end = clock_type::now();
         j.turn = std::move(t.value());
         j.prefilling = true;
         j.admitted = ++n_admitted;
@@ -240,7 +251,7 @@ struct scheduler::impl {
         ev.explain = j.turn.explain;
         ev.t_queue_ms = j.t_queue_ms;
         ev.t_first_token_ms = j.t_first_token_ms;
-        set_phases(ev, j.turn);
+        set_phases(ev, j);
         emit(j, ev);
     }
 
@@ -271,11 +282,13 @@ struct scheduler::impl {
         if (!pick) return;
         const pos_t before = pick->turn.prefill_remaining();
         status st;
+        pick->t_interleave_ms += ms_between(pick->t_own_end, clock_type::now());
         try {
             st = ce->prefill_some(pick->turn, 1, pick->logits);  // one chunk
         } catch (...) {
             st = thrown("prefilling");
         }
+        pick->t_own_end = clock_type::now();
         a_prefill_chunks++;
         a_prefill_remaining = remaining - (uint64_t)(before - pick->turn.prefill_remaining());
         if (!st.ok()) {
@@ -394,7 +407,7 @@ struct scheduler::impl {
                 ev.explain = j.turn.explain;
                 ev.t_queue_ms = j.t_queue_ms;
                 ev.t_first_token_ms = j.t_first_token_ms;
-                set_phases(ev, j.turn);
+                set_phases(ev, j);
                 ev.t_total_ms = ms_between(j.q.t_submit, clock_type::now());
                 if (j.q.job.turn.keep_logits) {
                     ev.tokens = j.gen->tokens();
@@ -472,9 +485,14 @@ struct scheduler::impl {
             // A chat first; a pre-warm only when no chat waits, into a free sequence,
             // one at a time.
             for (;;) {
+                // At most n_parallel jobs at once; the other streams (resident ones)
+                // keep their workspaces' prefixes for the turns to come.
                 std::vector<seq_id> free_seqs;
-                for (size_t s = 0; s < slots.size(); ++s)
-                    if (!slots[s]) free_seqs.push_back((seq_id)s);
+                size_t n_busy = 0;
+                for (const auto & j : slots) n_busy += j ? 1 : 0;
+                if (n_busy < opts.n_parallel)
+                    for (size_t s = 0; s < slots.size(); ++s)
+                        if (!slots[s]) free_seqs.push_back((seq_id)s);
                 const int pw = prewarm_slot();
                 queued_job q;
                 bool chat = false, make_room = false;
@@ -604,7 +622,7 @@ result<std::unique_ptr<scheduler>> scheduler::start(const scheduler_options & op
     p->ce = std::move(ce.value());
     p->minfo = p->ce->model();
     p->cinfo = p->ce->context();
-    p->slots.resize(opts.n_parallel);
+    p->slots.resize(p->ce->n_work_seqs());  // n_parallel, and the resident streams
     impl * raw = p.get();
     p->publish();
     p->thread = std::thread([raw] { raw->loop(); });

@@ -213,6 +213,38 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
                static_cast<double>(m.pool_loaded_bytes));
         scalar(out, "warmctx_in_place_turns_total", "counter",
                "Warm turns whose work stream still held the prefix (nothing copied).", static_cast<double>(m.n_in_place_turns));
+        {
+            // One account across the tiers: the streams (in device memory when the
+            // model's layers run on a GPU), the RAM pool, the disk tier.
+            const tier_counters & tc = snap.counters.tiers;
+            const std::string streams = m.streams_on_device ? "device" : "streams";
+            header(out, "warmctx_tier_bytes", "gauge",
+                   "KV bytes by tier: device (or streams, on the CPU) = every KV stream, ram = the pool of cached "
+                   "prefixes, disk = snapshot files; state allocated or used.");
+            sample(out, "warmctx_tier_bytes", "tier=\"" + streams + "\",state=\"allocated\"",
+                   static_cast<double>(m.streams_allocated_bytes));
+            sample(out, "warmctx_tier_bytes", "tier=\"" + streams + "\",state=\"used\"",
+                   static_cast<double>(m.streams_used_bytes));
+            sample(out, "warmctx_tier_bytes", "tier=\"ram\",state=\"allocated\"", static_cast<double>(m.pool_allocated_bytes));
+            sample(out, "warmctx_tier_bytes", "tier=\"ram\",state=\"used\"", static_cast<double>(m.pool_bytes));
+            sample(out, "warmctx_tier_bytes", "tier=\"disk\",state=\"allocated\"", static_cast<double>(tc.disk_bytes));
+            sample(out, "warmctx_tier_bytes", "tier=\"disk\",state=\"used\"", static_cast<double>(tc.disk_bytes));
+        }
+        scalar(out, "warmctx_kv_streams", "gauge", "KV streams, the resident ones included.", static_cast<double>(m.n_streams));
+        scalar(out, "warmctx_kv_resident_streams", "gauge",
+               "Resident KV streams (the device tier): beside --parallel's, they keep workspaces' prefixes between turns.",
+               static_cast<double>(m.n_resident_streams));
+        scalar(out, "warmctx_stream_copies_total", "counter",
+               "Prefixes copied stream to stream (device to device on a GPU) instead of through the RAM pool.",
+               static_cast<double>(m.n_stream_copies));
+        scalar(out, "warmctx_branches_parked_total", "counter",
+               "Blocks a turn trimmed away, kept by copying the stream into a free one.", static_cast<double>(m.n_branches_parked));
+        scalar(out, "warmctx_branches_dropped_total", "counter",
+               "Blocks of low retention a turn trimmed away (history out of a window), not saved.",
+               static_cast<double>(m.n_branches_dropped));
+        scalar(out, "warmctx_write_back_seconds_total", "counter",
+               "Time turns spent saving blocks they would overwrite into the pool, before their lookup.",
+               m.write_back_ms / 1000.0);
         scalar(out, "warmctx_pool_write_backs_total", "counter",
                "Work streams' cached blocks offered to the pool before something overwrote them (lazy write-back).",
                static_cast<double>(m.n_write_backs));

@@ -557,9 +557,20 @@ json warmctx_json(const std::string & workspace, const explain_report & ex, cons
             {"first_token_ms", done.t_first_token_ms},
             {"total_ms", done.t_total_ms},
             {"request_ms", rt.request_ms},
-            {"timings", {{"assemble_ms", rt.assemble_ms + done.t_assemble_ms}, {"answer_wait_ms", rt.answer_wait_ms},
-                         {"restore_ms", done.t_restore_ms}, {"copy_ms", done.t_copy_ms},
-                         {"prefill_ms", done.t_prefill_ms}}}};
+            // Every phase of the wait for the first token, each once: their sum is
+            // request_ms + first_token_ms less the engine thread's bookkeeping.
+            {"timings",
+             {{"parse_ms", std::max(0.0, rt.request_ms - rt.assemble_ms - rt.answer_wait_ms)},
+              {"assemble_ms", rt.assemble_ms + done.t_assemble_ms},
+              {"answer_wait_ms", rt.answer_wait_ms},
+              {"queue_ms", done.t_queue_ms},
+              {"sampler_ms", done.t_sampler_ms},
+              {"write_back_ms", done.t_write_back_ms},
+              {"lookup_ms", done.t_lookup_ms},
+              {"restore_ms", done.t_restore_ms},
+              {"copy_ms", done.t_copy_ms},
+              {"prefill_ms", done.t_prefill_ms},
+              {"interleave_ms", done.t_interleave_ms}}}};
 }
 
 namespace {

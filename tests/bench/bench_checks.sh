@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
 # Runs the side-by-side benchmarks small on the tiny model and checks what their JSON
 # says (structure and cache behaviour; never timings, which are the benches' job).
-# usage: bench_checks.sh WARMCTX TINY_MODEL trace|s2|s3|contention
+# usage: bench_checks.sh WARMCTX TINY_MODEL trace|trace_window|s2|s3|contention|render
 set -euo pipefail
 warmctx="$1" model="$2" which="$3"
 out="$(mktemp)"; trap 'rm -f "$out"' EXIT
 check() { if ! jq -e "$1" "$out" >/dev/null; then echo "FAILED: $2"; jq -c "${3:-.}" "$out" | head -c 4000; echo; exit 1; fi; echo "ok: $2"; }
+
+# The TTFT distribution and warm turns of every system, and for the warmctx systems ($1, a
+# jq array of indices) the sums of their warmctx.timings phases and the unaccounted rest.
+ttft_and_phase_checks() {
+  local n; n="$(jq '.trace.turns' "$out")"
+  check "all(.systems[]; .ttft_max_ms >= .ttft_p95_ms and (.ttft_histogram.counts | add) == $n and (.ttft_histogram.counts | length) == (.ttft_histogram.le_ms | length))" \
+        "TTFT max and histogram" '.systems[] | {name, ttft_p50_ms, ttft_p95_ms, ttft_max_ms, ttft_histogram}'
+  check "all(.systems[]; .warm_turns >= 0 and .warm_turns <= $n and ([.per_turn.prompt_tokens, .per_turn.cached_tokens] | transpose | map(select(.[0] - .[1] <= 300)) | length) == .warm_turns and (.warm_turns == 0 or (.warm_ttft_p95_ms >= .warm_ttft_p50_ms and .warm_ttft_max_ms >= .warm_ttft_p95_ms)))" \
+        "warm turns (<= 300 tokens prefilled): their count and TTFT p50/p95" '.systems[] | {name, warm_turns, warm_ttft_p50_ms, warm_ttft_p95_ms}'
+  check "all(.systems[$1[]]; .phases.turns == $n and (.phases.sum_ms | has(\"assemble_ms\") and has(\"prefill_ms\")) and all(.phases.sum_ms[]; type == \"number\") and ((.phases.sum_ms | add) - .phases.total_ms | fabs) < 0.001)" \
+        "warmctx systems: the sum of every warmctx.timings phase" ".systems[$1[]] | {name, phases}"
+  check "all(.systems[$1[]]; (.per_turn.unaccounted_ms | length) == $n and ((.per_turn.ttft_ms | add) - .phases.total_ms - .unaccounted.sum_ms | fabs) < 0.01 and .unaccounted.max_ms >= .unaccounted.p95_ms and .unaccounted.p95_ms >= .unaccounted.p50_ms and .unaccounted.p50_ms >= .unaccounted.min_ms)" \
+        "warmctx systems: TTFT - phases, unaccounted, per turn and summed" ".systems[$1[]] | {name, phases, unaccounted}"
+}
 
 case "$which" in
 trace)
@@ -28,6 +42,21 @@ trace)
         "llama-server reports the allocation the budget gave it" '[.budget, .systems[2].config]'
   check '(.systems[4].config.command | test(" -c | --cache-ram | -np ") | not) and .systems[3].end_state.kv_allocated_bytes > 0' \
         "each system also at its own defaults" '[.systems[3,4].config, .systems[3].end_state]'
+  check '.trace.history_window == 0 and .trace.messages == "segments" and all(.trace.history_messages_of_turn[]; . == 0)' \
+        "no history window by default" '.trace | del(.workspace_of_turn)'
+  ttft_and_phase_checks '[0,1,3]'
+  ;;
+trace_window)
+  # The sliding window, sent as plain chat messages (no workspace, no segments).
+  "$warmctx" bench trace --quick -m "$model" --history-window 4 --messages plain \
+    --systems warmctx-defaults,llama-server-defaults --json >"$out"
+  check '[.systems[].name] == ["warmctx-defaults","llama-server-defaults"]' "one entry per system, in order"
+  check '.trace.history_window == 4 and .trace.messages == "plain" and .trace.history_messages_of_turn[0] == 0 and all(.trace.history_messages_of_turn[]; . <= 4) and (.trace.history_messages_of_turn | max) == 4' \
+        "each turn carries at most the last 4 history messages, and some carry 4" '.trace | del(.workspace_of_turn)'
+  check '([.systems[].prompt_tokens] | unique | length) == 1 and .systems[0].prompt_tokens == .trace.prompt_tokens_total and all(.systems[]; .prompt_token_mismatches == 0)' \
+        "both systems were sent the prompt warmctx assembles from the messages, turn by turn" '[.systems[] | {name, prompt_tokens, prompt_token_mismatches}, .trace.prompt_tokens_total]'
+  ttft_and_phase_checks '[0]'
+  check '(.systems[1] | has("phases") | not) and (.systems[1] | has("unaccounted") | not)' "llama-server has no warmctx timings" '.systems[1] | del(.per_turn)'
   ;;
 s2)
   "$warmctx" bench s2 -m "$model" --sizes 600,1200 --warm-turns 2 --json >"$out"

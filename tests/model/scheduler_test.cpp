@@ -413,6 +413,9 @@ TEST(Scheduler, AChatDuringItsPrewarmStartsFromWhatThePrewarmHasDone) {
     EXPECT_LT(done.explain.prewarm->n_cached, done.explain.n_cacheable);
     EXPECT_EQ(done.explain.n_reused, done.explain.prewarm->n_cached) << "reuses exactly what the pre-warm did";
     EXPECT_TRUE(done.explain.in_place);
+    // The write-through is the disk tier's writer thread's: wait for it (disk_tier()
+    // flushes the queue) before counting writes.
+    ASSERT_TRUE((*s)->call([](context_engine & ce) { (void)ce.disk_tier(); }).ok());
     context_counters cc = counters_of(**s);
     EXPECT_EQ(cc.prewarm.n_preempted, 1u);
     EXPECT_EQ(cc.prewarm.n_prefilled_tokens + (uint64_t)done.explain.n_prefilled, (uint64_t)done.explain.n_prompt_tokens)
@@ -606,6 +609,86 @@ TEST(Scheduler, PrewarmsQueueBehindChatsAndANewerOneReplacesTheQueuedOne) {
     ASSERT_TRUE((*s)->call([&](context_engine & ce) { ex.emplace(ce.explain(q)); }).ok());
     ASSERT_TRUE(ex->ok());
     EXPECT_EQ((*ex)->kind, miss_kind::full_hit) << (*ex)->reason;
+}
+
+// Resident streams: with one job at a time (n_parallel 1) and two more streams, three
+// workspaces each keep their own stream between turns - every later turn is in place -
+// and never more than one job runs.
+TEST(Scheduler, ResidentStreamsKeepEachWorkspacesPrefixBetweenItsTurns) {
+    scheduler_options o = tiny_scheduler(1);
+    o.engine.cold_stream = false;
+    o.engine.engine.n_seq_resident = 2;
+    o.engine.stream_copies = context_engine_options::stream_copy_mode::on;  // as on a GPU
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+    std::vector<std::vector<segment>> ws = {small_workspace(1), small_workspace(2), small_workspace(3)};
+    const std::vector<std::string> names = {"a", "b", "c"};
+    auto run = [&](size_t i, const std::string & q) {
+        auto segs = ws[i];
+        segs.back().content = q;
+        collector c;
+        EXPECT_TRUE((*s)->submit({req(names[i], segs, 2), c.sink()}).ok());
+        EXPECT_TRUE(c.wait());
+        return c.last() ? c.last()->explain : explain_report{};
+    };
+    for (size_t i = 0; i < 3; ++i) run(i, "first");
+    for (int round = 0; round < 2; ++round)
+        for (size_t i = 0; i < 3; ++i) {
+            explain_report r = run(i, "round " + std::to_string(round));
+            EXPECT_EQ(r.kind, miss_kind::full_hit) << names[i];
+            EXPECT_TRUE(r.in_place) << names[i] << " round " << round;
+        }
+    auto c = counters_of(**s);
+    EXPECT_EQ(c.memory.n_resident_streams, 2u);
+    EXPECT_EQ(c.memory.n_write_backs, 0u);  // no stream was ever displaced, nothing went through the pool
+    // Several submitted at once still run one at a time.
+    std::vector<std::unique_ptr<collector>> cs;
+    for (size_t i = 0; i < 3; ++i) {
+        cs.push_back(std::make_unique<collector>());
+        auto segs = ws[i];
+        segs.back().content = "together";
+        ASSERT_TRUE((*s)->submit({req(names[i], segs, 4), cs.back()->sink()}).ok());
+    }
+    // Never more than one job admitted at a time, while they run.
+    for (int i = 0; i < 200 && (*s)->stats().n_completed < 12; ++i) {
+        size_t active = 0;
+        for (const job_progress & j : (*s)->jobs()) active += j.what != job_progress::state::queued ? 1 : 0;
+        EXPECT_LE(active, 1u);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    for (auto & x : cs) ASSERT_TRUE(x->wait());
+    EXPECT_EQ((*s)->stats().n_completed, 12u);
+}
+
+// Where the time to the first token went adds up: queue, sampler, write-back, lookup,
+// restore, copy, prefill and the wait for other jobs' work, with the assembly, are
+// first_token_ms less the engine thread's own bookkeeping.
+TEST(Scheduler, TheNamedPhasesAddUpToTheTimeToTheFirstToken) {
+    auto s = scheduler::start(tiny_scheduler(2));
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+    auto wa = small_workspace(1), wb = small_workspace(2);
+    for (int turn = 0; turn < 3; ++turn) {
+        std::vector<std::unique_ptr<collector>> cs;
+        for (auto * w : {&wa, &wb}) {
+            auto segs = *w;
+            segs.back().content = "turn " + std::to_string(turn);
+            cs.push_back(std::make_unique<collector>());
+            ASSERT_TRUE((*s)->submit({req(w == &wa ? "a" : "b", segs, 2), cs.back()->sink()}).ok());
+        }
+        for (auto & c : cs) {
+            ASSERT_TRUE(c->wait());
+            const completion_event * started = nullptr;
+            for (auto & e : c->events)
+                if (e.what == completion_event::kind::started) started = &e;
+            ASSERT_NE(started, nullptr);
+            const completion_event & e = *started;
+            const double sum = e.t_queue_ms + e.t_sampler_ms + e.t_assemble_ms + e.t_write_back_ms + e.t_lookup_ms +
+                               e.t_restore_ms + e.t_copy_ms + e.t_prefill_ms + e.t_interleave_ms;
+            EXPECT_LE(sum, e.t_first_token_ms + 0.05) << "turn " << turn;
+            EXPECT_GE(sum, std::min(e.t_first_token_ms * 0.95, e.t_first_token_ms - 2.0))
+                << "turn " << turn << ": " << sum << " of " << e.t_first_token_ms << " ms named";
+        }
+    }
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -101,6 +103,98 @@ TEST(AgentTrace, BadOptionsAreErrors) {
     o = {};
     o.n_turns = 0;
     EXPECT_FALSE(make_agent_trace(o, words).ok());
+    o = {};
+    o.history_window = -2;
+    EXPECT_FALSE(make_agent_trace(o, words).ok());
+}
+
+// Without a history window (the default) a turn is its stable context, a diff, test
+// output and a question: no history segment, nothing carried from earlier turns.
+TEST(AgentTrace, NoHistoryWindowNoHistory) {
+    agent_trace_options o;
+    o.n_turns = 30;
+    auto t = make(o);
+    for (const auto & turn : t.turns) {
+        EXPECT_EQ(turn.n_history, 0u);
+        EXPECT_EQ(turn.history_available, 0u);
+        ASSERT_EQ(turn.segments.size(), turn.n_stable + 3);
+        for (const auto & s : turn.segments) EXPECT_NE(s.kind, segment_kind::history);
+        const auto m = trace_chat_messages(turn);
+        ASSERT_EQ(m.size(), 2u);
+        EXPECT_EQ(m[0].role, "system");
+        EXPECT_EQ(m[1].role, "user");
+    }
+}
+
+// --history-window N: turn k of a workspace carries min(N, 2k) messages of its
+// conversation, the LAST ones (the window slides), oldest first, alternating the
+// earlier turns' user messages (their diff, tests and question) and the answers; the
+// workspace order is the one the trace has without a window.
+TEST(AgentTrace, HistoryWindowCarriesTheLastNMessages) {
+    for (int window : {1, 4, 5, -1}) {
+        agent_trace_options o;
+        o.n_workspaces = 3;
+        o.n_turns = 60;
+        o.stable_tokens = 512;
+        o.edit_prob = 0.1;
+        o.history_window = window;
+        auto t = make(o);
+        o.history_window = 0;
+        auto plain = make(o);
+        std::map<int, std::vector<std::string>> user_texts;  // per workspace, per turn
+        std::map<std::string, std::string> answer_of;        // history id -> content
+        size_t full_windows = 0;
+        for (size_t i = 0; i < t.turns.size(); ++i) {
+            const auto & turn = t.turns[i];
+            SCOPED_TRACE("window " + std::to_string(window) + ", turn " + std::to_string(i));
+            EXPECT_EQ(turn.workspace, plain.turns[i].workspace);
+            EXPECT_EQ(turn.n_stable, plain.turns[i].n_stable);
+            auto & users = user_texts[turn.workspace];
+            const size_t available = 2 * users.size();
+            EXPECT_EQ(turn.history_available, available);
+            const size_t want = window < 0 ? available : std::min<size_t>((size_t)window, available);
+            ASSERT_EQ(turn.n_history, want);
+            ASSERT_EQ(turn.segments.size(), turn.n_stable + turn.n_history + 3);
+            if (window > 0 && want == (size_t)window) ++full_windows;
+            for (size_t k = 0; k < turn.n_history; ++k) {
+                const segment & h = turn.segments[turn.n_stable + k];
+                const size_t index = available - want + k;  // in the conversation
+                char id[32];
+                std::snprintf(id, sizeof id, "h%06zu", index);
+                EXPECT_EQ(h.id, id);
+                EXPECT_EQ(h.kind, segment_kind::history);
+                if (index % 2 == 0) {
+                    EXPECT_EQ(h.role, "user");
+                    EXPECT_EQ(h.content, users[index / 2]);  // that earlier turn's user message
+                } else {
+                    EXPECT_EQ(h.role, "assistant");
+                    EXPECT_FALSE(h.content.empty());
+                    auto [it, fresh] = answer_of.emplace(h.id + "@" + std::to_string(turn.workspace), h.content);
+                    if (!fresh) {
+                        EXPECT_EQ(it->second, h.content);  // the same answer every time it is sent
+                    }
+                }
+            }
+            for (size_t s = 0; s < turn.n_stable; ++s) EXPECT_NE(turn.segments[s].kind, segment_kind::history);
+            // As plain chat: system, the window, the new user message.
+            const auto m = trace_chat_messages(turn);
+            ASSERT_EQ(m.size(), turn.n_history + 2);
+            EXPECT_EQ(m.front().role, "system");
+            EXPECT_NE(m.front().content.find(turn.segments[0].content), std::string::npos);
+            for (size_t k = 0; k < turn.n_history; ++k) {
+                EXPECT_EQ(m[1 + k].role, turn.segments[turn.n_stable + k].role);
+                EXPECT_EQ(m[1 + k].content, turn.segments[turn.n_stable + k].content);
+            }
+            EXPECT_EQ(m.back().role, "user");
+            EXPECT_EQ(m.back().content.rfind(turn.segments[turn.segments.size() - 3].content, 0), 0u);  // the diff first
+            EXPECT_EQ(m.back().content.substr(m.back().content.size() - turn.segments.back().content.size()),
+                      turn.segments.back().content);  // the question last
+            users.push_back(m.back().content);
+        }
+        if (window > 0) {
+            EXPECT_GT(full_windows, 10u);
+        }
+    }
 }
 
 
