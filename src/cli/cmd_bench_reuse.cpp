@@ -200,6 +200,9 @@ int run_restore(restore_args a) {
             if (!cold) return fail(cold.error());
             row["prompt_tokens"] = cold->explain.n_prompt_tokens;
             row["cold_ttft_ms"] = cold->t_first_token_ms;
+            // Its write-through runs on the disk tier's writer thread: let it finish, so
+            // that the turns measured next do not share the cores with it.
+            (void)ce.disk_tier();
             // In place: the next turn finds the prefix still in its work stream.
             req.segments.back().content = g.question();
             auto inplace = ce.run_turn(req);

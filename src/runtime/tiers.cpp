@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 
 namespace warmctx {
 
@@ -20,9 +21,10 @@ snapshot make_snapshot(const profile & prof, const std::string & workspace, cons
 }
 
 result<std::unique_ptr<tier_set>> tier_set::open(const tier_options & opts, eviction_policy policy,
-                                                  pos_t max_file_tokens) {
+                                                  pos_t max_file_tokens, write_queue_options wq) {
     std::unique_ptr<tier_set> t(new tier_set());
     t->opts_ = opts;
+    t->wq_opts_ = std::move(wq);
     t->max_file_tokens_ = max_file_tokens;
     if (!opts.cache_dir.empty()) {
         snapshot_store_options so;
@@ -33,14 +35,71 @@ result<std::unique_ptr<tier_set>> tier_set::open(const tier_options & opts, evic
         auto d = snapshot_store::open(so);  // indexes the directory (headers only, no KV)
         if (!d.ok()) return d.error().with_context("disk tier '" + opts.cache_dir + "'");
         t->disk_ = std::move(d.value());
+        t->writer_ = std::thread([p = t.get()] { p->writer_loop(); });
     }
     return t;
+}
+
+tier_set::~tier_set() {
+    if (!writer_.joinable()) return;
+    {
+        std::lock_guard lk(mu_);
+        stop_ = true;
+    }
+    cv_work_.notify_all();
+    if (wq_opts_.on_destroy) wq_opts_.on_destroy();
+    writer_.join();  // the writer empties the queue before it returns
+}
+
+void tier_set::writer_loop() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+        cv_work_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and every queued write is done
+        // The front stays queued (lookups see it) until its file is in the store's
+        // index: a lookup that misses it in the queue afterwards finds the file.
+        std::shared_ptr<const snapshot> snap = queue_.front().snap;
+        lk.unlock();
+        auto put = disk_->put(*snap);
+        lk.lock();
+        if (put.ok()) n_writes_disk_++;
+        else write_failed_locked(put.error());
+        queued_bytes_ -= queue_.front().bytes;
+        queue_.pop_front();
+        if (queue_.empty()) cv_idle_.notify_all();
+    }
+}
+
+void tier_set::flush() {
+    std::unique_lock lk(mu_);
+    cv_idle_.wait(lk, [&] { return queue_.empty(); });
 }
 
 tier_set::hit tier_set::find(const assembled_prompt & ap, pos_t better_than, bool counted) const {
     hit h;
     if (!disk_) return h;
-    h.file = counted ? disk_->lookup(ap.blocks, max_file_tokens_) : disk_->peek(ap.blocks, max_file_tokens_);
+    // The queue first, then the store: a write leaves the queue only once its file is
+    // indexed, so a prefix missed in the queue is found in the store.
+    {
+        std::lock_guard lk(mu_);
+        for (const queued_write & q : queue_) {
+            const pos_t n_file = (pos_t)q.snap->tokens.size();
+            if (max_file_tokens_ > 0 && n_file > max_file_tokens_) continue;
+            size_t n = ap.blocks.size();
+            while (n > h.file.n_blocks && !q.chains.count(ap.blocks[n - 1].chain)) --n;
+            if (n <= h.file.n_blocks) continue;
+            h.file.key = {q.snap->meta.blocks.back().chain, q.snap->meta.workspace};
+            h.file.n_blocks = n;
+            h.file.n_tokens = ap.blocks[n - 1].end;
+            h.file.file_n_tokens = n_file;
+            h.queued = q.snap;
+        }
+    }
+    snapshot_match file = counted ? disk_->lookup(ap.blocks, max_file_tokens_) : disk_->peek(ap.blocks, max_file_tokens_);
+    if (file.n_blocks > h.file.n_blocks) {  // on a tie the queued bytes win: no file read
+        h.file = file;
+        h.queued.reset();
+    }
     h.at = snap_reuse(ap, h.file.n_blocks);
     if (h.at.n_tokens > better_than) h.tier = kv_tier::disk;
     return h;
@@ -50,6 +109,11 @@ tier_set::hit tier_set::peek(const assembled_prompt & ap, pos_t better_than) con
 
 std::optional<profile> tier_set::newest_profile(const std::string & workspace) const {
     if (!disk_) return std::nullopt;
+    {
+        std::lock_guard lk(mu_);  // a queued snapshot is newer than any file
+        for (auto it = queue_.rbegin(); it != queue_.rend(); ++it)
+            if (it->snap->meta.workspace == workspace) return it->snap->meta.prof;
+    }
     auto newest = disk_->newest_of(workspace);
     if (!newest) return std::nullopt;
     return newest->meta.prof;
@@ -60,6 +124,16 @@ std::pair<tier_set::hit, std::shared_ptr<const snapshot>> tier_set::fetch(const 
                                                                            pos_t better_than) {
     hit h = find(ap, better_than, true);
     if (h.tier == kv_tier::none) return {};
+    if (h.queued) {
+        // Not on disk yet: the queued bytes, checked against the profile as a load is.
+        if (!check_snapshot_profile(h.queued->meta, prof).ok()) { ctr_.n_restore_failures++; return {}; }
+        {
+            std::lock_guard lk(mu_);
+            qstats_.n_restores_from_queue++;
+        }
+        std::shared_ptr<const snapshot> snap = h.queued;
+        return {h, std::move(snap)};
+    }
     // Requests admitted while an earlier restore of the same file is still being
     // decoded share its bytes instead of reading the file again.
     std::shared_ptr<const snapshot> snap;
@@ -90,6 +164,49 @@ tier_set::hit tier_set::restore(engine & e, const profile & prof, const assemble
     return h;
 }
 
+bool tier_set::holds(std::span<const block> path) {
+    if (path.empty()) return true;
+    {
+        // Queue first, then the store (see find).
+        std::lock_guard lk(mu_);
+        for (const queued_write & q : queue_)
+            if (q.chains.count(path.back().chain)) {
+                qstats_.n_held_by_queue++;
+                return true;
+            }
+    }
+    return disk_->lookup(path, max_file_tokens_).n_blocks >= path.size();
+}
+
+tier_set::queue_outcome tier_set::enqueue(snapshot snap) {
+    queued_write q;
+    q.bytes = (uint64_t)snap.kv.size() + (uint64_t)snap.tokens.size() * sizeof(token_id);
+    for (const block & b : snap.meta.blocks) q.chains.insert(b.chain);
+    q.snap = std::make_shared<const snapshot>(std::move(snap));
+    {
+        std::lock_guard lk(mu_);
+        if (!queue_.empty() && queued_bytes_ + q.bytes > wq_opts_.max_bytes) {
+            qstats_.n_dropped++;
+            write_failed_locked(resource_exhausted(
+                "write-through dropped: the write queue holds " + std::to_string(queued_bytes_) + " bytes in " +
+                std::to_string(queue_.size()) + " writes, and " + std::to_string(q.bytes) + " more would pass its " +
+                std::to_string(wq_opts_.max_bytes) + "-byte bound (the disk is slower than the turns)"));
+            return queue_outcome::dropped;
+        }
+        queued_bytes_ += q.bytes;
+        qstats_.n_queued++;
+        queue_.push_back(std::move(q));
+    }
+    cv_work_.notify_one();
+    return queue_outcome::queued;
+}
+
+tier_set::queue_outcome tier_set::queue_write(snapshot snap) {
+    if (!disk_) return queue_outcome::no_disk;
+    if (holds(snap.meta.blocks)) return queue_outcome::held;
+    return enqueue(std::move(snap));
+}
+
 void tier_set::write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
                              const assembled_prompt & ap, size_t n_blocks_held) {
     if (!disk_) return;
@@ -100,7 +217,8 @@ void tier_set::write_through(engine & e, const profile & prof, seq_id seq, const
     while (k < n && ap.blocks[k].cls != retention_class::none && ap.blocks[k].cls >= opts_.disk_min_class) ++k;
     if (k == 0 || e.seq_n_tokens(seq) < ap.blocks[k - 1].end) return;
     std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
-    if (disk_->lookup(path, max_file_tokens_).n_blocks >= k) return;  // held already
+    if (holds(path)) return;  // on disk or queued already
+    // The copy out of the engine stays on this thread: the stream is reused next.
     auto kv = e.save_seq(seq);
     if (!kv.ok()) return write_failed(kv.error());
     if (e.seq_n_tokens(seq) > path.back().end) {
@@ -108,13 +226,12 @@ void tier_set::write_through(engine & e, const profile & prof, seq_id seq, const
         status st = truncate_seq_state(*kv, path.back().end);
         if (!st.ok()) return write_failed(st);
     }
-    auto put = disk_->put(make_snapshot(prof, workspace, ap.man, std::move(path), ap.tokens, std::move(kv.value())));
-    if (!put.ok()) return write_failed(put.error());
-    ctr_.n_writes_disk++;
+    // The file is the writer thread's.
+    enqueue(make_snapshot(prof, workspace, ap.man, std::move(path), ap.tokens, std::move(kv.value())));
 }
 
-void tier_set::write_failed(const status & why) {
-    ctr_.n_write_failures_disk++;
+void tier_set::write_failed_locked(const status & why) {
+    n_write_failures_disk_++;
     n_unreported_failures_++;
     const auto now = std::chrono::steady_clock::now();
     if (t_last_warning_ != std::chrono::steady_clock::time_point{} && now - t_last_warning_ < std::chrono::seconds(10))
@@ -128,14 +245,21 @@ void tier_set::write_failed(const status & why) {
 
 status tier_set::put_disk(const snapshot & snap) {
     if (!disk_) return failed_precondition("no disk tier (start with a cache directory)");
+    flush();  // after the write-throughs queued before: the newest bytes of a key land last
     auto put = disk_->put(snap);
     if (!put.ok()) return put.error();
-    ctr_.n_writes_disk++;
+    std::lock_guard lk(mu_);
+    n_writes_disk_++;
     return {};
 }
 
 tier_counters tier_set::counters() const {
     tier_counters c = ctr_;
+    {
+        std::lock_guard lk(mu_);
+        c.n_writes_disk = n_writes_disk_;
+        c.n_write_failures_disk = n_write_failures_disk_;
+    }
     if (disk_) {
         auto st = disk_->stats();
         c.disk_bytes = st.n_bytes;
@@ -144,6 +268,14 @@ tier_counters tier_set::counters() const {
         c.disk_quarantine_bytes = st.quarantine_bytes;
     }
     return c;
+}
+
+write_queue_stats tier_set::queue_stats() const {
+    std::lock_guard lk(mu_);
+    write_queue_stats q = qstats_;
+    q.queued_writes = queue_.size();
+    q.queued_bytes = queued_bytes_;
+    return q;
 }
 
 }  // namespace warmctx

@@ -6,14 +6,34 @@
 // the engine and its pool loads it, trims it at the snapped reuse point, and the turn's
 // prefill continues from there. (Host RAM is the pool's: runtime/kv_pool.h.)
 //
-// Thread safety: none; owned by the context_engine, used on the engine thread.
+// The write is not the turn's: write_through copies the KV out of the engine on the
+// calling thread (it must: the stream is reused next) and hands the snapshot to the
+// tier's writer thread, which serializes, checksums, writes, syncs and renames the file
+// (~160 MB, hundreds of ms, for a 13k-token prefix on the H200). Until its file is in the
+// store a queued snapshot is served from memory: lookups see it, a restore of its prefix
+// takes the queued bytes (no wait, no file read), and the same prefix is never queued
+// twice. The queue is bounded in bytes (write_queue_options); a write that does not fit
+// is dropped, counted and logged. flush() waits for the queue to drain; disk() and
+// put_disk() flush first, so whoever reads the directory or needs a file sees every
+// write queued before. The destructor finishes every queued write, then joins.
+//
+// Thread safety: every call is made by the owner's thread (the engine thread); the
+// writer thread touches only the queue, the write counters (both under mu_) and the
+// store (thread-safe itself: snapshot_store.h). counters() and queue_stats() read them
+// under mu_.
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <unordered_set>
 #include <utility>
 
 #include "warmctx/context_engine.h"
@@ -25,16 +45,53 @@ namespace warmctx {
 snapshot make_snapshot(const profile & prof, const std::string & workspace, const manifest & man,
                        std::vector<block> path, std::span<const token_id> prompt_tokens, std::vector<uint8_t> kv);
 
+// The disk tier's write queue: snapshots written through, waiting for (or in) the
+// writer thread's put.
+struct write_queue_options {
+    // The bytes (KV and tokens) of the snapshots the writer may hold, the one being
+    // written included. A write-through that would go past it is dropped (counted in
+    // n_write_failures_disk and write_queue_stats::n_dropped, logged) rather than held:
+    // memory stays bounded when the disk is slower than the turns. One snapshot is
+    // always taken when the queue is empty, whatever its size (its bytes are already in
+    // memory: the engine just copied them).
+    uint64_t max_bytes = uint64_t{1} << 30;
+    // Called by the destructor on its thread, after it told the writer to stop and
+    // before it waits for the queued writes to finish. For tests.
+    std::function<void()> on_destroy;
+};
+
+// Gauges (now) and tickers (since open) of the write queue.
+struct write_queue_stats {
+    uint64_t queued_writes = 0;        // gauge: snapshots queued or being written
+    uint64_t queued_bytes = 0;         // gauge: their bytes (KV and tokens)
+    uint64_t n_queued = 0;             // write-throughs handed to the writer
+    uint64_t n_dropped = 0;            // refused: the queue was full (also write failures)
+    uint64_t n_held_by_queue = 0;      // write-throughs skipped: a queued snapshot holds the prefix
+    uint64_t n_restores_from_queue = 0;  // restores served by a queued snapshot's bytes
+};
+
 class tier_set {
   public:
     // `max_file_tokens` > 0: the engine's sequences hold that many tokens, so a file of
     // more (made with a larger context) is never looked up nor loaded: a miss.
     // Errors: those of snapshot_store::open, with the tier named.
     static result<std::unique_ptr<tier_set>> open(const tier_options & opts, eviction_policy policy,
-                                                  pos_t max_file_tokens = 0);
+                                                  pos_t max_file_tokens = 0, write_queue_options wq = {});
+    // Finishes every queued write (none is lost), then joins the writer thread.
+    ~tier_set();
+    tier_set(const tier_set &) = delete;
+    tier_set & operator=(const tier_set &) = delete;
 
     bool empty() const { return !disk_; }
-    snapshot_store * disk() { return disk_.get(); }
+    // The store, for direct use (list, lookup, path_of, stats): flushes first, so it
+    // holds every write-through queued before the call.
+    snapshot_store * disk() {
+        flush();
+        return disk_.get();
+    }
+    // Waits until every write queued so far is on disk (or failed, counted). Returns at
+    // once when the queue is empty.
+    void flush();
 
     // A prefix a tier holds beyond `better_than` tokens: its tier, the file, and the
     // snapped reuse point.
@@ -42,6 +99,8 @@ class tier_set {
         kv_tier tier = kv_tier::none;
         snapshot_match file;
         reuse_point at;
+        // Set when the prefix is a queued write's, not yet in a file: its bytes.
+        std::shared_ptr<const snapshot> queued;
         // The hit as the match explain reports (no holder: the KV came from a file).
         match as_match() const {
             match m;
@@ -73,32 +132,69 @@ class tier_set {
 
     // Write-through of a finished turn whose prompt's KV is in `seq` (no copy pending).
     // `seq` is left as it is; a prefix shorter than it is cut from a copy of its state.
-    // Failures are counted, never fatal: the turn already succeeded.
+    // The copy is made here; the file is written by the writer thread (queue_write):
+    // this returns without waiting for any I/O. Failures are counted, never fatal: the
+    // turn already succeeded.
     void write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
                        const assembled_prompt & ap, size_t n_blocks_held);
-    // Puts a ready snapshot on disk. Errors: failed_precondition (no disk tier), put's.
+    // What write_through does with its snapshot: queues it for the writer thread unless
+    // the disk or the queue holds its prefix already, or the queue is full.
+    enum class queue_outcome { queued, held, dropped, no_disk };
+    queue_outcome queue_write(snapshot snap);
+    // Puts a ready snapshot on disk now, after the queued writes (flush): the file exists
+    // when it returns ok. Errors: failed_precondition (no disk tier), put's.
     status put_disk(const snapshot & snap);
 
     // Restored snapshots are kept (the last few) until the engine caches their prefix
     // again, so requests admitted meanwhile share the bytes.
     void forget_recent_loads() { recent_loads_.clear(); }
+    // The write counters are the writer's: a write counts once its file is in the store.
     tier_counters counters() const;
+    write_queue_stats queue_stats() const;
 
   private:
+    // A snapshot queued for the writer (the front one is being written while it is in
+    // the queue), with the chain hashes of its blocks for lookups.
+    struct queued_write {
+        std::shared_ptr<const snapshot> snap;
+        std::unordered_set<hash128, hash128_hasher> chains;
+        uint64_t bytes = 0;
+    };
+
     tier_set() = default;
     hit find(const assembled_prompt & ap, pos_t better_than, bool counted) const;
+    // Whether the disk or the queue holds `path` whole (counted as a store lookup).
+    bool holds(std::span<const block> path);
+    // Queues a snapshot that holds() said is new.
+    queue_outcome enqueue(snapshot snap);
+    void writer_loop();
     // Counts a failed write and says so on stderr (at most one line per 10 s, with the
-    // count since the last line): a full disk must not fail silently.
-    void write_failed(const status & why);
+    // count since the last line): a full disk must not fail silently. REQUIRES mu_.
+    void write_failed_locked(const status & why);
+    void write_failed(const status & why) {
+        std::lock_guard lk(mu_);
+        write_failed_locked(why);
+    }
 
     tier_options opts_;
+    write_queue_options wq_opts_;
     pos_t max_file_tokens_ = 0;  // 0: no limit
-    std::unique_ptr<snapshot_store> disk_;
-    tier_counters ctr_;
-    std::chrono::steady_clock::time_point t_last_warning_{};
-    uint64_t n_unreported_failures_ = 0;
+    std::unique_ptr<snapshot_store> disk_;  // thread-safe: used by both threads
+    tier_counters ctr_;                     // the owner's thread's counters (restores)
     static constexpr size_t k_recent_loads = 4;
     std::deque<std::pair<std::string, std::shared_ptr<const snapshot>>> recent_loads_;  // oldest first
+
+    mutable std::mutex mu_;  // guards everything below
+    std::condition_variable cv_work_;   // the writer waits for a write or stop_
+    std::condition_variable cv_idle_;   // flush() waits for an empty queue
+    std::deque<queued_write> queue_;    // oldest first; the writer writes the front
+    bool stop_ = false;
+    uint64_t queued_bytes_ = 0;
+    write_queue_stats qstats_;          // its tickers (the gauges are computed)
+    uint64_t n_writes_disk_ = 0, n_write_failures_disk_ = 0;
+    std::chrono::steady_clock::time_point t_last_warning_{};
+    uint64_t n_unreported_failures_ = 0;
+    std::thread writer_;                // last: started once the rest is built
 };
 
 }  // namespace warmctx

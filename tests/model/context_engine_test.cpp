@@ -6,6 +6,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "../runtime/gated_fs.h"
 #include "tiny_model.h"
 #include "warmctx/context_engine.h"
 #include "warmctx/fs.h"
@@ -238,6 +239,11 @@ turn_request tier_request(std::vector<segment> segs, const std::string & q) {
     return r;
 }
 
+// The disk tier writes on its own thread (tier_set's write queue): disk_tier() waits for
+// the queued write-throughs, so the counters and the directory then show every write of
+// the turns before.
+void drain_disk_writes(context_engine & ce) { (void)ce.disk_tier(); }
+
 // explain() is const and counts nothing: not the cache's lookups or hits, not a tier's
 // lookups, not a restore. It predicts what the next turn then does.
 TEST(Tiers, ExplainCountsNothingAndPredictsTheTurn) {
@@ -286,7 +292,9 @@ TEST(Tiers, AFailedDiskWriteIsCountedAndLoggedAndTheTurnSucceeds) {
     faulty.inject_random(7, 1.0, {fs_fault::no_space});
     ::testing::internal::CaptureStderr();
     auto t = (*ce)->run_turn(tier_request(tier_workspace(), "a question"));
+    drain_disk_writes(**ce);  // else the second turn finds the first one's write still queued
     auto t2 = (*ce)->run_turn(tier_request(tier_workspace(), "another"));
+    drain_disk_writes(**ce);
     const std::string err = ::testing::internal::GetCapturedStderr();
     ASSERT_TRUE(t.ok()) << t.error().to_string();
     ASSERT_TRUE(t2.ok());
@@ -338,6 +346,59 @@ TEST(ContextEngineBounds, RemembersAtMostMaxWorkspaces) {
     EXPECT_EQ((*ce)->pin_workspace("ws5", true).code(), status_code::not_found);
 }
 
+// The turn does not wait for its write-through: it returns while the file is still
+// unwritten (the writer is held at a gate the test opens). Meanwhile a turn that needs
+// the prefix restores it from the queued bytes - no file read, no second write - and
+// equals a cold run bit for bit.
+TEST(Tiers, ATurnReturnsBeforeItsWriteThroughAndARestoreTakesTheQueuedBytes) {
+    mem_fs mem;
+    testing::gated_fs gate(mem);
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.n_ctx = 4096;
+    o.n_holders = 2;
+    o.tiers.cache_dir = "/disk";
+    o.tiers.disk_fs = &gate;
+    auto ce = context_engine::open(o);
+    ASSERT_TRUE(ce.ok()) << ce.error().to_string();
+    testing::gate_opener opener{gate};  // after ce: opens before ce's destructor waits
+    auto segs = tier_workspace();
+    const pos_t stable_end = (*ce)->assemble_request(tier_request(segs, "first"))->stable_end;
+    ASSERT_GT(stable_end, 0);
+
+    gate.close_gate();
+    auto first = (*ce)->run_turn(tier_request(segs, "first"));
+    ASSERT_TRUE(first.ok()) << first.error().to_string();  // returned with the write held
+    gate.wait_entered(1);
+    EXPECT_TRUE(testing::snapshot_files(mem, "/disk").empty());
+    EXPECT_EQ((*ce)->counters().tiers.n_writes_disk, 0u);
+
+    (*ce)->drop_engine_cache();  // the pool and the streams forget it: only the queue holds it
+    auto req = tier_request(segs, "second");
+    auto ex = (*ce)->explain(req);
+    ASSERT_TRUE(ex.ok());
+    EXPECT_EQ(ex->tier, kv_tier::disk);
+    auto warm = (*ce)->run_turn(req);
+    ASSERT_TRUE(warm.ok()) << warm.error().to_string();
+    EXPECT_EQ(warm->explain.tier, kv_tier::disk);
+    EXPECT_EQ(warm->explain.n_reused, stable_end);
+    auto cold = (*ce)->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_EQ(warm->gen.tokens, cold->gen.tokens);
+    EXPECT_EQ(0, std::memcmp(warm->prompt_logits.data(), cold->prompt_logits.data(), cold->prompt_logits.size() * 4));
+
+    gate.open_gate();
+    snapshot_store * disk = (*ce)->disk_tier();  // waits for the write
+    ASSERT_TRUE(disk);
+    EXPECT_EQ(disk->list().size(), 1u);
+    EXPECT_EQ(disk->stats().n_puts, 1u);   // the restored turn queued nothing: the queue held its prefix
+    EXPECT_EQ(disk->stats().n_loads, 0u);  // the restore read no file
+    const auto c = (*ce)->counters().tiers;
+    EXPECT_EQ(c.n_writes_disk, 1u);
+    EXPECT_EQ(c.n_restores_disk, 1u);
+    EXPECT_EQ(c.n_restore_failures, 0u);
+}
+
 TEST(Tiers, ARestartRestoresTheStablePrefixFromDiskExactly) {
     temp_dir d;
     auto segs = tier_workspace();
@@ -349,6 +410,7 @@ TEST(Tiers, ARestartRestoresTheStablePrefixFromDiskExactly) {
         ASSERT_TRUE(t.ok());
         auto ap = ce->assemble_request(tier_request(segs, "first"));
         stable_end = ap->stable_end;
+        drain_disk_writes(*ce);
         EXPECT_EQ(ce->counters().tiers.n_writes_disk, 1u);
     }
     auto ce = tiered(d.path);  // a new process state: the engine's KV is empty
@@ -460,6 +522,7 @@ TEST(Tiers, ParallelContextSizeAndBudgetsDoNotVoidTheDiskTier) {
         ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
         stable_end = ce->assemble_request(tier_request(segs, "first"))->stable_end;
         before = ce->current_profile();
+        drain_disk_writes(*ce);
         ASSERT_EQ(ce->counters().tiers.n_writes_disk, 1u);
     }
     auto ce = tiered(d.path, 3, [](context_engine_options & o) {
@@ -501,6 +564,7 @@ TEST(Tiers, ARestartUnderAnotherChunkSizeIsExplainedAsProfileDrift) {
         auto ce = tiered(d.path, 1, [](context_engine_options & o) { o.engine.chunk_tokens = 512; });
         ASSERT_TRUE(ce);
         ASSERT_TRUE(ce->run_turn(tier_request(segs, "first")).ok());
+        drain_disk_writes(*ce);
         ASSERT_EQ(ce->counters().tiers.n_writes_disk, 1u);
     }
     auto ce = tiered(d.path, 1, [](context_engine_options & o) { o.engine.chunk_tokens = 256; });
