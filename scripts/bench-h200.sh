@@ -4,12 +4,13 @@
 # no Debian packages and no network: it builds from what scripts/pack-device.sh put
 # in .devcarry/ (run that first, on a machine that has them).
 #
-# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace s3 contention verify render restore (default: build s2 trace s3)
+# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace window s3 contention verify render restore (default: build s2 trace s3)
 # environment:
 #   OUT                 where results go (default: bench/results/h200-run)
 #   WARMCTX_DEADLINE_S  start no bench stage after this many seconds (default: none)
 #   S2_SIZES            the s2 stage's prompt sizes (default: 2048,8192,32768,47000)
-#   TRACE_ARGS          more arguments for the trace stage (e.g. --systems warmctx-defaults,llama-server-defaults)
+#   TRACE_ARGS          more arguments for the trace and window stages (e.g. --systems warmctx-defaults,llama-server-defaults)
+#   WINDOW_TAIL         the window stage's mean diff + test output per turn, tokens (default 60)
 # Every stage writes <stage>-h200.json and a log; the build is skipped when present.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -53,13 +54,17 @@ build() {
 }
 
 run_bench() {  # name, args...
-  local name="$1"; shift
-  if [ "$deadline" -gt 0 ] && [ "$SECONDS" -gt "$deadline" ]; then log "$name: skipped (past the ${deadline}s deadline)"; return; fi
-  log "$name: warmctx bench $name $*"
-  if "$build/warmctx" bench "$name" "$@" --json >"$out/$name-h200.json" 2>"$out/$name-h200.log"; then
-    log "$name: done"; tail -3 "$out/$name-h200.log"
+  run_bench_as "$1" "$@"
+}
+
+run_bench_as() {  # result name, bench name, args...
+  local as="$1" name="$2"; shift 2
+  if [ "$deadline" -gt 0 ] && [ "$SECONDS" -gt "$deadline" ]; then log "$as: skipped (past the ${deadline}s deadline)"; return; fi
+  log "$as: warmctx bench $name $*"
+  if "$build/warmctx" bench "$name" "$@" --json >"$out/$as-h200.json" 2>"$out/$as-h200.log"; then
+    log "$as: done"; tail -3 "$out/$as-h200.log"
   else
-    log "$name: FAILED"; tail -30 "$out/$name-h200.log"
+    log "$as: FAILED"; tail -30 "$out/$as-h200.log"
   fi
 }
 
@@ -70,10 +75,14 @@ for s in "${stages[@]}"; do
     build) build ;;
     s2)    run_bench s2 "${gpu[@]}" --sizes "${S2_SIZES:-2048,8192,32768,47000}" --warm-turns 5 ;;
     trace) run_bench trace "${gpu[@]}" --workspaces 12 --turns 60 --stable-tokens 13000 --tail-tokens 600 ${TRACE_ARGS:-} ;;
+    window)  # an agent that keeps the last four messages, plain OpenAI messages, each system at its defaults
+      run_bench_as window trace "${gpu[@]}" --workspaces 12 --turns 60 --stable-tokens 13000 \
+        --tail-tokens "${WINDOW_TAIL:-60}" --history-window 4 --messages plain \
+        --systems warmctx-defaults,llama-server-defaults ${TRACE_ARGS:-} ;;
     s3)    run_bench s3 "${gpu[@]}" --prompt-tokens 2048 --gen-tokens 128 --depth 8192 --reps 5 ;;
     contention) run_bench contention "${gpu[@]}" --cold-tokens 32000 --warm-tokens 4096 --warm-turns 5 --delay-ms 100 \
                   --scrape-ms 20 --prewarm-tokens 16000 ;;
-    verify)  # exact mode on CUDA, every layer offloaded, without flash attention (the default)
+    verify)  # exact mode on CUDA, every layer offloaded, flash attention on (the defaults of a CUDA build)
       tiny="$WARMCTX_HOME/tiny-f16-seed1.gguf"
       [ -f "$tiny" ] || "$build/warmctx" make-model --shape tiny --type f16 --seed 1 -o "$tiny" >"$out/make-tiny.log" 2>&1
       log "verify: warmctx verify --scenarios ${VERIFY_SCENARIOS:-2000} on the tiny model, CUDA"
@@ -82,7 +91,7 @@ for s in "${stages[@]}"; do
       tail -3 "$out/verify-h200.log" ;;
     render) run_bench render --size 47000 --turns 30 ;;  # CPU work: the host's cores
     restore) run_bench restore "${gpu[@]}" --prefix-tokens 2048,13000 ;;  # pool loads into device KV
-    *) echo "unknown stage $s (build s2 trace s3 contention verify render restore)" >&2; exit 2 ;;
+    *) echo "unknown stage $s (build s2 trace window s3 contention verify render restore)" >&2; exit 2 ;;
   esac
 done
 log "all stages done; results in $out"

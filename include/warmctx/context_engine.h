@@ -214,6 +214,8 @@ struct tier_counters {
     uint64_t n_write_failures_disk = 0;  // a full disk, say (also logged)
     uint64_t n_restore_failures = 0;     // a tier's file failed its checks: fell back
     uint64_t n_shared_restores = 0;      // restores served by an earlier restore's bytes
+    uint64_t disk_write_queue_writes = 0, disk_write_queue_bytes = 0;  // gauges: snapshots queued for the disk writer
+    uint64_t n_write_drops_disk = 0;     // write-throughs dropped: the write queue was full (also in failures)
     uint64_t disk_bytes = 0, disk_files = 0;
     uint64_t disk_quarantine_files = 0, disk_quarantine_bytes = 0;  // in the disk budget
 };
@@ -309,7 +311,8 @@ class context_engine {
 
     // One turn through the warm path. Errors: those of assemble, prefill and generate;
     // the workspace's state is unchanged on error.
-    result<turn_result> run_turn(const turn_request & req);
+    // In work stream `seq` (0 unless a caller, such as verify, wants another stream).
+    result<turn_result> run_turn(const turn_request & req, seq_id seq = 0);
     // The two halves of run_turn, for a caller that decodes itself (the scheduler's
     // batched steps). begin_turn assembles, reuses the longest cached prefix in work
     // sequence `seq` and prefills the rest; `logits` receives the logits after the
@@ -328,7 +331,11 @@ class context_engine {
     status prefill_some(pending_turn & t, pos_t max_tokens, std::vector<float> & logits);
     // Caches the turn's cacheable blocks and records it. A pre-warm may be finished
     // before it is prefilled (preempted): it caches the blocks prefilled so far.
+    // Its disk write-through waits for flush_deferred_writes, which the scheduler calls
+    // once the answer is out; any other call that touches a stream or a tier runs it
+    // first, so it always sees the stream as the turn left it.
     status finish_turn(pending_turn & t, size_t n_generated);
+    void flush_deferred_writes();
     void abort_turn(pending_turn & t);
     uint32_t n_work_seqs() const;
     // Which of `free_seqs` a turn of `workspace` should run in: the one its last turn
@@ -392,7 +399,8 @@ class context_engine {
     // Empties the idle work streams after writing their blocks back to the pool: the
     // next turn reuses from the pool, not in place.
     void drop_work_streams();
-    // The disk tier (null when off), for listing and tests.
+    // The disk tier (null when off), for listing and tests; waits for the disk tier's
+    // queued writes first.
     snapshot_store * disk_tier();
 
     // Changes the canonical chunk size (a profile field): every cached prefix stops

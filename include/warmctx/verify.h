@@ -88,6 +88,12 @@ struct verify_report {
     int drift_turns_reused = 0;       // ... that legitimately reused a prefix cached under that profile
     std::map<std::string, uint64_t> evictions_by_class;
     uint64_t whole_holder_evictions = 0;
+    // How prefixes moved between the streams (the device tier's path: a step runs in a
+    // second stream, and an edit's trimmed blocks are parked in a free one), and through
+    // the RAM pool.
+    std::string backend;              // CPU | CUDA
+    bool stream_copies = false;
+    uint64_t n_stream_copies = 0, n_branches_parked = 0, n_pool_loads = 0, n_write_backs = 0;
     double elapsed_ms = 0;
 
     double token_agreement() const;   // 1 when nothing was compared

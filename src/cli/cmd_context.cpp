@@ -114,6 +114,7 @@ struct verify_args {
     int32_t max_tokens = 8;
     uint32_t holders = 4;
     bool tiers = true;
+    std::string stream_copies = "auto";
     bool json = false;
 };
 
@@ -131,6 +132,9 @@ int run_verify(const verify_args & a) {
     if (!eo) return fail(eo.error());
     vo.engine.engine = *eo;
     vo.engine.n_holders = a.holders;
+    vo.engine.stream_copies = a.stream_copies == "on"    ? context_engine_options::stream_copy_mode::on
+                              : a.stream_copies == "off" ? context_engine_options::stream_copy_mode::off
+                                                         : context_engine_options::stream_copy_mode::automatic;
     if (status st = a.cf.apply(vo.engine); !st.ok()) return fail(st);
     auto rep = warmctx::run_verify(vo, progress);
     if (!rep) return fail(rep.error());
@@ -238,6 +242,11 @@ void register_context_commands(CLI::App & app, int & rc) {
     verify->add_option("-n,--max-tokens", v->max_tokens, "greedy tokens per turn")->capture_default_str()->check(CLI::Range(1, 1024));
     verify->add_option("--holders", v->holders, "cached prefixes the pool keeps at most (a small number makes scenarios evict)")->capture_default_str()->check(CLI::Range(1, 32));
     verify->add_option("--tiers", v->tiers, "also replay host-RAM and disk restores (true/false)")->capture_default_str();
+    verify->add_option("--stream-copies", v->stream_copies,
+                       "serve a prefix another stream holds by copying the stream, as serve does on a GPU: auto (where the "
+                       "layers run on a GPU), on, off")
+        ->check(CLI::IsMember({"auto", "on", "off"}))
+        ->capture_default_str();
     verify->add_flag("--json", v->json, "print one JSON object");
     on_run(verify, rc, [v] { return run_verify(*v); });
 

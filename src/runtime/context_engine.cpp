@@ -94,6 +94,21 @@ struct context_engine::impl {
     std::unique_ptr<kv_pool> pool;
     std::vector<stream_state> streams;  // one per work sequence
     bool stream_copies = false;         // options.stream_copies, resolved
+    // A finished turn's disk write-through, run after its answer is out
+    // (flush_deferred_writes) or before anything touches a stream or the tiers.
+    struct deferred_write {
+        seq_id seq = -1;
+        std::string workspace;
+        assembled_prompt ap;
+        size_t n_blocks = 0;
+    };
+    std::optional<deferred_write> deferred;
+    void flush_deferred() {
+        if (!deferred) return;
+        deferred_write d = std::move(*deferred);
+        deferred.reset();
+        tiers->write_through(*eng, prof, d.seq, d.workspace, d.ap, d.n_blocks);
+    }
     std::unique_ptr<prefix_cache> cache;
     std::unique_ptr<tier_set> tiers;
     profile prof;
@@ -373,7 +388,9 @@ struct context_engine::impl {
 };
 
 context_engine::context_engine(std::unique_ptr<impl> p) : p_(std::move(p)) {}
-context_engine::~context_engine() = default;
+context_engine::~context_engine() {
+    if (p_) p_->flush_deferred();  // a clean stop keeps the disk tier complete
+}
 
 result<std::unique_ptr<context_engine>> context_engine::open(const context_engine_options & opts) {
     if (opts.n_holders < 1 || opts.n_holders > 65536) return invalid_argument("n_holders must be in [1, 65536]");
@@ -470,6 +487,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     WARMCTX_RETURN_IF_ERROR(p_->fits(ap));
     if (p_->streams[(size_t)seq].busy)
         return failed_precondition("work sequence " + std::to_string(seq) + " already runs a turn");
+    p_->flush_deferred();  // the last turn's write-through, if its caller has not run it
     t.now = ++p_->now;
     auto tw = clock_type::now();
     // Other idle streams holding blocks this prompt starts with: into the pool, so
@@ -586,6 +604,7 @@ status context_engine::prefill_some(pending_turn & t, pos_t max_tokens, std::vec
 
 status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     if (t.owner_ != this) return failed_precondition("finish_turn: the turn is not pending on this engine");
+    p_->flush_deferred();
     t.owner_ = nullptr;
     status result_st;
     stream_state & s = p_->streams[(size_t)t.seq];
@@ -605,8 +624,9 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             // A pre-warm stopped early was stopped for a chat, which continues from it in
             // place (and writes through what it ends with) or takes its stream (and puts
             // its blocks in the pool): no disk write of a partial prefix on that chat's way.
-            if (!(t.prewarm && !t.prefilled()))
-                p_->tiers->write_through(*p_->eng, p_->prof, t.seq, t.workspace, t.ap, n_keep);
+            // The write itself waits until the answer is out (flush_deferred_writes).
+            if (!(t.prewarm && !t.prefilled()) && !p_->tiers->empty())
+                p_->deferred = impl::deferred_write{t.seq, t.workspace, t.ap, n_keep};
             s.blocks.assign(path.begin(), path.end());
             s.n_durable = 0;
             for (size_t i = 0; i < path.size(); ++i) {
@@ -651,6 +671,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
 }
 
 void context_engine::abort_turn(pending_turn & t) {
+    p_->flush_deferred();
     if (t.owner_ != this) return;
     t.owner_ = nullptr;
     p_->streams[(size_t)t.seq].busy = false;
@@ -689,10 +710,10 @@ status context_engine::decode_step(std::span<const step_input> inputs, std::vect
     return p_->eng->decode_step(inputs, logits);
 }
 
-result<turn_result> context_engine::run_turn(const turn_request & req) {
+result<turn_result> context_engine::run_turn(const turn_request & req, seq_id seq) {
     auto t0 = clock_type::now();
     std::vector<float> logits;
-    auto pt = begin_turn(req, 0, logits);
+    auto pt = begin_turn(req, seq, logits);
     if (!pt.ok()) return pt.error();
     pending_turn & t = *pt;
     turn_result out;
@@ -704,6 +725,7 @@ result<turn_result> context_engine::run_turn(const turn_request & req) {
     WARMCTX_RETURN_IF_ERROR(p_->generate(t.seq, req, std::move(logits), out, t0));  // aborts t on error
     auto ti = clock_type::now();
     WARMCTX_RETURN_IF_ERROR(finish_turn(t, out.gen.tokens.size()));
+    p_->flush_deferred();  // nobody waits for an answer here: the write-through now
     out.t_cache_update_ms = ms_between(ti, clock_type::now());
     out.man = t.ap.man;
     out.stable_prefix_hash = t.ap.stable_prefix_hash.hex();
@@ -734,6 +756,7 @@ result<turn_result> context_engine::run_cold(const turn_request & req) {
 }
 
 status context_engine::pin_workspace(const std::string & workspace, bool pinned) {
+    p_->flush_deferred();
     const workspace_history * ws = p_->history(workspace);
     if (!ws) return not_found("workspace '" + workspace + "' has no turn yet");
     p_->write_back_sharing(ws->last_blocks, -1);  // pins hold what the pool has
@@ -745,6 +768,7 @@ status context_engine::pin_workspace(const std::string & workspace, bool pinned)
 }
 
 void context_engine::drop_workspace(const std::string & workspace) {
+    p_->flush_deferred();
     p_->cache->drop_workspace(workspace, ++p_->now);
     for (size_t s = 0; s < p_->streams.size(); ++s)
         if (!p_->streams[s].busy && p_->streams[s].workspace == workspace) p_->clear_stream((seq_id)s);
@@ -754,6 +778,7 @@ void context_engine::drop_workspace(const std::string & workspace) {
 size_t context_engine::n_remembered_workspaces() const { return p_->workspaces.size(); }
 
 status context_engine::snapshot_workspace(const std::string & workspace) {
+    p_->flush_deferred();
     snapshot_store * disk = p_->tiers->disk();
     if (!disk) return failed_precondition("no disk tier (start with a cache directory)");
     const workspace_history * ws = p_->history(workspace);
@@ -783,6 +808,7 @@ status context_engine::snapshot_workspace(const std::string & workspace) {
 }
 
 status context_engine::suspend_workspace(const std::string & workspace) {
+    p_->flush_deferred();
     WARMCTX_RETURN_IF_ERROR(snapshot_workspace(workspace));
     p_->cache->drop_workspace(workspace, ++p_->now);
     for (size_t s = 0; s < p_->streams.size(); ++s)
@@ -791,6 +817,7 @@ status context_engine::suspend_workspace(const std::string & workspace) {
 }
 
 status context_engine::resume_workspace(const std::string & workspace) {
+    p_->flush_deferred();
     const workspace_history * ws = p_->history(workspace);
     if (!ws) return not_found("workspace '" + workspace + "' has no turn yet");
     if (p_->best_match(p_->cache->peek(ws->last_blocks, workspace), ws->last_blocks, -1).n_blocks > 0)
@@ -814,6 +841,7 @@ status context_engine::resume_workspace(const std::string & workspace) {
 }
 
 status context_engine::branch_workspace(const std::string & from, const std::string & to) {
+    p_->flush_deferred();
     if (from == to) return invalid_argument("branch: the new workspace must differ from the source");
     auto it = p_->workspaces.find(from);
     if (it == p_->workspaces.end()) return not_found("workspace '" + from + "' has no turn yet");
@@ -825,21 +853,28 @@ status context_engine::branch_workspace(const std::string & from, const std::str
 }
 
 void context_engine::drop_engine_cache() {
+    p_->flush_deferred();
     p_->cache->clear();
     for (size_t s = 0; s < p_->streams.size(); ++s)
         if (!p_->streams[s].busy) p_->clear_stream((seq_id)s);
     p_->tiers->forget_recent_loads();
 }
 void context_engine::drop_work_streams() {
+    p_->flush_deferred();
     for (size_t s = 0; s < p_->streams.size(); ++s) {
         if (p_->streams[s].busy) continue;
         p_->write_back((seq_id)s);
         p_->clear_stream((seq_id)s);
     }
 }
-snapshot_store * context_engine::disk_tier() { return p_->tiers->disk(); }
+snapshot_store * context_engine::disk_tier() {
+    p_->flush_deferred();
+    return p_->tiers->disk();
+}
+void context_engine::flush_deferred_writes() { p_->flush_deferred(); }
 
 status context_engine::set_chunk_tokens(uint32_t n) {
+    p_->flush_deferred();
     if (n < 1 || n > p_->eng->context().chunk_tokens)
         return invalid_argument("chunk_tokens must be in [1, " + std::to_string(p_->eng->context().chunk_tokens) + "]");
     p_->prof.chunk_tokens = n;

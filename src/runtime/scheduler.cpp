@@ -424,6 +424,9 @@ struct scheduler::impl {
         }
         slots[slot].reset();
         publish_jobs();
+        // The disk write-through of what the turn cached, now that its answer is out.
+        ce->flush_deferred_writes();
+        publish();
     }
 
     // One decode step over every active job that has a token to decode.

@@ -259,6 +259,9 @@ tier_counters tier_set::counters() const {
         std::lock_guard lk(mu_);
         c.n_writes_disk = n_writes_disk_;
         c.n_write_failures_disk = n_write_failures_disk_;
+        c.disk_write_queue_writes = queue_.size();
+        c.disk_write_queue_bytes = queued_bytes_;
+        c.n_write_drops_disk = qstats_.n_dropped;
     }
     if (disk_) {
         auto st = disk_->stats();

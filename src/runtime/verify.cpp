@@ -88,6 +88,12 @@ class scenario_runner {
         turn_expectation again = at_least(stable_end(), "engine");
         again.in_place = 1;  // the work stream still holds the prefix
         WARMCTX_RETURN_IF_ERROR(step("new question", again));
+        // In another work stream: copied from the stream that holds it (with stream
+        // copies, as on a GPU: device to device) or loaded through the pool.
+        segs_.back().content = g_.question();
+        turn_expectation other = at_least(stable_end(), "engine");
+        other.in_place = 0;
+        WARMCTX_RETURN_IF_ERROR(step("another stream", other, 1));
         // Out of the work stream: served from the RAM pool (a load into the stream).
         ce_.drop_work_streams();
         segs_.back().content = g_.question();
@@ -115,6 +121,7 @@ class scenario_runner {
                 segs_[i].kind == segment_kind::pinned_file)
                 stable_idx.push_back(i);
         segment & edited = segs_[stable_idx[rng() % stable_idx.size()]];
+        const std::string before_edit = edited.content;
         edited.content = g_.edit_one_line(edited.content);
         segs_.back().content = g_.test_output(2);
         // Reuse stops exactly at the last block end before the first changed token: the
@@ -123,6 +130,11 @@ class scenario_runner {
         edit.min_reuse = edit.max_reuse = last_block_end_before_change();
         edit.changed_segment = edited.id;
         WARMCTX_RETURN_IF_ERROR(step("stable edit of '" + edited.id + "'", edit));
+        // The edit undone: the trimmed stable blocks were kept (parked in a free stream
+        // with stream copies, else in the pool), so the whole stable prefix is reused.
+        edited.content = before_edit;
+        segs_.back().content = g_.test_output(3);
+        WARMCTX_RETURN_IF_ERROR(step("edit undone", at_least(stable_end(), "engine")));
         if (rng() % 2 == 0) {
             // Profile drift: a different chunk size computes different KV bits. Sizes
             // repeat every chunk/2 scenarios, so a later scenario may find what all
@@ -153,7 +165,7 @@ class scenario_runner {
     }
 
     // Runs the current segments warm and cold, compares them and checks `want`.
-    status step(const std::string & what, turn_expectation want) {
+    status step(const std::string & what, turn_expectation want, seq_id seq = 0) {
         std::vector<segment> shuffled = segs_;
         std::shuffle(shuffled.begin(), shuffled.end(), g_.rng());  // input order must not matter
         const turn_request req = request(std::move(shuffled));
@@ -161,7 +173,7 @@ class scenario_runner {
         auto ap = ce_.assemble_request(req);
         if (!ap) return ap.error().with_context(ws_ + " " + what);
         want.max_cached = cm_.max_reuse(ap->blocks, (pos_t)ap->tokens.size());
-        auto w = ce_.run_turn(req);
+        auto w = ce_.run_turn(req, seq);
         if (!w) return w.error().with_context(ws_ + " " + what);
         cm_.note_cached(ap->blocks);
         prev_tokens_ = ap->tokens;
@@ -233,6 +245,7 @@ result<verify_report> run_verify(const verify_options & opts, const verify_progr
     if (opts.scenarios < 1) return invalid_argument("verify needs at least one scenario");
     if (opts.stable_tokens_max < 200) return invalid_argument("verify's largest stable prefix must be at least 200 tokens");
     context_engine_options co = opts.engine;
+    co.n_work_seqs = std::max<uint32_t>(co.n_work_seqs, 2);  // a step runs in another stream
     const uint32_t need = (uint32_t)opts.stable_tokens_max + 2048;
     if (co.engine.n_ctx < need) co.engine.n_ctx = need;
     // Scenarios also go through disk restores (a private directory unless the options
@@ -273,6 +286,15 @@ result<verify_report> run_verify(const verify_options & opts, const verify_progr
     for (int k = 1; k < k_retention_class_count; ++k)
         rep.evictions_by_class[std::string(retention_class_name((retention_class)k))] = c.evictions_by_class[(size_t)k];
     rep.whole_holder_evictions = c.n_whole_holder_evictions;
+    const kv_memory m = ce.counters().memory;
+    rep.backend = ce.context().backend;
+    rep.stream_copies = co.stream_copies == context_engine_options::stream_copy_mode::on ||
+                        (co.stream_copies == context_engine_options::stream_copy_mode::automatic &&
+                         ce.context().n_gpu_layers > 0);
+    rep.n_stream_copies = m.n_stream_copies;
+    rep.n_branches_parked = m.n_branches_parked;
+    rep.n_pool_loads = m.n_pool_loads;
+    rep.n_write_backs = m.n_write_backs;
     return rep;
 }
 

@@ -39,6 +39,8 @@ nlohmann::json verify_report::to_json() const {
         {"elapsed_ms", elapsed_ms}, {"seed", seed}, {"policy", policy},
         {"budget_tokens", budget_tokens}, {"evictions_by_class", evictions_by_class},
         {"whole_holder_evictions", whole_holder_evictions},
+        {"backend", backend}, {"stream_copies", stream_copies}, {"n_stream_copies", n_stream_copies},
+        {"n_branches_parked", n_branches_parked}, {"n_pool_loads", n_pool_loads}, {"n_write_backs", n_write_backs},
     };
 }
 

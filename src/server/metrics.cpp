@@ -178,6 +178,14 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
         header(out, "warmctx_tier_write_failures_total", "counter",
                "Write-throughs to a tier that failed (a full disk, say); each is also logged.");
         sample(out, "warmctx_tier_write_failures_total", "tier=\"disk\"", static_cast<double>(t.n_write_failures_disk));
+        scalar(out, "warmctx_disk_write_queue_bytes", "gauge",
+               "Bytes of snapshots queued for the disk tier's writer (the one being written included).",
+               static_cast<double>(t.disk_write_queue_bytes));
+        scalar(out, "warmctx_disk_write_queue_writes", "gauge", "Snapshots queued for the disk tier's writer.",
+               static_cast<double>(t.disk_write_queue_writes));
+        scalar(out, "warmctx_disk_write_drops_total", "counter",
+               "Write-throughs dropped: the write queue was full (also counted as write failures).",
+               static_cast<double>(t.n_write_drops_disk));
         scalar(out, "warmctx_disk_quarantine_files", "gauge",
                "Damaged snapshot files kept aside in quarantine/ (bounded; their bytes count in the disk budget).",
                static_cast<double>(t.disk_quarantine_files));

@@ -20,12 +20,22 @@ exit)
   expect_rc 0 "a clean run exits 0"
   check '.mode == "exact" and .mismatches == 0 and .turn_mismatches == 0 and .expectation_failures == 0 and .max_logit_diff == 0 and .turns >= 7' \
         "exact mode: every warm turn equal to its cold reference, every expectation held" "$summary"
+  # The device tier's path, here on the CPU: a prefix another stream holds is copied
+  # stream to stream, an edit's trimmed stable blocks are parked in a free stream and
+  # copied back when the edit is undone - and every warm turn still equals the cold one.
+  run --scenarios 2 --stream-copies on --json
+  expect_rc 0 "with stream copies, a clean run exits 0"
+  check '.stream_copies and .n_stream_copies >= 4 and .n_branches_parked >= 1 and .mismatches == 0 and .expectation_failures == 0 and .max_logit_diff == 0' \
+        "with stream copies: copies and parked branches, every warm turn equal to its cold reference" "$summary"
+  run --scenarios 1 --stream-copies off --json
+  check '(.stream_copies | not) and .n_stream_copies == 0 and .n_pool_loads >= 1' \
+        "without stream copies, another stream is served through the pool" "$summary"
   # A one-token budget admits nothing into the pool and no tier keeps a copy: the work
-  # stream still serves the next question in place, but the turn that expects the
-  # stable prefix from the pool misses it.
+  # stream still serves the next question in place, but the turn in another stream,
+  # which on the CPU expects the stable prefix through the pool, misses it.
   run --scenarios 1 --tiers false --budget-tokens 1 --json
   expect_rc 1 "an expectation failure exits 1"
-  check '.expectation_failures > 0 and (.failures | length) == .expectation_failures and (.failures[0] | test("^scenario-0 pool restore: expected a hit of at least [0-9]+ tokens"))' \
+  check '.expectation_failures > 0 and (.failures | length) == .expectation_failures and (.failures[0] | test("^scenario-0 another stream: expected a hit of at least [0-9]+ tokens"))' \
         "the failures are in the JSON, each with its scenario, step and reason" '.failures'
   run --scenarios 0
   expect_rc 2 "bad input exits 2"

@@ -894,5 +894,179 @@ TEST(KvPool, TheByteBudgetBindsThePool) {
     EXPECT_TRUE(f.ce->cache().check_invariants().ok());
 }
 
+
+// A workspace's stable context, then the last `n` of `messages` as its history (the
+// window an agent keeps), then the question.
+std::vector<segment> windowed(workload_generator & g, const std::vector<segment> & stable,
+                              const std::vector<std::string> & messages, size_t first, size_t n) {
+    std::vector<segment> s(stable.begin(), stable.end() - 1);
+    for (size_t i = first; i < first + n && i < messages.size(); ++i) {
+        char id[16];
+        std::snprintf(id, sizeof id, "h-%04zu", i);
+        s.push_back({id, segment_kind::history, "", i % 2 == 0 ? "user" : "assistant", messages[i]});
+    }
+    s.push_back({"question", segment_kind::user, "", "", g.question()});
+    return s;
+}
+
+TEST(KvPool, ASlidingHistoryWindowTrimsInPlaceAndCopiesNothing) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    const auto stable = make_workspace(*f.gen, 600, 1);
+    std::vector<std::string> messages;
+    for (int i = 0; i < 8; ++i) messages.push_back(f.gen->question() + " " + f.gen->question());
+    ASSERT_TRUE(f.ce->run_turn(f.request("a", windowed(*f.gen, stable, messages, 0, 4))).ok());
+    // The window slides by one message: the history after the stable context diverges
+    // from its first block on. Those blocks (history: low retention) are trimmed in
+    // place; nothing goes to the pool - no agent sends the old window again.
+    auto req = f.request("a", windowed(*f.gen, stable, messages, 1, 4));
+    auto t = f.ce->run_turn(req);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_TRUE(t->explain.in_place);
+    EXPECT_EQ(t->explain.missed_segment, "h-0001") << t->explain.reason;
+    auto c = f.ce->counters();
+    EXPECT_EQ(c.memory.n_write_backs, 0u);
+    EXPECT_EQ(c.memory.n_pool_saves, 0u);
+    EXPECT_EQ(c.memory.n_branches_dropped, 1u);
+    auto cold = f.ce->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_TRUE(same_logits(*t, *cold));
+}
+
+// Two work streams, stream copies on (as on a GPU), no cold stream.
+std::unique_ptr<context_engine> two_streams_copying(uint32_t n_work = 2, int32_t resident = 0) {
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.n_ctx = 4096;
+    o.engine.n_seq_resident = resident;
+    o.n_work_seqs = n_work;
+    o.cold_stream = false;
+    o.stream_copies = context_engine_options::stream_copy_mode::on;
+    auto r = context_engine::open(o);
+    EXPECT_TRUE(r.ok()) << r.error().to_string();
+    return r.ok() ? std::move(r.value()) : nullptr;
+}
+
+// The same prompt computed cold in a context of its own.
+std::vector<float> cold_logits(const turn_request & req) {
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.n_ctx = 4096;
+    auto r = context_engine::open(o);
+    EXPECT_TRUE(r.ok());
+    if (!r.ok()) return {};
+    auto c = (*r)->run_cold(req);
+    EXPECT_TRUE(c.ok());
+    return c.ok() ? c->prompt_logits : std::vector<float>{};
+}
+
+TEST(KvPool, AnotherIdleStreamsPrefixIsCopiedStreamToStreamWithStreamCopies) {
+    auto ce = two_streams_copying();
+    ASSERT_TRUE(ce);
+    workload_generator g(5, [&ce](const std::string & s) { auto t = ce->tokenize(s); return t.ok() ? t->size() : 0; });
+    turn_request req;
+    req.workspace = "a";
+    req.segments = make_workspace(g, 600, 1);
+    req.sampling.max_tokens = 2;
+    req.keep_logits = true;
+    {
+        std::vector<float> logits;
+        auto t = ce->begin_turn(req, 0, logits);
+        ASSERT_TRUE(t.ok()) << t.error().to_string();
+        ASSERT_TRUE(ce->finish_turn(*t, 0).ok());
+    }
+    req.workspace = "a-branch";  // the same prefix, in the other stream
+    req.segments.back().content = "from the other stream";
+    std::vector<float> logits;
+    auto t = ce->begin_turn(req, 1, logits);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_EQ(t->explain.kind, miss_kind::full_hit) << t->explain.reason;
+    EXPECT_FALSE(t->explain.in_place);
+    auto c = ce->counters();
+    EXPECT_EQ(c.memory.n_stream_copies, 1u);
+    EXPECT_EQ(c.memory.n_write_backs, 0u);  // nothing through the pool
+    EXPECT_EQ(c.memory.n_pool_saves, 0u);
+    EXPECT_EQ(c.memory.n_pool_loads, 0u);
+    ASSERT_TRUE(ce->finish_turn(*t, 0).ok());
+    req.keep_logits = true;
+    const auto cold = cold_logits(req);
+    ASSERT_EQ(cold.size(), logits.size());
+    EXPECT_EQ(std::memcmp(cold.data(), logits.data(), logits.size() * 4), 0);  // the cold layout
+}
+
+TEST(KvPool, AnEditTrimmingStableBlocksParksTheOldBranchInAFreeStream) {
+    auto ce = two_streams_copying();
+    ASSERT_TRUE(ce);
+    workload_generator g(6, [&ce](const std::string & s) { auto t = ce->tokenize(s); return t.ok() ? t->size() : 0; });
+    turn_request req;
+    req.workspace = "a";
+    req.segments = make_workspace(g, 600, 1);
+    req.sampling.max_tokens = 2;
+    req.keep_logits = true;
+    auto run = [&](seq_id seq, std::vector<float> & logits) {
+        auto t = ce->begin_turn(req, seq, logits);
+        if (!t.ok()) return t.error();
+        return ce->finish_turn(*t, 0);
+    };
+    std::vector<float> logits;
+    ASSERT_TRUE(run(0, logits).ok());
+    const auto original = req.segments;
+    for (auto & s : req.segments)
+        if (s.kind == segment_kind::repo_map) s.content = g.edit_one_line(s.content);
+    ASSERT_TRUE(run(0, logits).ok());  // in place; the trimmed stable blocks are parked
+    auto c = ce->counters();
+    EXPECT_EQ(c.memory.n_branches_parked, 1u);
+    EXPECT_EQ(c.memory.n_write_backs, 0u);
+    EXPECT_EQ(c.memory.n_pool_saves, 0u);
+    // The edit is undone: the parked stream serves the whole original prefix.
+    req.segments = original;
+    req.segments.back().content = "back to the original";
+    auto t = ce->begin_turn(req, 0, logits);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_EQ(t->explain.kind, miss_kind::full_hit) << t->explain.reason;
+    EXPECT_FALSE(t->explain.in_place);
+    EXPECT_EQ(ce->counters().memory.n_stream_copies, 2u);  // parked, then copied back
+    ASSERT_TRUE(ce->finish_turn(*t, 0).ok());
+    const auto cold = cold_logits(req);
+    ASSERT_EQ(cold.size(), logits.size());
+    EXPECT_EQ(std::memcmp(cold.data(), logits.data(), logits.size() * 4), 0);
+}
+
+TEST(KvPool, ResidentStreamsAreWorkStreamsCountedWhole) {
+    auto ce = two_streams_copying(1, 2);
+    ASSERT_TRUE(ce);
+    EXPECT_EQ(ce->n_work_seqs(), 3u);
+    const context_info & ci = ce->context();
+    EXPECT_EQ(ci.n_seq_max, 3u);
+    EXPECT_EQ(ci.n_seq_resident, 2u);
+    auto c = ce->counters();
+    EXPECT_EQ(c.memory.n_streams, 3u);
+    EXPECT_EQ(c.memory.n_resident_streams, 2u);
+    EXPECT_EQ(c.memory.streams_allocated_bytes, 3ull * ci.n_ctx_seq * ci.kv_bytes_per_token);
+}
+
+TEST(KvPool, AColdStreamEngineHasNoResidentStreams) {
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.n_ctx = 1024;
+    o.engine.n_seq_resident = 3;  // ignored: the cold stream's index follows the work streams
+    auto r = context_engine::open(o);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    EXPECT_EQ((*r)->n_work_seqs(), 1u);
+    EXPECT_EQ((*r)->context().n_seq_resident, 0u);
+}
+
+TEST(KvPool, OnTheCpuAutomaticResidentStreamsAreNone) {
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.n_ctx = 1024;
+    o.engine.n_seq_resident = -1;
+    o.cold_stream = false;
+    auto r = context_engine::open(o);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    if ((*r)->context().n_gpu_layers > 0) GTEST_SKIP() << "layers on a GPU";
+    EXPECT_EQ((*r)->context().n_seq_resident, 0u);
+    EXPECT_NE((*r)->context().resident_reason.find("CPU"), std::string::npos) << (*r)->context().resident_reason;
+}
 }  // namespace
 }  // namespace warmctx

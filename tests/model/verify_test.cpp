@@ -28,11 +28,11 @@ std::string failures_of(const verify_report & r) {
     return s;
 }
 
-// Steps per scenario: cold, new question (in place), pool restore, disk, history + diff,
-// volatile edit, stable edit, and for some a drift. passed() holds each step's
-// expectations: the new question reused its work stream in place, the pool restore
-// loaded the prefix from the RAM pool.
-constexpr int k_steps_without_drift = 7;
+// Steps per scenario: cold, new question (in place), another stream, pool restore, disk,
+// history + diff, volatile edit, stable edit, edit undone, and for some a drift.
+// passed() holds each step's expectations: the new question reused its work stream in
+// place, the turn in another stream and the pool restore loaded the prefix into theirs.
+constexpr int k_steps_without_drift = 9;
 
 TEST(run_verify, ExactModeEqualsColdAndMeetsEveryExpectation) {
     int progress_lines = 0;
