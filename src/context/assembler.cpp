@@ -741,11 +741,16 @@ static void build_blocks(assembled_prompt & out, const std::vector<piece> & piec
                   std::string_view tenant_salt, uint32_t chunk_tokens) {
     const auto n_tokens = static_cast<pos_t>(out.tokens.size());
     // A piece starts a chunk unless the piece before it has retention `none`: nothing
-    // at or after a `none` block is ever cached, so no warm turn can start there, and
-    // chunking the uncached tail together (the question and the generation prompt, say)
-    // saves a decode call per turn without changing any KV that is reused.
+    // at or after a `none` block is cached in the pool, so no other turn starts there,
+    // and chunking the uncached tail together saves a decode call per turn without
+    // changing any KV that is reused. The generation prompt is the exception: it always
+    // starts a chunk, so that the turn's own user message ends one. The work stream
+    // keeps that message, and an agent's next turn, which carries it in its history
+    // (the same piece, rendered the same), reuses it in place: one decode call more
+    // per turn against prefilling the last message (often a tool's output) twice.
     std::vector<bool> starts_run(pieces.size(), true);
-    for (size_t i = 1; i < pieces.size(); ++i) starts_run[i] = pieces[i - 1].cls != retention_class::none;
+    for (size_t i = 1; i < pieces.size(); ++i)
+        starts_run[i] = pieces[i - 1].cls != retention_class::none || pieces[i].segment_index == k_generation_prompt_index;
     for (size_t i = 0; i < pieces.size(); ++i) {
         const piece & pc = pieces[i];
         if (starts_run[i] && pc.begin > 0 && pc.begin < n_tokens &&

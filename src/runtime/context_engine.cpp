@@ -613,21 +613,40 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     // early: it stops at a chunk end, and every block end is one).
     size_t n_keep = t.cache ? impl::n_cacheable_blocks(t.ap) : 0;
     while (n_keep > 0 && t.ap.blocks[n_keep - 1].end > t.prefill_pos) --n_keep;
-    if (n_keep > 0) {
+    // The stream also keeps the blocks of the turn's own user message that follow them
+    // (class none: never in the pool nor on disk). An agent's next turn carries this
+    // message in its history, where the template renders it the same - the same piece,
+    // the same tokens at the same positions - and reuses it in place. The generation
+    // prompt and the answer go: the next turn renders the answer with its header in one
+    // piece, so its KV would not be the cold run's.
+    size_t n_stream = n_keep;
+    if (t.cache && !t.prewarm && n_keep == impl::n_cacheable_blocks(t.ap)) {
+        const auto & segs = t.ap.man.segments;
+        while (n_stream < t.ap.blocks.size()) {
+            const block & b = t.ap.blocks[n_stream];
+            const int k = b.segment_index;
+            if (k < 0 || (size_t)k >= segs.size() || segs[(size_t)k].kind != segment_kind::user ||
+                b.end > t.prefill_pos)
+                break;
+            ++n_stream;
+        }
+    }
+    if (n_stream > 0) {
         // The stream keeps the cacheable blocks (the tail and the generated tokens go)
         // for the next turn to reuse in place; the pool gets a copy only when something
         // is about to overwrite them (lazy write-back), unless it holds them already.
         std::span<const block> path(t.ap.blocks.data(), n_keep);
-        status st = p_->eng->trim_seq(t.seq, path.back().end);
+        std::span<const block> kept(t.ap.blocks.data(), n_stream);
+        status st = p_->eng->trim_seq(t.seq, kept.back().end);
         if (st.ok()) {
             p_->tiers->forget_recent_loads();
             // A pre-warm stopped early was stopped for a chat, which continues from it in
             // place (and writes through what it ends with) or takes its stream (and puts
             // its blocks in the pool): no disk write of a partial prefix on that chat's way.
             // The write itself waits until the answer is out (flush_deferred_writes).
-            if (!(t.prewarm && !t.prefilled()) && !p_->tiers->empty())
+            if (n_keep > 0 && !(t.prewarm && !t.prefilled()) && !p_->tiers->empty())
                 p_->deferred = impl::deferred_write{t.seq, t.workspace, t.ap, n_keep};
-            s.blocks.assign(path.begin(), path.end());
+            s.blocks.assign(kept.begin(), kept.end());
             s.n_durable = 0;
             for (size_t i = 0; i < path.size(); ++i) {
                 const int k = path[i].segment_index;
@@ -637,7 +656,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             }
             s.workspace = t.workspace;
             s.t_finished = t.now;
-            s.unsaved = p_->cache->peek(path, t.workspace).n_blocks < n_keep;
+            s.unsaved = n_keep > 0 && p_->cache->peek(path, t.workspace).n_blocks < n_keep;
         } else {
             result_st = st.with_context("cache update");
             p_->clear_stream(t.seq);

@@ -417,29 +417,36 @@ std::vector<test_piece> pieces_of(const assembled_prompt & p) {
     return v;
 }
 
-TEST(Assembler, BoundariesAreThePieceStartsAfterACachedPiece) {
+// Where chunk runs start: every piece after a cached one, and the generation prompt.
+std::vector<pos_t> run_starts_of(const std::vector<test_piece> & pcs) {
+    std::vector<pos_t> v;
+    for (size_t i = 1; i < pcs.size(); ++i)
+        if (pcs[i - 1].cls != retention_class::none || pcs[i].index == k_generation_prompt_index)
+            v.push_back(pcs[i].begin);
+    return v;
+}
+
+TEST(Assembler, BoundariesAreThePieceStartsAfterACachedPieceAndTheGenerationPrompt) {
     const auto p = must_assemble(typical_workspace());
     const auto pcs = pieces_of(p);
-    std::vector<pos_t> expected;
-    for (size_t i = 1; i < pcs.size(); ++i)
-        if (pcs[i - 1].cls != retention_class::none) expected.push_back(pcs[i].begin);
-    EXPECT_EQ(p.boundaries, expected);
-    // the typical workspace ends with the question (none): it and the generation prompt
-    // form one run
+    EXPECT_EQ(p.boundaries, run_starts_of(pcs));
+    // the typical workspace ends with the question (none): it starts a run, and the
+    // generation prompt starts another, so the question's blocks end where the message
+    // does (the next turn carries it in its history)
     ASSERT_EQ(pcs[pcs.size() - 2].cls, retention_class::none);
-    EXPECT_EQ(p.boundaries.back(), pcs[pcs.size() - 2].begin);
+    ASSERT_GE(p.boundaries.size(), 2u);
+    EXPECT_EQ(p.boundaries[p.boundaries.size() - 2], pcs[pcs.size() - 2].begin);
+    EXPECT_EQ(p.boundaries.back(), p.man.generation_prompt_begin);
 }
 
 TEST(Assembler, BlocksAreTheCanonicalChunksOfThePrompt) {
     for (uint32_t chunk : {1u, 5u, 16u, 64u, 4096u}) {
         const auto p = must_assemble(typical_workspace(), k_salt, true, kind_table{}, fake_text_model{}, chunk);
         // The boundaries are where runs start: every piece, except a piece after a
-        // `none` piece (the uncached tail is chunked together).
+        // `none` piece (the uncached tail is chunked together) that is not the
+        // generation prompt.
         const auto pcs = pieces_of(p);
-        std::vector<pos_t> run_starts;
-        for (size_t i = 1; i < pcs.size(); ++i)
-            if (pcs[i - 1].cls != retention_class::none) run_starts.push_back(pcs[i].begin);
-        EXPECT_EQ(p.boundaries, run_starts) << "chunk " << chunk;
+        EXPECT_EQ(p.boundaries, run_starts_of(pcs)) << "chunk " << chunk;
         // The blocks are the chunks of the one rule (warmctx/chunking.h, tested on its
         // own in plan_chunks_test), so the engine's prefill and the cache's blocks agree.
         const auto expected = plan_chunks(0, static_cast<int32_t>(p.tokens.size()), p.boundaries,
@@ -528,8 +535,8 @@ TEST(Assembler, ProfileRootsEveryChainHash) {
 }
 
 TEST(Assembler, GenerationPromptSharesNoCachedBlock) {
-    // Ending with the question (none): the question and the generation prompt are one
-    // run; every block before the question is shared with and without the prompt.
+    // Ending with the question (none): the generation prompt starts a run of its own;
+    // every block before it is shared with and without the prompt.
     const auto segs = typical_workspace();
     const auto with = must_assemble(segs, k_salt, true);
     const auto without = must_assemble(segs, k_salt, false);
@@ -541,7 +548,10 @@ TEST(Assembler, GenerationPromptSharesNoCachedBlock) {
     ASSERT_GT(shared, 0u);
     for (size_t i = 0; i < shared; ++i) EXPECT_EQ(with.blocks[i], without.blocks[i]);
     EXPECT_EQ(with.blocks.back().end, static_cast<pos_t>(with.tokens.size()));
-    for (pos_t x : with.boundaries) EXPECT_NE(x, with.man.generation_prompt_begin);
+    EXPECT_EQ(with.boundaries.back(), with.man.generation_prompt_begin);
+    // The question's blocks too: a block ends where the question does.
+    ASSERT_LT(without.blocks.size(), with.blocks.size());
+    for (size_t i = 0; i < without.blocks.size(); ++i) EXPECT_EQ(with.blocks[i], without.blocks[i]) << i;
 
     // Ending with a cached segment: the generation prompt starts a block of its own,
     // and every segment block is shared.

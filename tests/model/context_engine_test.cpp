@@ -933,6 +933,31 @@ TEST(KvPool, ASlidingHistoryWindowTrimsInPlaceAndCopiesNothing) {
     EXPECT_TRUE(same_logits(*t, *cold));
 }
 
+TEST(KvPool, AnAgentsNextTurnReusesItsLastUserMessageInPlace) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    auto segs = make_workspace(*f.gen, 600, 1);
+    const std::string asked = segs.back().content;
+    ASSERT_TRUE(f.ce->run_turn(f.request("a", segs)).ok());
+    // The next turn: the question and an answer are history, then a new question. The
+    // stream kept the question's blocks (never cached in the pool: class none), and they
+    // are the history message's, rendered the same.
+    segs.pop_back();
+    segs.push_back({"h-0000", segment_kind::history, "", "user", asked});
+    segs.push_back({"h-0001", segment_kind::history, "", "assistant", "Done: the tests pass now."});
+    segs.push_back({"question", segment_kind::user, "", "", "And the docs?"});
+    auto req = f.request("a", segs);
+    auto t = f.ce->run_turn(req);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_TRUE(t->explain.in_place);
+    EXPECT_EQ(t->explain.n_reused, begin_of(t->man, "h-0001")) << t->explain.reason;
+    EXPECT_EQ(f.ce->counters().memory.n_write_backs, 0u);
+    EXPECT_EQ(f.ce->counters().memory.pool_entries, 0u);  // the user message never went to the pool
+    auto cold = f.ce->run_cold(req);
+    ASSERT_TRUE(cold.ok());
+    EXPECT_TRUE(same_logits(*t, *cold));
+}
+
 // Two work streams, stream copies on (as on a GPU), no cold stream.
 std::unique_ptr<context_engine> two_streams_copying(uint32_t n_work = 2, int32_t resident = 0) {
     context_engine_options o;
