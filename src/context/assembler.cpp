@@ -648,7 +648,8 @@ result<conversation_tokens> tokenize_conversation(std::span<const segment * cons
     struct span_of {
         size_t seg;  // the segment that ends the piece (n: the generation prompt)
         size_t a, b;
-        bool diff = false;  // the piece is one diff segment's alone: cut at its units
+        bool diff = false;  // the piece is one segment's alone that may carry a diff
+                            // (a diff, a chat message): cut at its units
     };
     std::vector<span_of> spans;
     size_t from = 0, group = 0;
@@ -658,7 +659,14 @@ result<conversation_tokens> tokenize_conversation(std::span<const segment * cons
         const bool last = k == n;
         if (cut[k] || (last && !add_generation_prompt)) {
             const size_t to = last && !add_generation_prompt ? f->text.size() : *cut[k];
-            spans.push_back({k - 1, from, to, group == k - 1 && order[k - 1]->kind == segment_kind::diff});
+            // A diff is cut at its files and hunks; so is a chat message (history, or
+            // this turn's) that carries one - an agent pastes diffs into its messages,
+            // and a window of its last messages then begins with another message whose
+            // diff header is the same.
+            const segment_kind kk = order[k - 1]->kind;
+            spans.push_back({k - 1, from, to,
+                             group == k - 1 && (kk == segment_kind::diff || kk == segment_kind::history ||
+                                                kk == segment_kind::user)});
             for (size_t g = group; g < k; ++g) out.piece_cls[g] = cls;
             from = to;
             group = k;
@@ -748,9 +756,12 @@ static void build_blocks(assembled_prompt & out, const std::vector<piece> & piec
     // keeps that message, and an agent's next turn, which carries it in its history
     // (the same piece, rendered the same), reuses it in place: one decode call more
     // per turn against prefilling the last message (often a tool's output) twice.
+    // So do a segment's own parts (a message's diff units): the same message, as the
+    // next turn's history, is chunked at them.
     std::vector<bool> starts_run(pieces.size(), true);
     for (size_t i = 1; i < pieces.size(); ++i)
-        starts_run[i] = pieces[i - 1].cls != retention_class::none || pieces[i].segment_index == k_generation_prompt_index;
+        starts_run[i] = pieces[i - 1].cls != retention_class::none || pieces[i].segment_index == k_generation_prompt_index ||
+                        (pieces[i].segment_index >= 0 && pieces[i].segment_index == pieces[i - 1].segment_index);
     for (size_t i = 0; i < pieces.size(); ++i) {
         const piece & pc = pieces[i];
         if (starts_run[i] && pc.begin > 0 && pc.begin < n_tokens &&

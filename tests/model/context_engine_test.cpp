@@ -937,6 +937,8 @@ TEST(KvPool, AnAgentsNextTurnReusesItsLastUserMessageInPlace) {
     fixture f;
     ASSERT_TRUE(f.ce);
     auto segs = make_workspace(*f.gen, 600, 1);
+    // As agents send it: a diff pasted into the message, then the question.
+    segs.back().content = f.gen->diff("src/pinned_0.cc", 2) + "\n\n" + segs.back().content;
     const std::string asked = segs.back().content;
     ASSERT_TRUE(f.ce->run_turn(f.request("a", segs)).ok());
     // The next turn: the question and an answer are history, then a new question. The
