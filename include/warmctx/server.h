@@ -53,6 +53,15 @@
 
 namespace warmctx {
 
+// Bounds on what one chat request may ask for, checked while its body is parsed: before
+// any template, tokenizer or grammar work, each answered 400 naming the bound (and its
+// flag). docs/api.md, "Limits", has the table.
+struct request_bounds {
+    size_t max_messages = 4096;          // messages (chat) or input items (Responses); at most 10,000
+    size_t max_tools = 128;              // function tools, a Responses namespace's counted one by one (OpenAI's 128)
+    size_t max_tools_bytes = 512u << 10; // the tools array as canonical JSON (keys sorted, no spaces)
+};
+
 struct server_options {
     std::string host = "127.0.0.1";
     int port = 8080;                       // 0 = an ephemeral port (tests); see port()
@@ -78,6 +87,7 @@ struct server_options {
                                            // model file's name without directory)
     int32_t default_max_tokens = 0;        // when a request names no max_tokens (0: to the end of the context)
     bool log_requests = true;              // one JSON line per request on stderr
+    request_bounds bounds;                 // what one chat request may ask for (above)
 
     // The segment kind table the scheduler's context engine uses (validates PUT
     // segments early; the scheduler checks again when it assembles).

@@ -70,11 +70,65 @@ maybe_error validate_workspace_id(std::string_view id, std::string_view param) {
     return std::nullopt;
 }
 
-maybe_error map_messages(const json & messages, const json * tools, std::vector<segment> & out) {
+namespace {
+
+std::string with_commas(size_t v) {
+    std::string d = std::to_string(v), out;
+    for (size_t i = 0; i < d.size(); ++i) {
+        if (i > 0 && (d.size() - i) % 3 == 0) out += ',';
+        out += d[i];
+    }
+    return out;
+}
+
+// A tools array's count and canonical size against the bounds (the count first: it
+// costs nothing).
+maybe_error check_tools_count(size_t n, std::string_view param, const request_bounds & b) {
+    if (n > b.max_tools)
+        return bad_request("too_many_tools",
+                           std::string(param) + " has " + with_commas(n) + " tools; at most " + with_commas(b.max_tools) +
+                               " are allowed (the server's --max-tools)",
+                           std::string(param));
+    return std::nullopt;
+}
+maybe_error check_tools_bytes(size_t bytes, std::string_view param, const request_bounds & b) {
+    if (bytes > b.max_tools_bytes)
+        return bad_request("tools_too_large",
+                           std::string(param) + " is " + with_commas(bytes) + " bytes as canonical JSON; at most " +
+                               with_commas(b.max_tools_bytes) + " are allowed (the server's --max-tools-bytes)",
+                           std::string(param));
+    return std::nullopt;
+}
+
+}  // namespace
+
+maybe_error check_tools_segments(const std::vector<segment> & segs, const request_bounds & b) {
+    for (const segment & s : segs) {
+        if (s.kind != segment_kind::tools) continue;
+        const std::string param = s.id == "tools" ? "tools" : "segments." + s.id.substr(0, 64);
+        // Free text that describes tools renders as a message: the content's own bounds
+        // hold it. An OpenAI tools array is rendered by the template and becomes a grammar.
+        const size_t b0 = s.content.find_first_not_of(" \t\r\n");
+        if (b0 == std::string::npos || s.content[b0] != '[') continue;
+        if (auto e = check_tools_bytes(s.content.size(), param, b)) return e;
+        auto arr = parse_json(s.content);
+        if (!arr.ok() || !arr->is_array()) continue;
+        if (auto e = check_tools_count(arr->size(), param, b)) return e;
+    }
+    return std::nullopt;
+}
+
+maybe_error map_messages(const json & messages, const json * tools, std::vector<segment> & out,
+                         const request_bounds & bounds) {
     if (!messages.is_array()) return wrong_type("messages", "an array", messages);
-    if (messages.size() > k_max_messages)
-        return bad_request("too_many_messages", "at most " + std::to_string(k_max_messages) + " messages are supported",
+    const size_t max_messages = std::min(bounds.max_messages, k_max_messages);
+    if (messages.size() > max_messages)
+        return bad_request("too_many_messages",
+                           "messages has " + with_commas(messages.size()) + " messages; at most " +
+                               with_commas(max_messages) + " are allowed (the server's --max-messages)",
                            "messages");
+    if (tools && tools->is_array())
+        if (auto e = check_tools_count(tools->size(), "tools", bounds)) return e;
     size_t n_system = 0, n_history = 0;
     for (size_t i = 0; i < messages.size(); ++i) {
         const json & m = messages[i];
@@ -159,6 +213,7 @@ maybe_error map_messages(const json & messages, const json * tools, std::vector<
                                        tp + ".function.name");
             }
             s.content = dump_json(*tools);
+            if (auto e = check_tools_bytes(s.content.size(), "tools", bounds)) return e;
             out.push_back(std::move(s));
         }
     }
@@ -281,13 +336,15 @@ maybe_error parse_completion_request(const json & body, body_mode mode, const re
         if (messages) {
             if (!messages->is_array()) return wrong_type("messages", "an array", *messages);
             if (messages->empty() && !segs) return bad_request("invalid_value", "messages is empty", "messages");
-            if (auto e = map_messages(*messages, tools, out.segments)) return e;
+            if (auto e = map_messages(*messages, tools, out.segments, limits.bounds)) return e;
         } else if (tools) {
-            if (auto e = map_messages(json::array(), tools, out.segments)) return e;
+            if (auto e = map_messages(json::array(), tools, out.segments, limits.bounds)) return e;
         }
     }
     if (segs && mode != body_mode::text) {
         if (auto e = parse_segments(*segs, "segments", out.segments)) return e;
+        // A body's own tools segment: the same bounds as a chat's `tools`.
+        if (auto e = check_tools_segments(out.segments, limits.bounds)) return e;
     }
     if (out.segments.empty()) return bad_request("invalid_value", "the request has no content", "messages");
 

@@ -32,6 +32,7 @@
 #include "warmctx/context_engine.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/segments.h"
+#include "warmctx/server.h"
 
 namespace warmctx::server_detail {
 
@@ -43,6 +44,7 @@ struct request_limits {
     int32_t max_tokens_cap = 8192;      // the context per sequence: more can never fit
     int32_t default_max_tokens = 0;     // a request without max_tokens: 0 = to the end of the context
     int32_t n_vocab = 0;                // logit_bias token ids are below it (0: not checked)
+    request_bounds bounds;              // messages, tools, schemas (warmctx/server.h)
 };
 
 enum class api_shape { chat, text };    // chat.completion vs text_completion
@@ -85,9 +87,16 @@ enum class body_mode {
 maybe_error parse_completion_request(const nlohmann::json & body, body_mode mode,
                                      const request_limits & limits, completion_request & out);
 
-// The messages mapping of the header comment. `tools` may be null (absent).
+// The messages mapping of the header comment. `tools` may be null (absent). The
+// message count and the tools (count, canonical bytes) are checked against `bounds`
+// first, before anything is copied.
 maybe_error map_messages(const nlohmann::json & messages, const nlohmann::json * tools,
-                         std::vector<segment> & out);
+                         std::vector<segment> & out, const request_bounds & bounds = {});
+
+// The tools segments among `segs` (a chat's `tools`, a body's or a stored segment of kind
+// tools holding an OpenAI tools array) against bounds.max_tools and max_tools_bytes,
+// (a 400 naming the bound).
+maybe_error check_tools_segments(const std::vector<segment> & segs, const request_bounds & bounds);
 
 // The `segments` extension: [{"id","kind","content","path"?,"role"?}, ...].
 // `param` prefixes field names in errors ("segments").

@@ -258,7 +258,9 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     json body;
     if (auto e = parse_body(req, body)) return respond_error(res, *log, *e);
     completion_request cr;
-    if (auto e = parse_completion_request(body, mode, ctx.limits, cr)) return respond_error(res, *log, *e);
+    request_limits limits = ctx.limits;
+    limits.bounds = ctx.opts.bounds;  // the server's bounds (warmctx/server.h): checked while parsing
+    if (auto e = parse_completion_request(body, mode, limits, cr)) return respond_error(res, *log, *e);
     if (path_ws) {
         if (!cr.workspace.empty() && !cr.workspace_from_cache_key && cr.workspace != *path_ws)
             return respond_error(res, *log,
@@ -279,6 +281,9 @@ void run_completion(route_context & ctx, const http_request & req, http_response
             if (ctx.opts.kinds.policy(sg.kind).retention >= retention_class::high) carried.push_back(sg);
         ctx.remember_carried(*path_ws, std::move(carried));
         cr.segments = merge_stored_segments(std::move(*stored), std::move(cr.segments));
+        // A stored tools segment is rendered and may become the answer's grammar: the
+        // same bounds as a body's.
+        if (auto e = check_tools_segments(cr.segments, limits.bounds)) return respond_error(res, *log, *e);
         cr.workspace = *path_ws;
         ctx.store.note_use(*path_ws);
     }

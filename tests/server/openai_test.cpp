@@ -415,5 +415,86 @@ TEST(metrics_text, histograms_and_counters) {
     EXPECT_NE(t.find("warmctx_cache_bytes{tier=\"engine\"} 0\n"), std::string::npos);
 }
 
+// ---- request bounds (issue 30): refused while parsing, before any template or grammar ----
+
+json many_tools(size_t n, size_t description_bytes = 8) {
+    json tools = json::array();
+    for (size_t i = 0; i < n; ++i)
+        tools.push_back({{"type", "function"},
+                         {"function", {{"name", "f" + std::to_string(i)},
+                                       {"description", std::string(description_bytes, 'd')},
+                                       {"parameters", {{"type", "object"}}}}}});
+    return tools;
+}
+
+json one_user_message() { return json::array({{{"role", "user"}, {"content", "hi"}}}); }
+
+// 30,000 small tools once grew a chat to 24 GB: the count is refused on its own.
+TEST(request_bounds, too_many_tools_is_a_400_naming_the_bound) {
+    api_error e = parse_err({{"messages", one_user_message()}, {"tools", many_tools(129)}});
+    EXPECT_EQ(e.http_status, 400);
+    EXPECT_EQ(e.code, "too_many_tools");
+    EXPECT_EQ(e.param, "tools");
+    EXPECT_NE(e.message.find("--max-tools"), std::string::npos) << e.message;
+    EXPECT_NE(e.message.find("128"), std::string::npos) << e.message;
+    completion_request cr = parse_ok({{"messages", one_user_message()}, {"tools", many_tools(128)}});
+    EXPECT_FALSE(cr.tools_json.empty());
+}
+
+TEST(request_bounds, the_tools_canonical_bytes_are_bounded) {
+    // 100 tools of 8 KiB descriptions: 800 KiB, over the default 512 KiB.
+    api_error e = parse_err({{"messages", one_user_message()}, {"tools", many_tools(100, 8192)}});
+    EXPECT_EQ(e.code, "tools_too_large");
+    EXPECT_EQ(e.param, "tools");
+    EXPECT_NE(e.message.find("--max-tools-bytes"), std::string::npos) << e.message;
+    // The bound is the server's.
+    completion_request cr;
+    request_limits lim;
+    lim.bounds.max_tools_bytes = 1u << 20;
+    EXPECT_FALSE(parse_completion_request({{"messages", one_user_message()}, {"tools", many_tools(100, 8192)}},
+                                          body_mode::chat, lim, cr));
+    lim.bounds.max_tools = 10;
+    auto e2 = parse_completion_request({{"messages", one_user_message()}, {"tools", many_tools(11)}}, body_mode::chat,
+                                       lim, cr);
+    ASSERT_TRUE(e2.has_value());
+    EXPECT_EQ(e2->code, "too_many_tools");
+}
+
+// The `segments` extension's tools segment is the same array by another door.
+TEST(request_bounds, a_tools_segment_in_the_body_is_bounded_too) {
+    json segs = json::array({{{"id", "tools"}, {"kind", "tools"}, {"content", dump_json(many_tools(200))}}});
+    api_error e = parse_err({{"messages", one_user_message()}, {"segments", segs}}, body_mode::workspace_chat);
+    EXPECT_EQ(e.code, "too_many_tools");
+    // Free text describing tools is a message, not a tools array: not counted.
+    json text = json::array({{{"id", "tools"}, {"kind", "tools"}, {"content", "You may call ls and cat."}}});
+    parse_ok({{"messages", one_user_message()}, {"segments", text}}, body_mode::workspace_chat);
+    // Stored segments are checked after the merge (run_completion) by the same function.
+    segment st;
+    st.id = "tools";
+    st.kind = segment_kind::tools;
+    st.content = dump_json(many_tools(129));
+    std::vector<segment> stored{st};
+    auto e2 = check_tools_segments(stored, request_bounds{});
+    ASSERT_TRUE(e2.has_value());
+    EXPECT_EQ(e2->code, "too_many_tools");
+}
+
+TEST(request_bounds, messages_are_bounded_by_the_server) {
+    completion_request cr;
+    request_limits lim;
+    lim.bounds.max_messages = 8;
+    json msgs = json::array();
+    for (int i = 0; i < 9; ++i) msgs.push_back({{"role", i % 2 ? "assistant" : "user"}, {"content", "m"}});
+    auto e = parse_completion_request({{"messages", msgs}}, body_mode::chat, lim, cr);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->code, "too_many_messages");
+    EXPECT_EQ(e->param, "messages");
+    EXPECT_NE(e->message.find("--max-messages"), std::string::npos) << e->message;
+    msgs.erase(msgs.begin());
+    EXPECT_FALSE(parse_completion_request({{"messages", msgs}}, body_mode::chat, lim, cr));
+    // The default: 4,096.
+    EXPECT_EQ(request_bounds{}.max_messages, 4096u);
+}
+
 }  // namespace
 }  // namespace warmctx::server_detail

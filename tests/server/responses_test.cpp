@@ -746,5 +746,24 @@ TEST(Responses, HeartbeatsAreInProgressEventsUntilTheAnswerBegins) {
     EXPECT_TRUE(rs.heartbeat().empty());
 }
 
+// 20,000 tools in a namespace once aborted the server: a namespace's tools count one by
+// one against the chat's bound, and the 400 names `tools`.
+TEST(Responses, ANamespaceOfTooManyToolsIsRefused) {
+    json inner = json::array();
+    for (int i = 0; i < 129; ++i) inner.push_back({{"type", "function"}, {"name", "t" + std::to_string(i)}});
+    json body = {{"input", "hi"},
+                 {"tools", json::array({{{"type", "namespace"}, {"name", "ns"}, {"tools", inner}}})}};
+    responses_request_info info;
+    json chat = chat_ok(body, &info);
+    completion_request cr;
+    request_limits lim;
+    auto e = parse_completion_request(chat, body_mode::chat, lim, cr);
+    ASSERT_TRUE(e.has_value());
+    chat_error_to_responses(*e, info);
+    EXPECT_EQ(e->http_status, 400);
+    EXPECT_EQ(e->code, "too_many_tools");
+    EXPECT_EQ(e->param, "tools");
+}
+
 }  // namespace
 }  // namespace warmctx::server_detail
