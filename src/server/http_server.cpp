@@ -41,6 +41,7 @@
 #include <mutex>
 #include <thread>
 
+#include "http_framing.h"
 #include "router.h"
 
 #if defined(CPPHTTPLIB_VERSION_NUM)
@@ -87,10 +88,13 @@ struct conn_state {
     bool over_cap = false;       // a read passed the cap
     bool body_framed = false;    // the request has a body (Content-Length > 0 or Transfer-Encoding)
     bool body_consumed = false;  // ... and it was read to its end
+    bool close_after = false;    // the answer refused the request (400, 408, 413, 431): the connection ends
 
     bool reads_allowed() const { return phase == conn_phase::headers || phase == conn_phase::body; }
     // The connection cannot carry another request: its stream is not at a request's start.
-    bool must_close() const { return shed.load() || timed_out || over_cap || (body_framed && !body_consumed); }
+    bool must_close() const {
+        return shed.load() || timed_out || over_cap || close_after || (body_framed && !body_consumed);
+    }
 };
 
 // The connection this thread serves (handlers run on the connection's thread).
@@ -312,14 +316,14 @@ class conn_stream final : public httplib::Stream {
             if (!wait_input()) return -1;
             ssize_t n;
             do {
-                n = ::recv(c_.fd, buf_, sizeof buf_, 0);
+                n = ::recv(c_.fd, buf_.data(), buf_.size(), 0);
             } while (n < 0 && errno == EINTR);
             if (n <= 0) return n;  // 0: the peer closed (or the connection was shed)
             off_ = 0;
             len_ = static_cast<size_t>(n);
         }
         const size_t n = std::min(size, len_ - off_);
-        std::memcpy(ptr, buf_ + off_, n);
+        std::memcpy(ptr, buf_.data() + off_, n);
         off_ += n;
         c_.phase_bytes += n;
         return static_cast<ssize_t>(n);
@@ -339,6 +343,22 @@ class conn_stream final : public httplib::Stream {
     socket_t socket() const override { return c_.fd; }
 
     bool buffered() const { return off_ < len_; }
+
+    // Reads (in the headers phase) until the buffer holds a whole request head, the
+    // head is refused, or no more comes in time or within the phase's cap: the
+    // verdict, incomplete in the last case (the library's own read then meets the same
+    // end and answers as before: 408, or the connection closes). Nothing is consumed:
+    // the library parses the same bytes.
+    head_verdict read_head() {
+        size_t scanned = 0;
+        for (;;) {
+            const std::string_view pending(buf_.data() + off_, len_ - off_);
+            head_verdict v = check_request_head(pending, scanned);
+            if (v.kind != head_verdict::incomplete) return v;
+            scanned = pending.size();
+            if (scanned >= c_.cap || !fill()) return v;
+        }
+    }
     // Bytes to read right now (buffered, or in the socket).
     bool input_now() const {
         pollfd p{c_.fd, POLLIN, 0};
@@ -371,7 +391,26 @@ class conn_stream final : public httplib::Stream {
     const milliseconds read_timeout_;
     const milliseconds write_timeout_;
     const steady_clock::time_point created_ = steady_clock::now();
-    char buf_[16384];
+    // Appends what the socket has to the buffer (waiting as read() does): false on EOF,
+    // an error, a timeout or a stop.
+    bool fill() {
+        if (off_ > 0) {
+            std::memmove(buf_.data(), buf_.data() + off_, len_ - off_);
+            len_ -= off_;
+            off_ = 0;
+        }
+        if (buf_.size() - len_ < 4096) buf_.resize(buf_.size() * 2);
+        if (!wait_input()) return false;
+        ssize_t n;
+        do {
+            n = ::recv(c_.fd, buf_.data() + len_, buf_.size() - len_, 0);
+        } while (n < 0 && errno == EINTR);
+        if (n <= 0) return false;
+        len_ += static_cast<size_t>(n);
+        return true;
+    }
+
+    std::vector<char> buf_ = std::vector<char>(16384);
     size_t off_ = 0;
     size_t len_ = 0;
 };
@@ -391,6 +430,9 @@ uint64_t content_length(const httplib::Request & req, bool & valid) {
 class guarded_server final : public httplib::Server {
   public:
     guarded_server(conn_registry & reg, const server_options & o) : reg_(reg), opts_(o) {}
+
+    // The answer to a head check_request_head refused (set once, before listening).
+    std::function<std::string(const std::string & reason)> refused_head_answer;
 
   private:
     bool process_and_close_socket(socket_t sock) override {
@@ -433,6 +475,22 @@ class guarded_server final : public httplib::Server {
             if (!strm.wait_request(std::chrono::duration_cast<milliseconds>(seconds(keep_alive_timeout_sec_)))) break;
             reg_.enter(c, conn_phase::headers, milliseconds(opts_.header_timeout_ms), k_max_header_bytes);
             c.body_framed = c.body_consumed = false;
+            // Framing the library could read otherwise than a proxy in front of us:
+            // refused, and the connection ends, so no byte after the head is ever
+            // taken for a request.
+            const head_verdict hv = strm.read_head();
+            if (hv.kind == head_verdict::refused) {
+                reg_.enter(c, conn_phase::handling);
+                const std::string answer = refused_head_answer(hv.reason);
+                for (size_t off = 0; off < answer.size();) {
+                    const ssize_t n = strm.write(answer.data() + off, answer.size() - off);
+                    if (n <= 0) break;
+                    off += static_cast<size_t>(n);
+                }
+                c.body_framed = true;  // whatever follows is unread: linger, then close
+                ret = false;
+                break;
+            }
             bool connection_closed = false;
 #if WARMCTX_HTTPLIB_V2
             ret = process_request(strm, remote_addr, remote_port, local_addr, local_port, count == 1,
@@ -596,9 +654,25 @@ struct http_server::impl {
     }
 
     void answer(http_response && out, httplib::Response & res) {
+        // A refused request (malformed, too large, too slow) ends its connection: what
+        // the client sent after it is never read as another request.
+        const bool refused = out.status == 400 || out.status == 408 || out.status == 413 || out.status == 431;
         to_httplib(std::move(out), res);
+        if (t_conn && refused) t_conn->close_after = true;
         // A body left unread: the connection ends with this answer.
-        if (t_conn && t_conn->body_framed && !t_conn->body_consumed) res.set_header("Connection", "close");
+        if (t_conn && (t_conn->close_after || (t_conn->body_framed && !t_conn->body_consumed)))
+            res.set_header("Connection", "close");
+    }
+
+    // The whole answer (status line to body) to a head that check_request_head refused.
+    std::string refused_head_answer(const std::string & reason) {
+        http_response out;
+        routes.refuse_head(bad_request("malformed_request", "malformed HTTP request: " + reason), out);
+        std::string a = "HTTP/1.1 " + std::to_string(out.status) + " Bad Request\r\n";
+        for (const auto & [k, v] : out.headers) a += k + ": " + v + "\r\n";
+        a += "Content-Type: " + out.content_type + "\r\nContent-Length: " + std::to_string(out.body.size()) +
+             "\r\nConnection: close\r\n\r\n" + out.body;
+        return a;
     }
 
     // Any path and method no route takes (the body is never read).
@@ -647,6 +721,7 @@ result<std::unique_ptr<http_server>> http_server::start(server_options opts) {
     const server_options & o = s.ctx.opts;
     s.set_threads(1);  // until attach() says how many sequences the scheduler has
     s.svr.new_task_queue = [&s] { return new conn_pool(s.reg, s.max_threads); };
+    s.svr.refused_head_answer = [&s](const std::string & reason) { return s.refused_head_answer(reason); };
     // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port
     // and silently take half the connections; SO_REUSEADDR alone still allows a quick
     // restart (TIME_WAIT) but makes a port in use an error.

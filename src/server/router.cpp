@@ -437,6 +437,14 @@ http_response router::handle(http_request req) {
     return res;
 }
 
+void router::refuse_head(const api_error & e, http_response & res) {
+    request_log log;
+    log.method = "-";
+    log.route = "malformed";
+    respond_error(res, log, e);
+    ctx_.finish(log, res.status);
+}
+
 void router::unmatched(const http_request & req, http_response & res) {
     const std::string & method = req.method;
     const std::string & path = req.path;

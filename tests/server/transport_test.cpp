@@ -218,6 +218,69 @@ TEST_F(transport_test, body_is_read_as_json_whatever_its_content_type) {
     EXPECT_EQ(missing->status, 201) << missing->body;
 }
 
+// ---- framing (request smuggling) -----------------------------------------------------------
+
+// A head whose framing two parsers could read differently (Content-Length plus
+// Transfer-Encoding, two or a malformed Content-Length, an obfuscated Transfer-Encoding,
+// a folded header, a bad request line) is refused with 400 and the connection closes:
+// the bytes after it are never answered as a second request (they were, after a 400 on
+// a connection kept open; issue 30 item 4).
+TEST_F(transport_test, ambiguous_framing_is_refused_and_the_connection_closed) {
+    auto h = serve(options());
+    ASSERT_TRUE(h);
+    const std::string smuggled = "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    const std::string rl = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    const std::string chunked_end = "0\r\n\r\n";
+    for (const std::string attack : {
+             rl + "Content-Length: " + std::to_string(chunked_end.size()) + "\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked_end,
+             rl + "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n" + chunked_end,
+             rl + "Content-Length: 0\r\nContent-Length: 2\r\n\r\n{}",
+             rl + "Content-Length: 2, 2\r\n\r\n{}",
+             rl + "Content-Length: +2\r\n\r\n{}",
+             rl + "Transfer-Encoding: xchunked\r\n\r\n" + chunked_end,
+             rl + "Transfer-Encoding : chunked\r\n\r\n" + chunked_end,
+             rl + "Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n" + chunked_end,
+             rl + "Transfer-Encoding:\r\n chunked\r\n\r\n" + chunked_end,
+             rl + "Content-Length: 2\nX: y\r\n\r\n{}",
+             std::string("GET /health HTTP/1.1 junk\r\nHost: 127.0.0.1\r\n\r\n"),
+             std::string("GET /health\r\n\r\n"),
+             std::string("GET /health HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n"),
+         }) {
+        SCOPED_TRACE(attack);
+        raw_connection c(h->port());
+        ASSERT_TRUE(c.ok());
+        ASSERT_TRUE(c.send_all(attack + smuggled));
+        std::string head, body;
+        ASSERT_TRUE(c.read_response(head, body, 5s)) << head;
+        EXPECT_EQ(status_of(head), 400) << head << body;
+        EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+        std::string more;
+        EXPECT_TRUE(c.closed_within(3s, &more)) << "the connection stayed open";
+        EXPECT_EQ(more.find("HTTP/1.1"), std::string::npos) << "a second response: " << more;
+    }
+    auto r = client(h->port()).Get("/health");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+}
+
+// Any 400 or 413 ends the connection, however well framed the refused request was: a
+// pipelined request after it is not answered.
+TEST_F(transport_test, connection_closes_after_a_refused_request) {
+    auto h = serve(options());
+    ASSERT_TRUE(h);
+    raw_connection c(h->port());
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                           "Content-Length: 1\r\n\r\n{GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+    std::string head, body;
+    ASSERT_TRUE(c.read_response(head, body, 5s)) << head;
+    EXPECT_EQ(status_of(head), 400) << head << body;
+    EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+    std::string more;
+    EXPECT_TRUE(c.closed_within(3s, &more));
+    EXPECT_EQ(more.find("HTTP/1.1"), std::string::npos) << "a second response: " << more;
+}
+
 // ---- slow clients --------------------------------------------------------------------------
 
 // Connections that trickle header bytes (the read timeout restarted on every byte, one
