@@ -4,7 +4,9 @@
 // (built apart from the rest, see src/engine/CMakeLists.txt) can include it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
@@ -49,6 +51,23 @@ inline std::string content_placeholder(size_t i) {
     return std::string(k_content_placeholder) + std::to_string(i) + "Z";
 }
 
+// Where skeleton position `pos` lands in a text whose placeholders (`holes`, ascending
+// [begin, end) in the skeleton) were replaced: `anchors` holds (skeleton end, text end)
+// of each. nullopt inside a placeholder. O(log n).
+inline std::optional<size_t> map_skeleton_pos(const std::vector<std::pair<size_t, size_t>> & holes,
+                                              const std::vector<std::pair<size_t, size_t>> & anchors, size_t pos) {
+    // The last hole that begins before pos: inside it, or pos is past it.
+    auto h = std::lower_bound(holes.begin(), holes.end(), pos,
+                              [](const std::pair<size_t, size_t> & x, size_t p) { return x.first < p; });
+    if (h != holes.begin() && pos < std::prev(h)->second) return std::nullopt;
+    // The last anchor at or before pos.
+    auto a = std::upper_bound(anchors.begin(), anchors.end(), pos,
+                              [](size_t p, const std::pair<size_t, size_t> & x) { return p < x.first; });
+    if (a == anchors.begin()) return pos;
+    --a;
+    return a->second + (pos - a->first);
+}
+
 // A skeleton's rendering with the contents put in: the text, its runs (a placeholder
 // must lie inside a run of data), and per placeholder its [begin, end) in the skeleton
 // and where it ends in the expanded text.
@@ -57,16 +76,7 @@ struct expanded_skeleton {
     std::vector<std::pair<size_t, size_t>> holes;    // skeleton [begin, end) of each placeholder
     std::vector<std::pair<size_t, size_t>> anchors;  // (skeleton end, expanded end) of each
     // Where skeleton position `pos` lands in the expanded text (nullopt: inside a placeholder).
-    std::optional<size_t> map(size_t pos) const {
-        size_t sb = 0, fb = 0;
-        for (size_t i = 0; i < holes.size(); ++i) {
-            if (pos > holes[i].first && pos < holes[i].second) return std::nullopt;
-            if (anchors[i].first > pos) break;
-            sb = anchors[i].first;
-            fb = anchors[i].second;
-        }
-        return fb + (pos - sb);
-    }
+    std::optional<size_t> map(size_t pos) const { return map_skeleton_pos(holes, anchors, pos); }
 };
 
 // nullopt when a placeholder is malformed, names no message, or lies in template text.

@@ -473,17 +473,7 @@ std::vector<conversation_message> msgs_upto(const std::vector<conversation_messa
 struct skeleton_map {
     std::vector<std::pair<size_t, size_t>> anchors;  // sorted by skeleton position
     std::vector<std::pair<size_t, size_t>> holes;    // [begin, end) of each placeholder in the skeleton
-    std::optional<size_t> map(size_t skel_pos) const {
-        for (const auto & [b, e] : holes)
-            if (skel_pos > b && skel_pos < e) return std::nullopt;
-        size_t sb = 0, fb = 0;
-        for (const auto & [se, fe] : anchors) {
-            if (se > skel_pos) break;
-            sb = se;
-            fb = fe;
-        }
-        return fb + (skel_pos - sb);
-    }
+    std::optional<size_t> map(size_t skel_pos) const { return map_skeleton_pos(holes, anchors, skel_pos); }
 };
 
 // Aligns the skeleton with F. nullopt when F is not the skeleton with each content (or
@@ -529,10 +519,58 @@ std::optional<skeleton_map> align(std::string_view skel, std::string_view f, con
     return m;
 }
 
+// The tools text of each prefix: it changes only at a tools segment, so it is joined
+// once per tools segment, not once per prefix.
+class prefix_tools {
+  public:
+    explicit prefix_tools(const conversation_plan & cp) : cp_(cp), last_(cp.msg_of.size() + 1, 0) {
+        for (size_t k = 1; k < last_.size(); ++k) last_[k] = cp.tools_of[k - 1].empty() ? last_[k - 1] : k;
+    }
+    const std::string & upto(size_t k) {
+        const size_t at = last_[k];
+        auto it = memo_.find(at);
+        if (it == memo_.end()) it = memo_.emplace(at, tools_upto(cp_, at)).first;
+        return it->second;
+    }
+
+  private:
+    const conversation_plan & cp_;
+    std::vector<size_t> last_;  // per k: 1 + the last tools segment in [0, k), 0 for none
+    std::map<size_t, std::string> memo_;
+};
+
+// Prefix renders are O(k) each: rendering every prefix whole is O(n^2) in the message
+// count (4,000 messages took 140 s). A request renders at most this many messages in
+// whole prefixes; a conversation of up to 256 messages (32,896) renders all of them.
+constexpr size_t k_prefix_render_budget = 33000;
+// The conversation's head (system messages) goes into every window render: beyond this
+// many head messages, windows are not used.
+constexpr size_t k_max_window_head = 32;
+// A window render's tools, when the prefix has any: a template asks whether there are
+// tools, rarely which, and rendering the real ones per window would cost their size
+// per message.
+constexpr std::string_view k_window_tools =
+    R"([{"type":"function","function":{"name":"warmctx_window","description":"","parameters":{"type":"object","properties":{}}}}])";
+
 // The cut points: cut[k] (k = 1..n) = where the text of segments [0, k) ends in F, or
 // nullopt when no such point exists.
 // `expanded`: F made from the whole skeleton (a template that writes contents verbatim);
 // else the skeleton is aligned with F here.
+//
+// A cut is the end of the rendering of the prefix [0, k) without a generation prompt,
+// when that rendering is a prefix of the whole. With the skeleton, the prefixes of a long
+// conversation are not rendered whole: the cut after message k-1 is where the template's
+// text after k-1's content ends when k-1 is the last message, and that text comes from a
+// window - the head (system messages), the conversation's first message, and the last one
+// or two messages of [0, k), starting at an odd offset from the first, so roles alternate
+// as the whole's do - checked against the whole skeleton's text after the same
+// placeholder. Whole prefix renders at a spread of k check the windows; if any disagrees
+// (a template whose messages' frames depend on what came long before), every prefix is
+// rendered whole again, up to k_prefix_render_budget messages, first ones first (so the
+// cuts of a conversation that grows stay where they were). A window that fails (the
+// template refuses it, no placeholder to anchor on) falls back to its whole prefix, in
+// the same budget. Where the cuts fall decides only how much a later turn can reuse, and
+// the same conversation always gets the same cuts: the prompt is F in every case.
 result<std::vector<std::optional<size_t>>> conversation_cuts(const conversation_plan & cp, const rendered_conversation & f,
                                                              const text_model & model, bool add_generation_prompt,
                                                              const rendered_conversation * whole_skel_in,
@@ -540,22 +578,173 @@ result<std::vector<std::optional<size_t>>> conversation_cuts(const conversation_
     const size_t n = cp.msg_of.size();
     std::vector<std::optional<size_t>> cut(n + 1);
     cut[0] = 0;
+    prefix_tools tools(cp);
     result<rendered_conversation> whole_skel = whole_skel_in ? result<rendered_conversation>(*whole_skel_in)
-                                                             : model.render_conversation(cp.skel, tools_upto(cp, n),
+                                                             : model.render_conversation(cp.skel, tools.upto(n),
                                                                                          add_generation_prompt);
     std::optional<skeleton_map> sm;
     if (!expanded && whole_skel.ok()) sm = align(whole_skel->text, f.text, cp.msgs);
-    for (size_t k = 1; k <= n; ++k) {
-        if (expanded || sm) {
-            auto sk = model.render_conversation(msgs_upto(cp.skel, cp, k), tools_upto(cp, k), false);
-            if (!sk.ok() || whole_skel->text.compare(0, sk->text.size(), sk->text) != 0) continue;
-            cut[k] = expanded ? expanded->map(sk->text.size()) : sm->map(sk->text.size());
-        } else {
-            // The template changes contents in a way the alignment does not know: render
-            // the prefixes with their real contents.
-            auto pk = model.render_conversation(msgs_upto(cp.msgs, cp, k), tools_upto(cp, k), false);
-            if (!pk.ok() || f.text.compare(0, pk->text.size(), pk->text) != 0) continue;
-            cut[k] = pk->text.size();
+    const bool skeleton = expanded || sm;
+    auto to_f = [&](size_t skel_pos) { return expanded ? expanded->map(skel_pos) : sm->map(skel_pos); };
+
+    // The prefix [0, k) rendered whole.
+    auto whole_prefix = [&](size_t k) -> std::optional<size_t> {
+        if (skeleton) {
+            auto sk = model.render_conversation(msgs_upto(cp.skel, cp, k), tools.upto(k), false);
+            if (!sk.ok() || whole_skel->text.compare(0, sk->text.size(), sk->text) != 0) return std::nullopt;
+            return to_f(sk->text.size());
+        }
+        // The template changes contents in a way the alignment does not know: render
+        // the prefixes with their real contents.
+        auto pk = model.render_conversation(msgs_upto(cp.msgs, cp, k), tools.upto(k), false);
+        if (!pk.ok() || f.text.compare(0, pk->text.size(), pk->text) != 0) return std::nullopt;
+        return pk->text.size();
+    };
+    size_t budget = k_prefix_render_budget;
+    auto budgeted = [&](size_t k) -> std::optional<size_t> {
+        if (k > budget) return std::nullopt;
+        budget -= k;
+        return whole_prefix(k);
+    };
+
+    // The head: segments before the first message of a role other than system.
+    size_t h = 0;
+    std::vector<conversation_message> head;
+    while (h < n && (cp.msg_of[h] < 0 || cp.skel[(size_t)cp.msg_of[h]].role == "system")) {
+        if (cp.msg_of[h] >= 0) head.push_back(cp.skel[(size_t)cp.msg_of[h]]);
+        ++h;
+    }
+    const size_t first_window = h + 3;  // windows for k in [first_window, n)
+    const bool windows = skeleton && n > first_window && head.size() <= k_max_window_head &&
+                         n * (n + 1) / 2 > k_prefix_render_budget;
+    if (!windows) {
+        for (size_t k = 1; k <= n; ++k) cut[k] = k == n ? whole_prefix(k) : budgeted(k);
+    } else {
+        // The placeholders of a text, in order: (message, begin, end).
+        struct ph_at {
+            size_t msg, begin, end;
+        };
+        auto placeholders = [&](const std::string & w) {
+            std::vector<ph_at> out;
+            for (size_t at = w.find(k_placeholder); at != std::string::npos; at = w.find(k_placeholder, at + 1)) {
+                size_t q = at + k_placeholder.size(), idx = 0;
+                bool digits = false;
+                while (q < w.size() && w[q] >= '0' && w[q] <= '9' && q - at < 40)
+                    idx = idx * 10 + size_t(w[q++] - '0'), digits = true;
+                if (digits && q < w.size() && w[q] == 'Z' && idx < cp.msgs.size()) out.push_back({idx, at, q + 1});
+            }
+            return out;
+        };
+        // Where each message's placeholder lies in the whole skeleton, and its rank there.
+        std::vector<size_t> ph_begin(cp.msgs.size(), std::string::npos), ph_end(cp.msgs.size(), std::string::npos),
+            ph_rank(cp.msgs.size(), std::string::npos);
+        {
+            const auto all = placeholders(whole_skel->text);
+            for (size_t r = 0; r < all.size(); ++r)
+                if (ph_end[all[r].msg] == std::string::npos)
+                    ph_begin[all[r].msg] = all[r].begin, ph_end[all[r].msg] = all[r].end, ph_rank[all[r].msg] = r;
+        }
+        // The text before the first message's content, as a window renders it (with the
+        // stand-in tools): the whole's with the same tools.
+        std::optional<std::string> head_text;
+        {
+            const size_t first = (size_t)cp.msg_of[h];
+            if (tools.upto(n).empty()) {
+                if (ph_begin[first] != std::string::npos) head_text = whole_skel->text.substr(0, ph_begin[first]);
+            } else if (auto ws = model.render_conversation(cp.skel, k_window_tools, add_generation_prompt); ws.ok()) {
+                for (const ph_at & x : placeholders(ws->text))
+                    if (x.msg == first) {
+                        head_text = ws->text.substr(0, x.begin);
+                        break;
+                    }
+            }
+        }
+        // The window's cut for k, or nullopt when the window cannot say.
+        auto windowed = [&](size_t k) -> std::optional<std::optional<size_t>> {
+            // The conversation's first message stays first (a template may treat it apart:
+            // Llama 3.1 writes the tools into it), then the window from an odd offset after it.
+            // It reaches back (two messages at a time) to a message with a content: the
+            // anchor (an assistant's call alone has none).
+            size_t j = k - 1 - ((k - h - 2) & 1);
+            std::optional<size_t> anchor;  // the window's last message with a placeholder
+            for (;; j -= 2) {
+                for (size_t i = k; i-- > j && !anchor;) {
+                    if (cp.msg_of[i] < 0) return std::nullopt;
+                    if (!cp.skel[(size_t)cp.msg_of[i]].content.empty()) anchor = (size_t)cp.msg_of[i];
+                }
+                if (anchor || j < h + 3 || k - j > 8) break;
+            }
+            if (!anchor || ph_end[*anchor] == std::string::npos || tools.upto(k) != tools.upto(n)) return std::nullopt;
+            std::vector<conversation_message> win = head;
+            win.push_back(cp.skel[(size_t)cp.msg_of[h]]);
+            for (size_t i = j; i < k; ++i) {
+                if (cp.msg_of[i] < 0) return std::nullopt;
+                win.push_back(cp.skel[(size_t)cp.msg_of[i]]);
+            }
+            auto r = model.render_conversation(win, tools.upto(k).empty() ? std::string_view() : k_window_tools, false);
+            if (!r.ok()) return std::nullopt;
+            // The window's text must be the whole's: its contents in the same order, the same
+            // text before the first message's content (the whole rendered with the same
+            // stand-in tools), and the same text between two contents that follow each
+            // other in both. (Messages the window leaves out lie between the first message
+            // and the window.)
+            const std::string & w = whole_skel->text;
+            bool started = false;
+            ph_at prev{};
+            for (const ph_at & x : placeholders(r->text)) {
+                if (ph_end[x.msg] == std::string::npos || (started && ph_rank[x.msg] <= ph_rank[prev.msg]))
+                    return std::optional<size_t>();  // in another order (Mistral moves the system to the last user message)
+                if (!started) {
+                    started = x.msg == (size_t)cp.msg_of[h];
+                    // The head's contents come before the first message's, as in the whole.
+                    if (!started) {
+                        if (ph_rank[x.msg] >= ph_rank[(size_t)cp.msg_of[h]]) return std::optional<size_t>();
+                        continue;
+                    }
+                    // And so does their text (Mistral writes the tools before the last user
+                    // message: before the window's first, not the whole's).
+                    if (!head_text || std::string_view(r->text).substr(0, x.begin) != *head_text)
+                        return std::optional<size_t>();
+                    prev = x;
+                    continue;
+                }
+                if (ph_rank[x.msg] == ph_rank[prev.msg] + 1 &&
+                    std::string_view(r->text).substr(prev.end, x.begin - prev.end) !=
+                        std::string_view(w).substr(ph_end[prev.msg], ph_begin[x.msg] - ph_end[prev.msg]))
+                    return std::optional<size_t>();
+                prev = x;
+            }
+            const std::string & ph = cp.skel[*anchor].content;
+            const size_t at = r->text.rfind(ph);
+            if (at == std::string::npos) return std::nullopt;
+            const std::string_view tail = std::string_view(r->text).substr(at + ph.size());
+            const size_t w_at = ph_end[*anchor];
+            // No prefix render ends there: the window's text after the content is not the
+            // whole's (a template whose last message differs from the others).
+            if (whole_skel->text.compare(w_at, tail.size(), tail) != 0) return std::optional<size_t>();
+            return to_f(w_at + tail.size());
+        };
+        // The windows, checked against whole prefixes at a spread of k.
+        bool trusted = true;
+        for (size_t off = 1; trusted && first_window + off - 1 < n; off *= 4) {
+            const size_t k = first_window + off - 1;
+            auto w = windowed(k);
+            if (w && *w != whole_prefix(k)) trusted = false;
+        }
+        if (trusted && n - 1 >= first_window) {
+            auto w = windowed(n - 1);
+            if (w && *w != whole_prefix(n - 1)) trusted = false;
+        }
+        for (size_t k = 1; k <= n; ++k) {
+            if (k == n) {
+                cut[k] = whole_prefix(k);
+            } else if (!trusted || k < first_window) {
+                cut[k] = budgeted(k);
+            } else if (auto w = windowed(k)) {
+                cut[k] = *w;
+            } else {
+                cut[k] = budgeted(k);
+            }
         }
     }
     // Cuts only move forward.

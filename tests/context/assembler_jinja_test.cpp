@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -793,6 +794,99 @@ TEST_P(AssemblerJinja, ToolsAppearInTheTemplatesOwnFormat) {
         EXPECT_NE(found, std::string::npos) << tc.name << ": no '" << s << "' after offset " << at << " in\n" << text;
         if (found != std::string::npos) at = found + s.size();
     }
+}
+
+// ---- long conversations (issue 30, item 2) ---------------------------------------------------
+
+// `cycles` rounds of a tool loop (user, assistant's call, its result, assistant), or of
+// plain alternating questions and answers (Mistral's template wants roles to alternate).
+chat long_chat(size_t cycles, bool alternate_only) {
+    chat c = base_chat();
+    c.history.clear();
+    for (size_t i = 0; i < cycles; ++i) {
+        const std::string n = std::to_string(i);
+        if (alternate_only) {
+            c.history.push_back({"user", "Question " + n + " about the parser.", "", ""});
+            c.history.push_back({"assistant", "Answer " + n + ".", "", ""});
+            continue;
+        }
+        const std::string id = "call" + std::to_string(10000 + i);
+        c.history.push_back({"user", "Step " + n + ": fix the parser.", "", ""});
+        c.history.push_back({"assistant", "", call_json(id, "read_file", R"({"path":"src/parse.cc"})"), ""});
+        c.history.push_back({"tool", "int parse(const char *s) { return s[" + n + "]; }", "", id});
+        c.history.push_back({"assistant", "Read it: " + n + ".", "", ""});
+    }
+    c.user = "And now?";
+    return c;
+}
+
+size_t messages_rendered(const jinja_text_model & m) {
+    size_t n = 0;
+    for (const render_call & c : m.calls()) n += c.n_messages;
+    return n;
+}
+
+// Every prefix rendered whole is O(n^2) messages: 4,000 messages took 140 s. The cuts of
+// a long conversation cost a few renders of a few messages per message.
+TEST_P(AssemblerJinja, LongConversationsRenderInLinearTime) {
+    const bool alternate = GetParam().where == layout::system_and_tools_last;
+    const size_t sizes[2] = {500, 2000};
+    size_t work[2] = {0, 0};
+    double ms[2] = {0, 0};
+    for (int s = 0; s < 2; ++s) {
+        const chat c = long_chat(sizes[s] / (alternate ? 2 : 4), alternate);
+        jinja_text_model m(tmpl());
+        const auto t0 = std::chrono::steady_clock::now();
+        auto r = try_assemble(to_segments(c), m);
+        ms[s] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        ASSERT_TRUE(r.ok()) << r.error().to_string();
+        EXPECT_EQ(r->tokens, reference_tokens(direct(c)));
+        work[s] = messages_rendered(m);
+    }
+    std::cout << "[" << GetParam().name << "] " << sizes[0] << " messages: " << work[0] << " rendered, " << ms[0]
+              << " ms; " << sizes[1] << ": " << work[1] << " rendered, " << ms[1] << " ms\n";
+    EXPECT_LT(work[1], 20 * sizes[1]);
+    EXPECT_LT(double(work[1]) / double(work[0]), 6.0);  // 4x the messages: 16x when quadratic
+}
+
+// The cuts a long conversation gets from windows are the cuts its prefixes rendered whole
+// give, and the next turn keeps every block of the history before it.
+TEST_P(AssemblerJinja, LongConversationsAreCutWhereTheirPrefixesEnd) {
+    const template_case & tc = GetParam();
+    const bool alternate = tc.where == layout::system_and_tools_last;
+    const chat c = long_chat(alternate ? 140 : 70, alternate);  // 280 history messages: past the whole-prefix budget
+    const auto p = must(to_segments(c));
+    const std::string f = direct(c).text;
+    size_t cuts = 0;
+    for (size_t i = 0; i < c.history.size(); ++i) {
+        chat prefix = c;
+        prefix.history.resize(i + 1);
+        prefix.user.reset();
+        auto r = tmpl().render(to_messages(prefix), prefix.tools, false);
+        const bool is_prefix = r.ok() && f.compare(0, r->text.size(), r->text) == 0;
+        const manifest_entry & e = entry(p, history_id(i));
+        if (!is_prefix) {
+            EXPECT_EQ(e.n_tokens(), 0) << history_id(i) << " has a piece of its own, but its prefix is no prefix of F";
+            continue;
+        }
+        ++cuts;
+        ASSERT_GT(e.n_tokens(), 0) << history_id(i);
+        EXPECT_EQ(detokenize(std::span(p.tokens).first((size_t)e.token_end)), r->text) << history_id(i);
+    }
+    std::cout << "[" << tc.name << "] " << cuts << " of " << c.history.size() << " history messages end a prefix\n";
+    if (alternate) return;  // Mistral writes the system prompt and tools into the last user message
+    EXPECT_GT(cuts, c.history.size() / 2);
+    // The next turn: everything up to the last history message is kept.
+    chat c1 = c;
+    c1.history.push_back({"user", *c.user, "", ""});
+    c1.history.push_back({"assistant", "Done.", "", ""});
+    c1.user = "Next?";
+    const auto p1 = must(to_segments(c1));
+    const pos_t last = entry(p, history_id(c.history.size() - 1)).token_end;
+    size_t kept = 0;
+    for (size_t i = 0; i < p.blocks.size() && i < p1.blocks.size() && p.blocks[i].end <= last; ++i, ++kept)
+        EXPECT_EQ(p.blocks[i], p1.blocks[i]) << i;
+    EXPECT_GT(kept, p.blocks.size() / 2);
 }
 
 const std::vector<template_case> & cases() {
