@@ -100,7 +100,127 @@ maybe_error check_tools_bytes(size_t bytes, std::string_view param, const reques
     return std::nullopt;
 }
 
+// The deepest nesting of groups, `(...)`, and classes, `[...]`, in a regular expression
+// (escapes skipped; a class holds no group).
+size_t pattern_nesting(std::string_view p) {
+    size_t depth = 0, deepest = 0;
+    bool in_class = false;
+    for (size_t i = 0; i < p.size(); ++i) {
+        const char c = p[i];
+        if (c == '\\') {
+            ++i;
+            continue;
+        }
+        if (in_class) {
+            if (c == ']') in_class = false, --depth;
+            continue;
+        }
+        if (c == '[') in_class = true, deepest = std::max(deepest, ++depth);
+        else if (c == '(') deepest = std::max(deepest, ++depth);
+        else if (c == ')' && depth > 0) --depth;
+    }
+    return deepest;
+}
+
+// A local JSON pointer ("#/$defs/a") inside `root`, or nullptr.
+const json * resolve_pointer(const json & root, std::string_view ref) {
+    if (ref.substr(0, 2) != "#/" && ref != "#") return nullptr;
+    const json * at = &root;
+    size_t i = 1;
+    while (i < ref.size()) {
+        size_t j = ref.find('/', i + 1);
+        if (j == std::string_view::npos) j = ref.size();
+        std::string tok(ref.substr(i + 1, j - i - 1));
+        for (size_t k; (k = tok.find("~1")) != std::string::npos;) tok.replace(k, 2, "/");
+        for (size_t k; (k = tok.find("~0")) != std::string::npos;) tok.replace(k, 2, "~");
+        if (at->is_object()) {
+            auto it = at->find(tok);
+            if (it == at->end()) return nullptr;
+            at = &*it;
+        } else if (at->is_array()) {
+            if (tok.empty() || tok.size() > 9 || tok.find_first_not_of("0123456789") != std::string::npos) return nullptr;
+            const size_t n = std::stoul(tok);
+            if (n >= at->size()) return nullptr;
+            at = &(*at)[n];
+        } else {
+            return nullptr;
+        }
+        i = j;
+    }
+    return at;
+}
+
 }  // namespace
+
+maybe_error check_schema_bounds(const json & schema, std::string_view param, const request_bounds & b,
+                                schema_tally & tally) {
+    const std::string p(param);
+    auto refuse = [&](const char * code, const std::string & why) {
+        return bad_request(code, p + ": " + why, p);
+    };
+    // Every node, iteratively (the body's depth is bounded, but so is this stack).
+    std::vector<const json *> todo{&schema};
+    while (!todo.empty()) {
+        const json * n = todo.back();
+        todo.pop_back();
+        if (n->is_array()) {
+            for (const json & v : *n) todo.push_back(&v);
+            continue;
+        }
+        if (!n->is_object()) continue;
+        for (auto it = n->begin(); it != n->end(); ++it) {
+            const std::string & key = it.key();
+            const json & v = it.value();
+            if (key == "enum" && v.is_array()) {
+                tally.enum_values += v.size();
+                if (tally.enum_values > b.max_enum_values)
+                    return refuse("too_many_enum_values",
+                                  "the request's schemas have more than " + with_commas(b.max_enum_values) +
+                                      " enum values in all (the server's --max-enum-values)");
+                continue;  // values, not schemas
+            }
+            if (key == "const") continue;
+            if (key == "pattern" && v.is_string()) {
+                const std::string & pat = v.get_ref<const std::string &>();
+                if (pat.size() > b.max_pattern_bytes)
+                    return refuse("pattern_too_long", "a pattern of " + with_commas(pat.size()) + " bytes; at most " +
+                                                          with_commas(b.max_pattern_bytes) +
+                                                          " are allowed (the server's --max-pattern-bytes)");
+                if (const size_t d = pattern_nesting(pat); d > b.max_pattern_nesting)
+                    return refuse("pattern_too_deep", "a pattern nested " + std::to_string(d) + " deep; at most " +
+                                                          std::to_string(b.max_pattern_nesting) +
+                                                          " are allowed (the server's --max-pattern-nesting)");
+                continue;
+            }
+            if (key == "$ref") {
+                if (!v.is_string()) return refuse("unsupported_schema", "$ref must be a string");
+                const std::string & ref = v.get_ref<const std::string &>();
+                // Only a pointer into this schema: a remote one would be fetched by
+                // nobody, and the converter would accept any value in its place.
+                const json * target = resolve_pointer(schema, ref);
+                if (!target)
+                    return refuse("unsupported_schema",
+                                  "$ref '" + ref.substr(0, 80) +
+                                      "' is not a pointer into this schema (\"#/...\"; remote references are not "
+                                      "fetched)");
+                // A chain of references that only refer on comes back to itself: no
+                // value can ever match it.
+                std::vector<const json *> seen{n};
+                for (const json * t = target; t && t->is_object() && t->contains("$ref");) {
+                    if (std::find(seen.begin(), seen.end(), t) != seen.end() || seen.size() > 64)
+                        return refuse("unsupported_schema", "$ref '" + ref.substr(0, 80) +
+                                                                "' refers to itself through references only");
+                    seen.push_back(t);
+                    const json & r = (*t)["$ref"];
+                    t = r.is_string() ? resolve_pointer(schema, r.get_ref<const std::string &>()) : nullptr;
+                }
+                continue;
+            }
+            if (v.is_object() || v.is_array()) todo.push_back(&v);
+        }
+    }
+    return std::nullopt;
+}
 
 maybe_error check_tools_segments(const std::vector<segment> & segs, const request_bounds & b) {
     for (const segment & s : segs) {
@@ -114,6 +234,12 @@ maybe_error check_tools_segments(const std::vector<segment> & segs, const reques
         auto arr = parse_json(s.content);
         if (!arr.ok() || !arr->is_array()) continue;
         if (auto e = check_tools_count(arr->size(), param, b)) return e;
+        schema_tally tally;
+        for (size_t k = 0; k < arr->size(); ++k)
+            if (const json * fn = field((*arr)[k], "function"))
+                if (const json * params = field(*fn, "parameters"))
+                    if (auto e = check_schema_bounds(*params, index_param(param, k, "function.parameters"), b, tally))
+                        return e;
     }
     return std::nullopt;
 }
@@ -197,6 +323,7 @@ maybe_error map_messages(const json & messages, const json * tools, std::vector<
             segment s;
             s.kind = segment_kind::tools;
             s.id = "tools";
+            schema_tally tally;  // enum values over every tool's parameters
             for (size_t k = 0; k < tools->size(); ++k) {
                 const json & t = (*tools)[k];
                 const std::string tp = index_param("tools", k);
@@ -211,6 +338,8 @@ maybe_error map_messages(const json & messages, const json * tools, std::vector<
                 if (!name || !name->is_string() || name->get<std::string>().empty())
                     return bad_request("missing_field", tp + ".function.name must be a non-empty string",
                                        tp + ".function.name");
+                if (const json * params = field(*fn, "parameters"))
+                    if (auto e = check_schema_bounds(*params, tp + ".function.parameters", bounds, tally)) return e;
             }
             s.content = dump_json(*tools);
             if (auto e = check_tools_bytes(s.content.size(), "tools", bounds)) return e;
@@ -479,6 +608,10 @@ maybe_error parse_completion_request(const json & body, body_mode mode, const re
             if (!schema || !schema->is_object())
                 return bad_request("missing_field", "response_format.json_schema.schema must be an object",
                                    "response_format.json_schema.schema");
+            // Bounded before it is converted (on another thread) or sampled (on the engine's).
+            schema_tally tally;
+            if (auto e = check_schema_bounds(*schema, "response_format.json_schema.schema", limits.bounds, tally))
+                return e;
             out.json_schema = dump_json(*schema);
         } else if ((*v)["type"] != "text") {
             return bad_request("invalid_value", "response_format.type must be text, json_object or json_schema",

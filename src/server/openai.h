@@ -93,9 +93,21 @@ maybe_error parse_completion_request(const nlohmann::json & body, body_mode mode
 maybe_error map_messages(const nlohmann::json & messages, const nlohmann::json * tools,
                          std::vector<segment> & out, const request_bounds & bounds = {});
 
+// A JSON schema (a tool's parameters, response_format's schema) against the bounds,
+// before llama.cpp's converter sees it: enum values (counted into `tally`, over every
+// schema of a request) at most bounds.max_enum_values, each pattern at most
+// max_pattern_bytes long and max_pattern_nesting deep, and each $ref a pointer into the
+// schema itself that resolves (a remote one, or a chain of references that comes back to
+// itself, would be converted to "any value"). A 400 naming `param` and the bound.
+struct schema_tally {
+    size_t enum_values = 0;
+};
+maybe_error check_schema_bounds(const nlohmann::json & schema, std::string_view param, const request_bounds & bounds,
+                                schema_tally & tally);
+
 // The tools segments among `segs` (a chat's `tools`, a body's or a stored segment of kind
-// tools holding an OpenAI tools array) against bounds.max_tools and max_tools_bytes,
-// (a 400 naming the bound).
+// tools holding an OpenAI tools array) against bounds.max_tools and max_tools_bytes, and
+// their parameters' schemas as check_schema_bounds does: a 400 naming the bound.
 maybe_error check_tools_segments(const std::vector<segment> & segs, const request_bounds & bounds);
 
 // The `segments` extension: [{"id","kind","content","path"?,"role"?}, ...].

@@ -496,5 +496,81 @@ TEST(request_bounds, messages_are_bounded_by_the_server) {
     EXPECT_EQ(request_bounds{}.max_messages, 4096u);
 }
 
+json with_schema(const json & schema) {
+    return {{"messages", one_user_message()},
+            {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "s"}, {"schema", schema}}}}}};
+}
+json enum_of(size_t n) {
+    json e = json::array();
+    for (size_t i = 0; i < n; ++i) e.push_back("v" + std::to_string(i));
+    return e;
+}
+
+// A 100k-value enum stalled every client: its grammar is sampled on the engine thread.
+TEST(request_bounds, enum_values_are_bounded_over_the_request) {
+    parse_ok(with_schema({{"type", "string"}, {"enum", enum_of(1000)}}));
+    api_error e = parse_err(with_schema({{"type", "string"}, {"enum", enum_of(1001)}}));
+    EXPECT_EQ(e.code, "too_many_enum_values");
+    EXPECT_EQ(e.param, "response_format.json_schema.schema");
+    EXPECT_NE(e.message.find("--max-enum-values"), std::string::npos) << e.message;
+    // Counted over every property (and every tool).
+    json two = {{"type", "object"},
+                {"properties", {{"a", {{"enum", enum_of(600)}}}, {"b", {{"enum", enum_of(600)}}}}}};
+    EXPECT_EQ(parse_err(with_schema(two)).code, "too_many_enum_values");
+    json tools = json::array();
+    for (int i = 0; i < 2; ++i)
+        tools.push_back({{"type", "function"},
+                         {"function", {{"name", "f" + std::to_string(i)},
+                                       {"parameters", {{"type", "object"},
+                                                       {"properties", {{"x", {{"enum", enum_of(600)}}}}}}}}}});
+    api_error t = parse_err({{"messages", one_user_message()}, {"tools", tools}});
+    EXPECT_EQ(t.code, "too_many_enum_values");
+    EXPECT_EQ(t.param, "tools[1].function.parameters");
+}
+
+TEST(request_bounds, patterns_are_bounded_in_length_and_nesting) {
+    parse_ok(with_schema({{"type", "string"}, {"pattern", "^(a|b(c|[d(]))+$"}}));
+    api_error e = parse_err(with_schema({{"type", "string"}, {"pattern", "^" + std::string(1100, 'a') + "$"}}));
+    EXPECT_EQ(e.code, "pattern_too_long");
+    EXPECT_NE(e.message.find("--max-pattern-bytes"), std::string::npos) << e.message;
+    // llama.cpp's converter gives up past 100 groups deep and accepts any string: refused
+    // here, as any nesting over the bound.
+    for (size_t depth : {33u, 101u}) {
+        api_error d = parse_err(with_schema({{"type", "string"},
+                                             {"pattern", "^" + std::string(depth, '(') + "a" + std::string(depth, ')') + "$"}}));
+        EXPECT_EQ(d.code, "pattern_too_deep") << depth;
+        EXPECT_NE(d.message.find("--max-pattern-nesting"), std::string::npos) << d.message;
+    }
+    // Escaped parentheses are characters, not groups.
+    std::string escaped = "^";
+    for (int i = 0; i < 50; ++i) escaped += "\\(";
+    parse_ok(with_schema({{"type", "string"}, {"pattern", escaped + "$"}}));
+}
+
+// Schemas llama.cpp's converter turns into "any value": a 400, never unconstrained output.
+TEST(request_bounds, refs_must_resolve_inside_the_schema) {
+    api_error remote = parse_err(with_schema({{"$ref", "https://example.com/schema.json#/x"}}));
+    EXPECT_EQ(remote.code, "unsupported_schema");
+    EXPECT_EQ(remote.param, "response_format.json_schema.schema");
+    EXPECT_EQ(parse_err(with_schema({{"$ref", "#/$defs/missing"}, {"$defs", json::object()}})).code,
+              "unsupported_schema");
+    json mutual = {{"$ref", "#/$defs/a"},
+                   {"$defs", {{"a", {{"$ref", "#/$defs/b"}}}, {"b", {{"$ref", "#/$defs/a"}}}}}};
+    EXPECT_EQ(parse_err(with_schema(mutual)).code, "unsupported_schema");
+    EXPECT_EQ(parse_err(with_schema({{"$ref", "#"}})).code, "unsupported_schema");
+    // Recursion through structure is a schema like any other (a tree).
+    json tree = {{"$ref", "#/$defs/node"},
+                 {"$defs", {{"node", {{"type", "object"},
+                                      {"properties", {{"v", {{"type", "integer"}}},
+                                                      {"kids", {{"type", "array"}, {"items", {{"$ref", "#/$defs/node"}}}}}}}}}}}};
+    parse_ok(with_schema(tree));
+    // A tool's parameters too.
+    json tools = json::array({{{"type", "function"},
+                               {"function", {{"name", "f"}, {"parameters", {{"$ref", "http://x/y"}}}}}}});
+    api_error t = parse_err({{"messages", one_user_message()}, {"tools", tools}});
+    EXPECT_EQ(t.code, "unsupported_schema");
+    EXPECT_EQ(t.param, "tools[0].function.parameters");
+}
+
 }  // namespace
 }  // namespace warmctx::server_detail
