@@ -47,6 +47,7 @@ struct serve_args {
     bool no_prewarm = false;
     std::string prefill_ahead = "gpu";  // gpu, always, never
     bool disk_budget_given = false;
+    bool api_key_given = false;         // --api-key on the command line, or WARMCTX_API_KEY set (even empty)
     int32_t resident_streams = -1;      // -1: as many as fit resident_share of the GPU
     double resident_share = 0.5;
     std::string stream_copies = "auto";  // auto, on, off
@@ -73,6 +74,11 @@ std::string where_the_model_runs(const context_info & ci, const model_info & mi,
 }
 
 int run_serve(const serve_args & a) {
+    // An empty key used to turn authentication off without a word: a script that meant
+    // to require one (WARMCTX_API_KEY="$KEY" with KEY unset) served everyone.
+    if (a.api_key_given && a.api_key.find_first_not_of(" \t\r\n") == std::string::npos)
+        return fail(invalid_argument("--api-key (or WARMCTX_API_KEY) is empty: that would turn authentication off; "
+                                     "give a key, or leave both out to serve without one"));
     // The server's rule (warmctx/server.h): the scheduler's queue, not the HTTP pool,
     // says 429, so every job it holds has a thread, and /health still gets one.
     const size_t need = min_http_threads(a.n_parallel, a.max_queue);
@@ -268,7 +274,11 @@ void register_serve_command(CLI::App & app, int & rc) {
                   "of through the RAM pool: auto (when layers run on a GPU), on, off")
         ->check(CLI::IsMember({"auto", "on", "off"}))
         ->capture_default_str();
-    c->parse_complete_callback([a, c] { a->disk_budget_given = c->count("--disk-budget-bytes") > 0; });
+    c->parse_complete_callback([a, c] {
+        a->disk_budget_given = c->count("--disk-budget-bytes") > 0;
+        // CLI11 ignores an empty environment variable: look for it ourselves.
+        a->api_key_given = c->count("--api-key") > 0 || std::getenv("WARMCTX_API_KEY") != nullptr;
+    });
     for (CLI::Option * o : c->get_options())
         if (o->get_envname().empty() && !env_name_of(*o).empty() && o != c->get_help_ptr()) o->envname(env_name_of(*o));
     c->footer("Every flag may also be set in the environment: WARMCTX_ + its long name in capitals, '-' as '_' "
