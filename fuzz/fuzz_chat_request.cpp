@@ -22,7 +22,9 @@
 
 #include "fake_text_model.h"
 #include "fuzz_common.h"
+#include "json_util.h"
 #include "openai.h"
+#include "request_fields.h"
 #include "responses.h"
 #include "workspace_store.h"
 #include "warmctx/assembler.h"
@@ -106,8 +108,30 @@ void check_request(const json & body, body_mode mode) {
     request_limits lim;
     lim.max_tokens_cap = 2048;
     lim.default_max_tokens = 256;
+    // Small bounds, so that inputs reach them (issue 30: tools, enums, patterns, messages).
+    lim.bounds.max_messages = 64;
+    lim.bounds.max_tools = 8;
+    lim.bounds.max_tools_bytes = 4096;
+    lim.bounds.max_enum_values = 16;
+    lim.bounds.max_pattern_bytes = 64;
+    lim.bounds.max_pattern_nesting = 4;
     completion_request cr;
     if (auto e = parse_completion_request(body, mode, lim, cr)) return check_error(*e);
+
+    // An accepted request is within its bounds.
+    if (const json * m = field(body, "messages"); m && m->is_array()) FUZZ_CHECK(m->size() <= lim.bounds.max_messages);
+    FUZZ_CHECK(!check_tools_segments(cr.segments, lim.bounds));
+    if (!cr.tools_json.empty()) {
+        FUZZ_CHECK(cr.tools_json.size() <= lim.bounds.max_tools_bytes);
+        auto tools = parse_json(cr.tools_json);
+        FUZZ_CHECK(tools.ok() && (!tools->is_array() || tools->size() <= lim.bounds.max_tools));
+    }
+    if (!cr.json_schema.empty()) {
+        auto schema = parse_json(cr.json_schema);
+        FUZZ_CHECK(schema.ok());
+        schema_tally tally;
+        FUZZ_CHECK(!check_schema_bounds(*schema, "schema", lim.bounds, tally));
+    }
 
     FUZZ_CHECK(!cr.segments.empty());
     FUZZ_CHECK((cr.shape == api_shape::text) == (mode == body_mode::text));
