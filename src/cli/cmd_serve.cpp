@@ -12,10 +12,16 @@
 //
 // Every flag can also come from the environment: WARMCTX_ + its long name in capitals,
 // '-' as '_' (--port: WARMCTX_PORT); a flag on the command line wins.
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -73,6 +79,43 @@ std::string where_the_model_runs(const context_info & ci, const model_info & mi,
     return "model on the CPU (--gpu-layers 0), " + fa;
 }
 
+// One server per cache directory: an exclusive flock on <dir>/serve.lock, held until the
+// process ends (the kernel lets go of it however the process ends, so a crash leaves no
+// stale lock). Two servers on one directory each load the workspace store into memory,
+// then serve different content for the same segment and overwrite each other's files.
+// The file says who holds it ("pid N, http://host:port"), for the refusal's message.
+result<int> lock_cache_dir(const std::string & dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return io_error("cannot create the cache directory " + dir + ": " + ec.message());
+    const std::string path = dir + "/serve.lock";
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return io_error("cannot open " + path + ": " + std::strerror(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        char buf[256];
+        const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+        std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+        while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+        ::close(fd);
+        if (err != EWOULDBLOCK) return io_error("cannot lock " + path + ": " + std::strerror(err));
+        return failed_precondition("another warmctx serve (" + (holder.empty() ? std::string("its pid unknown") : holder) +
+                                   ") uses the cache directory " + dir + " (it holds " + path +
+                                   "); two servers on one directory would serve different content for the same "
+                                   "segment and overwrite each other's files: give this one its own --cache-dir (or "
+                                   "WARMCTX_HOME), or --no-disk");
+    }
+    return fd;
+}
+
+// Writes who holds the lock into the lock file.
+void note_lock_holder(int fd, const std::string & who) {
+    if (fd < 0) return;
+    if (::ftruncate(fd, 0) != 0) return;
+    const std::string line = who + "\n";
+    (void)!::pwrite(fd, line.data(), line.size(), 0);
+}
+
 int run_serve(const serve_args & a) {
     // An empty key used to turn authentication off without a word: a script that meant
     // to require one (WARMCTX_API_KEY="$KEY" with KEY unset) served everyone.
@@ -105,6 +148,13 @@ int run_serve(const serve_args & a) {
         if (cf.disk_budget_bytes == 0 && !a.disk_budget_given) cf.disk_budget_bytes = k_default_disk_budget;
     }
     if (status st = cf.apply(so.engine); !st.ok()) return fail(st);
+    int lock_fd = -1;  // held (never closed) until the process ends
+    if (!cf.cache_dir.empty()) {
+        auto l = lock_cache_dir(cf.cache_dir);
+        if (!l) return fail(l.error());
+        lock_fd = *l;
+        note_lock_holder(lock_fd, "pid " + std::to_string(static_cast<long>(::getpid())));
+    }
     so.n_parallel = a.n_parallel;
     so.max_queue = a.max_queue;
     so.prefill_ahead = a.prefill_ahead == "always"  ? scheduler_options::ahead_mode::always
@@ -137,6 +187,8 @@ int run_serve(const serve_args & a) {
 
     auto server = http_server::start(sv);
     if (!server) return fail(server.error());
+    note_lock_holder(lock_fd, "pid " + std::to_string(static_cast<long>(::getpid())) + ", http://" + sv.host + ":" +
+                                  std::to_string((*server)->port()));
     progress("serve: bound http://" + sv.host + ":" + std::to_string((*server)->port()) +
              ", loading the model (GET /health: 503 until ready)");
     auto eo = a.mf.to_options(a.n_parallel);  // may generate the default model

@@ -1,6 +1,9 @@
 #include "workspace_store.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <set>
 
@@ -56,10 +59,15 @@ std::string workspace_store::seg_path(const std::string & ws, const std::string 
 }
 
 // temp file, fsync, close, rename, fsync of the directory: the old file or the new one.
+// The temp file's name is unique to the process and the write (another process on the
+// same directory, or two stores in one, never write the same temp file: two servers on
+// one home collided on "<name>.tmp" and answered 507).
 status workspace_store::write_sealed(const std::string & dir, const std::string & name, const std::string & body) {
+    static std::atomic<uint64_t> n_temp{0};
     file_system & fs = *persist_.fs;
     WARMCTX_RETURN_IF_ERROR(fs.create_dirs(dir));
-    const std::string tmp = dir + "/" + name + k_tmp_ext;
+    const std::string tmp = dir + "/" + name + "." + std::to_string(static_cast<long>(::getpid())) + "-" +
+                            std::to_string(++n_temp) + k_tmp_ext;
     const std::string sealed = seal_store_file(body);
     status st = fs.write_file(tmp, std::span<const uint8_t>(reinterpret_cast<const uint8_t *>(sealed.data()), sealed.size()));
     if (st.ok()) st = fs.rename_file(tmp, dir + "/" + name);

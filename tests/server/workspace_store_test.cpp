@@ -119,6 +119,56 @@ TEST(WorkspaceStore, ADamagedFileIsQuarantinedAndTheRestLoads) {
     EXPECT_EQ(left->size(), 1u) << "the damaged files and the temporary file are gone from the workspace";
 }
 
+// The file system underneath, recording the files created.
+class recording_fs final : public file_system {
+  public:
+    explicit recording_fs(file_system & base) : base_(base) {}
+    std::vector<std::string> created;
+    result<std::unique_ptr<writable_file>> create_file(const std::string & p) override {
+        created.push_back(p);
+        return base_.create_file(p);
+    }
+    result<std::unique_ptr<readable_file>> open_readable(const std::string & p) override { return base_.open_readable(p); }
+    result<uint64_t> file_size(const std::string & p) override { return base_.file_size(p); }
+    result<file_version> stat_file(const std::string & p) override { return base_.stat_file(p); }
+    status rename_file(const std::string & f, const std::string & t) override { return base_.rename_file(f, t); }
+    status remove_file(const std::string & p) override { return base_.remove_file(p); }
+    result<std::vector<std::string>> list_dir(const std::string & d) override { return base_.list_dir(d); }
+    status create_dirs(const std::string & d) override { return base_.create_dirs(d); }
+    status sync_dir(const std::string & d) override { return base_.sync_dir(d); }
+
+  private:
+    file_system & base_;
+};
+
+// Two stores on one directory (two servers on one home, or two writes of one segment)
+// never write the same temp file: it was "<name>.tmp" for every write of a segment, so
+// concurrent PUTs from two servers collided and answered 507 (issue 30 item 6).
+TEST(WorkspaceStore, TempFileNamesAreUniquePerWrite) {
+    mem_fs base;
+    recording_fs fs(base);
+    auto a = durable(fs);
+    auto b = durable(fs);
+    ASSERT_TRUE(a.load(kind_table()).ok());
+    ASSERT_TRUE(b.load(kind_table()).ok());
+    put_ok(a, "w", seg("s", segment_kind::instructions, "one"));
+    put_ok(b, "w", seg("s", segment_kind::instructions, "two"));
+    put_ok(a, "w", seg("s", segment_kind::instructions, "three"));
+    std::vector<std::string> temps;
+    for (const std::string & p : fs.created)
+        if (p.size() > 4 && p.compare(p.size() - 4, 4, ".tmp") == 0) temps.push_back(p);
+    ASSERT_EQ(temps.size(), 3u);
+    EXPECT_NE(temps[0], temps[1]);
+    EXPECT_NE(temps[0], temps[2]);
+    EXPECT_NE(temps[1], temps[2]);
+    auto again = durable(base);
+    ASSERT_TRUE(again.load(kind_table()).ok());
+    EXPECT_EQ(again.get("w", "s")->content, "three");
+    auto names = base.list_dir(k_dir + "/w");
+    ASSERT_TRUE(names.ok());
+    EXPECT_EQ(names->size(), 1u) << "a temp file was left behind";
+}
+
 TEST(WorkspaceStore, AFailedWriteIsA507AndChangesNothing) {
     mem_fs base;
     faulty_fs fs(base);
