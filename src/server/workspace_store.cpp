@@ -22,6 +22,21 @@ constexpr const char * k_seg_ext = ".wcseg";
 constexpr const char * k_uses_name = "uses.wcmeta";
 constexpr const char * k_tmp_ext = ".tmp";
 constexpr size_t k_quarantine_max_files = 16;
+// Damaged files go here. A workspace id never starts with '.', so no workspace can be
+// this directory (it was "quarantine", a valid id: that workspace's files were skipped
+// at every start and trimmed away as quarantine overflow).
+constexpr const char * k_quarantine_dir = ".quarantine";
+constexpr const char * k_legacy_quarantine_dir = "quarantine";
+
+// A name the store itself gives a file in a workspace's directory: a segment (its id's
+// 32-hex-digit hash), the use counts, or a temp file.
+bool is_store_file_name(const std::string & name) {
+    if (name == k_uses_name) return true;
+    std::string_view n(name);
+    if (n.size() > 4 && n.substr(n.size() - 4) == k_tmp_ext) return true;
+    if (n.size() != 32 + std::string_view(k_seg_ext).size() || n.substr(32) != k_seg_ext) return false;
+    return std::all_of(n.begin(), n.begin() + 32, [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
 
 int64_t unix_ms_now() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -82,7 +97,7 @@ status workspace_store::write_sealed(const std::string & dir, const std::string 
 void workspace_store::quarantine(const std::string & path, const std::string & name, const std::string & why,
                                  store_load_report & rep) {
     file_system & fs = *persist_.fs;
-    const std::string qdir = persist_.dir + "/quarantine";
+    const std::string qdir = persist_.dir + "/" + k_quarantine_dir;
     rep.problems.push_back(path + ": " + why + " (moved to " + qdir + ")");
     ++rep.n_quarantined;
     if (!fs.create_dirs(qdir).ok() || !fs.rename_file(path, qdir + "/" + name).ok()) {
@@ -106,7 +121,7 @@ result<store_load_report> workspace_store::load(const kind_table & kinds) {
     std::lock_guard<std::mutex> lk(mu_);
     const std::string stamp = std::to_string(unix_ms_now()) + "-";
     for (const std::string & ws : *dirs) {
-        if (ws == "quarantine") continue;
+        if (ws == k_quarantine_dir) continue;
         if (validate_workspace_id(ws)) {  // the API's own rule for a workspace id
             rep.problems.push_back(persist_.dir + "/" + ws + ": not a workspace id, left alone");
             continue;
@@ -115,6 +130,14 @@ result<store_load_report> workspace_store::load(const kind_table & kinds) {
         if (!files.ok()) continue;  // a plain file where a workspace directory belongs
         for (const std::string & name : *files) {
             const std::string path = ws_dir(ws) + "/" + name;
+            // An older version's quarantine, beside (or instead of) a workspace named
+            // "quarantine": its files ("<ms>-<ws>-<hash>.wcseg") move to the new one.
+            if (ws == k_legacy_quarantine_dir && !is_store_file_name(name)) {
+                const std::string qdir = persist_.dir + "/" + k_quarantine_dir;
+                if (!fs.create_dirs(qdir).ok() || !fs.rename_file(path, qdir + "/" + name).ok()) continue;
+                (void)fs.sync_dir(qdir);
+                continue;
+            }
             if (ends_with(name, k_tmp_ext)) {  // a write a crash interrupted
                 (void)fs.remove_file(path);
                 continue;

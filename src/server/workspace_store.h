@@ -13,7 +13,7 @@
 // writes a snapshot: a temporary file, fsync, rename, fsync of the directory, so a crash
 // leaves the old file or the new one. A PUT or DELETE changes memory only once its file
 // change is durable (a failed write is a 507 and changes nothing). load() reads them
-// back at start: a file that fails its checksum or its checks goes to <dir>/quarantine/
+// back at start: a file that fails its checksum or its checks goes to <dir>/.quarantine/
 // (the newest 16 kept), a temporary file left by a crash is removed.
 //
 // Thread safety: every member is safe to call from any thread; `mu_` guards the map.
@@ -49,7 +49,7 @@ struct store_persistence {
 // What load() found.
 struct store_load_report {
     size_t n_workspaces = 0, n_segments = 0;
-    size_t n_quarantined = 0;  // damaged files moved to quarantine/
+    size_t n_quarantined = 0;  // damaged files moved to .quarantine/
     size_t n_skipped = 0;      // sound files refused now (a kind the kind table lacks, a bound)
     std::vector<std::string> problems;  // one line per quarantined or skipped file
 };

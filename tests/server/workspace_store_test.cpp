@@ -111,12 +111,54 @@ TEST(WorkspaceStore, ADamagedFileIsQuarantinedAndTheRestLoads) {
     EXPECT_EQ(rep->n_quarantined, 2u);
     ASSERT_EQ(rep->problems.size(), 2u);
     EXPECT_NE(rep->problems[0].find("checksum mismatch"), std::string::npos) << rep->problems[0];
-    auto q = fs.list_dir(k_dir + "/quarantine");
+    auto q = fs.list_dir(k_dir + "/.quarantine");
     ASSERT_TRUE(q.ok());
     EXPECT_EQ(q->size(), 2u);
     auto left = fs.list_dir(k_dir + "/alpha");
     ASSERT_TRUE(left.ok());
     EXPECT_EQ(left->size(), 1u) << "the damaged files and the temporary file are gone from the workspace";
+}
+
+// A workspace may be named "quarantine": the store's own damaged files live in
+// .quarantine/, which no workspace id can name. (Its 21 segments were acknowledged, all
+// 404 after a restart with no log line, and a later quarantine deleted 5 of its files:
+// issue 30 item 5.) An older version's quarantine/ files move to .quarantine/.
+TEST(WorkspaceStore, AWorkspaceNamedQuarantineKeepsItsSegments) {
+    mem_fs fs;
+    const std::string legacy = k_dir + "/quarantine/1700000000000-alpha-0123.wcseg";
+    {
+        auto st = durable(fs);
+        ASSERT_TRUE(st.load(kind_table()).ok());
+        for (int i = 0; i < 20; ++i) put_ok(st, "quarantine", seg("s" + std::to_string(i), segment_kind::instructions, "x"));
+        put_ok(st, "alpha", seg("sys", segment_kind::system, "be terse"));
+        const std::string junk = "damaged";
+        ASSERT_TRUE(fs.write_file(legacy, std::span<const uint8_t>(reinterpret_cast<const uint8_t *>(junk.data()), junk.size())).ok());
+    }
+    // Damage in another workspace, quarantined at each of 20 restarts: the trim of the
+    // quarantine (16 files) must never reach the workspace's files.
+    for (int round = 0; round < 20; ++round) {
+        auto names = fs.list_dir(k_dir + "/alpha");
+        ASSERT_TRUE(names.ok());
+        const std::string junk = "hello" + std::to_string(round);
+        ASSERT_TRUE(fs.write_file(k_dir + "/alpha/junk" + std::to_string(round) + ".wcseg",
+                                  std::span<const uint8_t>(reinterpret_cast<const uint8_t *>(junk.data()), junk.size()))
+                        .ok());
+        auto st = durable(fs);
+        auto rep = st.load(kind_table());
+        ASSERT_TRUE(rep.ok());
+        EXPECT_EQ(rep->n_quarantined, 1u) << round;
+        EXPECT_EQ(rep->n_segments, 21u) << round;
+        auto q = st.list("quarantine");
+        ASSERT_TRUE(q.has_value()) << round;
+        EXPECT_EQ(q->size(), 20u) << round;
+    }
+    EXPECT_FALSE(fs.file_size(legacy).ok()) << "the legacy quarantine file stayed among the workspace's";
+    auto moved = fs.list_dir(k_dir + "/.quarantine");
+    ASSERT_TRUE(moved.ok());
+    EXPECT_LE(moved->size(), 16u);
+    auto kept = fs.list_dir(k_dir + "/quarantine");
+    ASSERT_TRUE(kept.ok());
+    EXPECT_EQ(kept->size(), 20u);
 }
 
 // The file system underneath, recording the files created.
