@@ -236,7 +236,9 @@ struct kv_memory {
     double pool_save_ms = 0;
     uint64_t n_in_place_turns = 0;         // warm turns that copied nothing
     uint64_t n_write_backs = 0;            // a stream's blocks offered to the pool (lazily)
-    double write_back_ms = 0;              // time the turns spent on those write-backs
+    double write_back_ms = 0;              // time spent on those write-backs
+    uint64_t n_write_backs_ahead = 0;      // of them, made by an idle engine (write_back_ahead),
+                                           // on no turn's way
     uint64_t n_streams = 0;                // work streams, the resident ones included
     uint64_t n_resident_streams = 0;       // of which resident (the device tier)
     bool streams_on_device = false;        // the model's layers (and so the KV) are on a GPU
@@ -336,6 +338,12 @@ class context_engine {
     // first, so it always sees the stream as the turn left it.
     status finish_turn(pending_turn & t, size_t n_generated);
     void flush_deferred_writes();
+    // For an idle engine thread: when no work stream is free, saves the durable blocks of
+    // the one a new workspace's turn would take next (the least recently used idle one)
+    // into the pool, unless the pool or another stream holds them, so that the
+    // displacement then costs that turn nothing. One stream per call; true when it
+    // saved one.
+    bool write_back_ahead();
     void abort_turn(pending_turn & t);
     uint32_t n_work_seqs() const;
     // Which of `free_seqs` a turn of `workspace` should run in: the one its last turn

@@ -892,6 +892,27 @@ snapshot_store * context_engine::disk_tier() {
 }
 void context_engine::flush_deferred_writes() { p_->flush_deferred(); }
 
+bool context_engine::write_back_ahead() {
+    p_->flush_deferred();
+    seq_id victim = -1;
+    uint64_t oldest = 0;
+    for (size_t s = 0; s < p_->streams.size(); ++s) {
+        const stream_state & st = p_->streams[s];
+        if (st.busy) continue;
+        if (st.blocks.empty()) return false;  // a free stream: nothing is displaced next
+        if (victim < 0 || st.t_finished < oldest) {
+            victim = (seq_id)s;
+            oldest = st.t_finished;
+        }
+    }
+    if (victim < 0 || !p_->streams[(size_t)victim].unsaved) return false;
+    const uint64_t before = p_->ctr.memory.n_write_backs;
+    p_->write_back_displaced(victim);  // nothing when the pool or another stream holds them
+    if (p_->ctr.memory.n_write_backs == before) return false;
+    p_->ctr.memory.n_write_backs_ahead++;
+    return true;
+}
+
 status context_engine::set_chunk_tokens(uint32_t n) {
     p_->flush_deferred();
     if (n < 1 || n > p_->eng->context().chunk_tokens)

@@ -584,6 +584,23 @@ struct scheduler::impl {
 
             bool any_active = false;
             for (auto & j : slots) any_active |= (bool)j;
+            if (!any_active) {
+                // Idle: save ahead what the next displacement would have to save on a
+                // turn's way (one stream at a time; the queue is looked at between).
+                bool idle = false;
+                {
+                    std::lock_guard<std::mutex> lk(mu);
+                    idle = !stopping && queue.empty() && prewarms.empty() && calls.empty();
+                }
+                bool saved = false;
+                if (idle) {
+                    try {
+                        saved = ce->write_back_ahead();
+                    } catch (...) {
+                    }
+                }
+                if (saved) continue;
+            }
             std::unique_lock<std::mutex> lk(mu);
             if (stopping && !any_active) break;
             if (!any_active && queue.empty() && prewarms.empty() && calls.empty())

@@ -250,6 +250,9 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
         scalar(out, "warmctx_branches_dropped_total", "counter",
                "Blocks of low retention a turn trimmed away (history out of a window), not saved.",
                static_cast<double>(m.n_branches_dropped));
+        scalar(out, "warmctx_write_backs_ahead_total", "counter",
+               "Write-backs an idle engine made ahead of a displacement (on no turn's way).",
+               static_cast<double>(m.n_write_backs_ahead));
         scalar(out, "warmctx_write_back_seconds_total", "counter",
                "Time turns spent saving blocks they would overwrite into the pool, before their lookup.",
                m.write_back_ms / 1000.0);

@@ -640,7 +640,7 @@ TEST(Scheduler, ResidentStreamsKeepEachWorkspacesPrefixBetweenItsTurns) {
         }
     auto c = counters_of(**s);
     EXPECT_EQ(c.memory.n_resident_streams, 2u);
-    EXPECT_EQ(c.memory.n_write_backs, 0u);  // no stream was ever displaced, nothing went through the pool
+    EXPECT_EQ(c.memory.n_pool_loads, 0u);  // no stream was ever displaced: nothing came from the pool
     // Several submitted at once still run one at a time.
     std::vector<std::unique_ptr<collector>> cs;
     for (size_t i = 0; i < 3; ++i) {
@@ -689,6 +689,45 @@ TEST(Scheduler, TheNamedPhasesAddUpToTheTimeToTheFirstToken) {
                 << "turn " << turn << ": " << sum << " of " << e.t_first_token_ms << " ms named";
         }
     }
+}
+
+// Idle, with no free stream left, the engine thread saves the stream the next
+// workspace would take into the pool ahead: that workspace's turn then writes nothing
+// back on its way.
+TEST(Scheduler, AnIdleEngineSavesTheNextDisplacedStreamAhead) {
+    auto s = scheduler::start(tiny_scheduler(1));
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+    auto run = [&](const std::string & ws, std::vector<segment> segs) {
+        collector c;
+        EXPECT_TRUE((*s)->submit({req(ws, std::move(segs), 2), c.sink()}).ok());
+        EXPECT_TRUE(c.wait());
+        const completion_event * started = nullptr;
+        for (auto & e : c.events)
+            if (e.what == completion_event::kind::started) started = &e;
+        return started ? *started : completion_event{};
+    };
+    auto wb = small_workspace(2);
+    for (auto & x : wb)
+        if (x.id == "system") x.content = "You are another agent, of another team.\n";
+    run("a", small_workspace(1));
+    // The one stream holds a's prefix, unsaved; idle, it goes to the pool.
+    bool saved = false;
+    for (int i = 0; i < 2000 && !saved; ++i) {
+        saved = counters_of(**s).memory.n_write_backs >= 1;
+        if (!saved) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(saved) << "the idle engine did not save the stream ahead";
+    run("b", wb);  // takes the stream: nothing left to save on its way
+    auto c = counters_of(**s);
+    EXPECT_GE(c.memory.n_write_backs, 1u);
+    EXPECT_EQ(c.memory.n_write_backs, c.memory.n_write_backs_ahead);  // every one off a turn's way
+    // a comes back: its prefix from the pool, all of it
+    auto wa = small_workspace(1);
+    wa.back().content = "again";
+    collector ca;
+    ASSERT_TRUE((*s)->submit({req("a", wa, 2), ca.sink()}).ok());
+    ASSERT_TRUE(ca.wait());
+    EXPECT_EQ(ca.last()->explain.kind, miss_kind::full_hit) << ca.last()->explain.reason;
 }
 
 }  // namespace
