@@ -60,7 +60,8 @@ struct request_bounds {
     size_t max_messages = 4096;          // messages (chat) or input items (Responses); at most 10,000
     size_t max_tools = 128;              // function tools, a Responses namespace's counted one by one (OpenAI's 128)
     size_t max_tools_bytes = 512u << 10; // the tools array as canonical JSON (keys sorted, no spaces)
-    size_t max_enum_values = 1000;       // enum (and const) values over every schema of the request (tools' parameters, response_format)
+    size_t max_enum_values = 256;        // enum values over every schema of the request (tools' parameters, response_format):
+                                         // each costs a check of every candidate token per sampled token, on the engine thread
     size_t max_pattern_bytes = 1024;     // one `pattern` of a schema
     size_t max_pattern_nesting = 32;     // parentheses (and brackets) open at once in one `pattern`
 };
