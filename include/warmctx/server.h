@@ -83,6 +83,9 @@ struct server_options {
     std::string cors_origin;               // "" = no CORS; "*" or a comma-separated list
                                            // of origins: OPTIONS preflights are answered
                                            // and responses carry Access-Control-* headers
+    // Without an API key, the Host names a request may carry besides IP addresses and
+    // localhost (DNS rebinding): "*" = any, or names separated by commas. Unused with a key.
+    std::string allowed_hosts;
     int header_timeout_ms = 10000;         // request line + headers, from their first byte
     int body_timeout_ms = 60000;           // the body, from the end of the headers
     int sse_keep_alive_ms = 3000;          // a waiting stream: headers after at most this, then

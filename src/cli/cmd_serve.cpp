@@ -45,6 +45,7 @@ struct serve_args {
     size_t max_body_bytes = 8u << 20;
     int http_threads = 0;            // 0 = min_http_threads(n_parallel, max_queue)
     std::string cors_origin;
+    std::string allowed_hosts;
     int sse_keep_alive_ms = 3000;
     int32_t default_max_tokens = 0;
     std::string model_name;
@@ -169,6 +170,7 @@ int run_serve(const serve_args & a) {
     sv.n_http_threads = a.http_threads;
     sv.max_queue = a.max_queue;
     sv.cors_origin = a.cors_origin;
+    sv.allowed_hosts = a.allowed_hosts;
     sv.sse_keep_alive_ms = a.sse_keep_alive_ms;
     sv.default_max_tokens = a.default_max_tokens;
     sv.model_name = a.model_name;
@@ -288,6 +290,9 @@ void register_serve_command(CLI::App & app, int & rc) {
         ->check(CLI::Range(0, http_server::k_max_http_threads));
     c->add_option("--cors-origin", a->cors_origin,
                   "allow browsers from these origins: '*' or a comma-separated list (default: no CORS)");
+    c->add_option("--allowed-hosts", a->allowed_hosts,
+                  "without --api-key, the Host names served besides IP addresses and localhost (against DNS "
+                  "rebinding): a comma-separated list, or '*' for any");
     c->add_option("--sse-keep-alive-ms", a->sse_keep_alive_ms,
                   "a streamed request that waits (queued, prefilling) gets its headers after at most this, then an SSE "
                   "comment this often")

@@ -89,6 +89,7 @@ struct conn_state {
     bool body_framed = false;    // the request has a body (Content-Length > 0 or Transfer-Encoding)
     bool body_consumed = false;  // ... and it was read to its end
     bool close_after = false;    // the answer refused the request (400, 408, 413, 431): the connection ends
+    std::string content_type;    // the request's Content-Type (the library's copy is erased)
 
     bool reads_allowed() const { return phase == conn_phase::headers || phase == conn_phase::body; }
     // The connection cannot carry another request: its stream is not at a request's start.
@@ -509,8 +510,9 @@ class guarded_server final : public httplib::Server {
         reg_.enter(c, conn_phase::routing);
         bool valid = true;
         c.body_framed = req.has_header("Transfer-Encoding") || content_length(req, valid) > 0 || !valid;
-        // Bodies are JSON whatever they are labelled: the library must not read a form
-        // (8 KB limit) or split multipart parts.
+        // Bodies are read as JSON (the router checks the label): the library must not
+        // read a form (8 KB limit) or split multipart parts.
+        c.content_type = req.get_header_value("Content-Type");
         req.headers.erase("Content-Type");
     }
 
@@ -544,6 +546,11 @@ http_request from_httplib(const httplib::Request & req) {
     r.authorization = req.get_header_value("Authorization");
     r.origin = req.get_header_value("Origin");
     r.cors_request_headers = req.get_header_value("Access-Control-Request-Headers");
+    r.host = req.get_header_value("Host");
+    if (t_conn) {
+        r.content_type = t_conn->content_type;
+        r.has_body = t_conn->body_framed;
+    }
     return r;
 }
 

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -49,6 +50,12 @@ struct http_request {
     std::string authorization;                 // the Authorization header, "" when absent
     std::string origin;                        // the Origin header (CORS), "" when absent
     std::string cors_request_headers;          // Access-Control-Request-Headers (preflight)
+    std::string host;                          // the Host header, "" when absent
+    // The Content-Type header as the transport received it ("" when absent); nullopt
+    // when the request did not come through the transport (a test calling the router),
+    // and then no media type is required.
+    std::optional<std::string> content_type;
+    bool has_body = false;                     // framed: Content-Length > 0, or chunked
     std::string body;
 };
 

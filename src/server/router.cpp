@@ -2,6 +2,8 @@
 // the per-request record (metrics + log line), and route_context's shared plumbing.
 #include "router.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -306,6 +308,20 @@ router::router(route_context & ctx) : ctx_(ctx) {
     res_.reserve(routes_.size());
     for (const route & r : routes_) res_.emplace_back(r.regex_text);
 
+    // --allowed-hosts: "*" or names separated by commas (spaces around them ignored).
+    const std::string & ah = ctx_.opts.allowed_hosts;
+    for (size_t pos = 0; pos <= ah.size();) {
+        size_t end = ah.find(',', pos);
+        if (end == std::string::npos) end = ah.size();
+        std::string h = ah.substr(pos, end - pos);
+        while (!h.empty() && h.front() == ' ') h.erase(h.begin());
+        while (!h.empty() && (h.back() == ' ' || h.back() == '.')) h.pop_back();
+        for (char & ch : h) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        if (h == "*") hosts_any_ = true;
+        else if (!h.empty()) hosts_.push_back(h);
+        pos = end + 1;
+    }
+
     // --cors-origin: "*" or origins separated by commas (spaces around them ignored).
     const std::string & co = ctx_.opts.cors_origin;
     for (size_t pos = 0; pos <= co.size();) {
@@ -332,9 +348,41 @@ void router::add_cors(const http_request & req, http_response & res) const {
     res.headers.emplace_back("Access-Control-Expose-Headers", "Retry-After");
 }
 
+bool router::host_allowed(const std::string & host_header) const {
+    if (host_header.empty() || hosts_any_) return true;  // no Host: not a browser
+    std::string name;
+    if (host_header.front() == '[') {  // [v6]:port
+        const size_t close = host_header.find(']');
+        if (close == std::string::npos) return false;
+        in6_addr a6{};
+        return ::inet_pton(AF_INET6, host_header.substr(1, close - 1).c_str(), &a6) == 1;
+    }
+    const size_t colon = host_header.find(':');
+    name = host_header.substr(0, colon);
+    while (!name.empty() && name.back() == '.') name.pop_back();
+    for (char & ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    in_addr a4{};
+    if (::inet_pton(AF_INET, name.c_str(), &a4) == 1) return true;  // an address: no name to rebind
+    const std::string_view n(name);
+    if (n == "localhost" || (n.size() > 10 && n.substr(n.size() - 10) == ".localhost")) return true;
+    std::string bound = ctx_.opts.host;
+    for (char & ch : bound) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (name == bound) return true;  // --host names this machine by a name
+    return std::find(hosts_.begin(), hosts_.end(), name) != hosts_.end();
+}
+
 namespace {
 // Routes that answer while the model loads: they tell how the server is.
 bool served_while_loading(const route & r) { return r.pattern == "/health" || r.pattern == "/metrics"; }
+
+// "application/json", parameters (charset) and case aside.
+bool is_json_media_type(const std::string & content_type) {
+    std::string t = content_type.substr(0, content_type.find(';'));
+    while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
+    while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.erase(t.begin());
+    for (char & ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return t == "application/json";
+}
 }  // namespace
 
 bool router::answered_on_headers(const route & r, const http_request & req, http_response & res,
@@ -348,6 +396,45 @@ bool router::answered_on_headers(const route & r, const http_request & req, http
     if (r.auth && !authorized(req.authorization, ctx_.opts.api_key)) {
         respond_error(res, log, unauthorized("missing or wrong API key: send \"Authorization: Bearer <key>\""));
         return true;
+    }
+    // Without a key, nothing but the network stands between a web page and the server:
+    // a page must not reach it through a name it rebinds to 127.0.0.1 (DNS rebinding),
+    // nor drive it with the requests a browser sends without asking (CSRF).
+    if (ctx_.opts.api_key.empty()) {
+        if (r.pattern != "/health" && !host_allowed(req.host)) {
+            respond_error(res, log,
+                          api_error{403, "invalid_request_error", "host_not_allowed",
+                                    "Host '" + req.host.substr(0, 100) +
+                                        "' is not allowed: without --api-key only IP addresses, localhost and the "
+                                        "names in --allowed-hosts are served (a web page could rebind another name "
+                                        "to this server)",
+                                    "", 0});
+            return true;
+        }
+        // A body a browser sends without a preflight (text/plain, a form, none) from a
+        // page of any origin; application/json needs a preflight, which CORS decides.
+        if ((r.method == "POST" || r.method == "PUT") && req.content_type && !cors_allows(req.origin) &&
+            !is_json_media_type(*req.content_type)) {
+            if (req.has_body) {
+                api_error e = bad_request("unsupported_media_type",
+                                          "Content-Type must be application/json (got '" +
+                                              req.content_type->substr(0, 100) +
+                                              "'): without --api-key other types are refused, since any web page "
+                                              "can send them");
+                e.http_status = 415;
+                respond_error(res, log, e);
+                return true;
+            }
+            if (!req.origin.empty()) {
+                respond_error(res, log,
+                              api_error{403, "invalid_request_error", "cross_origin_refused",
+                                        "a request from origin '" + req.origin.substr(0, 100) +
+                                            "' without application/json is refused (no --api-key; --cors-origin "
+                                            "allows origins)",
+                                        "", 0});
+                return true;
+            }
+        }
     }
     return false;
 }

@@ -69,6 +69,10 @@ class router {
   private:
     bool answered_on_headers(const route & r, const http_request & req, http_response & res, request_log & log) const;
     bool cors_allows(const std::string & origin) const;
+    // Without an API key: whether the Host header names this server as a web page on
+    // this machine would (an IP address, localhost, --allowed-hosts), not a name a
+    // rebinding page points here.
+    bool host_allowed(const std::string & host) const;
     // Access-Control-Allow-Origin (and Vary, -Expose-Headers) when `req` comes from an
     // allowed origin.
     void add_cors(const http_request & req, http_response & res) const;
@@ -79,6 +83,8 @@ class router {
     std::vector<std::regex> res_;  // routes_[i]'s compiled regex_text
     bool cors_any_ = false;                  // --cors-origin '*'
     std::vector<std::string> cors_origins_;  // or these origins exactly
+    bool hosts_any_ = false;                 // --allowed-hosts '*'
+    std::vector<std::string> hosts_;         // or these names (lower case)
 };
 
 }  // namespace warmctx::server_detail

@@ -26,7 +26,7 @@ for d in 0 0.005 0.01 0.02 0.04 0.06 0.1 0.15 0.2 0.3; do
     fails=$((fails + 1)); continue
   fi
   health="$(exec 3<>"/dev/tcp/127.0.0.1/$port" &&
-            printf 'GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n' >&3 && timeout 5 cat <&3 | tr -d '\r')"
+            printf 'GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' >&3 && timeout 5 cat <&3 | tr -d '\r')"
   case "$health" in
     *'"status":"loading"'* | *'"status":"ok"'*) ;;
     *) echo "delay $d: /health did not answer loading or ok: $health"; fails=$((fails + 1)) ;;

@@ -94,7 +94,7 @@ TEST_F(transport_test, chunked_body_over_the_limit_is_refused_without_being_held
     ASSERT_TRUE(c.ok());
     const bool peak_reset = reset_peak_rss();
     const uint64_t peak_before = peak_rss_bytes();
-    ASSERT_TRUE(c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    ASSERT_TRUE(c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                            "Transfer-Encoding: chunked\r\n\r\n"));
     constexpr size_t k_total = 256u << 20;
     std::atomic<size_t> sent{0};
@@ -127,7 +127,8 @@ TEST_F(transport_test, declared_length_over_the_limit_is_refused_before_the_body
     auto h = serve(options());
     ASSERT_TRUE(h);
     raw_connection c(h->port());
-    ASSERT_TRUE(c.send_all("PUT /v1/workspaces/w/segments/s HTTP/1.1\r\nHost: x\r\nContent-Length: 268435456\r\n\r\n"));
+    ASSERT_TRUE(c.send_all("PUT /v1/workspaces/w/segments/s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                           "Content-Length: 268435456\r\n\r\n"));
     std::string head, body;
     ASSERT_TRUE(c.read_response(head, body, 3s)) << "no answer before the body: " << head;
     EXPECT_EQ(status_of(head), 413) << head;
@@ -146,7 +147,7 @@ TEST_F(transport_test, unauthenticated_request_is_refused_before_its_body) {
     for (const std::string framing : {"Content-Length: 33554432", "Transfer-Encoding: chunked"}) {
         SCOPED_TRACE(framing);
         raw_connection c(h->port());
-        ASSERT_TRUE(c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+        ASSERT_TRUE(c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
                                framing + "\r\n\r\n"));
         std::string head, body;
         ASSERT_TRUE(c.read_response(head, body, 3s)) << "no answer before the body: " << head;
@@ -170,7 +171,7 @@ TEST_F(transport_test, body_without_framing_is_not_read) {
     {
         raw_connection c(h->port());
         const auto t0 = clock_type::now();
-        ASSERT_TRUE(c.send_all("POST /v1/workspaces/w/pin HTTP/1.1\r\nHost: x\r\n\r\n"));
+        ASSERT_TRUE(c.send_all("POST /v1/workspaces/w/pin HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
         std::string head, body;
         ASSERT_TRUE(c.read_response(head, body, 3s)) << head;
         EXPECT_LT(clock_type::now() - t0, 2s) << "the server waited for a body";
@@ -179,7 +180,7 @@ TEST_F(transport_test, body_without_framing_is_not_read) {
     raw_connection c(h->port());
     const bool peak_reset = reset_peak_rss();
     const uint64_t peak_before = peak_rss_bytes();
-    ASSERT_TRUE(c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n"));
+    ASSERT_TRUE(c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n"));
     std::thread sender([&] {
         const std::string junk(1u << 20, '{');
         for (int i = 0; i < 64 && c.send_all(junk); ++i) {
@@ -198,12 +199,16 @@ TEST_F(transport_test, body_without_framing_is_not_read) {
     }
 }
 
-// A body is JSON whatever its Content-Type says: curl's default form type no longer
-// fails at 8 KB with a wrong 413, and multipart is not split into parts.
+// With an API key a body is JSON whatever its Content-Type says: curl's default form type
+// no longer fails at 8 KB with a wrong 413, and multipart is not split into parts. (Without
+// a key only application/json is taken: below.)
 TEST_F(transport_test, body_is_read_as_json_whatever_its_content_type) {
-    auto h = serve(options());
+    server_options so = options();
+    so.api_key = "the-key";
+    auto h = serve(so);
     ASSERT_TRUE(h);
     auto c = client(h->port());
+    c.set_bearer_token_auth("the-key");
     const std::string segment = json{{"kind", "instructions"}, {"content", std::string(20000, 'r')}}.dump();
     int i = 0;
     for (const char * type : {"application/x-www-form-urlencoded", "multipart/form-data; boundary=xyz", "text/plain",
@@ -216,6 +221,121 @@ TEST_F(transport_test, body_is_read_as_json_whatever_its_content_type) {
     auto missing = c.Put("/v1/workspaces/ct/segments/none", httplib::Headers{}, segment, "");
     ASSERT_TRUE(missing);
     EXPECT_EQ(missing->status, 201) << missing->body;
+}
+
+// ---- without a key: CSRF and DNS rebinding ---------------------------------------------------
+
+// Without an API key, a body a browser sends without a preflight (text/plain, a form,
+// no type) is refused 415 whatever its origin, and a bodiless POST from a foreign origin
+// 403: a web page could drive the server with them (a text/plain POST with a hostile
+// Origin was served; issue 30 item 8). application/json needs a preflight, which CORS
+// decides; an origin --cors-origin allows may send any type.
+TEST_F(transport_test, without_a_key_json_routes_take_only_json) {
+    server_options so = options();
+    so.cors_origin = "http://trusted.example";
+    auto h = serve(so);
+    ASSERT_TRUE(h);
+    auto c = client(h->port());
+    const std::string segment = json{{"kind", "instructions"}, {"content", "rules"}}.dump();
+    int i = 0;
+    for (const char * type : {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=xyz"}) {
+        SCOPED_TRACE(type);
+        for (const char * origin : {"http://evil.example", ""}) {
+            httplib::Headers hdr;
+            if (*origin) hdr.emplace("Origin", origin);
+            auto r = c.Put(("/v1/workspaces/csrf/segments/s" + std::to_string(i++)).c_str(), hdr, segment, type);
+            ASSERT_TRUE(r);
+            EXPECT_EQ(r->status, 415) << r->body;
+            EXPECT_EQ(error_code(r->body), "unsupported_media_type");
+            auto chat_r = c.Post("/v1/chat/completions", hdr, chat("hi"), type);
+            ASSERT_TRUE(chat_r);
+            EXPECT_EQ(chat_r->status, 415) << chat_r->body;
+        }
+    }
+    auto none = c.Put("/v1/workspaces/csrf/segments/none", httplib::Headers{}, segment, "");
+    ASSERT_TRUE(none);
+    EXPECT_EQ(none->status, 415) << none->body;
+    auto listed = c.Get("/v1/workspaces/csrf");
+    ASSERT_TRUE(listed);
+    EXPECT_EQ(listed->status, 404) << "a refused PUT stored something: " << listed->body;
+
+    // JSON, with or without charset, from anywhere (a browser preflights it).
+    for (const char * type : {"application/json", "Application/JSON; charset=utf-8"}) {
+        auto r = c.Put(("/v1/workspaces/csrf/segments/json" + std::to_string(i++)).c_str(), segment, type);
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 201) << type << ": " << r->body;
+    }
+    // An origin CORS allows may send any type.
+    auto trusted = c.Put("/v1/workspaces/csrf/segments/trusted", {{"Origin", "http://trusted.example"}}, segment, "text/plain");
+    ASSERT_TRUE(trusted);
+    EXPECT_EQ(trusted->status, 201) << trusted->body;
+    // A bodiless POST: from a foreign origin refused, from a non-browser client served.
+    auto pin_evil = c.Post("/v1/workspaces/csrf/pin", {{"Origin", "http://evil.example"}}, "", "");
+    ASSERT_TRUE(pin_evil);
+    EXPECT_EQ(pin_evil->status, 403) << pin_evil->body;
+    EXPECT_EQ(error_code(pin_evil->body), "cross_origin_refused");
+    auto pin = c.Post("/v1/workspaces/csrf/pin");
+    ASSERT_TRUE(pin);
+    EXPECT_NE(pin->status, 403) << pin->body;
+    EXPECT_NE(pin->status, 415) << pin->body;
+}
+
+// Without an API key, the Host header must name the server as a page on this machine
+// would: an IP address, localhost (or a .localhost name), --host's own name, or a name in
+// --allowed-hosts; any other name is 403 (a rebinding page's name: any Host was
+// accepted, so such a page could read stored segments; issue 30 item 8). /health answers
+// whatever the Host. With a key, the key decides.
+TEST_F(transport_test, without_a_key_the_host_must_be_local) {
+    const auto get = [](int port, const std::string & host, const std::string & path, const std::string & key = "") {
+        raw_connection c(port);
+        std::string req = "GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n";
+        if (!key.empty()) req += "Authorization: Bearer " + key + "\r\n";
+        EXPECT_TRUE(c.send_all(req + "\r\n"));
+        std::string head, body;
+        EXPECT_TRUE(c.read_response(head, body, 5s)) << head;
+        return std::make_pair(status_of(head), body);
+    };
+    {
+        auto h = serve(options());
+        ASSERT_TRUE(h);
+        for (const std::string host : {"127.0.0.1", "127.0.0.1:8080", "localhost", "LOCALHOST:1", "app.localhost:3000",
+                                       "[::1]:8080", "192.168.1.20:8080", "10.0.0.1"}) {
+            SCOPED_TRACE(host);
+            EXPECT_EQ(get(h->port(), host, "/v1/models").first, 200);
+        }
+        for (const std::string host : {"evil.example", "evil.example:8080", "localhost.evil.example", "127.0.0.1.nip.io",
+                                       "[not-an-address]"}) {
+            SCOPED_TRACE(host);
+            auto [status, body] = get(h->port(), host, "/v1/workspaces");
+            EXPECT_EQ(status, 403) << body;
+            EXPECT_EQ(error_code(body), "host_not_allowed");
+            EXPECT_EQ(get(h->port(), host, "/health").first, 200);
+        }
+    }
+    {
+        server_options so = options();
+        so.allowed_hosts = "warmctx.internal, other.example";
+        auto h = serve(so);
+        ASSERT_TRUE(h);
+        EXPECT_EQ(get(h->port(), "warmctx.internal:8080", "/v1/models").first, 200);
+        EXPECT_EQ(get(h->port(), "Other.Example", "/v1/models").first, 200);
+        EXPECT_EQ(get(h->port(), "evil.example", "/v1/models").first, 403);
+    }
+    {
+        server_options so = options();
+        so.allowed_hosts = "*";
+        auto h = serve(so);
+        ASSERT_TRUE(h);
+        EXPECT_EQ(get(h->port(), "evil.example", "/v1/models").first, 200);
+    }
+    {
+        server_options so = options();
+        so.api_key = "k";
+        auto h = serve(so);
+        ASSERT_TRUE(h);
+        EXPECT_EQ(get(h->port(), "evil.example", "/v1/models", "k").first, 200);
+        EXPECT_EQ(get(h->port(), "evil.example", "/v1/models").first, 401);
+    }
 }
 
 // ---- framing (request smuggling) -----------------------------------------------------------
@@ -297,7 +417,7 @@ TEST_F(transport_test, trickling_headers_do_not_starve_health) {
         std::vector<std::unique_ptr<raw_connection>> conns;
         auto open = [&] {
             auto c = std::make_unique<raw_connection>(port);
-            c->send_all("GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+            c->send_all("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ");
             return c;
         };
         for (int i = 0; i < k_slow; ++i) conns.push_back(open());
@@ -340,7 +460,7 @@ TEST_F(transport_test, headers_have_a_deadline) {
     auto h = serve(so);
     ASSERT_TRUE(h);
     raw_connection c(h->port());
-    ASSERT_TRUE(c.send_all("GET /health HTTP/1.1\r\nHost: x\r\n"));
+    ASSERT_TRUE(c.send_all("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"));
     const auto t0 = clock_type::now();
     std::atomic<bool> stop{false};
     std::thread trickler([&] {
@@ -362,7 +482,8 @@ TEST_F(transport_test, body_has_a_deadline) {
     auto h = serve(so);
     ASSERT_TRUE(h);
     raw_connection c(h->port());
-    ASSERT_TRUE(c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"));
+    ASSERT_TRUE(c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                           "Content-Length: 1000\r\n\r\n{"));
     const auto t0 = clock_type::now();
     std::atomic<bool> stop{false};
     std::thread trickler([&] {
