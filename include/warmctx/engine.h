@@ -285,6 +285,11 @@ class engine {
 
     // Sequence operations (positions are token positions).
     status copy_seq(seq_id src, seq_id dst);   // dst := src (dst is cleared first)
+    // copy_seq, with the data copied before it returns (llama.cpp copies a stream at its
+    // next decode: this decodes one token into dst and removes it), so that the source
+    // may be changed, or either read or loaded as a state, right away. REQUIRES dst's
+    // copy to hold fewer than n_ctx tokens. Errors: those of decoding; dst is then empty.
+    status copy_seq_now(seq_id src, seq_id dst);
     status trim_seq(seq_id seq, pos_t from);   // drop positions [from, end)
     void clear_seq(seq_id seq);
     void clear_all();

@@ -725,6 +725,24 @@ status engine::copy_seq(seq_id src, seq_id dst) {
     return {};
 }
 
+status engine::copy_seq_now(seq_id src, seq_id dst) {
+    WARMCTX_RETURN_IF_ERROR(copy_seq(src, dst));
+    if (src == dst) return {};
+    // llama.cpp copies a stream's data at its next decode: one token decoded into `dst`
+    // after what it holds, then removed, makes it happen now. The token takes the next
+    // free cell and gives it back, so the cells a later prefill takes are the same.
+    const pos_t at = seq_n_tokens(dst);
+    if ((uint64_t)at >= p_->cinfo.n_ctx_seq) {
+        clear_seq(dst);
+        return failed_precondition("copy_seq_now: the stream is full, no cell to decode into");
+    }
+    const token_id t = 0;
+    status st = p_->decode(dst, &t, 1, at, false);
+    llama_memory_seq_rm(p_->mem(), dst, at, -1);
+    if (!st.ok()) clear_seq(dst);
+    return st;
+}
+
 status engine::trim_seq(seq_id seq, pos_t from) {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
     if (from < 0) return invalid_argument("trim position must not be negative");

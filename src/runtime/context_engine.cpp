@@ -245,9 +245,11 @@ struct context_engine::impl {
         return {};
     }
 
-    // Loads a pool holder's prefix into `seq` (cleared first) and trims it at `reuse`.
+    // Loads a pool holder's prefix into `seq` (cleared first) and trims it at `reuse`;
+    // a holder that is another stream is copied whole, the data at once, so that what
+    // happens to either stream before the next decode (a load, a save) sees it done.
     status copy_from_holder(seq_id holder, seq_id seq, pos_t reuse) {
-        status st = pool->copy_seq(holder, seq);
+        status st = is_stream(holder) ? eng->copy_seq_now(holder, seq) : pool->copy_seq(holder, seq);
         if (st.ok()) st = eng->trim_seq(seq, reuse);
         if (!st.ok()) eng->clear_seq(seq);
         return st;
@@ -305,7 +307,7 @@ struct context_engine::impl {
             return;
         }
         if (stream_copies) {
-            if (const seq_id f = free_stream(seq); f >= 0 && eng->copy_seq(seq, f).ok()) {
+            if (const seq_id f = free_stream(seq); f >= 0 && eng->copy_seq_now(seq, f).ok()) {
                 stream_state & d = streams[(size_t)f];
                 d.blocks = s.blocks;
                 d.workspace = s.workspace;
@@ -507,21 +509,10 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     }
     auto tl = clock_type::now();
     t.t_write_back_ms = ms_between(tw, tl);
-    const match pooled = p_->cache->lookup(ap.blocks, t.now, req.workspace);
     // In place: this stream still holds at least as much from the turn it ran last.
-    match m = p_->best_match(pooled, ap.blocks, seq);
+    match m = p_->best_match(p_->cache->lookup(ap.blocks, t.now, req.workspace), ap.blocks, seq);
     reuse_point at = snap_reuse(ap, m.n_blocks);
     bool in_place = at.n_tokens > 0 && m.holder == seq;
-    if (at.n_tokens > 0 && !in_place && p_->is_stream(m.holder)) {
-        // llama.cpp applies a stream copy at its next decode: a turn that prefills
-        // nothing would leave the copy pending, so it loads from the pool instead.
-        const size_t nc = impl::n_cacheable_blocks(ap);
-        const pos_t end = req.prewarm ? (nc > 0 ? ap.blocks[nc - 1].end : 0) : (pos_t)ap.tokens.size();
-        if (end <= at.n_tokens) {
-            m = pooled;
-            at = snap_reuse(ap, m.n_blocks);
-        }
-    }
     if (!in_place) p_->clear_stream(seq);
     p_->streams[(size_t)seq].busy = true;
     t.owner_ = this;  // from here on, an early return aborts the turn (clears `seq`)

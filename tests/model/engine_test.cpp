@@ -245,6 +245,33 @@ TEST(Engine, CopyTrimClear) {
     EXPECT_FALSE(e->copy_seq(0, 17).ok());
 }
 
+// copy_seq leaves the data to llama.cpp's next decode: a state read (or a load into the
+// source) before it sees the destination without it. copy_seq_now copies at once: the
+// destination's saved state is the source's, byte for byte, before any other decode, and
+// a load into the source right after does not reach the copy.
+TEST(Engine, CopySeqNowCopiesTheDataBeforeItReturns) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    auto p = random_tokens(100, 3, e->model().n_vocab);
+    ASSERT_TRUE(e->prefill(0, p, 0, {}).ok());
+    auto src = e->save_seq(0);
+    ASSERT_TRUE(src.ok());
+    ASSERT_TRUE(e->copy_seq_now(0, 1).ok());
+    EXPECT_EQ(e->seq_n_tokens(1), 100);
+    auto other = random_tokens(60, 4, e->model().n_vocab);
+    ASSERT_TRUE(e->prefill(2, other, 0, {}).ok());
+    auto other_state = e->save_seq(2);
+    ASSERT_TRUE(other_state.ok());
+    ASSERT_TRUE(e->load_seq(0, *other_state).ok());  // the source changes before any decode
+    auto dst = e->save_seq(1);
+    ASSERT_TRUE(dst.ok());
+    EXPECT_TRUE(*dst == *src);
+    // The lazy copy, for contrast: its destination read at once is not the source.
+    ASSERT_TRUE(e->copy_seq(2, 3).ok());
+    auto lazy = e->save_seq(3);
+    EXPECT_TRUE(!lazy.ok() || *lazy != *other_state);
+}
+
 // save_seq's bytes are one stream's state with seq id 0: the same for the same KV from any
 // sequence; load_seq takes only that form, and a state longer than a sequence here is
 // out_of_range, not llama.cpp's error.
