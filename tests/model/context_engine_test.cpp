@@ -909,6 +909,13 @@ std::vector<segment> windowed(workload_generator & g, const std::vector<segment>
     return s;
 }
 
+// The turn equals the same prompt computed cold, logits bit for bit.
+void expect_equals_cold(fixture & f, const turn_request & req, const turn_result & t) {
+    auto cold = f.ce->run_cold(req);
+    ASSERT_TRUE(cold.ok()) << cold.error().to_string();
+    EXPECT_TRUE(same_logits(t, *cold));
+}
+
 TEST(KvPool, ASlidingHistoryWindowTrimsInPlaceAndCopiesNothing) {
     fixture f;
     ASSERT_TRUE(f.ce);
@@ -928,9 +935,7 @@ TEST(KvPool, ASlidingHistoryWindowTrimsInPlaceAndCopiesNothing) {
     EXPECT_EQ(c.memory.n_write_backs, 0u);
     EXPECT_EQ(c.memory.n_pool_saves, 0u);
     EXPECT_EQ(c.memory.n_branches_dropped, 1u);
-    auto cold = f.ce->run_cold(req);
-    ASSERT_TRUE(cold.ok());
-    EXPECT_TRUE(same_logits(*t, *cold));
+    expect_equals_cold(f, req, *t);
 }
 
 TEST(KvPool, AnAgentsNextTurnReusesItsLastUserMessageInPlace) {
@@ -955,9 +960,7 @@ TEST(KvPool, AnAgentsNextTurnReusesItsLastUserMessageInPlace) {
     EXPECT_EQ(t->explain.n_reused, begin_of(t->man, "h-0001")) << t->explain.reason;
     EXPECT_EQ(f.ce->counters().memory.n_write_backs, 0u);
     EXPECT_EQ(f.ce->counters().memory.pool_entries, 0u);  // the user message never went to the pool
-    auto cold = f.ce->run_cold(req);
-    ASSERT_TRUE(cold.ok());
-    EXPECT_TRUE(same_logits(*t, *cold));
+    expect_equals_cold(f, req, *t);
 }
 
 // Two work streams, stream copies on (as on a GPU), no cold stream.
