@@ -247,6 +247,57 @@ TEST_F(routes_test, workspace_chat_checks_before_the_engine) {
     EXPECT_EQ(ctx_->store.get("w", "rules")->content, "r");  // the store is unchanged
 }
 
+// The server's request bounds (server_options::bounds) hold on every chat route, before
+// the engine: a request over one is a 400 naming it, one within them reaches for the
+// engine (503 here, with none).
+TEST(routes_bounds_test, the_servers_bounds_hold_on_every_chat_route_before_the_engine) {
+    server_options o;
+    o.log_requests = false;
+    o.bounds.max_tools = 2;
+    o.bounds.max_messages = 3;
+    route_context ctx(nullptr, o);
+    router r(ctx);
+    auto post = [&](const std::string & path, const json & body) {
+        return r.handle(request("POST", path, body.dump()));
+    };
+    auto code = [](const http_response & res) { return json::parse(res.body)["error"]["code"].get<std::string>(); };
+    json tools = json::array();
+    for (int i = 0; i < 3; ++i) tools.push_back({{"type", "function"}, {"function", {{"name", "f" + std::to_string(i)}}}});
+    const json user = json::array({{{"role", "user"}, {"content", "hi"}}});
+
+    http_response many = post("/v1/chat/completions", {{"messages", user}, {"tools", tools}});
+    EXPECT_EQ(many.status, 400) << many.body;
+    EXPECT_EQ(code(many), "too_many_tools");
+    json two = tools;
+    two.erase(two.begin());
+    EXPECT_EQ(post("/v1/chat/completions", {{"messages", user}, {"tools", two}}).status, 503);
+
+    json msgs = json::array();
+    for (int i = 0; i < 4; ++i) msgs.push_back({{"role", i % 2 ? "assistant" : "user"}, {"content", "m"}});
+    http_response long_chat = post("/v1/chat/completions", {{"messages", msgs}});
+    EXPECT_EQ(long_chat.status, 400);
+    EXPECT_EQ(code(long_chat), "too_many_messages");
+
+    // Responses: a namespace's tools count one by one.
+    json ns = json::array({{{"type", "namespace"}, {"name", "n"},
+                            {"tools", json::array({{{"type", "function"}, {"name", "a"}},
+                                                   {{"type", "function"}, {"name", "b"}},
+                                                   {{"type", "function"}, {"name", "c"}}})}}});
+    http_response resp = post("/v1/responses", {{"input", "hi"}, {"tools", ns}});
+    EXPECT_EQ(resp.status, 400) << resp.body;
+    EXPECT_EQ(code(resp), "too_many_tools");
+    EXPECT_EQ(json::parse(resp.body)["error"]["param"], "tools");
+
+    // A stored tools segment: checked after the merge.
+    ASSERT_EQ(r.handle(request("PUT", "/v1/workspaces/w/segments/tools",
+                               json{{"kind", "tools"}, {"content", tools.dump()}}.dump()))
+                  .status,
+              201);
+    http_response stored = post("/v1/workspaces/w/chat/completions", {{"messages", user}});
+    EXPECT_EQ(stored.status, 400) << stored.body;
+    EXPECT_EQ(code(stored), "too_many_tools");
+}
+
 class routes_auth_test : public routes_test {
   protected:
     routes_auth_test() : routes_test("s3cret-key") {}
