@@ -645,9 +645,18 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
                                       is_per_turn(t.ap.man.segments[(size_t)k].kind);
                 if (!per_turn) s.n_durable = i + 1;
             }
+            if (kept.size() > path.size()) {
+                // The user message it keeps is, from the next turn on, history: of that
+                // class in the stream (so a write-back may put it in the pool), and
+                // durable when nothing per-turn comes before it (a chat's whole tail is
+                // its one message; a diff segment's turn is not carried as history).
+                const retention_class hist = p_->opts.kinds.policy(segment_kind::history).retention;
+                for (size_t i = path.size(); i < kept.size(); ++i) s.blocks[i].cls = hist;
+                if (s.n_durable == path.size() && hist != retention_class::none) s.n_durable = kept.size();
+            }
             s.workspace = t.workspace;
             s.t_finished = t.now;
-            s.unsaved = n_keep > 0 && p_->cache->peek(path, t.workspace).n_blocks < n_keep;
+            s.unsaved = p_->cache->peek(s.blocks, t.workspace).n_blocks < s.blocks.size();
         } else {
             result_st = st.with_context("cache update");
             p_->clear_stream(t.seq);

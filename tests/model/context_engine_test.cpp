@@ -963,6 +963,32 @@ TEST(KvPool, AnAgentsNextTurnReusesItsLastUserMessageInPlace) {
     expect_equals_cold(f, req, *t);
 }
 
+TEST(KvPool, AChatsLastMessageGoesToThePoolWithItsStreamAndServesItsNextTurn) {
+    fixture f;
+    ASSERT_TRUE(f.ce);
+    // A plain chat: the stable context in one system message, the tail in the user's.
+    auto chat = [&](const std::string & sys, std::vector<segment> tail) {
+        std::vector<segment> s = {{"system", segment_kind::system, "", "", sys}};
+        for (auto & x : tail) s.push_back(std::move(x));
+        return s;
+    };
+    const std::string sys_a = make_workspace(*f.gen, 600, 0)[0].content + f.gen->repo_rules();
+    const std::string asked = f.gen->diff("src/a.cc", 2) + "\n\n" + f.gen->question();
+    ASSERT_TRUE(f.ce->run_turn(f.request("a", chat(sys_a, {{"question", segment_kind::user, "", "", asked}}))).ok());
+    // b takes the one work stream: a's blocks, its last message with them, go to the pool.
+    ASSERT_TRUE(f.ce->run_turn(f.request("b", chat("Another agent.\n", {{"question", segment_kind::user, "", "", "hi"}})))
+                    .ok());
+    EXPECT_EQ(f.ce->counters().memory.n_write_backs, 1u);
+    auto req = f.request("a", chat(sys_a, {{"h-0000", segment_kind::history, "", "user", asked},
+                                           {"h-0001", segment_kind::history, "", "assistant", "Fixed."},
+                                           {"question", segment_kind::user, "", "", "And now?"}}));
+    auto t = f.ce->run_turn(req);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_FALSE(t->explain.in_place);
+    EXPECT_EQ(t->explain.n_reused, begin_of(t->man, "h-0001")) << t->explain.reason;
+    expect_equals_cold(f, req, *t);
+}
+
 // Two work streams, stream copies on (as on a GPU), no cold stream.
 std::unique_ptr<context_engine> two_streams_copying(uint32_t n_work = 2, int32_t resident = 0) {
     context_engine_options o;
