@@ -90,6 +90,7 @@ struct conn_state {
     bool body_consumed = false;  // ... and it was read to its end
     bool close_after = false;    // the answer refused the request (400, 408, 413, 431): the connection ends
     std::string content_type;    // the request's Content-Type (the library's copy is erased)
+    size_t n_requests = 0;       // requests answered on this connection
 
     bool reads_allowed() const { return phase == conn_phase::headers || phase == conn_phase::body; }
     // The connection cannot carry another request: its stream is not at a request's start.
@@ -144,8 +145,10 @@ class conn_registry {
                 best = c;
         }
         if (!best) return false;
+        // Its thread sees the flag within k_slice (every wait looks each slice) and
+        // answers 503 with Retry-After when a request was on its way, rather than
+        // closing with no answer (a burst of new clients lost connections that way).
         best->shed = true;
-        ::shutdown(best->fd, SHUT_RDWR);  // its blocked poll/recv returns at once
         metrics_.count_shed_connection();
         return true;
     }
@@ -384,7 +387,8 @@ class conn_stream final : public httplib::Stream {
         return false;
     }
     bool wait_output() const {
-        return wait_fd(c_.fd, POLLOUT, steady_clock::now() + write_timeout_, [this] { return c_.shed.load(); });
+        // A shed stops reads, not the answer to what was read (a 503 on a shed).
+        return wait_fd(c_.fd, POLLOUT, steady_clock::now() + write_timeout_, [] { return false; });
     }
 
     conn_state & c_;
@@ -432,8 +436,10 @@ class guarded_server final : public httplib::Server {
   public:
     guarded_server(conn_registry & reg, const server_options & o) : reg_(reg), opts_(o) {}
 
-    // The answer to a head check_request_head refused (set once, before listening).
+    // The answer to a head check_request_head refused, and to a connection shed while a
+    // request was on its way (set once, before listening).
     std::function<std::string(const std::string & reason)> refused_head_answer;
+    std::function<std::string()> busy_answer;
 
   private:
     bool process_and_close_socket(socket_t sock) override {
@@ -473,7 +479,12 @@ class guarded_server final : public httplib::Server {
             // A connection waiting for a thread gets this one rather than a keep-alive
             // that has not sent its next request.
             if (count != keep_alive_max_count_ && reg_.starved.load() && !strm.input_now()) break;
-            if (!strm.wait_request(std::chrono::duration_cast<milliseconds>(seconds(keep_alive_timeout_sec_)))) break;
+            if (!strm.wait_request(std::chrono::duration_cast<milliseconds>(seconds(keep_alive_timeout_sec_)))) {
+                // Shed before its first request, or with the next one arriving: a 503,
+                // never a silent close. An idle keep-alive just closes.
+                if (c.shed.load() && (c.n_requests == 0 || strm.input_now())) answer_busy(strm, c);
+                break;
+            }
             reg_.enter(c, conn_phase::headers, milliseconds(opts_.header_timeout_ms), k_max_header_bytes);
             c.body_framed = c.body_consumed = false;
             // Framing the library could read otherwise than a proxy in front of us:
@@ -482,13 +493,13 @@ class guarded_server final : public httplib::Server {
             const head_verdict hv = strm.read_head();
             if (hv.kind == head_verdict::refused) {
                 reg_.enter(c, conn_phase::handling);
-                const std::string answer = refused_head_answer(hv.reason);
-                for (size_t off = 0; off < answer.size();) {
-                    const ssize_t n = strm.write(answer.data() + off, answer.size() - off);
-                    if (n <= 0) break;
-                    off += static_cast<size_t>(n);
-                }
+                write_all(strm, refused_head_answer(hv.reason));
                 c.body_framed = true;  // whatever follows is unread: linger, then close
+                ret = false;
+                break;
+            }
+            if (hv.kind == head_verdict::incomplete && c.shed.load()) {
+                answer_busy(strm, c);
                 ret = false;
                 break;
             }
@@ -499,10 +510,36 @@ class guarded_server final : public httplib::Server {
 #else
             ret = process_request(strm, count == 1, connection_closed, setup);
 #endif
+            ++c.n_requests;
             reg_.enter(c, conn_phase::idle);
             if (!ret || connection_closed || c.must_close()) break;
         }
         return ret;
+    }
+
+    static void write_all(conn_stream & strm, const std::string & data) {
+        for (size_t off = 0; off < data.size();) {
+            const ssize_t n = strm.write(data.data() + off, data.size() - off);
+            if (n <= 0) break;
+            off += static_cast<size_t>(n);
+        }
+    }
+
+    // A shed connection with a request on its way: 503 with Retry-After, then a brief
+    // drain of what the client still sends, so that closing sends a FIN after the
+    // answer rather than a reset that could overtake it.
+    void answer_busy(conn_stream & strm, conn_state & c) {
+        reg_.enter(c, conn_phase::handling);
+        write_all(strm, busy_answer());
+        ::shutdown(c.fd, SHUT_WR);
+        const auto until = steady_clock::now() + milliseconds(100);
+        size_t drained = 0;
+        char buf[16384];
+        while (drained < (64u << 10) && wait_fd(c.fd, POLLIN, until, [] { return false; })) {
+            const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+            if (n <= 0) break;
+            drained += static_cast<size_t>(n);
+        }
     }
 
     // The headers are in: nothing more is read until a handler asks for the body.
@@ -624,6 +661,7 @@ struct http_server::impl {
         });
         reg.enter(c, conn_phase::handling);
         if (over || c.over_cap || res.status == 413) return too_large();
+        if (c.shed.load()) return busy_error();
         if (c.timed_out)
             return request_timeout("the request body did not arrive within " + std::to_string(ctx.opts.body_timeout_ms) +
                                    " ms");
@@ -671,11 +709,27 @@ struct http_server::impl {
             res.set_header("Connection", "close");
     }
 
+    static api_error busy_error() {
+        api_error e = unavailable("too many connections: this one was closed to serve another; retry after "
+                                  "Retry-After seconds",
+                                  1);
+        e.code = "server_busy";
+        return e;
+    }
+
+    // The whole answer (status line to body) to a connection shed with a request coming.
+    std::string busy_answer() { return raw_answer(busy_error(), "busy"); }
+
     // The whole answer (status line to body) to a head that check_request_head refused.
     std::string refused_head_answer(const std::string & reason) {
+        return raw_answer(bad_request("malformed_request", "malformed HTTP request: " + reason), "malformed");
+    }
+
+    std::string raw_answer(const api_error & e, const char * label) {
         http_response out;
-        routes.refuse_head(bad_request("malformed_request", "malformed HTTP request: " + reason), out);
-        std::string a = "HTTP/1.1 " + std::to_string(out.status) + " Bad Request\r\n";
+        routes.refuse_head(e, out, label);
+        std::string a = "HTTP/1.1 " + std::to_string(out.status) +
+                        (out.status == 503 ? " Service Unavailable\r\n" : " Bad Request\r\n");
         for (const auto & [k, v] : out.headers) a += k + ": " + v + "\r\n";
         a += "Content-Type: " + out.content_type + "\r\nContent-Length: " + std::to_string(out.body.size()) +
              "\r\nConnection: close\r\n\r\n" + out.body;
@@ -729,6 +783,7 @@ result<std::unique_ptr<http_server>> http_server::start(server_options opts) {
     s.set_threads(1);  // until attach() says how many sequences the scheduler has
     s.svr.new_task_queue = [&s] { return new conn_pool(s.reg, s.max_threads); };
     s.svr.refused_head_answer = [&s](const std::string & reason) { return s.refused_head_answer(reason); };
+    s.svr.busy_answer = [&s] { return s.busy_answer(); };
     // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port
     // and silently take half the connections; SO_REUSEADDR alone still allows a quick
     // restart (TIME_WAIT) but makes a port in use an error.

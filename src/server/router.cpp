@@ -524,10 +524,10 @@ http_response router::handle(http_request req) {
     return res;
 }
 
-void router::refuse_head(const api_error & e, http_response & res) {
+void router::refuse_head(const api_error & e, http_response & res, const char * label) {
     request_log log;
     log.method = "-";
-    log.route = "malformed";
+    log.route = label;
     respond_error(res, log, e);
     ctx_.finish(log, res.status);
 }

@@ -62,9 +62,10 @@ class router {
     // Allow when the path is known under another method; recorded.
     void unmatched(const http_request & req, http_response & res);
 
-    // A request whose head the transport refused before parsing it (malformed or
-    // ambiguous framing): answered with `e` (400) and recorded under route "malformed".
-    void refuse_head(const api_error & e, http_response & res);
+    // A request the transport refused before parsing it: malformed or ambiguous framing
+    // (400, route "malformed"), or a connection shed for another when every thread was
+    // busy (503, route "busy"). Answered with `e` and recorded under `label`.
+    void refuse_head(const api_error & e, http_response & res, const char * label = "malformed");
 
   private:
     bool answered_on_headers(const route & r, const http_request & req, http_response & res, request_log & log) const;
