@@ -12,7 +12,26 @@ std::string api_error::body() const {
     return dump_json({{"error", std::move(e)}});
 }
 
+bool is_disk_full(const status & st) {
+    return st.code() == status_code::io_error && st.message().find("No space left on device") != std::string::npos;
+}
+
+std::string without_paths(std::string m) {
+    for (size_t pos = 0; (pos = m.find("'/", pos)) != std::string::npos;) {
+        const size_t end = m.find('\'', pos + 1);
+        if (end == std::string::npos) break;
+        const size_t slash = m.rfind('/', end);
+        m.erase(pos + 1, slash + 1 - (pos + 1));
+        pos = m.find('\'', pos + 1) + 1;
+    }
+    return m;
+}
+
 api_error error_from_status(const status & st, std::string param) {
+    // A full disk is 507 wherever it happens (an explicit snapshot answered 500).
+    if (is_disk_full(st))
+        return api_error{507, "server_error", "insufficient_storage",
+                         "the disk is full: " + without_paths(st.message()), std::move(param), 0};
     api_error e;
     e.code = std::string(status_code_name(st.code()));
     e.message = st.message();

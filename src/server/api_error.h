@@ -44,6 +44,12 @@ struct api_error {
 // REQUIRES: !st.ok().
 api_error error_from_status(const status & st, std::string param = {});
 
+// An I/O error that says the disk is full (ENOSPC, "No space left on device").
+bool is_disk_full(const status & st);
+// `message` with each quoted absolute path ('/a/b/c') cut to its last name ('c'): an
+// answer never tells a client where the server keeps its files.
+std::string without_paths(std::string message);
+
 // HTTP-layer errors that have no status_code behind them.
 api_error bad_request(std::string code, std::string message, std::string param = {});
 api_error unauthorized(std::string message);

@@ -51,7 +51,7 @@ bool ends_with(const std::string & s, std::string_view suffix) {
 
 api_error store_write_error(const status & st) {
     return api_error{507, "server_error", "store_write_failed",
-                     "the workspace store could not be written, nothing changed: " + st.message(), "", 0};
+                     "the workspace store could not be written, nothing changed: " + without_paths(st.message()), "", 0};
 }
 
 std::string seal_store_file(const std::string & body) {

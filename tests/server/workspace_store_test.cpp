@@ -211,6 +211,23 @@ TEST(WorkspaceStore, TempFileNamesAreUniquePerWrite) {
     EXPECT_EQ(names->size(), 1u) << "a temp file was left behind";
 }
 
+// A full disk is 507 wherever it happens, and no answer tells a client where the server
+// keeps its files (the store's 507 carried absolute paths, and an explicit snapshot on a
+// full disk answered 500; issue 30 item 9).
+TEST(WorkspaceStore, AFullDiskIs507WithoutPaths) {
+    const api_error e =
+        store_write_error(io_error("write '/home/me/.cache/warmctx/kv/workspaces/w/abc.wcseg.7-2.tmp': No space left on device"));
+    EXPECT_EQ(e.http_status, 507);
+    EXPECT_EQ(e.message.find("/home"), std::string::npos) << e.message;
+    EXPECT_NE(e.message.find("'abc.wcseg.7-2.tmp': No space left on device"), std::string::npos) << e.message;
+    const api_error s = error_from_status(io_error("create '/var/cache/kv/0123.wcsnap.1-1.tmp': No space left on device"));
+    EXPECT_EQ(s.http_status, 507);
+    EXPECT_EQ(s.code, "insufficient_storage");
+    EXPECT_EQ(s.message.find("/var"), std::string::npos) << s.message;
+    EXPECT_EQ(error_from_status(io_error("read '/x/y': Input/output error")).http_status, 500);
+    EXPECT_EQ(without_paths("a '/b/c' and '/d/e/f' and 'g' and '/h"), "a 'c' and 'f' and 'g' and '/h");
+}
+
 TEST(WorkspaceStore, AFailedWriteIsA507AndChangesNothing) {
     mem_fs base;
     faulty_fs fs(base);
