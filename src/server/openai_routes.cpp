@@ -252,8 +252,20 @@ bool stream_step(stream_state & st, chunk_sink & sink) {
 
 }  // namespace
 
+namespace {
+// The client left a request that is not streamed: its job is cancelled, and the log and
+// metrics say 499 (nobody reads the answer).
+void answer_client_gone(http_response & res, request_log & log) {
+    res.status = k_status_client_closed;
+    res.content_type = "application/json";
+    res.body = R"({"error":{"message":"the client closed the connection","type":"invalid_request_error","param":null,"code":"client_closed"}})";
+    log.error_code = "client_closed";
+}
+}  // namespace
+
 void run_completion(route_context & ctx, const http_request & req, http_response & res,
                     const std::shared_ptr<request_log> & log, body_mode mode, const std::string * path_ws) {
+    auto gone = [&req] { return req.client_gone && req.client_gone(); };
     const auto t_arrival = std::chrono::steady_clock::now();
     json body;
     if (auto e = parse_body(req, body)) return respond_error(res, *log, *e);
@@ -360,6 +372,8 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     }
     job.turn.sampling = cr.sampling;
     rt.request_ms = ms_since(t_arrival);
+    // Gone while the prompt and the grammar were built: nothing is queued.
+    if (gone()) return answer_client_gone(res, *log);
     job.sink = [ch](const completion_event & ev) { return ch->push(ev); };
     if (!ctx.register_channel(ch)) return respond_error(res, *log, unavailable("the server is shutting down", 1));
     // Unregisters on every path out of this function, unless a stream takes over.
@@ -391,6 +405,10 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     const auto t_wait = std::chrono::steady_clock::now();
     while (pending.empty()) {
         for (auto & te : ch->pop_all(k_poll)) pending.push_back(std::move(te));
+        if (!cr.stream && pending.empty() && gone()) {
+            ch->cancel();
+            return answer_client_gone(res, *log);
+        }
         if (cr.stream && std::chrono::steady_clock::now() - t_wait >= std::chrono::milliseconds(ctx.opts.sse_keep_alive_ms))
             break;
     }
@@ -408,6 +426,7 @@ void run_completion(route_context & ctx, const http_request & req, http_response
         std::string text;
         std::vector<token_logprobs> lps;
         prefill_progress progress;
+        auto t_asked = std::chrono::steady_clock::now();
         for (;;) {
             while (!pending.empty()) {
                 timed_event te = std::move(pending.front());
@@ -447,6 +466,14 @@ void run_completion(route_context & ctx, const http_request & req, http_response
                 }
             }
             for (auto & te : ch->pop_all(k_poll)) pending.push_back(std::move(te));
+            // Asked at most every k_poll, whether events flow or not.
+            if (const auto now = std::chrono::steady_clock::now(); now - t_asked >= k_poll) {
+                t_asked = now;
+                if (gone()) {
+                    ch->cancel();
+                    return answer_client_gone(res, *log);
+                }
+            }
         }
     }
 

@@ -57,6 +57,10 @@ struct http_request {
     std::optional<std::string> content_type;
     bool has_body = false;                     // framed: Content-Length > 0, or chunked
     std::string body;
+    // True once the client is gone (its connection closed), where the transport can tell;
+    // unset: never known. A chat that is not streamed polls it while it waits (a stream
+    // learns it at its next write) and cancels its job.
+    std::function<bool()> client_gone;
 };
 
 // Where a streamed body goes (the transport's connection).

@@ -891,5 +891,31 @@ TEST_F(routes_model_test, the_responses_api_runs_a_tool_call_whole_and_streamed)
     EXPECT_EQ(args_deltas, call["arguments"]);
     EXPECT_GT(completed["usage"]["input_tokens_details"]["cached_tokens"].get<int64_t>(), 0);  // the second time
 }
+// A chat that is not streamed learns that its client left from the transport
+// (http_request::client_gone) while it waits, and its job is cancelled: a client that
+// gives up on a long answer no longer leaves the engine generating it (issue 30).
+TEST_F(routes_model_test, a_request_whose_client_left_is_cancelled_while_it_waits) {
+    const uint64_t cancelled_before = sched_->stats().n_cancelled;
+    json body = chat("Write a long story.", false);
+    body["max_tokens"] = 2000;  // seconds of generation on the tiny model
+    http_request r;
+    r.method = "POST";
+    r.path = "/v1/chat/completions";
+    r.body = body.dump();
+    const auto t0 = std::chrono::steady_clock::now();
+    r.client_gone = [t0] { return std::chrono::steady_clock::now() - t0 > 300ms; };
+    http_response res = router_->handle(r);
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(res.status, k_status_client_closed) << res.body.substr(0, 200);
+    EXPECT_LT(waited, 3s);
+    auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (sched_->stats().n_cancelled == cancelled_before && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(5ms);
+    EXPECT_GT(sched_->stats().n_cancelled, cancelled_before);
+    // The engine is free for the next one.
+    http_response next = post("/v1/chat/completions", chat("hi", false));
+    EXPECT_EQ(next.status, 200) << next.body.substr(0, 200);
+}
+
 }  // namespace
 }  // namespace warmctx::server_detail
