@@ -370,8 +370,9 @@ class conn_stream final : public httplib::Stream {
     }
 
     // Waits for the next request (keep-alive): false on timeout, a shed or a stop.
+    // A request already here is served even on a shed connection (then it closes).
     bool wait_request(milliseconds timeout) const {
-        return buffered() || wait_fd(c_.fd, POLLIN, steady_clock::now() + timeout, [this] { return stopped(); });
+        return input_now() || wait_fd(c_.fd, POLLIN, steady_clock::now() + timeout, [this] { return stopped(); });
     }
 
   private:
@@ -525,14 +526,15 @@ class guarded_server final : public httplib::Server {
         }
     }
 
-    // A shed connection with a request on its way: 503 with Retry-After, then a brief
-    // drain of what the client still sends, so that closing sends a FIN after the
-    // answer rather than a reset that could overtake it.
+    // A shed connection with a request on its way: 503 with Retry-After, then a drain of
+    // what is already on its way (10 ms at most: another connection waits for this
+    // thread), so that closing sends a FIN after the answer rather than a reset that
+    // could overtake it.
     void answer_busy(conn_stream & strm, conn_state & c) {
         reg_.enter(c, conn_phase::handling);
         write_all(strm, busy_answer());
         ::shutdown(c.fd, SHUT_WR);
-        const auto until = steady_clock::now() + milliseconds(100);
+        const auto until = steady_clock::now() + milliseconds(10);  // what is on its way; the thread is wanted
         size_t drained = 0;
         char buf[16384];
         while (drained < (64u << 10) && wait_fd(c.fd, POLLIN, until, [] { return false; })) {
