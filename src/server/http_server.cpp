@@ -421,6 +421,16 @@ class conn_stream final : public httplib::Stream {
     size_t len_ = 0;
 };
 
+// The client closed its side, or the connection broke: a peek finds the end of the stream
+// (bytes it pipelined behind the request are no sign of leaving).
+bool peer_gone(socket_t fd) {
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLERR | POLLHUP | POLLRDHUP)) return true;
+    char b;
+    return ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 uint64_t content_length(const httplib::Request & req, bool & valid) {
     valid = true;
     if (!req.has_header("Content-Length")) return 0;
@@ -695,7 +705,12 @@ struct http_server::impl {
                 }
             }
         }
-        if (c) reg.enter(*c, conn_phase::handling);
+        if (c) {
+            reg.enter(*c, conn_phase::handling);
+            // A route that waits for its answer asks, and cancels its job when the
+            // client has left (the library never tells a handler).
+            in.client_gone = [fd = c->fd] { return peer_gone(fd); };
+        }
         routes.dispatch(r, in, out);
         answer(std::move(out), res);
     }

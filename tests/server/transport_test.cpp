@@ -377,6 +377,29 @@ TEST_F(transport_test, a_burst_of_connections_is_answered_never_dropped) {
     EXPECT_NE(m->body.find("warmctx_http_connections_shed_total "), std::string::npos);
 }
 
+// A chat that is not streamed learns from the transport that its client left, and its job
+// is cancelled: a client that gives up on a long answer no longer leaves the engine
+// generating it (the routes ask http_request::client_gone; the transport now answers it by
+// peeking at the socket; issue 30).
+TEST_F(transport_test, a_client_that_leaves_cancels_its_chat) {
+    auto h = serve(options());
+    ASSERT_TRUE(h);
+    const uint64_t cancelled_before = sched_->stats().n_cancelled;
+    json body = json::parse(chat("Write a long story.", 2000));  // seconds of generation on the tiny model
+    const std::string text = body.dump();
+    {
+        raw_connection c(h->port());
+        ASSERT_TRUE(c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                               "Content-Length: " + std::to_string(text.size()) + "\r\n\r\n" + text));
+        std::this_thread::sleep_for(300ms);
+    }  // the client leaves
+    EXPECT_TRUE(eventually([&] { return sched_->stats().n_cancelled > cancelled_before; }, 5s))
+        << "the chat was not cancelled when its client left";
+    auto r = client(h->port()).Post("/v1/chat/completions", chat("hi"), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+}
+
 // ---- framing (request smuggling) -----------------------------------------------------------
 
 // A head whose framing two parsers could read differently (Content-Length plus
