@@ -49,6 +49,7 @@ struct serve_args {
     int sse_keep_alive_ms = 3000;
     int32_t default_max_tokens = 0;
     std::string model_name;
+    request_bounds bounds;
     bool quiet = false;
     bool no_disk = false;
     bool no_prewarm = false;
@@ -174,6 +175,7 @@ int run_serve(const serve_args & a) {
     sv.sse_keep_alive_ms = a.sse_keep_alive_ms;
     sv.default_max_tokens = a.default_max_tokens;
     sv.model_name = a.model_name;
+    sv.bounds = a.bounds;
     sv.log_requests = !a.quiet;
     sv.kinds = so.engine.kinds;
     sv.workspace_dir = cf.cache_dir.empty() ? std::string() : cf.cache_dir + "/workspaces";
@@ -284,6 +286,22 @@ void register_serve_command(CLI::App & app, int & rc) {
     a->cf.add_to(*c);
     c->add_option("--api-key", a->api_key, "require \"Authorization: Bearer KEY\" on every route but /health")->envname("WARMCTX_API_KEY");
     c->add_option("--max-body-bytes", a->max_body_bytes, "larger request bodies get 413")->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 32));
+    c->add_option("--max-messages", a->bounds.max_messages, "messages in one chat (more get 400 too_many_messages)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{10000}));
+    c->add_option("--max-tools", a->bounds.max_tools, "function tools in one request (more get 400 too_many_tools)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{100000}));
+    c->add_option("--max-tools-bytes", a->bounds.max_tools_bytes,
+                  "a request's tools as canonical JSON, bytes (more get 400 tools_too_large)")
+        ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 30));
+    c->add_option("--max-enum-values", a->bounds.max_enum_values,
+                  "enum values over a request's schemas (more get 400 too_many_enum_values)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1000000}));
+    c->add_option("--max-pattern-bytes", a->bounds.max_pattern_bytes,
+                  "one schema pattern's length, bytes (longer get 400 pattern_too_long)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 20));
+    c->add_option("--max-pattern-nesting", a->bounds.max_pattern_nesting,
+                  "groups open at once in one pattern (deeper get 400 pattern_too_deep; llama.cpp converts at most 100)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{100}));
     c->add_option("--http-threads", a->http_threads,
                   "HTTP threads, at least parallel + queue + 4 so that a full queue answers 429 (0 = that many)")
         ->capture_default_str()
