@@ -38,8 +38,9 @@ struct sse_event {
     json data;
 };
 
-// Splits an SSE body into its data events, skipping comments (": keep-alive", which
-// SSE clients ignore); fails the test on anything else.
+// Splits an SSE body into its data events, skipping comments (": keep-alive", or
+// ": keep-alive prefill P/N" while a prompt is prefilled, which SSE clients ignore);
+// fails the test on anything else.
 std::vector<sse_event> parse_sse(const std::string & body) {
     std::vector<sse_event> out;
     size_t pos = 0;
@@ -50,7 +51,8 @@ std::vector<sse_event> parse_sse(const std::string & body) {
         std::string ev = body.substr(pos, end - pos);
         pos = end + 2;
         if (ev.rfind(":", 0) == 0) {
-            EXPECT_EQ(ev, ": keep-alive");
+            EXPECT_EQ(ev.rfind(": keep-alive", 0), 0u) << ev;
+            EXPECT_EQ(ev.find('\n'), std::string::npos) << ev;
             continue;
         }
         EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
