@@ -9,7 +9,7 @@ root="${1:-$(cd "$(dirname "$0")/.." && pwd)}"
 cd "$root"
 
 declare -A layer_of_header=(
-  [status.h]=util [hash.h]=util [json.h]=util [text_stream.h]=util [types.h]=util [fs.h]=util [resources.h]=util
+  [status.h]=util [clock.h]=util [hash.h]=util [json.h]=util [text_stream.h]=util [types.h]=util [fs.h]=util [resources.h]=util
   [segments.h]=context [kind_table.h]=context [chunking.h]=context [assembler.h]=context [profile.h]=context [conversation.h]=context
   [prefix_cache.h]=cache [eviction_policy.h]=cache
   [snapshot.h]=store [snapshot_store.h]=store

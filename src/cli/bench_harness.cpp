@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "warmctx/clock.h"
 #include "warmctx/context_engine.h"
 #include "warmctx/json.h"
 #include "warmctx/scheduler.h"
@@ -29,10 +30,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 using json = nlohmann::json;
-
-double ms_between(clock_type::time_point a, clock_type::time_point b) {
-    return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 // POSTs `body` with stream=true and reads the server-sent events as they arrive.
 // `on_event(payload)` returns true when the event carries the first generated token;

@@ -1,6 +1,8 @@
 // warmctx bench engine - the engine adapter's prefill and decode rates next to
 // llama-bench's, same build, same model, same settings, in one run.
 #include <chrono>
+
+#include "warmctx/clock.h"
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -14,10 +16,6 @@ namespace warmctx::cli {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-double ms_since(clock_type::time_point t0) {
-    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
-
 struct bench_engine_args {
     model_flags mf;
     int32_t n_prompt = 512;

@@ -21,6 +21,8 @@
 //      (restored by the start-up pre-warm or by the chat itself), not prefilled.
 #include <atomic>
 #include <chrono>
+
+#include "warmctx/clock.h"
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -49,8 +51,6 @@ struct contention_args {
     uint64_t seed = 1;
     bool json_out = false;
 };
-
-double ms_since(clock_type::time_point t) { return std::chrono::duration<double, std::milli>(clock_type::now() - t).count(); }
 
 struct prompt {
     std::vector<segment> segs;

@@ -9,6 +9,7 @@
 
 #include "bench_harness.h"
 #include "cli.h"
+#include "warmctx/clock.h"
 #include "warmctx/assembler.h"
 #include "warmctx/chat_template.h"
 #include "warmctx/engine.h"
@@ -29,10 +30,6 @@ struct render_args {
     uint64_t seed = 3;
     bool json_out = false;
 };
-
-double ms_since(clock_type::time_point t0) {
-    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
 
 // An agent's turn: the workspace, then a tool loop's history (an assistant call and its
 // result, twice), then the question.

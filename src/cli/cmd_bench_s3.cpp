@@ -8,6 +8,8 @@
 // Each system's allocated KV is reported beside its rates (warmctx: its two streams,
 // whole; llama-bench: each test's context).
 #include <chrono>
+
+#include "warmctx/clock.h"
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -32,10 +34,6 @@ struct s3_args {
     bool skip_llama_bench = false;
     bool json_out = false;
 };
-
-double ms_since(clock_type::time_point t0) {
-    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
 
 // The engine's three rates on one model. Sequence 0 holds the warm prefix, 1 is the
 // work sequence.

@@ -28,6 +28,7 @@
 #include "bench_harness.h"
 #include "cli.h"
 #include "soak_verdict.h"
+#include "warmctx/clock.h"
 #include "warmctx/json.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
@@ -98,8 +99,6 @@ struct client_tally {
 };
 
 constexpr size_t k_max_failures_kept = 20;
-
-double ms_since(clock_type::time_point t0) { return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count(); }
 
 // --- content -------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 // The request flow over the engine, the assembler, the prefix cache and the tiers:
 // assemble -> lookup (engine, then tiers) -> reuse (copy or restore) -> prefill the
 // tail in canonical chunks -> generate -> cache update and write-through.
+#include "warmctx/clock.h"
 #include "warmctx/context_engine.h"
 
 #include <chrono>
@@ -18,9 +19,6 @@ namespace warmctx {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-double ms_between(clock_type::time_point a, clock_type::time_point b) {
-    return std::chrono::duration<double, std::milli>(b - a).count();
-}
 int64_t unix_ms_now() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
         .count();

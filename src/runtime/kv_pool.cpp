@@ -2,13 +2,12 @@
 
 #include <chrono>
 
+#include "warmctx/clock.h"
+
 namespace warmctx {
 
 namespace {
 using clock_type = std::chrono::steady_clock;
-double ms_since(clock_type::time_point t) {
-    return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
-}
 }  // namespace
 
 kv_pool::kv_pool(engine & e, seq_id first_holder, uint32_t n_holders)

@@ -21,6 +21,7 @@
 // needs a work sequence, or is of the pre-warm's workspace, preempts it: finish_turn
 // caches the blocks prefilled so far (every chunk end is a block end) and the chat
 // starts from them.
+#include "warmctx/clock.h"
 #include "warmctx/scheduler.h"
 
 #include <chrono>
@@ -34,10 +35,6 @@ namespace warmctx {
 
 namespace {
 using clock_type = std::chrono::steady_clock;
-double ms_between(clock_type::time_point a, clock_type::time_point b) {
-    return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 struct queued_job {
     completion_job job;
     clock_type::time_point t_submit;

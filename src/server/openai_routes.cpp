@@ -9,6 +9,7 @@
 
 #include "json_util.h"
 #include "route_context.h"
+#include "warmctx/clock.h"
 #include "warmctx/assembler.h"
 #include "responses.h"
 #include "warmctx/chat_template.h"
@@ -23,15 +24,7 @@ namespace {
 // at once; the timeout only bounds how late it notices a dead client or a stop.
 constexpr auto k_poll = std::chrono::milliseconds(100);
 
-double ms_since(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
-
 std::string sse(const json & j) { return "data: " + dump_json(j) + "\n\n"; }
-
-double ms_between(steady::time_point a, steady::time_point b) {
-    return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 void note_event(request_log & log, const timed_event & te) {
     const completion_event & ev = te.ev;

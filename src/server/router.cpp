@@ -12,6 +12,7 @@
 #include <random>
 
 #include "json_util.h"
+#include "warmctx/clock.h"
 #include "warmctx/fs.h"
 
 namespace warmctx::server_detail {
@@ -30,10 +31,6 @@ std::string iso8601_now() {
     size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
     std::snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(ms));
     return buf;
-}
-
-double ms_between(steady::time_point a, steady::time_point b) {
-    return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
 // Compares without an early exit, so the time taken does not tell how many leading
