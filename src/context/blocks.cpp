@@ -1,0 +1,91 @@
+// Block hashing: the chain hashes that name a prompt's KV, and the blocks they name.
+#include "assembly.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "warmctx/chunking.h"
+
+namespace warmctx {
+
+namespace {
+
+// Token ids as little-endian int32 bytes: the hash must not depend on the host.
+const void * token_bytes(std::span<const token_id> tokens, std::vector<uint32_t> & scratch) {
+    if constexpr (std::endian::native == std::endian::little) {
+        return tokens.data();
+    } else {
+        scratch.resize(tokens.size());
+        for (size_t i = 0; i < tokens.size(); ++i) scratch[i] = __builtin_bswap32(static_cast<uint32_t>(tokens[i]));
+        return scratch.data();
+    }
+}
+
+}  // namespace
+
+hash128 hash_tokens(std::span<const token_id> tokens) {
+    std::vector<uint32_t> scratch;
+    return hash_bytes(token_bytes(tokens, scratch), tokens.size_bytes());
+}
+
+hash128 chain_hash(hash128 prev, std::span<const token_id> tokens) {
+    std::vector<uint32_t> scratch;
+    return hash_combine(prev, token_bytes(tokens, scratch), tokens.size_bytes());
+}
+
+hash128 root_hash(const profile & prof, std::string_view tenant_salt) {
+    // The salt is hashed after a domain tag so that h_0 can never equal a block hash
+    // computed from the same fingerprint.
+    constexpr std::string_view k_tag = "warmctx-root-v1";
+    const hash128 tagged = hash_combine(prof.fingerprint(), k_tag.data(), k_tag.size());
+    return hash_combine(tagged, tenant_salt.data(), tenant_salt.size());
+}
+
+// Boundaries and blocks of an assembled prompt from its pieces (see assemble).
+void detail::build_blocks(assembled_prompt & out, std::span<const detail::piece> pieces, const profile & prof,
+                          std::string_view tenant_salt, uint32_t chunk_tokens) {
+    const auto n_tokens = static_cast<pos_t>(out.tokens.size());
+    // A piece starts a chunk unless the piece before it has retention `none`: nothing
+    // at or after a `none` block is cached in the pool, so no other turn starts there,
+    // and chunking the uncached tail together saves a decode call per turn without
+    // changing any KV that is reused. The generation prompt is the exception: it always
+    // starts a chunk, so that the turn's own user message ends one. The work stream
+    // keeps that message, and an agent's next turn, which carries it in its history
+    // (the same piece, rendered the same), reuses it in place: one decode call more
+    // per turn against prefilling the last message (often a tool's output) twice.
+    // So do a segment's own parts (a message's diff units): the same message, as the
+    // next turn's history, is chunked at them.
+    std::vector<bool> starts_run(pieces.size(), true);
+    for (size_t i = 1; i < pieces.size(); ++i)
+        starts_run[i] = pieces[i - 1].cls != retention_class::none || pieces[i].segment_index == k_generation_prompt_index ||
+                        (pieces[i].segment_index >= 0 && pieces[i].segment_index == pieces[i - 1].segment_index);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+        const detail::piece & pc = pieces[i];
+        if (starts_run[i] && pc.begin > 0 && pc.begin < n_tokens &&
+            (out.boundaries.empty() || out.boundaries.back() != pc.begin))
+            out.boundaries.push_back(pc.begin);
+    }
+
+    // Blocks: the canonical chunks (warmctx/chunking.h) of the whole prompt, each named
+    // by the chain hash of everything up to its end. A block that spans several pieces
+    // is `none` (only pieces after a `none` one share a chunk) and is named after the
+    // piece it starts in.
+    out.root_hash = root_hash(prof, tenant_salt);
+    hash128 h = out.root_hash;
+    size_t at = 0;
+    for (auto [b, e] : plan_chunks(0, n_tokens, out.boundaries, static_cast<int32_t>(chunk_tokens))) {
+        while (pieces[at].end <= b) ++at;
+        const bool one_piece = e <= pieces[at].end;
+        h = chain_hash(h, std::span(out.tokens).subspan(b, e - b));
+        out.blocks.push_back({h, b, e, one_piece ? pieces[at].cls : retention_class::none, pieces[at].segment_index});
+    }
+}
+
+reuse_point snap_reuse(const assembled_prompt & ap, size_t n_blocks) {
+    const auto n = static_cast<pos_t>(ap.tokens.size());
+    size_t k = std::min(n_blocks, ap.blocks.size());
+    while (k > 0 && ap.blocks[k - 1].end >= n) --k;
+    return {k, k == 0 ? 0 : ap.blocks[k - 1].end};
+}
+
+}  // namespace warmctx
