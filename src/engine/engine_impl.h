@@ -1,0 +1,79 @@
+// Internal: what the engine's files share - llama.cpp's handles as RAII owners, the
+// one mapping of llama_decode's return codes, and the engine's state (engine::impl).
+// engine_open.cpp loads a model and sizes its context; engine.cpp tokenizes, prefills,
+// decodes and moves sequences; sampling.cpp samples tokens and generates.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "warmctx/engine.h"
+
+#include "llama.h"
+
+namespace warmctx {
+
+namespace detail {
+
+struct model_deleter { void operator()(llama_model * m) const { llama_model_free(m); } };
+struct context_deleter { void operator()(llama_context * c) const { llama_free(c); } };
+struct sampler_deleter { void operator()(llama_sampler * s) const { llama_sampler_free(s); } };
+using model_ptr = std::unique_ptr<llama_model, model_deleter>;
+using context_ptr = std::unique_ptr<llama_context, context_deleter>;
+using sampler_ptr = std::unique_ptr<llama_sampler, sampler_deleter>;
+
+// The one mapping of llama_decode's return codes (llama.h: 0 ok, 1 no KV slot for the
+// batch, 2 aborted, -1 invalid batch, < -1 error).
+inline status decode_status(int32_t rc) {
+    if (rc == 0) return {};
+    if (rc == 1) return resource_exhausted("llama_decode: no free KV slot for the batch (context full)");
+    if (rc == 2) return {status_code::cancelled, "llama_decode: aborted"};
+    if (rc == -1) return invalid_argument("llama_decode: invalid batch");
+    return engine_error("llama_decode failed with code " + std::to_string(rc));
+}
+
+}  // namespace detail
+
+struct engine::impl {
+    engine_options opts;
+    detail::model_ptr model;
+    detail::context_ptr ctx;
+    const llama_vocab * vocab = nullptr;
+    model_info minfo;
+    context_info cinfo;
+    uint32_t n_stream = 1;  // llama.cpp's KV streams: n_seq_max in exact mode, 1 in shared
+    llama_batch batch{};
+
+    ~impl() {
+        if (batch.token) llama_batch_free(batch);
+    }
+
+    llama_memory_t mem() const { return llama_get_memory(ctx.get()); }
+
+    status check_seq(seq_id s) const {
+        if (s < 0 || (uint32_t)s >= cinfo.n_seq_max)
+            return invalid_argument("sequence id " + std::to_string(s) + " out of range [0, " +
+                                    std::to_string(cinfo.n_seq_max) + ")");
+        return {};
+    }
+
+    // Decodes `n` tokens at positions [pos, pos+n) of seq, logits for the last if asked.
+    status decode(seq_id seq, const token_id * toks, int32_t n, pos_t pos, bool want_last_logits) {
+        batch.n_tokens = n;
+        for (int32_t i = 0; i < n; ++i) {
+            batch.token[i] = toks[i];
+            batch.pos[i] = pos + i;
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = seq;
+            batch.logits[i] = (want_last_logits && i == n - 1) ? 1 : 0;
+        }
+        return detail::decode_status(llama_decode(ctx.get(), batch));
+    }
+
+    void copy_logits(std::vector<float> * out) const {
+        const float * l = llama_get_logits_ith(ctx.get(), -1);
+        out->assign(l, l + minfo.n_vocab);
+    }
+};
+
+}  // namespace warmctx

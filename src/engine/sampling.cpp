@@ -1,0 +1,213 @@
+// Sampling: the sampler chain of a request's parameters (penalties, logit bias, grammar,
+// top-k/top-p/temperature, or greedy), one generation step at a time (stop strings,
+// limits, log-probabilities), and a whole generation on one sequence.
+#include "engine_impl.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "warmctx/text_stream.h"
+
+namespace warmctx {
+
+struct token_sampler::impl {
+    detail::sampler_ptr chain;  // null: greedy
+};
+
+token_sampler::token_sampler(std::unique_ptr<impl> p) : p_(std::move(p)) {}
+token_sampler::~token_sampler() = default;
+
+namespace {
+// A literal as a regex (std::regex ECMAScript syntax): every metacharacter escaped.
+std::string regex_escape(const std::string & s) {
+    std::string out;
+    for (char c : s) {
+        if (std::string_view(".^$|()[]{}*+?\\/-").find(c) != std::string_view::npos) out += '\\';
+        out += c;
+    }
+    return out;
+}
+}  // namespace
+
+result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params & sp, const engine & e) {
+    const int32_t n_vocab = e.model().n_vocab;
+    if (sp.max_tokens < 0) return invalid_argument("max_tokens must not be negative");
+    if (sp.temperature > 0 && (sp.top_p <= 0 || sp.top_p > 1)) return invalid_argument("top_p must be in (0, 1]");
+    if (sp.top_k < 0) return invalid_argument("top_k must not be negative");
+    if (!std::isfinite(sp.presence_penalty) || !std::isfinite(sp.frequency_penalty))
+        return invalid_argument("penalties must be finite");
+    std::vector<llama_logit_bias> bias;
+    for (const auto & [tok, b] : sp.logit_bias) {
+        if (tok < 0 || tok >= n_vocab)
+            return invalid_argument("logit_bias: token " + std::to_string(tok) + " is outside the vocabulary (0.." +
+                                    std::to_string(n_vocab - 1) + ")");
+        if (!std::isfinite(b)) return invalid_argument("logit_bias: a bias must be finite");
+        bias.push_back({tok, b});
+    }
+    const bool penalties = sp.presence_penalty != 0 || sp.frequency_penalty != 0;
+    auto p = std::make_unique<impl>();
+    if (sp.temperature > 0 || penalties || !bias.empty() || !sp.grammar.empty()) {
+        p->chain.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
+        if (!bias.empty())
+            llama_sampler_chain_add(p->chain.get(), llama_sampler_init_logit_bias(n_vocab, (int32_t)bias.size(), bias.data()));
+        if (penalties)
+            llama_sampler_chain_add(p->chain.get(), llama_sampler_init_penalties(n_vocab, k_penalty_window, 1.0f,
+                                                                                 sp.frequency_penalty, sp.presence_penalty));
+        if (!sp.grammar.empty()) {
+            llama_sampler * g = nullptr;
+            if (sp.grammar_lazy) {
+                std::vector<std::string> patterns = sp.grammar_trigger_patterns;
+                std::vector<llama_token> tokens;
+                for (const std::string & w : sp.grammar_trigger_words) {
+                    auto t = e.tokenize(w, true);
+                    if (t.ok() && t->size() == 1) tokens.push_back((*t)[0]);
+                    else patterns.push_back(regex_escape(w));
+                }
+                std::vector<const char *> pc;
+                for (const auto & s : patterns) pc.push_back(s.c_str());
+                g = llama_sampler_init_grammar_lazy_patterns(e.p_->vocab, sp.grammar.c_str(), "root", pc.data(), pc.size(),
+                                                             tokens.data(), tokens.size());
+            } else {
+                g = llama_sampler_init_grammar(e.p_->vocab, sp.grammar.c_str(), "root");
+            }
+            if (!g) return invalid_argument("the grammar does not parse (GBNF with a rule named root)");
+            if (!sp.grammar_lazy && !sp.grammar_prefill.empty()) {
+                auto toks = e.tokenize(sp.grammar_prefill, true);
+                if (!toks.ok()) {
+                    llama_sampler_free(g);
+                    return toks.error();
+                }
+                for (token_id t : *toks) llama_sampler_accept(g, t);
+            }
+            llama_sampler_chain_add(p->chain.get(), g);
+        }
+    }
+    if (sp.temperature <= 0) {
+        if (p->chain) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_greedy());
+    } else {
+        if (sp.top_k > 0) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_top_k(sp.top_k));
+        if (sp.top_p < 1.0f) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_top_p(sp.top_p, 1));
+        llama_sampler_chain_add(p->chain.get(), llama_sampler_init_temp(sp.temperature));
+        llama_sampler_chain_add(p->chain.get(), llama_sampler_init_dist(sp.seed));
+    }
+    return std::unique_ptr<token_sampler>(new token_sampler(std::move(p)));
+}
+
+token_id token_sampler::sample(std::span<const float> l) {
+    if (!p_->chain) return (token_id)(std::max_element(l.begin(), l.end()) - l.begin());  // first maximum
+    // One candidate array per thread, kept: every request's sampler would otherwise
+    // allocate and fault in n_vocab entries (1.8 MB for a 152k vocabulary) before its
+    // first token.
+    thread_local std::vector<llama_token_data> cand;
+    cand.resize(l.size());
+    for (size_t i = 0; i < l.size(); ++i) cand[i] = {(llama_token)i, l[i], 0.0f};
+    llama_token_data_array arr{cand.data(), cand.size(), -1, false};
+    llama_sampler_apply(p_->chain.get(), &arr);
+    const llama_token t = arr.data[arr.selected].id;
+    llama_sampler_accept(p_->chain.get(), t);  // the penalties count it from now on
+    return t;
+}
+
+struct generation_step::impl {
+    const engine * e = nullptr;
+    sampling_params sp;
+    std::unique_ptr<token_sampler> sampler;
+    text_stream text;
+    std::vector<token_id> tokens;
+    explicit impl(std::vector<std::string> stop) : text(std::move(stop)) {}
+};
+
+namespace {
+// log-softmax over the whole vocabulary: the chosen token's and the k largest.
+token_logprobs logprobs_of(const engine & e, std::span<const float> logits, token_id chosen, int32_t k) {
+    float mx = -INFINITY;
+    for (float x : logits) mx = std::max(mx, x);
+    double sum = 0;
+    for (float x : logits) sum += std::exp((double)x - mx);
+    const float log_z = mx + (float)std::log(sum);
+    token_logprobs out;
+    out.chosen = {chosen, logits[(size_t)chosen] - log_z, e.token_piece(chosen)};
+    const size_t n = std::min<size_t>((size_t)std::max(k, 0), logits.size());
+    if (n > 0) {
+        std::vector<token_id> idx(logits.size());
+        for (size_t i = 0; i < idx.size(); ++i) idx[i] = (token_id)i;
+        std::partial_sort(idx.begin(), idx.begin() + (long)n, idx.end(), [&](token_id a, token_id b) {
+            return logits[(size_t)a] > logits[(size_t)b] || (logits[(size_t)a] == logits[(size_t)b] && a < b);
+        });
+        for (size_t i = 0; i < n; ++i) out.top.push_back({idx[i], logits[(size_t)idx[i]] - log_z, e.token_piece(idx[i])});
+    }
+    return out;
+}
+}  // namespace
+
+generation_step::generation_step(std::unique_ptr<impl> p) : p_(std::move(p)) {}
+generation_step::~generation_step() = default;
+
+result<std::unique_ptr<generation_step>> generation_step::make(const engine & e, const sampling_params & sp) {
+    auto sampler = token_sampler::make(sp, e);
+    if (!sampler.ok()) return sampler.error();
+    auto p = std::make_unique<impl>(sp.stop);
+    p->e = &e;
+    p->sp = sp;
+    p->sampler = std::move(sampler.value());
+    return std::unique_ptr<generation_step>(new generation_step(std::move(p)));
+}
+
+generation_step::decision generation_step::next(std::span<const float> logits, pos_t n_in_seq) {
+    decision d;
+    auto end = [&d](finish_reason r) {
+        d.finished = true;
+        d.finish = r;
+        return d;
+    };
+    if ((int32_t)p_->tokens.size() >= p_->sp.max_tokens) return end(finish_reason::length);
+    d.token = p_->sampler->sample(logits);
+    if (p_->sp.n_logprobs >= 0) d.logprobs = logprobs_of(*p_->e, logits, d.token, p_->sp.n_logprobs);
+    if (p_->e->is_end_of_generation(d.token)) return end(finish_reason::eos);
+    p_->tokens.push_back(d.token);
+    d.delta = p_->text.push(p_->e->token_piece(d.token));
+    if (p_->text.stopped()) return end(finish_reason::stop);
+    if ((int32_t)p_->tokens.size() >= p_->sp.max_tokens) return end(finish_reason::length);
+    if ((uint32_t)n_in_seq + 1 > p_->e->context().n_ctx_seq) return end(finish_reason::context_full);
+    return d;
+}
+
+std::string generation_step::finish() { return p_->text.finish(); }
+int32_t generation_step::n_generated() const { return (int32_t)p_->tokens.size(); }
+const std::vector<token_id> & generation_step::tokens() const { return p_->tokens; }
+const std::string & generation_step::text() const { return p_->text.text(); }
+
+result<generation> engine::generate(seq_id seq, std::vector<float> logits, const sampling_params & sp,
+                                    std::vector<float> * logits_out) {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
+    if ((int32_t)logits.size() != p_->minfo.n_vocab)
+        return invalid_argument("generate: logits must have n_vocab entries (prefill first)");
+    auto gs = generation_step::make(*this, sp);
+    if (!gs.ok()) return gs.error();
+    generation_step & step = **gs;
+
+    generation g;
+    auto t0 = std::chrono::steady_clock::now();
+    pos_t pos = seq_n_tokens(seq);
+    for (;;) {
+        if (logits_out && step.n_generated() < sp.max_tokens)
+            logits_out->insert(logits_out->end(), logits.begin(), logits.end());
+        auto d = step.next(logits, pos);
+        if (d.finished) {
+            g.finish = d.finish;
+            break;
+        }
+        status st = p_->decode(seq, &d.token, 1, pos, true);
+        if (!st.ok()) return st.with_context("generate");
+        ++pos;
+        p_->copy_logits(&logits);
+    }
+    step.finish();
+    g.tokens = step.tokens();
+    g.text = step.text();
+    g.t_decode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return g;
+}
+
+}  // namespace warmctx
