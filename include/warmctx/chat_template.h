@@ -90,8 +90,6 @@ class chat_templates {
     // to look into (surrounding whitespace, <think>, <tool_response>, [TOOL_CALLS], ...)
     // render exactly as their skeletons with the contents put in.
     virtual bool contents_verbatim() const = 0;
-    // The template renders `tools` itself (rather than the generic fallback).
-    virtual bool supports_tools() const = 0;
 };
 
 // A JSON schema (JSON text) as a GBNF grammar, by llama.cpp's json-schema-to-grammar.

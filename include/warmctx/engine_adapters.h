@@ -1,16 +1,14 @@
 // warmctx/engine_adapters.h - the engine seen through the seams of the layers below it.
 //
-// The assembler tokenizes through a text_model and the prefix cache moves KV through
-// kv_ops; neither knows the engine. These adapters implement both over a real engine,
-// and engine_profile() computes the profile (the fingerprint that roots every chain
-// hash) of the KV an engine computes.
+// The assembler tokenizes through a text_model, which knows no engine. This adapter
+// implements it over a real engine, and engine_profile() computes the profile (the
+// fingerprint that roots every chain hash) of the KV an engine computes.
 #pragma once
 
 #include <memory>
 
 #include "warmctx/assembler.h"
 #include "warmctx/engine.h"
-#include "warmctx/prefix_cache.h"
 #include "warmctx/profile.h"
 
 namespace warmctx {
@@ -25,9 +23,6 @@ std::unique_ptr<text_model> make_engine_text_model(const engine & e);
 // loads); nullptr otherwise.
 class chat_templates;
 const chat_templates * engine_chat_templates(const text_model & tm);
-
-// llama_memory_seq_cp / seq_rm over `e`. Used by the engine thread only.
-std::unique_ptr<kv_ops> make_engine_kv_ops(engine & e);
 
 // Every field that decides the KV's bits: the model file's digest (memoised), the
 // tokenizer's, the chat template's, the llama.cpp commit, backend, RoPE, KV type, chunk

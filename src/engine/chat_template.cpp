@@ -93,7 +93,6 @@ class chat_templates_impl final : public chat_templates {
     bool contents_verbatim() const override { return verbatim_; }
 
     const std::string & source() const override { return src_.source; }
-    bool supports_tools() const override { return tmpl_.caps.supports_tools; }
 
     result<rendered_conversation> render(std::span<const conversation_message> msgs, std::string_view tools_json,
                                          bool add_generation_prompt) const override {

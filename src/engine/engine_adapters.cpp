@@ -1,5 +1,5 @@
-// The engine behind the seams of the layers below it: text_model (assembler),
-// kv_ops (prefix cache), and the profile of the KV it computes.
+// The engine behind the seam of the layers below it, text_model (the assembler), and the
+// profile of the KV it computes.
 #include "warmctx/engine_adapters.h"
 
 #include <list>
@@ -212,18 +212,6 @@ class engine_text_model final : public text_model {
     bool splits_at_lines_ = false;
 };
 
-// kv_ops over the real engine: the prefix cache moves KV only through these.
-class engine_kv_ops final : public kv_ops {
-  public:
-    explicit engine_kv_ops(engine & e) : e_(e) {}
-    status copy_seq(seq_id src, seq_id dst) override { return e_.copy_seq(src, dst); }
-    status trim_seq(seq_id seq, pos_t from) override { return e_.trim_seq(seq, from); }
-    void clear_seq(seq_id seq) override { e_.clear_seq(seq); }
-
-  private:
-    engine & e_;
-};
-
 std::string hex_digest_of_vocab(const engine & e) {
     // Every token's piece, in id order, with a separator: two tokenizers that would
     // map any text differently differ here (merges excepted; they are implied by the
@@ -245,8 +233,6 @@ const chat_templates * engine_chat_templates(const text_model & tm) {
     const auto * etm = dynamic_cast<const engine_text_model *>(&tm);
     return etm ? etm->templates() : nullptr;
 }
-
-std::unique_ptr<kv_ops> make_engine_kv_ops(engine & e) { return std::make_unique<engine_kv_ops>(e); }
 
 result<profile> engine_profile(const engine & e, const engine_options & opts) {
     const auto & mi = e.model();
