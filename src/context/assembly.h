@@ -21,7 +21,7 @@ namespace warmctx::detail {
 // (a diff's unit), or the generation prompt.
 struct piece {
     pos_t begin = 0, end = 0;
-    retention_class cls = retention_class::none;
+    retention_class retention = retention_class::none;
     int segment_index = 0;  // into manifest.segments, or k_generation_prompt_index
 };
 

@@ -57,7 +57,7 @@ void detail::build_blocks(assembled_prompt & out, std::span<const detail::piece>
     // next turn's history, is chunked at them.
     std::vector<bool> starts_run(pieces.size(), true);
     for (size_t i = 1; i < pieces.size(); ++i)
-        starts_run[i] = pieces[i - 1].cls != retention_class::none || pieces[i].segment_index == k_generation_prompt_index ||
+        starts_run[i] = pieces[i - 1].retention != retention_class::none || pieces[i].segment_index == k_generation_prompt_index ||
                         (pieces[i].segment_index >= 0 && pieces[i].segment_index == pieces[i - 1].segment_index);
     for (size_t i = 0; i < pieces.size(); ++i) {
         const detail::piece & pc = pieces[i];
@@ -77,7 +77,7 @@ void detail::build_blocks(assembled_prompt & out, std::span<const detail::piece>
         while (pieces[at].end <= b) ++at;
         const bool one_piece = e <= pieces[at].end;
         h = chain_hash(h, std::span(out.tokens).subspan(b, e - b));
-        out.blocks.push_back({h, b, e, one_piece ? pieces[at].cls : retention_class::none, pieces[at].segment_index});
+        out.blocks.push_back({h, b, e, one_piece ? pieces[at].retention : retention_class::none, pieces[at].segment_index});
     }
 }
 

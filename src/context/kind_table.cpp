@@ -13,11 +13,11 @@ namespace {
 
 constexpr int k_max_order = 1000000;
 
-kind_policy make_policy(stability stab, retention_class r, int order, const char * role,
+kind_policy make_policy(stability how_stable, retention_class retention, int order, const char * role,
                         bool role_from_segment = false, bool header = true) {
     kind_policy p;
-    p.stab = stab;
-    p.retention = r;
+    p.stab = how_stable;
+    p.retention = retention;
     p.order = order;
     p.role = role;
     p.role_from_segment = role_from_segment;
