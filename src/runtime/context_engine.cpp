@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 
+#include "admission.h"
 #include "explain.h"
 #include "kv_pool.h"
 #include "tiers.h"
@@ -696,22 +697,10 @@ void context_engine::abort_turn(pending_turn & t) {
 }
 
 seq_id context_engine::pick_work_seq(std::string_view workspace, std::span<const seq_id> free_seqs) const {
-    // The stream this workspace's last turn left (reused in place), else an empty one,
-    // else the one left longest ago.
-    seq_id best = -1;
-    int best_rank = -1;
-    uint64_t best_t = 0;
-    for (seq_id s : free_seqs) {
-        if (s < 0 || (uint32_t)s >= p_->opts.n_work_seqs || p_->streams[(size_t)s].busy) continue;
-        const stream_state & st = p_->streams[(size_t)s];
-        const int rank = st.workspace == workspace && !st.blocks.empty() ? 2 : st.blocks.empty() ? 1 : 0;
-        if (rank > best_rank || (rank == best_rank && rank == 0 && st.t_finished < best_t)) {
-            best = s;
-            best_rank = rank;
-            best_t = st.t_finished;
-        }
-    }
-    return best;
+    std::vector<stream_view> views;
+    views.reserve(p_->streams.size());
+    for (const stream_state & st : p_->streams) views.push_back({st.busy, st.blocks.empty(), st.workspace, st.t_finished});
+    return choose_stream(workspace, views, free_seqs);
 }
 
 uint32_t context_engine::n_work_seqs() const { return p_->opts.n_work_seqs; }

@@ -24,6 +24,8 @@
 #include "warmctx/clock.h"
 #include "warmctx/scheduler.h"
 
+#include "admission.h"
+
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -477,69 +479,62 @@ struct scheduler::impl {
         calls_done.notify_all();
     }
 
+    // Admits queued jobs while admission (admission.h) says so: each into the work
+    // sequence its workspace's last turn left, where the turn reuses the prefix in place.
+    void admit_queued() {
+        for (;;) {
+            admission_input in;
+            in.n_parallel = opts.n_parallel;
+            in.stream_busy.reserve(slots.size());
+            for (const auto & j : slots) in.stream_busy.push_back(j != nullptr);
+            in.prewarm_stream = prewarm_slot();
+            if (in.prewarm_stream >= 0) in.prewarm_workspace = slots[(size_t)in.prewarm_stream]->turn.workspace;
+            admission_step step;
+            queued_job q;
+            {
+                std::lock_guard<std::mutex> lk(mu);
+                if (stopping) return;
+                if (!queue.empty()) in.next_chat = queue.front().job.turn.workspace;
+                in.prewarm_waiting = !prewarms.empty();
+                step = plan_admission(in);
+                if (step.what == admission_step::action::admit_chat) q = take_chat();
+                if (step.what == admission_step::action::admit_prewarm) {
+                    q = std::move(prewarms.front());
+                    prewarms.pop_front();
+                    a_prewarm_depth = prewarms.size();
+                }
+            }
+            if (step.what == admission_step::action::wait) return;
+            if (step.preempt_stream >= 0) preempt((size_t)step.preempt_stream);
+            if (step.what == admission_step::action::make_room) continue;
+            seq_id s = ce->pick_work_seq(q.job.turn.workspace, step.streams);
+            if (s < 0) s = step.streams.front();
+            admit((size_t)s, std::move(q));
+            publish_jobs();
+            run_calls();
+        }
+    }
+
+    // The first queued chat, off the queue; a queued pre-warm of its workspace goes too
+    // (the chat does its work, and more). REQUIRES mu held, the queue not empty.
+    queued_job take_chat() {
+        queued_job q = std::move(queue.front());
+        queue.pop_front();
+        a_queue_depth = queue.size();
+        for (auto it = prewarms.begin(); it != prewarms.end(); ++it)
+            if (it->job.turn.workspace == q.job.turn.workspace) {
+                prewarms.erase(it);
+                a_prewarms_dropped++;
+                break;
+            }
+        a_prewarm_depth = prewarms.size();
+        return q;
+    }
+
     void loop() {
         for (;;) {
             run_calls();
-            // Admit queued jobs into free work sequences: each into the one its
-            // workspace's last turn left, where the turn reuses the prefix in place.
-            // A chat first; a pre-warm only when no chat waits, into a free sequence,
-            // one at a time.
-            for (;;) {
-                // At most n_parallel jobs at once; the other streams (resident ones)
-                // keep their workspaces' prefixes for the turns to come.
-                std::vector<seq_id> free_seqs;
-                size_t n_busy = 0;
-                for (const auto & j : slots) n_busy += j ? 1 : 0;
-                if (n_busy < opts.n_parallel)
-                    for (size_t s = 0; s < slots.size(); ++s)
-                        if (!slots[s]) free_seqs.push_back((seq_id)s);
-                const int pw = prewarm_slot();
-                queued_job q;
-                bool chat = false, make_room = false;
-                {
-                    std::lock_guard<std::mutex> lk(mu);
-                    if (stopping) break;
-                    if (!queue.empty()) {
-                        if (free_seqs.empty() && pw < 0) break;
-                        chat = true;
-                        if (!free_seqs.empty() || (pw >= 0 && slots[pw]->turn.workspace == queue.front().job.turn.workspace)) {
-                            q = std::move(queue.front());
-                            queue.pop_front();
-                            a_queue_depth = queue.size();
-                            // This chat does a queued pre-warm's work (and more).
-                            for (auto it = prewarms.begin(); it != prewarms.end(); ++it)
-                                if (it->job.turn.workspace == q.job.turn.workspace) {
-                                    prewarms.erase(it);
-                                    a_prewarms_dropped++;
-                                    break;
-                                }
-                            a_prewarm_depth = prewarms.size();
-                        } else {
-                            make_room = true;
-                        }
-                    } else if (!prewarms.empty() && !free_seqs.empty() && pw < 0) {
-                        q = std::move(prewarms.front());
-                        prewarms.pop_front();
-                        a_prewarm_depth = prewarms.size();
-                    } else {
-                        break;
-                    }
-                }
-                if (make_room) {  // no free sequence: the pre-warm gives its own
-                    preempt((size_t)pw);
-                    continue;
-                }
-                if (chat && pw >= 0 && slots[pw]->turn.workspace == q.job.turn.workspace) {
-                    // Its workspace's pre-warm stops here; the chat starts from it in place.
-                    preempt((size_t)pw);
-                    free_seqs.push_back((seq_id)pw);
-                }
-                seq_id s = ce->pick_work_seq(q.job.turn.workspace, free_seqs);
-                if (s < 0) s = free_seqs.front();
-                admit((size_t)s, std::move(q));
-                publish_jobs();
-                run_calls();
-            }
+            admit_queued();
             // Sample for every job that has fresh logits, then decode them together.
             for (auto & j : slots) {
                 if (!j || j->prefilling || j->finished || j->cancelled || j->pending_token >= 0) continue;
