@@ -1,17 +1,18 @@
-# cmake --install: the warmctx command, what it needs at run time, the C++ library and a
-# CMake package config, and the notices of the third-party code built in.
+# cmake --install: the warmctx command, the benchmarks' warmctx-bench, what they need at
+# run time, the C++ library and a CMake package config, and the notices of the third-party
+# code built in.
 #
-#   bin/warmctx
+#   bin/warmctx, bin/warmctx-bench
 #   libexec/warmctx/llama-server, llama-bench     (the side-by-side benchmarks run them)
 #   share/warmctx/ggml-vocab-qwen2.gguf           (embedded in generated models)
 #   share/doc/warmctx/                            LICENSE, THIRD_PARTY_NOTICES.md, licenses
 #   include/warmctx/*.h, lib/warmctx/*.a, lib/cmake/warmctx/warmctxConfig.cmake
 #
-# The binary finds share/ and libexec/ relative to itself (warmctx/resources.h), so the
-# prefix can be moved.
+# The binaries find share/ and libexec/ relative to themselves (warmctx/resources.h), so
+# the prefix can be moved; warmctx-bench sits beside warmctx so that both find the same.
 include(GNUInstallDirs)
 
-install(TARGETS warmctx RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS warmctx warmctx-bench RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS $<TARGET_FILE:llama-server> $<TARGET_FILE:llama-bench>
         DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/warmctx)
 install(FILES ${PROJECT_BINARY_DIR}/share/warmctx/ggml-vocab-qwen2.gguf

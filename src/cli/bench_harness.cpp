@@ -22,6 +22,7 @@
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
 #include "server/openai.h"
+#include "sse_reader.h"
 
 extern char ** environ;
 
@@ -46,28 +47,21 @@ turn_timing stream_post(int port, const std::string & path, const std::string & 
     req.path = path;
     req.body = body;
     req.set_header("Content-Type", "application/json");
-    std::string buf;
+    sse_reader events;
     bool got_first = false;
     const auto t0 = clock_type::now();
     req.content_receiver = [&](const char * d, size_t n, uint64_t, uint64_t) {
-        buf.append(d, n);
-        size_t nl;
-        while ((nl = buf.find('\n')) != std::string::npos) {
-            std::string line = buf.substr(0, nl);
-            buf.erase(0, nl + 1);
-            if (!line.empty() && line.back() == '\r') line.pop_back();
-            if (line.rfind("data: ", 0) != 0) continue;
-            std::string payload = line.substr(6);
-            if (payload == "[DONE]") continue;
-            auto j = parse_json(payload);
-            if (!j) continue;
+        return events.feed({d, n}, [&](const sse_event & ev) {
+            if (ev.n_data_lines == 0 || ev.done()) return true;
+            auto j = parse_json(ev.data);
+            if (!j) return true;
             if (!got_first && is_token_event(*j)) {
                 got_first = true;
                 t.ttft_ms = ms_between(t0, clock_type::now());
             }
             on_event(*j, t);
-        }
-        return true;
+            return true;
+        });
     };
     httplib::Response res;
     httplib::Error err = httplib::Error::Success;

@@ -1,4 +1,4 @@
-// Shared helpers of the warmctx subcommands.
+// Shared helpers of the warmctx and warmctx-bench subcommands (cli_common.cpp).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -70,13 +70,24 @@ void on_run(CLI::App * c, int & rc, F run) {
     c->callback([&rc, run = std::move(run)] { rc = run(); });
 }
 
+// "<program> <version> (llama.cpp <commit>, <backend>)", what --version prints.
+std::string version_line(const std::string & program);
+
+// Parses the command line into `app` and runs the chosen command: its exit code (the one
+// its callback stored in `rc`), 0 for --help and --version, 2 for a usage error (an
+// unknown first word is named with the commands that exist), 1 for an exception.
+int parse_and_run(CLI::App & app, int argc, char ** argv, const int & rc);
+
 // Each adds its subcommands to `app`; `rc` receives the exit code of the one that runs.
+// warmctx's commands:
 void register_model_commands(CLI::App & app, int & rc);
-void register_bench_commands(CLI::App & app, int & rc);
 void register_context_commands(CLI::App & app, int & rc);
+void register_serve_command(CLI::App & app, int & rc);
+void register_snapshot_commands(CLI::App & app, int & rc);
+// warmctx-bench's: every benchmark (register_bench_commands adds all of the others).
+void register_bench_commands(CLI::App & app, int & rc);
 void register_overhead_bench(CLI::App & bench, int & rc);
 void register_restore_bench(CLI::App & bench, int & rc);
-void register_serve_command(CLI::App & app, int & rc);
 void register_http_bench(CLI::App & bench, int & rc);
 void register_s2_bench(CLI::App & bench, int & rc);
 void register_render_bench(CLI::App & bench, int & rc);
@@ -84,7 +95,6 @@ void register_trace_bench(CLI::App & bench, int & rc);
 void register_contention_bench(CLI::App & bench, int & rc);
 void register_s3_bench(CLI::App & bench, int & rc);
 void register_soak_bench(CLI::App & bench, int & rc);
-void register_snapshot_commands(CLI::App & app, int & rc);
 
 // Sizes synthetic workloads with the model's own tokenizer (a rough estimate on error).
 inline token_counter counter_for(const context_engine & ce) {

@@ -1,4 +1,4 @@
-// warmctx bench engine - the engine adapter's prefill and decode rates next to
+// warmctx-bench engine - the engine adapter's prefill and decode rates next to
 // llama-bench's, same build, same model, same settings, in one run.
 #include <chrono>
 
@@ -119,11 +119,9 @@ int run_bench_engine(const bench_engine_args & a) {
 
 }  // namespace
 
-void register_bench_commands(CLI::App & app, int & rc) {
-    auto * bench = app.add_subcommand("bench", "reproducible benchmarks with JSON output");
-    bench->require_subcommand(1);
+void register_bench_commands(CLI::App & bench, int & rc) {
     auto a = std::make_shared<bench_engine_args>();
-    auto * e = bench->add_subcommand("engine", "engine adapter prefill/decode tok/s next to llama-bench (same build and settings)");
+    auto * e = bench.add_subcommand("engine", "engine adapter prefill/decode tok/s next to llama-bench (same build and settings)");
     a->mf.add_to(*e, false);
     e->add_option("--prompt-tokens", a->n_prompt, "prompt tokens (pp test)")->capture_default_str();
     e->add_option("--gen-tokens", a->n_gen, "generated tokens (tg test)")->capture_default_str();
@@ -132,14 +130,14 @@ void register_bench_commands(CLI::App & app, int & rc) {
     e->add_flag("--no-llama-bench", a->skip_llama_bench, "measure warmctx only");
     e->add_flag("--json", a->json, "print JSON");
     on_run(e, rc, [a] { return run_bench_engine(*a); });
-    register_overhead_bench(*bench, rc);
-    register_http_bench(*bench, rc);
-    register_s2_bench(*bench, rc);
-    register_render_bench(*bench, rc);
-    register_trace_bench(*bench, rc);
-    register_contention_bench(*bench, rc);
-    register_s3_bench(*bench, rc);
-    register_soak_bench(*bench, rc);
+    register_overhead_bench(bench, rc);
+    register_http_bench(bench, rc);
+    register_s2_bench(bench, rc);
+    register_render_bench(bench, rc);
+    register_trace_bench(bench, rc);
+    register_contention_bench(bench, rc);
+    register_s3_bench(bench, rc);
+    register_soak_bench(bench, rc);
 }
 
 }  // namespace warmctx::cli

@@ -1,4 +1,4 @@
-// warmctx bench contention - does one long cold prefill stall everything else?
+// warmctx-bench contention - does one long cold prefill stall everything else?
 //
 // Per system (warmctx with 2 work sequences; llama-server with 2 slots), in one run:
 //   1. a warm-up request, then a warm workspace W is primed (its first, cold turn) and

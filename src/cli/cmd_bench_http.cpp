@@ -1,4 +1,4 @@
-// warmctx bench http - the server's own overhead per request next to the engine's
+// warmctx-bench http - the server's own overhead per request next to the engine's
 // time, and throughput with 1, 4 and 16 concurrent clients, over loopback.
 #include <httplib.h>
 

@@ -1,4 +1,4 @@
-// bench render: what the model's Jinja chat template costs a turn - assembling a large
+// warmctx-bench render: what the model's Jinja chat template costs a turn - assembling a large
 // workspace prompt with it next to llama.cpp's built-in per-message templates, cold and
 // warm - and what parsing a tool call out of an answer costs, whole and as a stream
 // parses it (once per generated token).

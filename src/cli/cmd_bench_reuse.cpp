@@ -1,4 +1,4 @@
-// warmctx bench warm-overhead | restore - what reuse costs: a warm turn's tail prefill
+// warmctx-bench warm-overhead | restore - what reuse costs: a warm turn's tail prefill
 // next to the same tail in a fresh sequence, and reuse in place, from the RAM pool and
 // from disk next to a cold prefill.
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// warmctx bench s2 - the seed's S2: a coding-agent prompt with a stable prefix of
+// warmctx-bench s2 - the seed's S2: a coding-agent prompt with a stable prefix of
 // 2k..47k tokens, sent cold and then warm (same stable context, a new question), to
 // warmctx and to llama-server of the same llama.cpp build (its prompt cache on), in one
 // run; time to first token at the client over loopback, and llama-bench's prefill time

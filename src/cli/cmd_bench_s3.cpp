@@ -1,4 +1,4 @@
-// warmctx bench s3 - prefill and decode rates per model shape, next to llama-bench of
+// warmctx-bench s3 - prefill and decode rates per model shape, next to llama-bench of
 // the same build and settings, in one run:
 //   cold pp  - N prompt tokens into an empty sequence        (llama-bench -p N)
 //   warm pp  - N tokens after a resident D-token prefix: the prefix is copied from the

@@ -1,4 +1,4 @@
-// warmctx bench soak - many clients against an in-process server for a long time, with
+// warmctx-bench soak - many clients against an in-process server for a long time, with
 // the mix of requests a server meets: chats streamed and not, clients that leave
 // mid-answer, many workspaces (agent set-ups, the `segments` extension, the workspace
 // API), a few prompts of thousands of tokens, and bad requests. It answers two
@@ -28,6 +28,7 @@
 #include "bench_harness.h"
 #include "cli.h"
 #include "soak_verdict.h"
+#include "sse_reader.h"
 #include "warmctx/clock.h"
 #include "warmctx/json.h"
 #include "warmctx/scheduler.h"
@@ -263,7 +264,8 @@ class soak_client {
         req.path = path;
         req.body = body.dump();
         req.set_header("Content-Type", "application/json");
-        std::string buf, error_body;
+        std::string error_body;
+        sse_reader events;
         int n_events = 0;
         bool done = false, left = false;
         req.response_handler = [&](const httplib::Response & r) {
@@ -275,21 +277,17 @@ class soak_client {
                 error_body.append(d, std::min(n, (size_t)300));
                 return true;
             }
-            buf.append(d, n);
-            size_t nl;
-            while ((nl = buf.find('\n')) != std::string::npos) {
-                std::string line = buf.substr(0, nl);
-                buf.erase(0, nl + 1);
-                if (line.rfind("data: ", 0) != 0) continue;
-                const std::string payload = line.substr(6);
-                if (payload == "[DONE]") { done = true; continue; }
+            return events.feed({d, n}, [&](const sse_event & ev) {
+                if (ev.n_data_lines == 0) return true;
+                const std::string & payload = ev.data;
+                if (ev.done()) { done = true; return true; }
                 auto j = parse_json(payload);
-                if (!j) { o.stream_error = true; o.note = "unparsable event: " + payload.substr(0, 200); continue; }
+                if (!j) { o.stream_error = true; o.note = "unparsable event: " + payload.substr(0, 200); return true; }
                 if (j->contains("error")) { o.stream_error = true; o.note = "error event: " + payload.substr(0, 300); }
                 if (j->contains("usage") && (*j)["usage"].is_object()) o.prompt_tokens = (*j)["usage"].value("prompt_tokens", 0);
                 if (leave_after > 0 && ++n_events >= leave_after) { left = true; return false; }
-            }
-            return true;
+                return true;
+            });
         };
         httplib::Response res;
         httplib::Error err = httplib::Error::Success;

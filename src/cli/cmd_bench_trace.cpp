@@ -1,4 +1,4 @@
-// warmctx bench trace - a seeded multi-workspace coding-agent trace (agent_trace.h)
+// warmctx-bench trace - a seeded multi-workspace coding-agent trace (agent_trace.h)
 // replayed turn by turn through HTTP against warmctx with semantic eviction, warmctx
 // with plain LRU, and llama-server with its RAM prompt cache, all allocating the same
 // KV bytes A (every stream, slot, pool and cache counted whole, not what they use):

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs the side-by-side benchmarks small on the tiny model and checks what their JSON
 # says (structure and cache behaviour; never timings, which are the benches' job).
-# usage: bench_checks.sh WARMCTX TINY_MODEL trace|trace_window|s2|s3|contention|render
+# usage: bench_checks.sh WARMCTX_BENCH TINY_MODEL trace|trace_window|s2|s3|contention|render
 set -euo pipefail
-warmctx="$1" model="$2" which="$3"
+bench="$1" model="$2" which="$3"
 out="$(mktemp)"; trap 'rm -f "$out"' EXIT
 check() { if ! jq -e "$1" "$out" >/dev/null; then echo "FAILED: $2"; jq -c "${3:-.}" "$out" | head -c 4000; echo; exit 1; fi; echo "ok: $2"; }
 
@@ -23,7 +23,7 @@ ttft_and_phase_checks() {
 
 case "$which" in
 trace)
-  "$warmctx" bench trace --quick -m "$model" --json >"$out"
+  "$bench" trace --quick -m "$model" --json >"$out"
   check '[.systems[].name] == ["warmctx-semantic","warmctx-lru","llama-server","warmctx-defaults","llama-server-defaults"]' "one entry per system, in order"
   check 'all(.systems[]; .prefilled_tokens > 0 and .cached_ratio > 0 and .cached_ratio < 1 and .ttft_p50_ms > 0 and .ttft_p95_ms >= .ttft_p50_ms and .wall_ms > 0)' \
         "each system reports prefilled tokens, cached ratio, TTFT p50/p95 and wall time" '.systems[] | del(.per_turn)'
@@ -48,7 +48,7 @@ trace)
   ;;
 trace_window)
   # The sliding window, sent as plain chat messages (no workspace, no segments).
-  "$warmctx" bench trace --quick -m "$model" --history-window 4 --messages plain \
+  "$bench" trace --quick -m "$model" --history-window 4 --messages plain \
     --systems warmctx-defaults,llama-server-defaults --json >"$out"
   check '[.systems[].name] == ["warmctx-defaults","llama-server-defaults"]' "one entry per system, in order"
   check '.trace.history_window == 4 and .trace.messages == "plain" and .trace.history_messages_of_turn[0] == 0 and all(.trace.history_messages_of_turn[]; . <= 4) and (.trace.history_messages_of_turn | max) == 4' \
@@ -59,7 +59,7 @@ trace_window)
   check '(.systems[1] | has("phases") | not) and (.systems[1] | has("unaccounted") | not)' "llama-server has no warmctx timings" '.systems[1] | del(.per_turn)'
   ;;
 s2)
-  "$warmctx" bench s2 -m "$model" --sizes 600,1200 --warm-turns 2 --json >"$out"
+  "$bench" s2 -m "$model" --sizes 600,1200 --warm-turns 2 --json >"$out"
   check '(.rows | length) == 2 and all(.rows[]; .prompt_tokens > 600)' "one row per size"
   check 'all(.rows[]; .warmctx.cold_cached_tokens == 0 and .warmctx.warm_cached_tokens > 0.5 * .prompt_tokens)' \
         "warmctx: the cold turn reuses nothing, the warm turn most of the prompt" '.rows'
@@ -72,7 +72,7 @@ s2)
   ;;
 s3)
   export WARMCTX_HOME="$(mktemp -d)"; trap 'rm -rf "$out" "$WARMCTX_HOME"' EXIT
-  "$warmctx" bench s3 --shapes tiny --type f16 --prompt-tokens 128 --gen-tokens 8 --depth 512 --reps 1 --json >"$out"
+  "$bench" s3 --shapes tiny --type f16 --prompt-tokens 128 --gen-tokens 8 --depth 512 --reps 1 --json >"$out"
   check '(.rows | length) == 1 and .rows[0].shape == "tiny"' "one row per shape"
   check '.rows[0].warmctx.cold_pp_tps > 0 and .rows[0].warmctx.warm_pp_tps > 0 and .rows[0].warmctx.tg_tps > 0' "warmctx rates" '.rows[0]'
   check '.rows[0].llama_bench.cold_pp_tps > 0 and .rows[0].llama_bench.warm_pp_tps > 0 and .rows[0].llama_bench.tg_tps > 0' "llama-bench rates" '.rows[0]'
@@ -81,7 +81,7 @@ s3)
         "each system's allocated KV is reported" '[.rows[0].warmctx.kv_allocated_bytes, .rows[0].llama_bench.kv_allocated_bytes]'
   ;;
 contention)
-  "$warmctx" bench contention -m "$model" -t 2 --cold-tokens 4000 --warm-tokens 400 --warm-turns 2 --delay-ms 200 --scrape-ms 20 \
+  "$bench" contention -m "$model" -t 2 --cold-tokens 4000 --warm-tokens 400 --warm-turns 2 --delay-ms 200 --scrape-ms 20 \
     --prewarm-tokens 2000 --json >"$out"
   check '[.rows[].system] == ["warmctx","llama-server"]' "one row per system, in order"
   check 'all(.rows[]; .solo_warm_ttft_ms > 0 and .cold_ttft_ms > 0 and .one_chunk_ms > 0 and .cold_prompt_tokens >= 3500)' \
@@ -98,7 +98,7 @@ contention)
         "after a restart the first chat, with no PUT, is served from the disk tier" '.prewarm.chat_after_restart'
   ;;
 render)
-  "$warmctx" bench render -m "$model" --size 4000 --turns 5 --json >"$out"
+  "$bench" render -m "$model" --size 4000 --turns 5 --json >"$out"
   check '.jinja.prompt_tokens > 4000 and .builtin.prompt_tokens > 4000 and .jinja.cold_ms > 0' \
         "both modes assembled the agent turn" '{jinja: .jinja.prompt_tokens, builtin: .builtin.prompt_tokens}'
   check '(.jinja.warm_ms_all | length) == 5 and .jinja.warm_ms_median > 0 and .builtin.warm_ms_median > 0 and (.warm_overhead_ms | type) == "number"' \

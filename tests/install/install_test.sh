@@ -9,7 +9,7 @@ tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 mv "$tmp/prefix" "$tmp/moved"      # relocated: no path of the install step is valid now
 p="$tmp/moved"
-for f in bin/warmctx libexec/warmctx/llama-server libexec/warmctx/llama-bench share/warmctx/ggml-vocab-qwen2.gguf \
+for f in bin/warmctx bin/warmctx-bench libexec/warmctx/llama-server libexec/warmctx/llama-bench share/warmctx/ggml-vocab-qwen2.gguf \
          share/doc/warmctx/THIRD_PARTY_NOTICES.md share/doc/warmctx/LICENSE share/doc/warmctx/licenses/llama.cpp.LICENSE \
          include/warmctx/engine.h lib/warmctx/libwarmctx_runtime.a lib/warmctx/libllama.a lib/cmake/warmctx/warmctxConfig.cmake; do
   [ -e "$p/$f" ] || { echo "missing after install: $f"; exit 1; }
@@ -17,6 +17,9 @@ done
 # The binary's resources are the moved prefix's, not the source or build tree's.
 "$p/bin/warmctx" make-model --help | grep -q "default: $p/bin/../share/warmctx/ggml-vocab-qwen2.gguf" ||
   { echo "the default vocabulary is not the prefix's:"; "$p/bin/warmctx" make-model --help | grep -i vocab; exit 1; }
+# warmctx-bench runs the prefix's llama.cpp tools.
+"$p/bin/warmctx-bench" engine --help | grep -q -- "--llama-bench TEXT=$p/bin/../libexec/warmctx/llama-bench" ||
+  { echo "warmctx-bench's default llama-bench is not the prefix's:"; "$p/bin/warmctx-bench" engine --help | grep -- --llama-bench; exit 1; }
 env -i PATH=/usr/bin:/bin HOME="$tmp" "$p/bin/warmctx" make-model --shape tiny --type f16 --seed 3 -o "$tmp/m.gguf" >/dev/null
 [ -s "$tmp/m.gguf" ] || { echo "the moved binary did not make a model"; exit 1; }
 # A consumer of the library.
