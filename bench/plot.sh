@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Draws one PNG chart per benchmark result (gnuplot, jq; both Debian packages) into
-# docs/img/. Reads the JSON that `warmctx bench s2|trace|s3|soak --json` writes.
+# docs/img/. Reads the JSON that `warmctx-bench s2|trace|s3|soak --json` writes.
 # usage: bench/plot.sh [RESULTS_DIR] [IMG_DIR]   (default: bench/results docs/img)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

@@ -6,6 +6,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 b="${1:-$root/build}"
 w="$b/warmctx"
+wb="$b/warmctx-bench"
 out="$root/bench/results"
 tiny="$b/test-models/tiny-f16-seed1.gguf"
 which="${2:-all}"
@@ -14,27 +15,27 @@ mkdir -p "$out"
 
 side_by_side() {
   # S2: cold and warm time to first token, warmctx next to llama-server (same build).
-  "$w" bench s2 --sizes 2048,8192 --warm-turns 3 --json > "$out/s2-qwen2.5-0.5b-q4_0-cpu2.json"
+  "$wb" s2 --sizes 2048,8192 --warm-turns 3 --json > "$out/s2-qwen2.5-0.5b-q4_0-cpu2.json"
   # The multi-workspace agent trace under one KV budget: the default trace on the tiny
   # model, a smaller one on the default model.
-  "$w" bench trace -m "$tiny" --json > "$out/trace-tiny-f16-cpu2.json"
-  "$w" bench trace --workspaces 4 --turns 30 --stable-tokens 2048 --tail-tokens 300 --json \
+  "$wb" trace -m "$tiny" --json > "$out/trace-tiny-f16-cpu2.json"
+  "$wb" trace --workspaces 4 --turns 30 --stable-tokens 2048 --tail-tokens 300 --json \
     > "$out/trace-qwen2.5-0.5b-q4_0-cpu2.json"
   # The H200's trace on the tiny model (the cache's choices depend only on token counts):
   # the same budget in tokens (52,480 x 256 bytes), and the unlimited-budget floor.
   local big=(--flash-attn --workspaces 8 --turns 100 --stable-tokens 16384 --tail-tokens 600)
-  "$w" bench trace -m "$tiny" "${big[@]}" --budget-mib 12.8125 --systems warmctx-semantic,warmctx-lru --json \
+  "$wb" trace -m "$tiny" "${big[@]}" --budget-mib 12.8125 --systems warmctx-semantic,warmctx-lru --json \
     > "$out/trace-8ws-tiny-f16-cpu2.json"
-  "$w" bench trace -m "$tiny" "${big[@]}" --budget-mib 10000 --systems warmctx-semantic --json \
+  "$wb" trace -m "$tiny" "${big[@]}" --budget-mib 10000 --systems warmctx-semantic --json \
     > "$out/trace-8ws-unlimited-tiny-f16-cpu2.json"
   # S3: prefill (cold, warm) and decode per shape against llama-bench.
-  "$w" bench s3 --depth 1024 --reps 2 --json > "$out/s3-cpu2.json"
+  "$wb" s3 --depth 1024 --reps 2 --json > "$out/s3-cpu2.json"
 }
 if [ "$which" = side-by-side ]; then side_by_side; exit 0; fi
 
 # Engine adapter against llama-bench, same build and settings.
-"$w" bench engine -m "$tiny" --prompt-tokens 512 --gen-tokens 64 --reps 5 --json > "$out/engine-tiny-f16-cpu2.json"
-"$w" bench engine --prompt-tokens 512 --gen-tokens 32 --reps 3 --json > "$out/engine-qwen2.5-0.5b-q4_0-cpu2.json"
+"$wb" engine -m "$tiny" --prompt-tokens 512 --gen-tokens 64 --reps 5 --json > "$out/engine-tiny-f16-cpu2.json"
+"$wb" engine --prompt-tokens 512 --gen-tokens 32 --reps 3 --json > "$out/engine-qwen2.5-0.5b-q4_0-cpu2.json"
 
 # The seed's S2 / S2.5 on the default model.
 "$w" demo --prefix-tokens 2048 > "$out/demo-2k-qwen2.5-0.5b-q4_0-cpu2.txt"
@@ -42,7 +43,7 @@ if [ "$which" = side-by-side ]; then side_by_side; exit 0; fi
 "$w" demo --prefix-tokens 8192 --json > "$out/demo-8k-qwen2.5-0.5b-q4_0-cpu2.json"
 
 # Warm-turn overhead: the tail after a reused prefix vs the same tail in a fresh sequence.
-"$w" bench warm-overhead --prefix-tokens 2048 --reps 5 --json > "$out/warm-overhead-2k-qwen2.5-0.5b-q4_0-cpu2.json"
+"$wb" warm-overhead --prefix-tokens 2048 --reps 5 --json > "$out/warm-overhead-2k-qwen2.5-0.5b-q4_0-cpu2.json"
 
 # The correctness gate.
 "$w" verify -m "$tiny" --scenarios 50 --json > "$out/verify-exact-tiny-50.json"
@@ -51,15 +52,15 @@ if [ "$which" = side-by-side ]; then side_by_side; exit 0; fi
 "$w" verify --scenarios 1 --stable-tokens 600 --kv-mode shared --json > "$out/verify-shared-qwen2.5-0.5b-q4_0-1.json"
 
 # Tiers: cold prefill vs restore from disk / host RAM, and the first turn after a restart.
-"$w" bench restore --prefix-tokens 2048,8192 --json > "$out/restore-qwen2.5-0.5b-q4_0-cpu2.json"
-"$w" bench restore --prefix-tokens 32768 --json > "$out/restore-32k-qwen2.5-0.5b-q4_0-cpu2.json"   # ~30 min
+"$wb" restore --prefix-tokens 2048,8192 --json > "$out/restore-qwen2.5-0.5b-q4_0-cpu2.json"
+"$wb" restore --prefix-tokens 32768 --json > "$out/restore-32k-qwen2.5-0.5b-q4_0-cpu2.json"   # ~30 min
 
 # The server: overhead per request and throughput with 1, 4 and 16 clients.
-"$w" bench http -m "$tiny" --requests 8 --json > "$out/http-tiny-f16-cpu2.json"
+"$wb" http -m "$tiny" --requests 8 --json > "$out/http-tiny-f16-cpu2.json"
 
 # The soak: 64 clients for 10 minutes, a realistic request mix; no 5xx, flat RSS
 # (docs/hardening.md). One llama.cpp thread: on a shared 2-core machine two threads
 # wait on each other at every barrier.
-"$w" bench soak -m "$tiny" -t 1 --clients 64 --duration-s 600 --json > "$out/soak-tiny-f16-cpu2.json"
+"$wb" soak -m "$tiny" -t 1 --clients 64 --duration-s 600 --json > "$out/soak-tiny-f16-cpu2.json"
 
 side_by_side

@@ -35,7 +35,7 @@ machine() {
 }
 
 build() {
-  if [ -x "$build/warmctx" ] && [ -x "$build/bin/llama-server" ] && [ -x "$build/bin/llama-bench" ]; then
+  if [ -x "$build/warmctx" ] && [ -x "$build/warmctx-bench" ] && [ -x "$build/bin/llama-server" ] && [ -x "$build/bin/llama-bench" ]; then
     log "build: already built"; return
   fi
   if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
@@ -47,8 +47,8 @@ build() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARMCTX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DWARMCTX_BUILD_TESTS=OFF -DWARMCTX_VENDORED_DEPS=ON -DXXHASH_INCLUDE="$root/.devcarry/include" \
         -DCMAKE_CXX_FLAGS="-I$root/.devcarry/include" >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
-  log "build: compiling warmctx, llama-server, llama-bench"
-  cmake --build "$build" -j"$(nproc)" --target warmctx llama-server llama-bench >"$out/build.log" 2>&1 ||
+  log "build: compiling warmctx, warmctx-bench, llama-server, llama-bench"
+  cmake --build "$build" -j"$(nproc)" --target warmctx warmctx-bench llama-server llama-bench >"$out/build.log" 2>&1 ||
     { grep -E "error|Error" "$out/build.log" | head -30; tail -20 "$out/build.log"; exit 1; }
   log "build: done"
 }
@@ -60,8 +60,8 @@ run_bench() {  # name, args...
 run_bench_as() {  # result name, bench name, args...
   local as="$1" name="$2"; shift 2
   if [ "$deadline" -gt 0 ] && [ "$SECONDS" -gt "$deadline" ]; then log "$as: skipped (past the ${deadline}s deadline)"; return; fi
-  log "$as: warmctx bench $name $*"
-  if "$build/warmctx" bench "$name" "$@" --json >"$out/$as-h200.json" 2>"$out/$as-h200.log"; then
+  log "$as: warmctx-bench $name $*"
+  if "$build/warmctx-bench" "$name" "$@" --json >"$out/$as-h200.json" 2>"$out/$as-h200.log"; then
     log "$as: done"; tail -3 "$out/$as-h200.log"
   else
     log "$as: FAILED"; tail -30 "$out/$as-h200.log"
