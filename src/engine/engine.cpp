@@ -33,16 +33,6 @@ result<kv_mode> parse_kv_mode(std::string_view s) {
     return invalid_argument("unknown KV mode '" + std::string(s) + "' (expected exact or shared)");
 }
 
-std::string_view finish_reason_name(finish_reason r) {
-    switch (r) {
-        case finish_reason::length: return "length";
-        case finish_reason::stop: return "stop";
-        case finish_reason::eos: return "eos";
-        case finish_reason::context_full: return "context_full";
-    }
-    return "length";
-}
-
 engine::engine(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 engine::~engine() = default;
 

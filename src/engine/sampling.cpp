@@ -1,6 +1,8 @@
 // Sampling: the sampler chain of a request's parameters (penalties, logit bias, grammar,
 // top-k/top-p/temperature, or greedy), one generation step at a time (stop strings,
 // limits, log-probabilities), and a whole generation on one sequence.
+#include "warmctx/sampling.h"
+
 #include "engine_impl.h"
 
 #include <algorithm>
@@ -10,6 +12,16 @@
 #include "warmctx/text_stream.h"
 
 namespace warmctx {
+
+std::string_view finish_reason_name(finish_reason r) {
+    switch (r) {
+        case finish_reason::length: return "length";
+        case finish_reason::stop: return "stop";
+        case finish_reason::eos: return "eos";
+        case finish_reason::context_full: return "context_full";
+    }
+    return "length";
+}
 
 struct token_sampler::impl {
     detail::sampler_ptr chain;  // null: greedy

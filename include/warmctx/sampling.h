@@ -1,0 +1,133 @@
+// warmctx/sampling.h - how the engine picks tokens: a request's sampling parameters, the
+// sampler they make, and the decisions of one generation token by token (stop strings,
+// limits, log-probabilities). Implemented over llama.cpp's samplers (src/engine).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "warmctx/status.h"
+#include "warmctx/types.h"
+
+namespace warmctx {
+
+class engine;
+
+struct sampling_params {
+    int32_t max_tokens = 32;
+    float temperature = 0.0f;     // <= 0: greedy (argmax)
+    float top_p = 1.0f;           // 1: off
+    int32_t top_k = 0;            // 0: off
+    uint32_t seed = 0;
+    std::vector<std::string> stop;  // generation ends before the first occurrence
+    // OpenAI's penalties, over the tokens generated so far (at most the last
+    // k_penalty_window): each logit loses frequency_penalty per earlier occurrence of its
+    // token plus presence_penalty once if it occurred at all. 0 = off.
+    float presence_penalty = 0.0f;
+    float frequency_penalty = 0.0f;
+    // Added to a token's logit before sampling (OpenAI's logit_bias; -100 bans it).
+    std::vector<std::pair<token_id, float>> logit_bias;
+    // Log-probabilities of each generated token (from the model's logits, before any
+    // sampler): -1 = none, 0 = the chosen token's, k = also the k most likely (<= 20).
+    int32_t n_logprobs = -1;
+    // A GBNF grammar (root rule "root") the output must follow: tokens it does not allow
+    // are never sampled, and when it is complete only the end of generation is. "" = none.
+    std::string grammar;
+    // A lazy grammar binds only from the first trigger on (the model may answer in text
+    // or call a tool): a regex over the output, or a literal text (a single token when
+    // the vocabulary has it as one).
+    bool grammar_lazy = false;
+    std::vector<std::string> grammar_trigger_patterns;
+    std::vector<std::string> grammar_trigger_words;
+    // Text the prompt already ends with that a (not lazy) grammar describes too - a
+    // template's generation prompt, which tool-call grammars start with: fed to the
+    // grammar before the first token is sampled.
+    std::string grammar_prefill;
+};
+
+// One generated token's log-probability (natural log, over the whole vocabulary).
+struct token_logprob {
+    token_id token = -1;
+    float logprob = 0;
+    std::string piece;  // its text (may be part of a UTF-8 character)
+};
+struct token_logprobs {
+    token_logprob chosen;
+    std::vector<token_logprob> top;  // the most likely first (n_logprobs of them)
+};
+inline constexpr int32_t k_penalty_window = 4096;
+
+enum class finish_reason { length, stop, eos, context_full };
+std::string_view finish_reason_name(finish_reason r);
+
+struct generation {
+    std::vector<token_id> tokens;
+    std::string text;
+    finish_reason finish = finish_reason::length;
+    double t_decode_ms = 0;
+};
+
+// Picks the next token from logits: greedy (first maximum) when temperature <= 0,
+// else a seeded chain of top-k, top-p, temperature and a distribution sampler.
+// Deterministic for a given seed and logits sequence.
+class token_sampler {
+  public:
+    // Greedy (the first maximum) when temperature <= 0, else top-k, top-p, temperature
+    // and a seeded draw; logit_bias then the penalties come first when given.
+    // Errors: invalid_argument (top_p outside (0, 1], negative top_k or max_tokens, a
+    // logit_bias token outside [0, n_vocab), a bias or penalty that is not finite).
+    // A grammar needs the engine's vocabulary (invalid_argument when it does not parse).
+    static result<std::unique_ptr<token_sampler>> make(const sampling_params & sp, const engine & e);
+    ~token_sampler();
+    token_id sample(std::span<const float> logits);
+
+  private:
+    struct impl;
+    explicit token_sampler(std::unique_ptr<impl> p);
+    std::unique_ptr<impl> p_;
+};
+
+// The decisions of one generation, token by token: which token comes next and whether
+// the generation ends. engine::generate and the scheduler's batched loop both go through
+// it, so they stop for the same reasons in the same order:
+//   1. max_tokens reached                        -> length
+//   2. the sampled token ends generation         -> eos   (not counted, no text)
+//   3. the token's text completes a stop string  -> stop  (counted; text cut before it)
+//   4. max_tokens reached with this token        -> length
+//   5. the sequence has no room for this token   -> context_full
+//   otherwise the token is to be decoded at the sequence's next position.
+class generation_step {
+  public:
+    struct decision {
+        token_id token = -1;      // the sampled token (-1 when none was sampled: rule 1)
+        std::string delta;        // text now safe to emit (never part of a stop string or
+                                  // of a UTF-8 character)
+        bool finished = false;
+        finish_reason finish = finish_reason::length;  // when finished
+        std::optional<token_logprobs> logprobs;        // sp.n_logprobs >= 0 and a token was sampled
+    };
+    // Errors: those of token_sampler::make.
+    static result<std::unique_ptr<generation_step>> make(const engine & e, const sampling_params & sp);
+    ~generation_step();
+
+    // `logits` follow the sequence's last token; `n_in_seq` tokens are in the sequence.
+    decision next(std::span<const float> logits, pos_t n_in_seq);
+    // The text held back when the generation ends without a stop string.
+    std::string finish();
+    int32_t n_generated() const;
+    const std::vector<token_id> & tokens() const;
+    const std::string & text() const;   // the whole text so far, cut before a stop string
+
+  private:
+    struct impl;
+    explicit generation_step(std::unique_ptr<impl> p);
+    std::unique_ptr<impl> p_;
+};
+
+}  // namespace warmctx
