@@ -15,7 +15,8 @@ declare -A layer_of_header=(
   [snapshot.h]=store [snapshot_store.h]=store
   [engine.h]=engine [sampling.h]=engine [model_maker.h]=engine [engine_adapters.h]=engine [chat_template.h]=engine
   [workload.h]=workload [agent_trace.h]=workload
-  [context_engine.h]=runtime [scheduler.h]=runtime [verify.h]=runtime [tiers.h]=runtime [explain.h]=runtime
+  [context_engine.h]=runtime [context_options.h]=runtime [context_counters.h]=runtime [explain_report.h]=runtime
+  [scheduler.h]=runtime [verify.h]=runtime
   [server.h]=server [explain_format.h]=server
 )
 declare -A rank=([util]=0 [context]=1 [cache]=2 [store]=3 [engine]=3 [workload]=3 [runtime]=4 [server]=5 [cli]=6)

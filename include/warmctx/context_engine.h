@@ -22,7 +22,6 @@
 // Thread safety: none. One thread (the engine thread) owns a context_engine.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,65 +29,18 @@
 
 #include "warmctx/assembler.h"
 #include "warmctx/chat_template.h"
+#include "warmctx/context_counters.h"
+#include "warmctx/context_options.h"
 #include "warmctx/engine.h"
-#include "warmctx/kind_table.h"
+#include "warmctx/explain_report.h"
 #include "warmctx/prefix_cache.h"
 #include "warmctx/profile.h"
 #include "warmctx/status.h"
 
 namespace warmctx {
+
 class context_engine;
-class file_system;
 class snapshot_store;
-}  // namespace warmctx
-
-namespace warmctx {
-
-// The tier below the engine's KV and its RAM pool: disk. Write-through: when a turn
-// caches a prefix, its leading run of blocks of at least the tier's class is written to
-// disk unless the tier already holds it, so it survives eviction from the pool, a
-// restart or a crash. A lookup that finds a longer prefix on disk than in the engine
-// restores it from there, and the turn then caches it in the pool again (promotion).
-struct tier_options {
-    std::string cache_dir;                          // disk tier directory ("" = no disk tier)
-    file_system * disk_fs = nullptr;                // the disk tier's file system (nullptr: the real
-                                                    // one); must outlive the engine (tests inject faults)
-    uint64_t disk_budget_bytes = 0;                 // 0 = unlimited
-    retention_class disk_min_class = retention_class::high;
-};
-
-struct context_engine_options {
-    engine_options engine;            // its n_seq_max is set to n_work_seqs (+ 1: cold_stream);
-                                      // its n_seq_resident streams (none with cold_stream)
-                                      // become work streams too: the device tier
-    // A prefix another idle stream holds is copied stream to stream (llama.cpp copies the
-    // whole stream, keeping its cell layout: exact) instead of through the RAM pool. On a
-    // GPU that is a device-to-device copy (an 805 MB stream in about a millisecond on an
-    // H200), against a save to host RAM and a load back; on the CPU it copies n_ctx cells
-    // where the pool copies the prefix's own, so `automatic` turns it on only where the
-    // model's layers run on a GPU.
-    enum class stream_copy_mode { automatic, on, off };
-    stream_copy_mode stream_copies = stream_copy_mode::automatic;
-    // A KV stream of its own for run_cold, the reference runs of verify, the benches and
-    // the tests. serve has none: every stream it allocates runs turns.
-    bool cold_stream = true;
-    uint32_t n_holders = 4096;        // at most this many cached prefixes in the pool (each
-                                      // is compact: the byte budget is the real bound)
-    uint32_t n_work_seqs = 1;         // turns in flight at once (the scheduler's n_parallel)
-    cache_budget budget;              // bytes_per_token is filled from the engine
-    uint64_t workspace_max_bytes = 0; // per-workspace byte budget (0 = none); becomes a
-                                      // token budget once the KV bytes per token are known
-    eviction_policy policy = eviction_policy::semantic;
-    kind_table kinds;
-    std::string tenant_salt;          // two tenants never share a cache entry
-    tier_options tiers;
-    // What the engine remembers per workspace (its last turn, for explain; its counters)
-    // is bounded: past this many workspaces, or past this many tokens of remembered
-    // prompts, the least recently used workspace is forgotten (its cached KV is not
-    // touched: reuse is by content; only explain's comparison with its last turn goes).
-    size_t max_workspaces = 1024;
-    size_t max_remembered_tokens = size_t{8} << 20;  // 32 MiB of token ids
-};
 
 struct turn_request {
     std::string workspace = "default";
@@ -113,74 +65,6 @@ struct turn_request {
     std::shared_ptr<const assembled_prompt> assembled;
 };
 
-// Why reuse stopped where it did.
-enum class miss_kind {
-    full_hit,        // every cacheable block was reused; only the uncacheable tail prefilled
-    cold,            // nothing cached for this prompt (first turn of a workspace)
-    segment_changed, // a segment differs from the workspace's previous turn
-    profile_drift,   // a profile field changed (model, template, chunk size, ...)
-    evicted,         // the next block was cached once and evicted
-    not_cached,      // the next block was never cached (e.g. a holder was replaced)
-};
-std::string_view miss_kind_name(miss_kind k);
-
-// Where a turn's reused KV came from: the engine (a work stream in place, or the RAM
-// pool of cached prefixes) or the disk tier.
-enum class kv_tier { none, engine, disk };
-std::string_view kv_tier_name(kv_tier t);  // "none" | "engine" | "disk"
-
-// A pre-warm of the workspace that ran before a turn (explain_report::prewarm): the turn
-// was served from it.
-struct prewarm_info {
-    bool complete = true;           // false: stopped at a chunk boundary so that this turn
-                                    // could start from what it had done (it was running)
-    int64_t finished_unix_ms = 0;   // when it ended (wall clock)
-    double duration_ms = 0;         // admission .. end
-    pos_t n_prefilled = 0;          // tokens it prefilled (the rest was cached already)
-    pos_t n_cached = 0;             // tokens of the prefix it left cached
-    pos_t n_target = 0;             // the cacheable tokens it set out to cache
-    pos_t n_found = 0;              // tokens it found cached ...
-    kv_tier found_tier = kv_tier::none;  // ... in this tier (disk: restored after a restart)
-    bool ahead = false;             // this turn's own request started it, for its leading
-                                    // segments, while the rest of its prompt tokenized
-};
-
-struct segment_explain {
-    std::string id;
-    segment_kind kind = segment_kind::user;
-    retention_class cls = retention_class::none;
-    pos_t token_begin = 0, token_end = 0;
-    pos_t n_reused = 0;
-    pos_t n_prefilled = 0;
-};
-
-struct explain_report {
-    std::string workspace;
-    pos_t n_prompt_tokens = 0;
-    pos_t n_reused = 0;
-    pos_t n_prefilled = 0;
-    pos_t n_cacheable = 0;            // tokens before the first uncacheable block
-    std::string matched_workspace;    // whose holder served the reuse ("" on a miss)
-    miss_kind kind = miss_kind::cold;
-    std::string reason;               // one sentence a person can act on
-    std::string missed_segment;       // the segment where reuse stopped ("" on a full hit)
-    std::vector<std::string> drifted_fields;   // profile_drift: "chunk_tokens: 512 -> 256"
-    std::vector<std::string> changed_segments; // vs the workspace's previous turn
-    std::optional<eviction_record> eviction;   // evicted: what, when, why
-    kv_tier tier = kv_tier::none;     // where the reused KV came from
-    bool in_place = false;            // engine tier: the work stream still held the prefix
-                                      // from its last turn (trimmed; nothing copied)
-    pos_t n_common_tokens = -1;       // token prefix shared with the previous turn (-1: none)
-    pos_t snapped_from = -1;          // n_common_tokens when snapping moved the reuse point
-    double predicted_prefill_ms = -1; // from the measured prefill rate (-1: not measured yet)
-    std::string stable_prefix_hash;
-    std::vector<segment_explain> segments;
-    // Set on the first turn after a pre-warm of this workspace whose cached prefix it
-    // reused (a pre-warm's own report leaves it empty).
-    std::optional<prewarm_info> prewarm;
-    // Formatting (JSON, text) is the HTTP and command-line layers' (warmctx/explain_format.h).
-};
-
 struct turn_result {
     generation gen;
     explain_report explain;
@@ -198,72 +82,6 @@ struct turn_result {
     std::vector<float> gen_logits;    // keep_logits: logits of every generation step
 };
 
-struct workspace_counters {
-    uint64_t n_turns = 0;
-    uint64_t n_prompt_tokens = 0;
-    uint64_t n_reused_tokens = 0;     // hit tokens
-    uint64_t n_prefilled_tokens = 0;  // miss tokens
-    uint64_t n_generated_tokens = 0;
-    std::map<std::string, uint64_t> misses_by_kind;
-};
-
-struct tier_counters {
-    uint64_t n_restores_disk = 0;
-    uint64_t n_restored_tokens = 0;
-    uint64_t n_writes_disk = 0;
-    uint64_t n_write_failures_disk = 0;  // a full disk, say (also logged)
-    uint64_t n_restore_failures = 0;     // a tier's file failed its checks: fell back
-    uint64_t n_shared_restores = 0;      // restores served by an earlier restore's bytes
-    uint64_t disk_write_queue_writes = 0, disk_write_queue_bytes = 0;  // gauges: snapshots queued for the disk writer
-    uint64_t n_write_drops_disk = 0;     // write-throughs dropped: the write queue was full (also in failures)
-    uint64_t disk_bytes = 0, disk_files = 0;
-    uint64_t disk_quarantine_files = 0, disk_quarantine_bytes = 0;  // in the disk budget
-};
-
-// Every byte of KV the engine holds. Streams are allocated whole (n_ctx cells each) when
-// the engine opens; the pool holds each cached prefix's own cells.
-struct kv_memory {
-    uint64_t streams_allocated_bytes = 0;  // n_streams * n_ctx * bytes per token
-    uint64_t streams_used_bytes = 0;       // tokens in the streams * bytes per token
-    uint64_t pool_bytes = 0;               // cached prefixes' saved states
-    uint64_t pool_allocated_bytes = 0;     // their buffers
-    uint64_t pool_entries = 0;
-    uint64_t allocated_bytes = 0;          // streams + pool, allocated
-    uint64_t used_bytes = 0;               // streams + pool, used
-    uint64_t n_pool_loads = 0, pool_loaded_bytes = 0;
-    double pool_load_ms = 0;
-    uint64_t n_pool_saves = 0, pool_saved_bytes = 0;
-    double pool_save_ms = 0;
-    uint64_t n_in_place_turns = 0;         // warm turns that copied nothing
-    uint64_t n_write_backs = 0;            // a stream's blocks offered to the pool (lazily)
-    double write_back_ms = 0;              // time spent on those write-backs
-    uint64_t n_write_backs_ahead = 0;      // of them, made by an idle engine (write_back_ahead),
-                                           // on no turn's way
-    uint64_t n_streams = 0;                // work streams, the resident ones included
-    uint64_t n_resident_streams = 0;       // of which resident (the device tier)
-    bool streams_on_device = false;        // the model's layers (and so the KV) are on a GPU
-    uint64_t n_stream_copies = 0;          // prefixes copied stream to stream (device)
-    uint64_t n_branches_parked = 0;        // trimmed blocks kept by a copy into a free stream
-    uint64_t n_branches_dropped = 0;       // trimmed blocks of low retention not saved
-};
-
-struct prewarm_counters {
-    uint64_t n_prewarms = 0;            // pre-warm turns finished (complete or not)
-    uint64_t n_already_cached = 0;      // of which found everything cached: did nothing
-    uint64_t n_preempted = 0;           // stopped early for a turn of their workspace
-    uint64_t n_prefilled_tokens = 0;    // tokens they prefilled
-    uint64_t n_served_turns = 0;        // turns that reused what a pre-warm left
-};
-
-struct context_counters {
-    workspace_counters total;           // turns (pre-warms are counted in `prewarm`)
-    prewarm_counters prewarm;
-    std::map<std::string, workspace_counters> workspaces;
-    cache_counters cache;
-    tier_counters tiers;
-    kv_memory memory;
-};
-
 // A turn between begin_turn and finish_turn: its work sequence holds the prompt's KV.
 // Move-only. Destroying a turn that was neither finished nor aborted aborts it (clears
 // its work sequence), so no error path can leak a sequence's KV.
@@ -274,7 +92,7 @@ class pending_turn {
     seq_id seq = -1;
     assembled_prompt ap;
     explain_report explain;
-    uint64_t now = 0;
+    uint64_t tick = 0;      // its tick of the engine's turn clock (LRU order)
     bool cache = true;
     double t_assemble_ms = 0, t_copy_ms = 0, t_restore_ms = 0, t_prefill_ms = 0;
     // Before the lookup: blocks of other streams or of this one that the turn would

@@ -25,6 +25,36 @@ std::string_view kv_tier_name(kv_tier t) {
     return "none";
 }
 
+namespace {
+
+// The first change at or before block `b` (the first not reused) explains the miss; an
+// edit of content before a change of tokens alone, which it may have caused: a template
+// may render one segment into another's text (Qwen2.5's writes the tools into the system
+// message, so an edit of the tools changes the system message's tokens, wherever the
+// tools segment sits in the order).
+std::optional<segment_change> change_that_stopped_reuse(const manifest & before, const manifest & now,
+                                                        const block & b) {
+    std::optional<segment_change> cause, tokens_only, content_later;
+    for (const auto & c : diff_manifests(before, now)) {
+        if (c.what == segment_change_kind::moved) continue;
+        const bool tokens = c.what == segment_change_kind::tokens_changed;
+        if (c.after_begin > b.begin) {
+            if (!tokens && !content_later) content_later = c;
+            continue;
+        }
+        if (tokens) {
+            if (!tokens_only) tokens_only = c;
+            continue;
+        }
+        cause = c;
+        break;
+    }
+    if (!cause) cause = tokens_only && content_later ? content_later : tokens_only;
+    return cause;
+}
+
+}  // namespace
+
 explain_report explain_turn(const explain_inputs & in) {
     const assembled_prompt & ap = in.ap;
     const match & m = in.m;
@@ -97,27 +127,7 @@ explain_report explain_turn(const explain_inputs & in) {
                        ") was evicted at t=" + std::to_string(ev->at) + ": " + ev->reason + " (policy " +
                        std::string(eviction_policy_name(ev->policy)) + ")";
         } else if (st && st->has_turn) {
-            // The first change at or before the missed block explains the miss; an edit
-            // of content before a change of tokens alone, which it may have caused: a
-            // template may render one segment into another's text (Qwen2.5's writes the
-            // tools into the system message, so an edit of the tools changes the system
-            // message's tokens, wherever the tools segment sits in the order).
-            std::optional<segment_change> cause, tokens_only, content_later;
-            for (const auto & c : diff_manifests(st->last_manifest, ap.man)) {
-                if (c.what == segment_change_kind::moved) continue;
-                const bool tokens = c.what == segment_change_kind::tokens_changed;
-                if (c.after_begin > b.begin) {
-                    if (!tokens && !content_later) content_later = c;
-                    continue;
-                }
-                if (tokens) {
-                    if (!tokens_only) tokens_only = c;
-                    continue;
-                }
-                cause = c;
-                break;
-            }
-            if (!cause) cause = tokens_only && content_later ? content_later : tokens_only;
+            const std::optional<segment_change> cause = change_that_stopped_reuse(st->last_manifest, ap.man, b);
             std::string changed;
             if (cause) {
                 changed = cause->to_string();

@@ -31,7 +31,7 @@ struct explain_inputs {
     const profile & prof;                 // the profile now
     const prefix_cache & cache;           // for eviction records (read only)
     double prefill_tokens_per_ms = 0;     // measured rate (0: not measured yet)
-    // The profile of the workspace's newest snapshot in a tier (tier_set::newest_profile):
+    // The profile of the workspace's newest snapshot in a tier (disk_kv_tier::newest_profile):
     // with no previous turn to compare with (after a restart), a snapshot made under
     // another profile names the drift.
     std::optional<profile> snapshot_profile = std::nullopt;

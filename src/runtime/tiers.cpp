@@ -20,9 +20,9 @@ snapshot make_snapshot(const profile & prof, const std::string & workspace, cons
     return snap;
 }
 
-result<std::unique_ptr<tier_set>> tier_set::open(const tier_options & opts, eviction_policy policy,
+result<std::unique_ptr<disk_kv_tier>> disk_kv_tier::open(const tier_options & opts, eviction_policy policy,
                                                   pos_t max_file_tokens, write_queue_options wq) {
-    std::unique_ptr<tier_set> t(new tier_set());
+    std::unique_ptr<disk_kv_tier> t(new disk_kv_tier());
     t->opts_ = opts;
     t->wq_opts_ = std::move(wq);
     t->max_file_tokens_ = max_file_tokens;
@@ -40,7 +40,7 @@ result<std::unique_ptr<tier_set>> tier_set::open(const tier_options & opts, evic
     return t;
 }
 
-tier_set::~tier_set() {
+disk_kv_tier::~disk_kv_tier() {
     if (!writer_.joinable()) return;
     {
         std::lock_guard lk(mu_);
@@ -51,7 +51,7 @@ tier_set::~tier_set() {
     writer_.join();  // the writer empties the queue before it returns
 }
 
-void tier_set::writer_loop() {
+void disk_kv_tier::writer_loop() {
     std::unique_lock lk(mu_);
     for (;;) {
         cv_work_.wait(lk, [&] { return stop_ || !queue_.empty(); });
@@ -70,12 +70,12 @@ void tier_set::writer_loop() {
     }
 }
 
-void tier_set::flush() {
+void disk_kv_tier::flush() {
     std::unique_lock lk(mu_);
     cv_idle_.wait(lk, [&] { return queue_.empty(); });
 }
 
-tier_set::hit tier_set::find(const assembled_prompt & ap, pos_t better_than, bool counted) const {
+disk_kv_tier::hit disk_kv_tier::find(const assembled_prompt & ap, pos_t better_than, bool counted) const {
     hit h;
     if (!disk_) return h;
     // The queue first, then the store: a write leaves the queue only once its file is
@@ -105,9 +105,9 @@ tier_set::hit tier_set::find(const assembled_prompt & ap, pos_t better_than, boo
     return h;
 }
 
-tier_set::hit tier_set::peek(const assembled_prompt & ap, pos_t better_than) const { return find(ap, better_than, false); }
+disk_kv_tier::hit disk_kv_tier::peek(const assembled_prompt & ap, pos_t better_than) const { return find(ap, better_than, false); }
 
-std::optional<profile> tier_set::newest_profile(const std::string & workspace) const {
+std::optional<profile> disk_kv_tier::newest_profile(const std::string & workspace) const {
     if (!disk_) return std::nullopt;
     {
         std::lock_guard lk(mu_);  // a queued snapshot is newer than any file
@@ -119,7 +119,7 @@ std::optional<profile> tier_set::newest_profile(const std::string & workspace) c
     return newest->meta.prof;
 }
 
-std::pair<tier_set::hit, std::shared_ptr<const snapshot>> tier_set::fetch(const profile & prof,
+std::pair<disk_kv_tier::hit, std::shared_ptr<const snapshot>> disk_kv_tier::fetch(const profile & prof,
                                                                            const assembled_prompt & ap,
                                                                            pos_t better_than) {
     hit h = find(ap, better_than, true);
@@ -152,7 +152,7 @@ std::pair<tier_set::hit, std::shared_ptr<const snapshot>> tier_set::fetch(const 
     return {h, std::move(snap)};
 }
 
-tier_set::hit tier_set::restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than,
+disk_kv_tier::hit disk_kv_tier::restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than,
                                 seq_id seq) {
     auto [h, snap] = fetch(prof, ap, better_than);
     if (!snap) return {};
@@ -164,7 +164,7 @@ tier_set::hit tier_set::restore(engine & e, const profile & prof, const assemble
     return h;
 }
 
-bool tier_set::holds(std::span<const block> path) {
+bool disk_kv_tier::holds(std::span<const block> path) {
     if (path.empty()) return true;
     {
         // Queue first, then the store (see find).
@@ -178,7 +178,7 @@ bool tier_set::holds(std::span<const block> path) {
     return disk_->lookup(path, max_file_tokens_).n_blocks >= path.size();
 }
 
-tier_set::queue_outcome tier_set::enqueue(snapshot snap) {
+disk_kv_tier::queue_outcome disk_kv_tier::enqueue(snapshot snap) {
     queued_write q;
     q.bytes = (uint64_t)snap.kv.size() + (uint64_t)snap.tokens.size() * sizeof(token_id);
     for (const block & b : snap.meta.blocks) q.chains.insert(b.chain);
@@ -201,13 +201,13 @@ tier_set::queue_outcome tier_set::enqueue(snapshot snap) {
     return queue_outcome::queued;
 }
 
-tier_set::queue_outcome tier_set::queue_write(snapshot snap) {
+disk_kv_tier::queue_outcome disk_kv_tier::queue_write(snapshot snap) {
     if (!disk_) return queue_outcome::no_disk;
     if (holds(snap.meta.blocks)) return queue_outcome::held;
     return enqueue(std::move(snap));
 }
 
-void tier_set::write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
+void disk_kv_tier::write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
                              const assembled_prompt & ap, size_t n_blocks_held) {
     if (!disk_) return;
     // The leading run of cacheable blocks of at least the tier's class, of those the
@@ -230,7 +230,7 @@ void tier_set::write_through(engine & e, const profile & prof, seq_id seq, const
     enqueue(make_snapshot(prof, workspace, ap.man, std::move(path), ap.tokens, std::move(kv.value())));
 }
 
-void tier_set::write_failed_locked(const status & why) {
+void disk_kv_tier::write_failed_locked(const status & why) {
     n_write_failures_disk_++;
     n_unreported_failures_++;
     const auto now = std::chrono::steady_clock::now();
@@ -243,7 +243,7 @@ void tier_set::write_failed_locked(const status & why) {
     n_unreported_failures_ = 0;
 }
 
-status tier_set::put_disk(const snapshot & snap) {
+status disk_kv_tier::put_disk(const snapshot & snap) {
     if (!disk_) return failed_precondition("no disk tier (start with a cache directory)");
     flush();  // after the write-throughs queued before: the newest bytes of a key land last
     auto put = disk_->put(snap);
@@ -253,7 +253,7 @@ status tier_set::put_disk(const snapshot & snap) {
     return {};
 }
 
-tier_counters tier_set::counters() const {
+tier_counters disk_kv_tier::counters() const {
     tier_counters c = ctr_;
     {
         std::lock_guard lk(mu_);
@@ -273,7 +273,7 @@ tier_counters tier_set::counters() const {
     return c;
 }
 
-write_queue_stats tier_set::queue_stats() const {
+write_queue_stats disk_kv_tier::queue_stats() const {
     std::lock_guard lk(mu_);
     write_queue_stats q = qstats_;
     q.queued_writes = queue_.size();

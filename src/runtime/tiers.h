@@ -70,17 +70,17 @@ struct write_queue_stats {
     uint64_t n_restores_from_queue = 0;  // restores served by a queued snapshot's bytes
 };
 
-class tier_set {
+class disk_kv_tier {
   public:
     // `max_file_tokens` > 0: the engine's sequences hold that many tokens, so a file of
     // more (made with a larger context) is never looked up nor loaded: a miss.
     // Errors: those of snapshot_store::open, with the tier named.
-    static result<std::unique_ptr<tier_set>> open(const tier_options & opts, eviction_policy policy,
+    static result<std::unique_ptr<disk_kv_tier>> open(const tier_options & opts, eviction_policy policy,
                                                   pos_t max_file_tokens = 0, write_queue_options wq = {});
     // Finishes every queued write (none is lost), then joins the writer thread.
-    ~tier_set();
-    tier_set(const tier_set &) = delete;
-    tier_set & operator=(const tier_set &) = delete;
+    ~disk_kv_tier();
+    disk_kv_tier(const disk_kv_tier &) = delete;
+    disk_kv_tier & operator=(const disk_kv_tier &) = delete;
 
     bool empty() const { return !disk_; }
     // The store, for direct use (list, lookup, path_of, stats): flushes first, so it
@@ -161,7 +161,7 @@ class tier_set {
         uint64_t bytes = 0;
     };
 
-    tier_set() = default;
+    disk_kv_tier() = default;
     hit find(const assembled_prompt & ap, pos_t better_than, bool counted) const;
     // Whether the disk or the queue holds `path` whole (counted as a store lookup).
     bool holds(std::span<const block> path);

@@ -239,7 +239,7 @@ turn_request tier_request(std::vector<segment> segs, const std::string & q) {
     return r;
 }
 
-// The disk tier writes on its own thread (tier_set's write queue): disk_tier() waits for
+// The disk tier writes on its own thread (disk_kv_tier's write queue): disk_tier() waits for
 // the queued write-throughs, so the counters and the directory then show every write of
 // the turns before.
 void drain_disk_writes(context_engine & ce) { (void)ce.disk_tier(); }

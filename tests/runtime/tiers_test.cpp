@@ -2,7 +2,7 @@
 // gate the test holds: a write-through returns while its file is still unwritten, a
 // queued snapshot serves lookups and restores from memory, the same prefix is queued
 // once, a full queue drops the new write (counted, logged), and destruction finishes
-// every queued write. No model: snapshots carry pseudo-KV (tier_set's queue never looks
+// every queued write. No model: snapshots carry pseudo-KV (disk_kv_tier's queue never looks
 // inside the KV), and fetch() is restore() without the engine's load.
 #include <gtest/gtest.h>
 
@@ -32,11 +32,11 @@ assembled_prompt prompt_of(const test_path & p) {
     return ap;
 }
 
-std::unique_ptr<tier_set> open_tiers(file_system & fs, write_queue_options wq = {}) {
+std::unique_ptr<disk_kv_tier> open_tiers(file_system & fs, write_queue_options wq = {}) {
     tier_options o;
     o.cache_dir = "/disk";
     o.disk_fs = &fs;
-    auto t = tier_set::open(o, eviction_policy::semantic, 0, std::move(wq));
+    auto t = disk_kv_tier::open(o, eviction_policy::semantic, 0, std::move(wq));
     EXPECT_TRUE(t.ok()) << t.error().to_string();
     return t.ok() ? std::move(t.value()) : nullptr;
 }
@@ -63,7 +63,7 @@ TEST(TierWriteQueue, AWriteThroughReturnsBeforeItsFileIsWrittenAndItsBytesServeA
 
     fs.close_gate();
     // Returns while the writer cannot write: the caller never waits for the file.
-    ASSERT_EQ(t->queue_write(snap), tier_set::queue_outcome::queued);
+    ASSERT_EQ(t->queue_write(snap), disk_kv_tier::queue_outcome::queued);
     fs.wait_entered(1);  // the writer is in the put, held at the gate
     EXPECT_TRUE(snapshot_files(mem, "/disk").empty());
     write_queue_stats q = t->queue_stats();
@@ -72,7 +72,7 @@ TEST(TierWriteQueue, AWriteThroughReturnsBeforeItsFileIsWrittenAndItsBytesServeA
     EXPECT_EQ(t->counters().n_writes_disk, 0u);  // a write counts once its file is there
 
     // Lookups see the queued snapshot; a restore takes its bytes, reading no file.
-    tier_set::hit peeked = t->peek(ap, 0);
+    disk_kv_tier::hit peeked = t->peek(ap, 0);
     EXPECT_EQ(peeked.tier, kv_tier::disk);
     EXPECT_EQ(peeked.file.n_blocks, 6u);
     EXPECT_EQ(peeked.at.n_tokens, 80);
@@ -130,13 +130,13 @@ TEST(TierWriteQueue, TheSamePrefixIsQueuedOnce) {
     const test_path b = make_path(2, {rc::high, rc::high, rc::none});
 
     fs.close_gate();
-    ASSERT_EQ(t->queue_write(two_segments_of(a)), tier_set::queue_outcome::queued);
+    ASSERT_EQ(t->queue_write(two_segments_of(a)), disk_kv_tier::queue_outcome::queued);
     fs.wait_entered(1);  // a is being written
-    EXPECT_EQ(t->queue_write(two_segments_of(a)), tier_set::queue_outcome::held);
-    EXPECT_EQ(t->queue_write(snapshot_of(a, 4, "ws", 7, k_kv_bytes)), tier_set::queue_outcome::held);  // a prefix of it
-    EXPECT_EQ(t->queue_write(two_segments_of(a, "another workspace")), tier_set::queue_outcome::held);  // same chain
-    ASSERT_EQ(t->queue_write(two_segments_of(b)), tier_set::queue_outcome::queued);  // waits behind a
-    EXPECT_EQ(t->queue_write(two_segments_of(b)), tier_set::queue_outcome::held);    // queued, not started
+    EXPECT_EQ(t->queue_write(two_segments_of(a)), disk_kv_tier::queue_outcome::held);
+    EXPECT_EQ(t->queue_write(snapshot_of(a, 4, "ws", 7, k_kv_bytes)), disk_kv_tier::queue_outcome::held);  // a prefix of it
+    EXPECT_EQ(t->queue_write(two_segments_of(a, "another workspace")), disk_kv_tier::queue_outcome::held);  // same chain
+    ASSERT_EQ(t->queue_write(two_segments_of(b)), disk_kv_tier::queue_outcome::queued);  // waits behind a
+    EXPECT_EQ(t->queue_write(two_segments_of(b)), disk_kv_tier::queue_outcome::held);    // queued, not started
     write_queue_stats q = t->queue_stats();
     EXPECT_EQ(q.n_queued, 2u);
     EXPECT_EQ(q.queued_writes, 2u);
@@ -151,7 +151,7 @@ TEST(TierWriteQueue, TheSamePrefixIsQueuedOnce) {
     EXPECT_EQ(disk->list().size(), 2u);
     EXPECT_EQ(t->counters().n_writes_disk, 2u);
     // On disk now: still held, not queued again.
-    EXPECT_EQ(t->queue_write(two_segments_of(a)), tier_set::queue_outcome::held);
+    EXPECT_EQ(t->queue_write(two_segments_of(a)), disk_kv_tier::queue_outcome::held);
     EXPECT_EQ(t->queue_stats().n_queued, 2u);
 }
 
@@ -167,10 +167,10 @@ TEST(TierWriteQueue, AFullQueueDropsTheNewWriteCountedAndLogged) {
     gate_opener opener{fs};
 
     fs.close_gate();
-    ASSERT_EQ(t->queue_write(two_segments_of(a)), tier_set::queue_outcome::queued);
+    ASSERT_EQ(t->queue_write(two_segments_of(a)), disk_kv_tier::queue_outcome::queued);
     fs.wait_entered(1);
     ::testing::internal::CaptureStderr();
-    EXPECT_EQ(t->queue_write(two_segments_of(b)), tier_set::queue_outcome::dropped);
+    EXPECT_EQ(t->queue_write(two_segments_of(b)), disk_kv_tier::queue_outcome::dropped);
     const std::string err = ::testing::internal::GetCapturedStderr();
     EXPECT_NE(err.find("disk tier: a write failed"), std::string::npos) << err;
     EXPECT_NE(err.find("write queue"), std::string::npos) << err;
@@ -190,7 +190,7 @@ TEST(TierWriteQueue, AFullQueueDropsTheNewWriteCountedAndLogged) {
     tiny.max_bytes = 1;
     auto t2 = open_tiers(fs, tiny);
     ASSERT_TRUE(t2);
-    EXPECT_EQ(t2->queue_write(two_segments_of(b)), tier_set::queue_outcome::queued);
+    EXPECT_EQ(t2->queue_write(two_segments_of(b)), disk_kv_tier::queue_outcome::queued);
     t2->flush();
     EXPECT_EQ(t2->counters().n_writes_disk, 1u);
 }
@@ -199,7 +199,7 @@ TEST(TierWriteQueue, DestructionFinishesTheQueuedWrites) {
     mem_fs mem;
     gated_fs fs(mem);
     uint64_t queued_at_destruction = 0;
-    tier_set * raw = nullptr;
+    disk_kv_tier * raw = nullptr;
     write_queue_options wq;
     // The destructor has told the writer to stop: only now may the writes go through.
     wq.on_destroy = [&] {
@@ -215,7 +215,7 @@ TEST(TierWriteQueue, DestructionFinishesTheQueuedWrites) {
         snaps.push_back(two_segments_of(make_path(seed, {rc::high, rc::high, rc::none}), "ws", seed));
 
     fs.close_gate();
-    for (const auto & s : snaps) ASSERT_EQ(t->queue_write(s), tier_set::queue_outcome::queued);
+    for (const auto & s : snaps) ASSERT_EQ(t->queue_write(s), disk_kv_tier::queue_outcome::queued);
     fs.wait_entered(1);
     t.reset();  // finishes every queued write, then joins
     EXPECT_EQ(queued_at_destruction, 3u);
@@ -243,7 +243,7 @@ TEST(TierWriteQueue, AFailedWriteIsCountedWhenTheWriterGetsToIt) {
     faulty.inject_random(7, 1.0, {fs_fault::no_space});
     const test_path a = make_path(1, {rc::high, rc::high, rc::none});
     ::testing::internal::CaptureStderr();
-    ASSERT_EQ(t->queue_write(two_segments_of(a)), tier_set::queue_outcome::queued);
+    ASSERT_EQ(t->queue_write(two_segments_of(a)), disk_kv_tier::queue_outcome::queued);
     t->flush();
     const std::string err = ::testing::internal::GetCapturedStderr();
     EXPECT_EQ(t->counters().n_write_failures_disk, 1u);
@@ -251,7 +251,7 @@ TEST(TierWriteQueue, AFailedWriteIsCountedWhenTheWriterGetsToIt) {
     EXPECT_NE(err.find("No space left on device"), std::string::npos) << err;
     EXPECT_EQ(t->peek(prompt_of(a), 0).tier, kv_tier::none);  // gone from the queue, not on disk
     faulty.reset();
-    EXPECT_EQ(t->queue_write(two_segments_of(a)), tier_set::queue_outcome::queued);  // a later turn tries again
+    EXPECT_EQ(t->queue_write(two_segments_of(a)), disk_kv_tier::queue_outcome::queued);  // a later turn tries again
     t->flush();
     EXPECT_EQ(t->counters().n_writes_disk, 1u);
 }

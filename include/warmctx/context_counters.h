@@ -1,0 +1,80 @@
+// warmctx/context_counters.h - what a context_engine counts: turns and tokens per
+// workspace, pre-warms, the cache, the disk tier, and every byte of KV it holds
+// (context_engine::counters; /metrics renders them).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "warmctx/prefix_cache.h"
+
+namespace warmctx {
+
+struct workspace_counters {
+    uint64_t n_turns = 0;
+    uint64_t n_prompt_tokens = 0;
+    uint64_t n_reused_tokens = 0;     // hit tokens
+    uint64_t n_prefilled_tokens = 0;  // miss tokens
+    uint64_t n_generated_tokens = 0;
+    std::map<std::string, uint64_t> misses_by_kind;
+};
+
+struct tier_counters {
+    uint64_t n_restores_disk = 0;
+    uint64_t n_restored_tokens = 0;
+    uint64_t n_writes_disk = 0;
+    uint64_t n_write_failures_disk = 0;  // a full disk, say (also logged)
+    uint64_t n_restore_failures = 0;     // a tier's file failed its checks: fell back
+    uint64_t n_shared_restores = 0;      // restores served by an earlier restore's bytes
+    uint64_t disk_write_queue_writes = 0, disk_write_queue_bytes = 0;  // gauges: snapshots queued for the disk writer
+    uint64_t n_write_drops_disk = 0;     // write-throughs dropped: the write queue was full (also in failures)
+    uint64_t disk_bytes = 0, disk_files = 0;
+    uint64_t disk_quarantine_files = 0, disk_quarantine_bytes = 0;  // in the disk budget
+};
+
+// Every byte of KV the engine holds. Streams are allocated whole (n_ctx cells each) when
+// the engine opens; the pool holds each cached prefix's own cells.
+struct kv_memory {
+    uint64_t streams_allocated_bytes = 0;  // n_streams * n_ctx * bytes per token
+    uint64_t streams_used_bytes = 0;       // tokens in the streams * bytes per token
+    uint64_t pool_bytes = 0;               // cached prefixes' saved states
+    uint64_t pool_allocated_bytes = 0;     // their buffers
+    uint64_t pool_entries = 0;
+    uint64_t allocated_bytes = 0;          // streams + pool, allocated
+    uint64_t used_bytes = 0;               // streams + pool, used
+    uint64_t n_pool_loads = 0, pool_loaded_bytes = 0;
+    double pool_load_ms = 0;
+    uint64_t n_pool_saves = 0, pool_saved_bytes = 0;
+    double pool_save_ms = 0;
+    uint64_t n_in_place_turns = 0;         // warm turns that copied nothing
+    uint64_t n_write_backs = 0;            // a stream's blocks offered to the pool (lazily)
+    double write_back_ms = 0;              // time spent on those write-backs
+    uint64_t n_write_backs_ahead = 0;      // of them, made by an idle engine (write_back_ahead),
+                                           // on no turn's way
+    uint64_t n_streams = 0;                // work streams, the resident ones included
+    uint64_t n_resident_streams = 0;       // of which resident (the device tier)
+    bool streams_on_device = false;        // the model's layers (and so the KV) are on a GPU
+    uint64_t n_stream_copies = 0;          // prefixes copied stream to stream (device)
+    uint64_t n_branches_parked = 0;        // trimmed blocks kept by a copy into a free stream
+    uint64_t n_branches_dropped = 0;       // trimmed blocks of low retention not saved
+};
+
+struct prewarm_counters {
+    uint64_t n_prewarms = 0;            // pre-warm turns finished (complete or not)
+    uint64_t n_already_cached = 0;      // of which found everything cached: did nothing
+    uint64_t n_preempted = 0;           // stopped early for a turn of their workspace
+    uint64_t n_prefilled_tokens = 0;    // tokens they prefilled
+    uint64_t n_served_turns = 0;        // turns that reused what a pre-warm left
+};
+
+struct context_counters {
+    workspace_counters total;           // turns (pre-warms are counted in `prewarm`)
+    prewarm_counters prewarm;
+    std::map<std::string, workspace_counters> workspaces;
+    cache_counters cache;
+    tier_counters tiers;
+    kv_memory memory;
+};
+
+}  // namespace warmctx

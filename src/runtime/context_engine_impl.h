@@ -1,0 +1,183 @@
+// runtime/context_engine_impl.h - the state behind a context_engine, shared by the
+// files that implement it: context_engine.cpp (a turn: begin, prefill, finish; open,
+// explain, run_turn, run_cold), context_streams.cpp (the work streams: lookups in them,
+// write-backs to the pool, copies between them) and context_workspaces.cpp (pins,
+// snapshots, suspend and resume, branches, forgetting; the counters).
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "explain.h"
+#include "kv_pool.h"
+#include "tiers.h"
+#include "warmctx/context_engine.h"
+
+namespace warmctx {
+
+using clock_type = std::chrono::steady_clock;
+
+// What a work stream holds between turns: the cached blocks of the last prompt it ran
+// (trimmed to them), so that the next turn that shares them reuses them in place.
+// Write-back is lazy: they are offered to the pool (a copy) only when something is
+// about to overwrite them - another prompt's turn in this stream, or a lookup that
+// needs them from another stream - never after every turn.
+struct work_stream {
+    std::vector<block> blocks;  // [0, blocks.back().end) is in the stream
+    std::string workspace;      // whose turn left it
+    uint64_t t_finished = 0;
+    bool busy = false;          // a pending turn runs in it
+    bool unsaved = false;       // the blocks have not been offered to the pool yet
+    // The leading blocks up to the last one a later turn of the same workspace would
+    // still want; those after it are per-turn content (a diff, test output, a log or
+    // a snippet), which that turn's own replaces.
+    size_t n_durable = 0;
+};
+
+// Content a workspace sends fresh every turn: its next turn's supersedes it.
+inline bool is_per_turn(segment_kind k) {
+    return k == segment_kind::diff || k == segment_kind::test_output || k == segment_kind::terminal_log ||
+           k == segment_kind::snippet || k == segment_kind::user;
+}
+
+// Holder ids of the RAM pool: far above any engine sequence.
+constexpr seq_id k_first_pool_holder = seq_id{1} << 20;
+
+struct context_engine::impl {
+    context_engine_options opts;
+    seq_id cold_seq = -1;      // after the work sequences, when options.cold_stream
+    std::unique_ptr<engine> eng;
+    std::unique_ptr<text_model> tm;
+    std::unique_ptr<kv_pool> pool;
+    std::vector<work_stream> streams;  // one per work sequence
+    bool stream_copies = false;         // options.stream_copies, resolved
+    // A finished turn's disk write-through, run after its answer is out
+    // (flush_deferred_writes) or before anything touches a stream or the tiers.
+    struct deferred_write {
+        seq_id seq = -1;
+        std::string workspace;
+        assembled_prompt ap;
+        size_t n_blocks = 0;
+    };
+    std::optional<deferred_write> deferred;
+    void flush_deferred() {
+        if (!deferred) return;
+        deferred_write d = std::move(*deferred);
+        deferred.reset();
+        tiers->write_through(*eng, prof, d.seq, d.workspace, d.ap, d.n_blocks);
+    }
+    std::unique_ptr<prefix_cache> cache;
+    std::unique_ptr<disk_kv_tier> tiers;
+    profile prof;
+    uint64_t turn_clock = 0;  // a logical clock: a tick per turn and per workspace call (LRU order)
+    double prefill_tokens_per_ms = 0;  // exponential average of measured prefills
+    uint64_t max_piece_bytes = 0;      // the longest text any one token stands for
+    std::map<std::string, workspace_history> workspaces;
+    size_t n_remembered_tokens = 0;  // sum of workspaces' last_tokens
+    context_counters ctr;
+
+    // Remembers `ws`'s last turn, then forgets least recently used workspaces (their
+    // history and counters) past the bounds. The workspace just remembered stays.
+    void remember(const std::string & ws, const pending_turn & t);
+
+    void forget(const std::string & ws);
+
+    result<assembled_prompt> assemble(const turn_request & req) const;
+
+    // No token covers more than max_piece_bytes of text: a request whose content plainly
+    // needs more tokens than a sequence holds is refused before it is tokenized
+    // (tokenizing megabytes takes seconds).
+    status plausible(const turn_request & req) const;
+
+    status fits(const assembled_prompt & ap) const;
+
+    const workspace_history * history(const std::string & ws) const {
+        auto it = workspaces.find(ws);
+        return it == workspaces.end() ? nullptr : &it->second;
+    }
+
+    explain_report explain(const std::string & ws, const assembled_prompt & ap, const match & m, pos_t reuse,
+                           kv_tier tier) const;
+
+    void count(const std::string & ws, const explain_report & ex, size_t n_generated);
+
+    void note_prefill_rate(pos_t n, double ms) {
+        // Short tails are dominated by fixed costs (the lazy KV copy, attention over the
+        // reused prefix) and would make the rate useless for predicting a real miss.
+        if (n < 128 || ms <= 0) return;
+        const double r = n / ms;
+        prefill_tokens_per_ms = prefill_tokens_per_ms <= 0 ? r : 0.7 * prefill_tokens_per_ms + 0.3 * r;
+    }
+
+    // The one prefill path: `seq` holds exactly [0, from) of `ap`; computes [from, end)
+    // in canonical chunks (REQUIRES both chunk boundaries of `ap`). When `end` is the
+    // prompt's end, `logits` receives the logits after it. Adds the time to `ms`.
+    status prefill(seq_id seq, const assembled_prompt & ap, pos_t from, pos_t end, std::vector<float> & logits,
+                   double & ms);
+
+    // Generates after a prefill (run_turn, run_cold): fills out.gen and the timings.
+    status generate(seq_id seq, const turn_request & req, std::vector<float> logits, turn_result & out,
+                    clock_type::time_point t0);
+
+    // Loads a pool holder's prefix into `seq` (cleared first) and trims it at `reuse`;
+    // a holder that is another stream is copied whole, the data at once, so that what
+    // happens to either stream before the next decode (a load, a save) sees it done.
+    status copy_from_holder(seq_id holder, seq_id seq, pos_t reuse);
+
+    // How many leading blocks of `blocks` work stream `seq` still holds (equal chain
+    // hashes name equal whole prefixes).
+    size_t stream_match(seq_id seq, std::span<const block> blocks) const {
+        const work_stream & s = streams[(size_t)seq];
+        size_t n = 0;
+        while (n < s.blocks.size() && n < blocks.size() && s.blocks[n].chain == blocks[n].chain) ++n;
+        return n;
+    }
+
+    // Offers an idle stream's unsaved blocks (its first n_blocks, or all) to the pool (a
+    // copy; the stream keeps them). Under the budget the pool may keep less, or nothing:
+    // never an error.
+    void write_back(seq_id seq, size_t n_blocks = SIZE_MAX);
+    // An idle stream other than `except` that holds at least the first n of `blocks`.
+    seq_id stream_holding(std::span<const block> blocks, seq_id except) const;
+    // An idle stream that holds nothing, other than `except`.
+    seq_id free_stream(seq_id except) const;
+    // A turn in place trims `seq` to its first n_keep blocks. The blocks it destroys
+    // that a later turn may want are kept - parked whole in a free stream when stream
+    // copies are on and one is free (no byte leaves the device), else offered to the
+    // pool - unless they are only content of low retention (history that slid out of
+    // an agent's window or was compacted away, a terminal log): a branch no agent
+    // revisits is not worth a copy of the whole stream on the turn's way.
+    void save_branch(seq_id seq, size_t n_keep);
+    // Before another prompt overwrites an idle stream: its durable blocks go to the pool,
+    // unless the pool holds them already; its per-turn blocks (the last turn's diff, test
+    // output...) do not - that workspace's next turn brings its own.
+    void write_back_displaced(seq_id seq);
+    // Writes back every idle stream whose blocks `blocks` starts with: a lookup in
+    // the pool then sees them wherever they ran.
+    void write_back_sharing(std::span<const block> blocks, seq_id except);
+
+    // The pool's match `m`, or a stream's when it holds at least as many leading blocks
+    // of `ap`: then the match's holder is that work stream. `seq` >= 0: only that
+    // stream (in place); -1: any idle stream (explain: another stream's blocks would be
+    // written back to the pool and found there).
+    // With stream copies, any idle stream may serve a turn too (copied whole), and a
+    // stream wins a tie with the pool (a device copy is cheaper than a load); `seq`
+    // itself wins every tie (in place, nothing copied).
+    match best_match(match m, std::span<const block> blocks, seq_id seq) const;
+    bool is_stream(seq_id s) const { return s >= 0 && (size_t)s < streams.size(); }
+
+    void clear_stream(seq_id seq);
+
+    // The leading blocks of `ap` the cache may keep: up to the first of class none.
+    static size_t n_cacheable_blocks(const assembled_prompt & ap) {
+        size_t n = 0;
+        while (n < ap.blocks.size() && ap.blocks[n].cls != retention_class::none) ++n;
+        return n;
+    }
+};
+
+}  // namespace warmctx

@@ -1,0 +1,155 @@
+// The work streams of a context_engine: which stream a turn takes, how much of a prompt a
+// stream still holds, and the lazy write-back of their blocks to the RAM pool (or a copy
+// into a free stream) before something overwrites them.
+#include "warmctx/clock.h"
+
+#include <algorithm>
+
+#include "admission.h"
+#include "context_engine_impl.h"
+
+namespace warmctx {
+
+status context_engine::impl::copy_from_holder(seq_id holder, seq_id seq, pos_t reuse) {
+    status st = is_stream(holder) ? eng->copy_seq_now(holder, seq) : pool->copy_seq(holder, seq);
+    if (st.ok()) st = eng->trim_seq(seq, reuse);
+    if (!st.ok()) eng->clear_seq(seq);
+    return st;
+}
+
+void context_engine::impl::write_back(seq_id seq, size_t n_blocks) {
+    work_stream & s = streams[(size_t)seq];
+    n_blocks = std::min(n_blocks, s.blocks.size());
+    if (s.busy || !s.unsaved || n_blocks == 0) return;
+    s.unsaved = false;
+    auto t = clock_type::now();
+    status st = cache->insert(s.workspace, std::span<const block>(s.blocks.data(), n_blocks), seq, s.t_finished);
+    if (st.ok() || st.code() == status_code::resource_exhausted) ctr.memory.n_write_backs++;
+    ctr.memory.write_back_ms += ms_between(t, clock_type::now());
+}
+
+seq_id context_engine::impl::stream_holding(std::span<const block> blocks, seq_id except) const {
+    for (size_t o = 0; o < streams.size(); ++o)
+        if ((seq_id)o != except && !streams[o].busy && stream_match((seq_id)o, blocks) >= blocks.size())
+            return (seq_id)o;
+    return -1;
+}
+
+seq_id context_engine::impl::free_stream(seq_id except) const {
+    for (size_t o = 0; o < streams.size(); ++o)
+        if ((seq_id)o != except && !streams[o].busy && streams[o].blocks.empty()) return (seq_id)o;
+    return -1;
+}
+
+void context_engine::impl::save_branch(seq_id seq, size_t n_keep) {
+    work_stream & s = streams[(size_t)seq];
+    const size_t n = std::min(s.blocks.size(), s.n_durable);
+    if (!s.unsaved || n_keep >= n) return;
+    retention_class top = retention_class::none;
+    for (size_t i = n_keep; i < n; ++i) top = std::max(top, s.blocks[i].cls);
+    if (top <= retention_class::low) {
+        ctr.memory.n_branches_dropped++;
+        return;
+    }
+    if (stream_copies) {
+        if (const seq_id f = free_stream(seq); f >= 0 && eng->copy_seq_now(seq, f).ok()) {
+            work_stream & d = streams[(size_t)f];
+            d.blocks = s.blocks;
+            d.workspace = s.workspace;
+            d.t_finished = s.t_finished;
+            d.n_durable = s.n_durable;
+            d.unsaved = true;
+            ctr.memory.n_branches_parked++;
+            ctr.memory.n_stream_copies++;
+            return;
+        }
+    }
+    write_back(seq);
+}
+
+void context_engine::impl::write_back_displaced(seq_id seq) {
+    work_stream & s = streams[(size_t)seq];
+    const size_t n = std::min(s.n_durable, s.blocks.size());
+    if (!s.unsaved || n == 0) return;
+    const std::span<const block> durable(s.blocks.data(), n);
+    if (cache->peek(durable, s.workspace).n_blocks >= n) {
+        s.unsaved = false;
+        return;
+    }
+    // Another stream of the device tier still holds them: nothing would be lost.
+    if (stream_copies && stream_holding(durable, seq) >= 0) return;
+    write_back(seq, n);
+}
+
+void context_engine::impl::write_back_sharing(std::span<const block> blocks, seq_id except) {
+    for (size_t s = 0; s < streams.size(); ++s)
+        if ((seq_id)s != except && stream_match((seq_id)s, blocks) > 0) write_back((seq_id)s);
+}
+
+match context_engine::impl::best_match(match m, std::span<const block> blocks, seq_id seq) const {
+    const bool others = seq < 0 || stream_copies;
+    const bool stream_wins_tie = seq >= 0 || stream_copies;
+    bool have_stream = false;
+    auto consider = [&](size_t s) {
+        if (streams[s].busy) return;
+        const size_t n = stream_match((seq_id)s, blocks);
+        if (n == 0 || n < m.n_blocks || (n == m.n_blocks && (have_stream || !stream_wins_tie))) return;
+        m.n_blocks = n;
+        m.n_tokens = blocks[n - 1].end;
+        m.holder = (seq_id)s;
+        m.workspace = streams[s].workspace;
+        have_stream = true;
+    };
+    if (seq >= 0) consider((size_t)seq);
+    if (others)
+        for (size_t s = 0; s < streams.size(); ++s)
+            if ((seq_id)s != seq) consider(s);
+    return m;
+}
+
+void context_engine::impl::clear_stream(seq_id seq) {
+    eng->clear_seq(seq);
+    work_stream & s = streams[(size_t)seq];
+    s.blocks.clear();
+    s.workspace.clear();
+    s.unsaved = false;
+}
+
+seq_id context_engine::pick_work_seq(std::string_view workspace, std::span<const seq_id> free_seqs) const {
+    std::vector<stream_view> views;
+    views.reserve(p_->streams.size());
+    for (const work_stream & st : p_->streams) views.push_back({st.busy, st.blocks.empty(), st.workspace, st.t_finished});
+    return choose_stream(workspace, views, free_seqs);
+}
+
+void context_engine::drop_work_streams() {
+    p_->flush_deferred();
+    for (size_t s = 0; s < p_->streams.size(); ++s) {
+        if (p_->streams[s].busy) continue;
+        p_->write_back((seq_id)s);
+        p_->clear_stream((seq_id)s);
+    }
+}
+
+bool context_engine::write_back_ahead() {
+    p_->flush_deferred();
+    seq_id victim = -1;
+    uint64_t oldest = 0;
+    for (size_t s = 0; s < p_->streams.size(); ++s) {
+        const work_stream & st = p_->streams[s];
+        if (st.busy) continue;
+        if (st.blocks.empty()) return false;  // a free stream: nothing is displaced next
+        if (victim < 0 || st.t_finished < oldest) {
+            victim = (seq_id)s;
+            oldest = st.t_finished;
+        }
+    }
+    if (victim < 0 || !p_->streams[(size_t)victim].unsaved) return false;
+    const uint64_t before = p_->ctr.memory.n_write_backs;
+    p_->write_back_displaced(victim);  // nothing when the pool or another stream holds them
+    if (p_->ctr.memory.n_write_backs == before) return false;
+    p_->ctr.memory.n_write_backs_ahead++;
+    return true;
+}
+
+}  // namespace warmctx

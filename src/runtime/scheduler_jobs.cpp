@@ -1,0 +1,341 @@
+// One job's life on the engine thread: admission into a work sequence, prefill chunks,
+// sampling and batched decode steps, retirement, and the events it emits on the way
+// (see scheduler.cpp for the state machine).
+#include "warmctx/clock.h"
+
+#include "scheduler_impl.h"
+
+namespace warmctx {
+
+void scheduler::impl::publish_jobs() {
+    std::vector<active_progress> v;
+    for (auto & j : slots) {
+        if (!j) continue;
+        active_progress a;
+        a.t_submit = j->q.t_submit;
+        a.p.workspace = j->turn.workspace;
+        a.p.prewarm = j->prewarm;
+        a.p.what = j->prefilling ? job_progress::state::prefilling : job_progress::state::generating;
+        a.p.prompt_tokens = j->prewarm ? j->turn.prefill_end : (pos_t)j->turn.ap.tokens.size();
+        a.p.cached_tokens = j->turn.reused;
+        a.p.prefill_pos = j->turn.prefill_pos;
+        a.p.generated = j->gen ? j->gen->n_generated() : 0;
+        v.push_back(std::move(a));
+    }
+    std::lock_guard<std::mutex> lk(prog_mu);
+    progress = std::move(v);
+}
+
+void scheduler::impl::publish() {
+    auto c = std::make_shared<const context_counters>(ce->counters());
+    t_published = clock_type::now();
+    std::lock_guard<std::mutex> lk(pub_mu);
+    published = std::move(c);
+}
+
+bool scheduler::impl::emit(active_job & j, const completion_event & ev) {
+    if (j.cancelled) return false;
+    bool keep = true;
+    try {
+        keep = j.q.job.sink(ev);
+    } catch (...) {
+        keep = false;  // a throwing sink is a gone client
+    }
+    if (!keep) j.cancelled = true;
+    return keep;
+}
+
+void scheduler::impl::emit_error(queued_job & q, status st) {
+    completion_event ev;
+    ev.what = completion_event::kind::error;
+    ev.error = std::move(st);
+    try { q.job.sink(ev); } catch (...) {}
+}
+
+completion_usage scheduler::impl::usage_of(const active_job & j) const {
+    completion_usage u;
+    u.prompt_tokens = j.turn.explain.n_prompt_tokens;
+    u.cached_tokens = j.turn.explain.n_reused;
+    u.completion_tokens = j.gen ? j.gen->n_generated() : 0;
+    return u;
+}
+
+void scheduler::impl::set_phases(completion_event & ev, const active_job & j) {
+    const pending_turn & t = j.turn;
+    ev.t_assemble_ms = t.t_assemble_ms;
+    ev.t_restore_ms = t.t_restore_ms;
+    ev.t_copy_ms = t.t_copy_ms;
+    ev.t_prefill_ms = t.t_prefill_ms;
+    ev.t_write_back_ms = t.t_write_back_ms;
+    ev.t_lookup_ms = t.t_lookup_ms;
+    ev.t_sampler_ms = j.t_sampler_ms;
+    ev.t_interleave_ms = j.t_interleave_ms;
+}
+
+status scheduler::impl::thrown(const char * where) {
+    try {
+        throw;
+    } catch (const std::exception & e) {
+        return internal_error(std::string(where) + ": " + e.what());
+    } catch (...) {
+        return internal_error(std::string(where) + ": unknown exception");
+    }
+}
+
+void scheduler::impl::admit(size_t slot, queued_job q) {
+    auto j = std::make_unique<active_job>();
+    j->q = std::move(q);
+    status st;
+    try {
+        st = start(slot, *j);
+    } catch (...) {
+        st = thrown("admitting the job");
+    }
+    if (!st.ok()) {  // `j` goes, and with it its pending turn (aborted)
+        a_failed++;
+        emit_error(j->q, st);
+        return;
+    }
+    slots[slot] = std::move(j);
+    a_active++;
+}
+
+status scheduler::impl::start(size_t slot, active_job & j) {
+    if (opts.before_admit) opts.before_admit(j.q.job.turn);
+    j.t_queue_ms = ms_between(j.q.t_submit, clock_type::now());
+    j.prewarm = j.q.job.turn.prewarm;
+    if (!j.prewarm) {
+        const auto ts = clock_type::now();
+        auto gen = ce->start_generation(j.q.job.turn.sampling);
+        if (!gen.ok()) return gen.error();
+        j.gen = std::move(gen.value());
+        j.t_sampler_ms = ms_between(ts, clock_type::now());
+    }
+    auto t = ce->begin_turn_deferred(j.q.job.turn, (seq_id)slot);
+    if (!t.ok()) return t.error();
+    j.t_own_end = clock_type::now();
+    j.turn = std::move(t.value());
+    j.prefilling = true;
+    j.admitted = ++n_admitted;
+    completion_event ev;
+    ev.what = completion_event::kind::admitted;
+    ev.usage = usage_of(j);
+    ev.explain = j.turn.explain;
+    ev.prefill_pos = j.turn.prefill_pos;
+    ev.prefill_end = j.turn.prefill_end;
+    ev.t_queue_ms = j.t_queue_ms;
+    emit(j, ev);
+    if (j.prewarm && j.turn.prefilled()) prefilled(j);  // everything cached already
+    return {};
+}
+
+void scheduler::impl::prefilled(active_job & j) {
+    j.prefilling = false;
+    if (j.prewarm) {  // nothing to generate: retired (and cached) next
+        j.finished = true;
+        return;
+    }
+    if (j.q.job.turn.keep_logits) j.prompt_logits = j.logits;
+    j.pos = (pos_t)j.turn.ap.tokens.size();
+    j.t_first_token_ms = ms_between(j.q.t_submit, clock_type::now());
+    completion_event ev;
+    ev.what = completion_event::kind::started;
+    ev.usage = usage_of(j);
+    ev.explain = j.turn.explain;
+    ev.t_queue_ms = j.t_queue_ms;
+    ev.t_first_token_ms = j.t_first_token_ms;
+    set_phases(ev, j);
+    emit(j, ev);
+}
+
+void scheduler::impl::prefill_round() {
+    active_job * pick = nullptr;
+    active_job * background = nullptr;  // a pre-warm: only when no chat prefills
+    const bool oldest = ++n_prefill_rounds % 4 == 0;
+    size_t n = 0;
+    uint64_t remaining = 0;
+    bool generating = false;  // a chat decodes this round
+    for (auto & j : slots) {
+        if (j && !j->prefilling && !j->prewarm && !j->finished && !j->cancelled) generating = true;
+        if (!j || !j->prefilling || j->cancelled) continue;
+        ++n;
+        remaining += (uint64_t)j->turn.prefill_remaining();
+        if (j->prewarm) {
+            background = j.get();
+            continue;
+        }
+        if (!pick || (oldest ? j->admitted < pick->admitted
+                             : j->turn.prefill_remaining() < pick->turn.prefill_remaining()))
+            pick = j.get();
+    }
+    if (!pick && background && (!generating || background->q.job.turn.ahead)) pick = background;
+    a_prefilling = n;
+    a_prefill_remaining = remaining;
+    if (!pick) return;
+    const pos_t before = pick->turn.prefill_remaining();
+    status st;
+    pick->t_interleave_ms += ms_between(pick->t_own_end, clock_type::now());
+    try {
+        st = ce->prefill_some(pick->turn, 1, pick->logits);  // one chunk
+    } catch (...) {
+        st = thrown("prefilling");
+    }
+    pick->t_own_end = clock_type::now();
+    a_prefill_chunks++;
+    a_prefill_remaining = remaining - (uint64_t)(before - pick->turn.prefill_remaining());
+    if (!st.ok()) {
+        fail_job(*pick, st);
+        return;
+    }
+    if (opts.after_prefill_chunk) opts.after_prefill_chunk(pick->q.job.turn, pick->turn.prefill_pos);
+    if (pick->turn.prefilled()) {
+        a_prefilling = n - 1;
+        prefilled(*pick);
+    } else if (!pick->prewarm) {
+        completion_event ev;
+        ev.what = completion_event::kind::progress;
+        ev.prefill_pos = pick->turn.prefill_pos;
+        ev.prefill_end = pick->turn.prefill_end;
+        emit(*pick, ev);
+    }
+    publish_jobs();
+}
+
+void scheduler::impl::preempt(size_t slot) {
+    active_job & j = *slots[slot];
+    a_active--;
+    try {
+        status st = ce->finish_turn(j.turn, 0);
+        (void)st;  // a failed cache update only loses the pre-warm's work
+    } catch (...) {
+    }
+    slots[slot].reset();
+    publish_jobs();
+}
+
+void scheduler::impl::fail_job(active_job & j, status st) {
+    completion_event ev;
+    ev.what = completion_event::kind::error;
+    ev.error = std::move(st);
+    emit(j, ev);
+    j.cancelled = true;
+    j.failed = true;
+    j.kv_suspect = true;
+}
+
+void scheduler::impl::sample_next(active_job & j) {
+    if (j.q.job.turn.keep_logits && j.gen->n_generated() < j.q.job.turn.sampling.max_tokens)
+        j.gen_logits.insert(j.gen_logits.end(), j.logits.begin(), j.logits.end());
+    auto d = j.gen->next(j.logits, j.pos);
+    if (d.logprobs) j.logprobs.push_back(std::move(*d.logprobs));
+    if (!d.delta.empty()) {
+        completion_event ev;
+        ev.what = completion_event::kind::delta;
+        ev.text = std::move(d.delta);
+        ev.token = d.token;
+        ev.logprobs = std::move(j.logprobs);
+        j.logprobs.clear();
+        if (!emit(j, ev)) return;
+    }
+    if (d.finished) {
+        j.finished = true;
+        j.finish = d.finish;
+        return;
+    }
+    j.pending_token = d.token;
+}
+
+void scheduler::impl::retire(size_t slot) {
+    active_job & j = *slots[slot];
+    // First, so that anyone who sees this job's last event or its counter sees it
+    // no longer active.
+    a_active--;
+    if (j.cancelled) {
+        // A client that left (or a stop) keeps what its prefill computed: the blocks
+        // done so far are cached, as a pre-warm stopped early keeps them, so a retry
+        // of the same request starts from them. A failed decode keeps nothing.
+        if (j.kv_suspect) {
+            ce->abort_turn(j.turn);
+        } else {
+            status st = ce->finish_turn(j.turn, 0);
+            (void)st;  // nobody waits for it
+            publish();
+        }
+        (j.failed ? a_failed : a_cancelled)++;
+    } else if (j.prewarm) {
+        status st = ce->finish_turn(j.turn, 0);
+        (void)st;  // nobody waits for a pre-warm; its counters say what it did
+        publish();
+    } else {
+        std::string rest = j.gen->finish();
+        if (!rest.empty()) {
+            completion_event ev;
+            ev.what = completion_event::kind::delta;
+            ev.text = std::move(rest);
+            ev.logprobs = std::move(j.logprobs);
+            j.logprobs.clear();
+            emit(j, ev);
+        }
+        status st = ce->finish_turn(j.turn, (size_t)j.gen->n_generated());
+        publish();  // before the client hears it is done
+        completion_event ev;
+        if (st.ok()) {
+            ev.what = completion_event::kind::done;
+            ev.finish = j.finish;
+            ev.usage = usage_of(j);
+            ev.explain = j.turn.explain;
+            ev.t_queue_ms = j.t_queue_ms;
+            ev.t_first_token_ms = j.t_first_token_ms;
+            set_phases(ev, j);
+            ev.t_total_ms = ms_between(j.q.t_submit, clock_type::now());
+            if (j.q.job.turn.keep_logits) {
+                ev.tokens = j.gen->tokens();
+                ev.prompt_logits = std::move(j.prompt_logits);
+                ev.gen_logits = std::move(j.gen_logits);
+            }
+            a_completed++;
+        } else {
+            ev.what = completion_event::kind::error;
+            ev.error = st;
+            a_failed++;
+        }
+        emit(j, ev);
+    }
+    slots[slot].reset();
+    publish_jobs();
+    // The disk write-through of what the turn cached, now that its answer is out.
+    ce->flush_deferred_writes();
+    publish();
+}
+
+void scheduler::impl::step() {
+    std::vector<step_input> in;
+    std::vector<size_t> who;
+    for (size_t s = 0; s < slots.size(); ++s) {
+        auto & j = slots[s];
+        if (!j || j->prefilling || j->finished || j->cancelled || j->pending_token < 0) continue;
+        in.push_back({(seq_id)s, j->pending_token, j->pos});
+        who.push_back(s);
+    }
+    if (in.empty()) return;
+    std::vector<std::vector<float>> logits;
+    status st = ce->decode_step(in, logits);
+    if (in.size() > 1) a_batched++;
+    for (size_t k = 0; k < who.size(); ++k) {
+        active_job & j = *slots[who[k]];
+        j.pending_token = -1;
+        if (!st.ok()) {
+            completion_event ev;
+            ev.what = completion_event::kind::error;
+            ev.error = st;
+            emit(j, ev);
+            j.cancelled = true;  // retire without caching
+            j.kv_suspect = true;
+            continue;
+        }
+        j.pos++;
+        j.logits = std::move(logits[k]);
+    }
+}
+
+}  // namespace warmctx
