@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/sse_reader.h"
 #include "server_test_util.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
@@ -43,13 +44,11 @@ struct sse_event {
 // fails the test on anything else.
 std::vector<sse_event> parse_sse(const std::string & body) {
     std::vector<sse_event> out;
-    size_t pos = 0;
-    while (pos < body.size()) {
-        size_t end = body.find("\n\n", pos);
-        EXPECT_NE(end, std::string::npos) << "unterminated SSE event at " << pos;
-        if (end == std::string::npos) break;
-        std::string ev = body.substr(pos, end - pos);
-        pos = end + 2;
+    bool unterminated = false;
+    std::string framed;  // the events framed again: the body itself when each ends in "\n\n"
+    for (const cli::sse_event & event : cli::sse_reader::read_all(body, &unterminated)) {
+        const std::string & ev = event.raw;
+        framed += ev + "\n\n";
         if (ev.rfind(":", 0) == 0) {
             EXPECT_EQ(ev.rfind(": keep-alive", 0), 0u) << ev;
             EXPECT_EQ(ev.find('\n'), std::string::npos) << ev;
@@ -66,6 +65,8 @@ std::vector<sse_event> parse_sse(const std::string & body) {
         }
         out.push_back(std::move(e));
     }
+    EXPECT_FALSE(unterminated) << "unterminated SSE event at " << framed.size();
+    EXPECT_EQ(framed, body.substr(0, framed.size())) << "an SSE event not framed by one blank line";
     return out;
 }
 
