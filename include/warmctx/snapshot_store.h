@@ -253,7 +253,6 @@ class snapshot_store {
     std::set<std::string> writing_;   // temp file names of puts in progress (rescan skips them)
     snapshot_store_stats stats_;
     uint64_t generation_counter_ = 0;
-    uint64_t temp_counter_ = 0;
 };
 
 }  // namespace warmctx

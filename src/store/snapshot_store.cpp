@@ -1,6 +1,8 @@
 // The disk tier: a directory of snapshot files, indexed by chain hash (see the header).
 #include "warmctx/snapshot_store.h"
 
+#include "durable_file.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -100,14 +102,10 @@ void snapshot_store::reject(const std::string & file_name, snapshot_defect d, co
     if (move && d != snapshot_defect::none) {
         const std::string path = path_of(file_name);
         if (opts_.quarantine) {
-            const std::string q = quarantine_dir_ + "/" + file_name;
-            if (fs_.rename_file(path, q).ok()) {
+            const std::string line = std::string(snapshot_defect_name(d)) + "\t" + reason + "\n";
+            if (quarantine_file(fs_, path, quarantine_dir_, file_name, line)) {
                 rf.quarantined = true;
-                std::string line = std::string(snapshot_defect_name(d)) + "\t" + reason + "\n";
-                // Best effort: the reason is for a human; the file itself is what matters.
-                (void)fs_.write_file(q + ".reason", std::span((const uint8_t *)line.data(), line.size()));
-                (void)fs_.sync_dir(quarantine_dir_);
-                auto bytes = fs_.file_size(q);
+                auto bytes = fs_.file_size(quarantine_dir_ + "/" + file_name);
                 std::lock_guard lock(mu_);
                 quarantined_.emplace_back(file_name, (bytes.ok() ? *bytes : 0) + line.size());
                 stats_.quarantine_bytes += quarantined_.back().second;
@@ -237,15 +235,8 @@ result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta_in, std::s
                                            std::to_string(budget) + " bytes"));
 
     const std::string final_name = snapshot_file_name(meta.key(), meta.workspace);
-    uint64_t n;
-    {
-        std::lock_guard lock(mu_);
-        n = ++temp_counter_;
-    }
     // Unique per process and call: two puts of one key never share a temp file.
-    const std::string temp_name =
-        final_name + "." + std::to_string((long)::getpid()) + "-" + std::to_string(n) + std::string(sf::k_temp_suffix);
-    const std::string temp = path_of(temp_name);
+    const std::string temp_name = unique_temp_name(final_name);
     // A rescan meanwhile must not take this temp file for a crash's leftover.
     {
         std::lock_guard lock(mu_);
@@ -259,35 +250,22 @@ result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta_in, std::s
             self->writing_.erase(name);
         }
     } unregister_on_return{this, temp_name};
-    uint64_t file_bytes = 0;
-    {
-        auto f = fs_.create_file(temp);
-        if (!f) return fail(f.error().with_context("writing snapshot"));
-        auto w = write_snapshot(**f, meta, tokens, kv);
-        status st = w.ok() ? (*f)->sync() : w.error();
-        if (st.ok()) st = (*f)->close();
-        if (!st.ok()) {
-            f->reset();
-            (void)fs_.remove_file(temp);  // may fail too (e.g. crashed): rescan removes it
-            return fail(st.with_context("writing snapshot " + final_name));
-        }
-        file_bytes = *w;
-    }
+    auto f = durable_file::create(fs_, opts_.dir, final_name, temp_name);
+    if (!f) return fail(f.error().with_context("writing snapshot"));
+    auto w = write_snapshot(f->out(), meta, tokens, kv);
+    if (status st = w.ok() ? f->finish() : w.error(); !st.ok())
+        return fail(st.with_context("writing snapshot " + final_name));  // the temp file goes with `f`
+    const uint64_t file_bytes = *w;
     for (uint64_t budget : {opts_.budget_bytes, opts_.workspace_budget_bytes})
-        if (budget && file_bytes > budget) {
-            (void)fs_.remove_file(temp);
+        if (budget && file_bytes > budget)
             return fail(resource_exhausted("snapshot of " + std::to_string(file_bytes) +
                                            " bytes exceeds the snapshot budget of " + std::to_string(budget) + " bytes"));
-        }
 
     std::lock_guard commit(commit_mu_);
-    if (status st = fs_.rename_file(temp, path_of(final_name)); !st.ok()) {
-        (void)fs_.remove_file(temp);
-        return fail(st.with_context("committing snapshot " + final_name));
-    }
-    // The file is complete and in place; a failed directory sync only means the rename
-    // may not survive a crash (the old file or none would then be found).
-    status dir_st = fs_.sync_dir(opts_.dir);
+    // The file is complete and in place once this returns ok; a failed directory sync only
+    // means the rename may not survive a crash (the old file or none would then be found).
+    status dir_st;
+    if (status st = f->commit(&dir_st); !st.ok()) return fail(st.with_context("committing snapshot " + final_name));
 
     entry_state es;
     es.e.key = {meta.key(), meta.workspace};
