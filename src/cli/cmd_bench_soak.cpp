@@ -5,31 +5,20 @@
 // questions: does any request get a 5xx (or lose its connection), and does the
 // process's memory stay flat? Exit code 0 only when no request got a 5xx, none an
 // answer other than the one it must get, none lost its connection, and RSS is flat
-// (soak_verdict.h states the rule).
-//
-// Each client owns some state so that every request's expected status is known
-// exactly: its own workspace in the workspace API (stored or not, with a turn or not),
-// which it alone changes. Everything else it sends is shared: the agent set-ups'
-// system prompts (derived workspaces) and the `segments` workspaces.
-#include <httplib.h>
-
+// (soak_verdict.h states the rule). The clients and their request mix are soak_client.h's.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <thread>
 
 #include "bench_harness.h"
 #include "cli.h"
+#include "soak_client.h"
 #include "soak_verdict.h"
-#include "sse_reader.h"
-#include "warmctx/clock.h"
 #include "warmctx/json.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
@@ -39,446 +28,7 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 using json = nlohmann::json;
-
-struct soak_args {
-    model_flags mf;
-    cache_flags cf;
-    int clients = 64;
-    double duration_s = 600;
-    double sample_s = 10;
-    int setups = 16;           // agent set-ups: distinct system prompts (+ tools)
-    int segment_workspaces = 16;
-    int large_prompt_tokens = 3000;
-    int think_ms = 50;         // a client waits 0..think_ms between requests
-    uint32_t parallel = 4;
-    size_t queue = 256;
-    uint32_t holders = 8;
-    uint64_t seed = 1;
-    bool json_out = false;
-};
-
-// What the clients send. Weights are per mille of a client's picks.
-enum class req_type { chat, chat_stream, chat_segments, workspace_chat, large_prompt, abandoned, workspace_api, bad_request, monitoring };
-constexpr int k_n_types = 9;
-constexpr const char * k_type_names[k_n_types] = {"chat",         "chat_stream",   "chat_segments", "workspace_chat", "large_prompt",
-                                                  "abandoned",    "workspace_api", "bad_request",   "monitoring"};
-constexpr const char * k_type_what[k_n_types] = {
-    "chat completion, not streamed, an agent set-up's system prompt (+ tools) and 0-3 earlier turns",
-    "the same, streamed, read to [DONE]",
-    "chat with a `workspace` and `segments` (instructions, repo map, diff, test output), streamed or not",
-    "chat on the client's own stored segments (workspace API) plus a diff, streamed or not",
-    "chat with a pinned file of thousands of tokens (one of three shared files, or a new one)",
-    "streamed chat left after 1-3 events, or a non-streamed one left by a 50 ms client timeout",
-    "the client's own workspace: PUT/GET/DELETE segments, manifest, explain, pin+unpin, branch, DELETE",
-    "each must get its 4xx: bad JSON, bad UTF-8, unknown role, bad workspace id, two user segments, n=2, "
-    "bad temperature, a prompt over the context, a stored user segment, a missing segment, 404 and 405 routes",
-    "GET /health, /metrics, /v1/models",
-};
-constexpr int k_weights[k_n_types] = {230, 180, 140, 100, 20, 80, 130, 80, 40};
-
-struct outcome {
-    int status = 0;             // 0: no response
-    bool conn_error = false;    // no response, and one was due
-    bool abandoned = false;     // the client left on purpose
-    bool stream_error = false;  // a 200 stream with an error event, or without [DONE]
-    bool unexpected = false;    // an answer other than the one this request must get
-    double ms = 0;
-    int prompt_tokens = 0;
-    std::string note;           // what went wrong
-};
-
-struct type_tally {
-    uint64_t n = 0, conn_errors = 0, abandoned = 0, stream_errors = 0, unexpected = 0;
-    std::map<std::string, uint64_t> by_class;
-    std::vector<double> ms;     // every answered request
-    int max_prompt_tokens = 0;
-};
-
-struct client_tally {
-    type_tally types[k_n_types];
-    std::vector<json> failures;  // the first few, for the report
-};
-
-constexpr size_t k_max_failures_kept = 20;
-
-// --- content -------------------------------------------------------------------------
-
-// Code-like text of about `n_tokens` tokens (~14 tokens a line with the Qwen2 tokenizer),
-// distinct for each `salt`.
-std::string code_text(uint64_t salt, int n_tokens) {
-    std::string s;
-    const int lines = std::max(1, n_tokens / 14);
-    for (int i = 0; i < lines; ++i)
-        s += "    int v" + std::to_string(i) + " = step_" + std::to_string((salt * 7919 + (uint64_t)i) % 10007) + "(v" +
-             std::to_string(i > 0 ? i - 1 : 0) + ", " + std::to_string((salt + (uint64_t)i * 31) % 997) + ");\n";
-    return s;
-}
-
-std::string system_prompt(int setup) {
-    std::string s = "You are coding agent number " + std::to_string(setup) +
-                    ". Follow the repository rules, prefer small changes, run the tests after each one, and say "
-                    "what you changed and why.\n";
-    for (int i = 0; i < 8; ++i)
-        s += "Rule " + std::to_string(i + 1) + " of set " + std::to_string(setup) +
-             ": keep functions short, name what they count, check every status, never swallow an error.\n";
-    return s;
-}
-
-json tools_for(int setup) {
-    return json::array({json{{"type", "function"},
-                             {"function",
-                              {{"name", "run_tests_" + std::to_string(setup)},
-                               {"description", "Runs the test suite and returns its output."},
-                               {"parameters",
-                                {{"type", "object"},
-                                 {"properties", {{"filter", {{"type", "string"}, {"description", "a test name pattern"}}}}},
-                                 {"required", json::array()}}}}}}});
-}
-
-json msg(const std::string & role, std::string content) { return {{"role", role}, {"content", std::move(content)}}; }
-json seg(const std::string & id, const std::string & kind, std::string content) {
-    return {{"id", id}, {"kind", kind}, {"content", std::move(content)}};
-}
-
-// --- one client ----------------------------------------------------------------------
-
-class soak_client {
-  public:
-    soak_client(int id, int port, const soak_args & a, const std::vector<std::string> & large_files)
-        : id_(id), port_(port), a_(a), large_files_(large_files), rng_(a.seed * 1000003 + (uint64_t)id),
-          http_("127.0.0.1", port), own_ws_("soak-own-" + std::to_string(id)) {
-        http_.set_keep_alive(id % 2 == 0);  // half keep their connection, half open one per request
-        http_.set_read_timeout(600, 0);
-        http_.set_write_timeout(60, 0);
-        http_.set_connection_timeout(30, 0);
-    }
-
-    void run(clock_type::time_point deadline, client_tally & out) {
-        std::discrete_distribution<int> pick(std::begin(k_weights), std::end(k_weights));
-        std::uniform_int_distribution<int> think(0, std::max(0, a_.think_ms));
-        while (clock_type::now() < deadline) {
-            const auto t = (req_type)pick(rng_);
-            one(t, out);
-            if (a_.think_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(think(rng_)));
-        }
-    }
-
-  private:
-    int id_, port_;
-    const soak_args & a_;
-    const std::vector<std::string> & large_files_;
-    std::mt19937_64 rng_;
-    httplib::Client http_;
-    std::string own_ws_;
-    bool base_stored_ = false;  // own workspace holds rules, src/map.txt and summary
-    bool diff_stored_ = false;  // ... and a diff
-    bool had_turn_ = false;  // own workspace has had a chat turn since it was (re)created
-    uint64_t n_sent_ = 0;
-
-    int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
-    bool coin(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
-
-    std::string question() {
-        return "Question " + std::to_string(id_) + "." + std::to_string(n_sent_) + ": why does test_" +
-               std::to_string(uniform(0, 400)) + " fail after the change to step_" + std::to_string(uniform(0, 10000)) + "?";
-    }
-
-    json sampling(json body, int max_lo = 4, int max_hi = 24) {
-        body["max_tokens"] = uniform(max_lo, max_hi);
-        if (coin(0.7)) {
-            body["temperature"] = 0;
-        } else {
-            body["temperature"] = 0.8;
-            body["top_p"] = 0.9;
-            body["seed"] = uniform(0, 1 << 20);
-        }
-        return body;
-    }
-
-    json agent_chat_body() {
-        const int setup = uniform(0, a_.setups - 1);
-        json messages = json::array({msg("system", system_prompt(setup))});
-        const int turns = uniform(0, 3);
-        for (int i = 0; i < turns; ++i) {
-            messages.push_back(msg("user", "Earlier question " + std::to_string(i) + " of set-up " + std::to_string(setup)));
-            messages.push_back(msg("assistant", "Earlier answer " + std::to_string(i) + ": I changed step_" + std::to_string(i) + "."));
-        }
-        messages.push_back(msg("user", question()));
-        json body = {{"messages", std::move(messages)}};
-        if (setup % 2 == 0) body["tools"] = tools_for(setup);
-        return sampling(std::move(body));
-    }
-
-    json diff_segment() {
-        return seg("diff", "diff",
-                   "--- a/src/step.cc\n+++ b/src/step.cc\n@@ -" + std::to_string(uniform(1, 500)) + " +1 @@\n-    return v;\n+    return v + " +
-                       std::to_string(uniform(0, 99999)) + ";\n");
-    }
-
-    json segments_chat_body() {
-        const int k = uniform(0, a_.segment_workspaces - 1);
-        json segs = json::array({seg("rules", "instructions", "Workspace " + std::to_string(k) + " rules: always run ctest; keep commits small."),
-                                 seg("map", "repo_map", code_text(1000 + (uint64_t)k, 300)), diff_segment()});
-        if (coin(0.5))
-            segs.push_back(seg("t1", "test_output", "1 test failed: test_" + std::to_string(uniform(0, 400)) + " (exit " +
-                                                         std::to_string(uniform(1, 3)) + ")"));
-        json body = {{"workspace", "soak-seg-" + std::to_string(k)},
-                     {"messages", json::array({msg("user", question())})},
-                     {"segments", std::move(segs)}};
-        return sampling(std::move(body));
-    }
-
-    // --- the transport ---
-
-    // A plain request on the client's connection.
-    outcome plain(const std::string & method, const std::string & path, const std::string & body = "") {
-        outcome o;
-        const auto t0 = clock_type::now();
-        httplib::Result r = method == "GET"      ? http_.Get(path.c_str())
-                            : method == "DELETE" ? http_.Delete(path.c_str())
-                            : method == "PUT"    ? http_.Put(path.c_str(), body, "application/json")
-                                                 : http_.Post(path.c_str(), body, "application/json");
-        o.ms = ms_since(t0);
-        if (!r) {
-            o.conn_error = true;
-            o.note = method + " " + path + ": " + httplib::to_string(r.error());
-            return o;
-        }
-        o.status = r->status;
-        if (o.status == 200 && path.find("completions") != std::string::npos) {
-            auto j = parse_json(r->body);
-            if (j && j->contains("usage")) o.prompt_tokens = (*j)["usage"].value("prompt_tokens", 0);
-        }
-        if (o.status != 200 && o.status != 201) o.note = method + " " + path + " -> " + std::to_string(o.status) + ": " + r->body.substr(0, 300);
-        return o;
-    }
-
-    // A streamed POST read event by event; leaves after `leave_after` data events (0: reads to the end).
-    outcome stream(const std::string & path, const json & body, int leave_after = 0) {
-        outcome o;
-        httplib::Client fresh("127.0.0.1", port_);  // leaving must close a connection of its own
-        httplib::Client & c = leave_after > 0 ? fresh : http_;
-        fresh.set_read_timeout(600, 0);
-        httplib::Request req;
-        req.method = "POST";
-        req.path = path;
-        req.body = body.dump();
-        req.set_header("Content-Type", "application/json");
-        std::string error_body;
-        sse_reader events;
-        int n_events = 0;
-        bool done = false, left = false;
-        req.response_handler = [&](const httplib::Response & r) {
-            o.status = r.status;
-            return true;
-        };
-        req.content_receiver = [&](const char * d, size_t n, uint64_t, uint64_t) {
-            if (o.status != 200) {
-                error_body.append(d, std::min(n, (size_t)300));
-                return true;
-            }
-            return events.feed({d, n}, [&](const sse_event & ev) {
-                if (ev.n_data_lines == 0) return true;
-                const std::string & payload = ev.data;
-                if (ev.done()) { done = true; return true; }
-                auto j = parse_json(payload);
-                if (!j) { o.stream_error = true; o.note = "unparsable event: " + payload.substr(0, 200); return true; }
-                if (j->contains("error")) { o.stream_error = true; o.note = "error event: " + payload.substr(0, 300); }
-                if (j->contains("usage") && (*j)["usage"].is_object()) o.prompt_tokens = (*j)["usage"].value("prompt_tokens", 0);
-                if (leave_after > 0 && ++n_events >= leave_after) { left = true; return false; }
-                return true;
-            });
-        };
-        httplib::Response res;
-        httplib::Error err = httplib::Error::Success;
-        const auto t0 = clock_type::now();
-        const bool sent = c.send(req, res, err);
-        o.ms = ms_since(t0);
-        if (left) {
-            o.abandoned = true;
-            return o;
-        }
-        if (!sent) {
-            o.conn_error = true;
-            o.note = "POST " + path + " (stream): " + httplib::to_string(err);
-            return o;
-        }
-        if (o.status != 200) {
-            o.note = "POST " + path + " (stream) -> " + std::to_string(o.status) + ": " + error_body;
-        } else if (!done && !o.stream_error) {
-            o.stream_error = true;
-            o.note = "POST " + path + " (stream): ended without [DONE]";
-        }
-        return o;
-    }
-
-    outcome chat(const std::string & path, json body, bool streamed) {
-        if (!streamed) return plain("POST", path, body.dump());
-        body["stream"] = true;
-        body["stream_options"] = {{"include_usage", true}};
-        return stream(path, body);
-    }
-
-    // --- the request types ---
-
-    void record(client_tally & out, req_type t, outcome o, int expect_lo, int expect_hi = 0) {
-        if (expect_hi == 0) expect_hi = expect_lo;
-        type_tally & tt = out.types[(int)t];
-        tt.n++;
-        if (o.conn_error) tt.conn_errors++;
-        else if (o.abandoned) tt.abandoned++;
-        if (o.status > 0) {
-            tt.by_class[status_class(o.status)]++;
-            tt.ms.push_back(o.ms);
-            if (!o.abandoned && (o.status < expect_lo || o.status > expect_hi)) {
-                o.unexpected = true;
-                tt.unexpected++;
-            }
-        }
-        if (o.stream_error) tt.stream_errors++;
-        tt.max_prompt_tokens = std::max(tt.max_prompt_tokens, o.prompt_tokens);
-        if ((o.conn_error || o.unexpected || o.stream_error || o.status >= 500) && out.failures.size() < k_max_failures_kept)
-            out.failures.push_back({{"type", k_type_names[(int)t]}, {"client", id_}, {"status", o.status}, {"note", o.note}});
-    }
-
-    bool stored() const { return base_stored_ || diff_stored_; }  // the workspace exists
-
-    void ensure_stored(client_tally & out) {
-        if (base_stored_) return;
-        const std::string base = "/v1/workspaces/" + own_ws_ + "/segments/";
-        record(out, req_type::workspace_api,
-               plain("PUT", base + "rules", json{{"kind", "instructions"}, {"content", "Client " + std::to_string(id_) + " rules: run ctest first."}}.dump()), 201);
-        record(out, req_type::workspace_api, plain("PUT", base + "src/map.txt", json{{"kind", "repo_map"}, {"content", code_text(5000 + (uint64_t)id_, 400)}, {"path", "src/map.txt"}}.dump()), 201);
-        record(out, req_type::workspace_api, plain("PUT", base + "summary", json{{"kind", "task_summary"}, {"content", "Make test_" + std::to_string(id_) + " pass."}}.dump()), 201);
-        base_stored_ = true;
-    }
-
-    void workspace_op(client_tally & out) {
-        const std::string ws = "/v1/workspaces/" + own_ws_;
-        const int missing = 404;
-        switch (uniform(0, 8)) {
-        case 0: {  // a new diff (created or replaced)
-            auto o = plain("PUT", ws + "/segments/diff", json{{"kind", "diff"}, {"content", diff_segment()["content"]}}.dump());
-            record(out, req_type::workspace_api, o, diff_stored_ ? 200 : 201);
-            if (o.status / 100 == 2) diff_stored_ = true;
-            break;
-        }
-        case 1: record(out, req_type::workspace_api, plain("GET", ws + "/segments"), stored() ? 200 : missing); break;
-        case 2: record(out, req_type::workspace_api, plain("GET", ws + "/manifest"), stored() ? 200 : missing); break;
-        case 3: record(out, req_type::workspace_api, plain("GET", ws + "/explain?question=what%20next"), stored() ? 200 : missing); break;
-        case 4: {
-            record(out, req_type::workspace_api, plain("DELETE", ws + "/segments/diff"), diff_stored_ ? 200 : missing);
-            diff_stored_ = false;
-            break;
-        }
-        case 5: {  // pin then unpin (pins are counted; leave none behind)
-            record(out, req_type::workspace_api, plain("POST", ws + "/pin"), had_turn_ ? 200 : missing);
-            record(out, req_type::workspace_api, plain("POST", ws + "/unpin"), had_turn_ ? 200 : missing);
-            break;
-        }
-        case 6: {  // branch, then drop the branch
-            const std::string to = own_ws_ + "-branch";
-            record(out, req_type::workspace_api, plain("POST", ws + "/branch", json{{"to", to}}.dump()), had_turn_ ? 200 : missing);
-            record(out, req_type::workspace_api, plain("DELETE", "/v1/workspaces/" + to), 200);
-            break;
-        }
-        case 7: record(out, req_type::workspace_api, plain("GET", "/v1/workspaces"), 200); break;
-        default: {  // drop the workspace now and then: store, history and cached KV
-            if (!coin(0.3)) { record(out, req_type::workspace_api, plain("GET", ws), stored() ? 200 : missing); break; }
-            record(out, req_type::workspace_api, plain("DELETE", ws), 200);
-            base_stored_ = diff_stored_ = had_turn_ = false;
-            break;
-        }
-        }
-    }
-
-    void bad_request(client_tally & out) {
-        const std::string chat = "/v1/chat/completions";
-        const json user = json::array({msg("user", "hi")});
-        switch (uniform(0, 12)) {
-        case 0: record(out, req_type::bad_request, plain("POST", chat, "{\"messages\": [{\"role\": \"user\", \"content\": "), 400); break;
-        case 1: record(out, req_type::bad_request, plain("POST", chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}"), 400); break;
-        case 2: record(out, req_type::bad_request, plain("POST", chat, json{{"messages", json::array({msg("wizard", "hi")})}}.dump()), 400); break;
-        case 3: record(out, req_type::bad_request, plain("POST", chat, json{{"workspace", "no spaces allowed"}, {"messages", user}}.dump()), 400); break;
-        case 4:
-            record(out, req_type::bad_request,
-                   plain("POST", chat, json{{"messages", user}, {"segments", json::array({seg("u2", "user", "and this")})}}.dump()), 400);
-            break;
-        case 5: record(out, req_type::bad_request, plain("POST", chat, json{{"messages", user}, {"n", 2}}.dump()), 400); break;
-        case 6: record(out, req_type::bad_request, plain("POST", chat, json{{"messages", user}, {"temperature", -1}}.dump()), 400); break;
-        case 7: {  // longer than the context: refused after assembly, before any prefill
-            const int n = 2 * (int)a_.mf.n_ctx;  // tokens, by code_text's rough count
-            record(out, req_type::bad_request,
-                   plain("POST", chat, json{{"messages", json::array({msg("system", code_text(77, n)), msg("user", "hi")})}, {"max_tokens", 4}}.dump()),
-                   400);
-            break;
-        }
-        case 8:
-            record(out, req_type::bad_request, plain("PUT", "/v1/workspaces/" + own_ws_ + "/segments/q", json{{"kind", "user"}, {"content", "stored question"}}.dump()), 400);
-            break;
-        case 9: record(out, req_type::bad_request, plain("GET", "/v1/workspaces/" + own_ws_ + "/segments/no-such-segment"), 404); break;
-        case 10: record(out, req_type::bad_request, plain("GET", "/v1/no/such/route"), 404); break;
-        case 11: record(out, req_type::bad_request, plain("DELETE", chat), 405); break;
-        default: record(out, req_type::bad_request, plain("POST", "/v1/completions", json{{"prompt", json::array({"a", "b"})}}.dump()), 400); break;
-        }
-    }
-
-    void one(req_type t, client_tally & out) {
-        ++n_sent_;
-        switch (t) {
-        case req_type::chat: record(out, t, chat("/v1/chat/completions", agent_chat_body(), false), 200); break;
-        case req_type::chat_stream: record(out, t, chat("/v1/chat/completions", agent_chat_body(), true), 200); break;
-        case req_type::chat_segments: record(out, t, chat("/v1/chat/completions", segments_chat_body(), coin(0.5)), 200); break;
-        case req_type::workspace_chat: {
-            ensure_stored(out);
-            json body = sampling(json{{"messages", json::array({msg("user", question())})}});
-            if (coin(0.5)) body["segments"] = json::array({diff_segment()});
-            auto o = chat("/v1/workspaces/" + own_ws_ + "/chat/completions", std::move(body), coin(0.5));
-            if (o.status == 200 && !o.stream_error) had_turn_ = true;
-            record(out, t, std::move(o), 200);
-            break;
-        }
-        case req_type::large_prompt: {
-            // One of three shared files (cached across clients) or, one time in three, a new one.
-            const bool fresh = coin(1.0 / 3);
-            std::string file = fresh ? code_text(1000000 + (uint64_t)id_ * 100000 + n_sent_, a_.large_prompt_tokens)
-                                     : large_files_[(size_t)uniform(0, (int)large_files_.size() - 1)];
-            json body = {{"messages", json::array({msg("system", system_prompt(0)), msg("user", question())})},
-                         {"segments", json::array({json{{"id", "src/big.cc"}, {"kind", "pinned_file"}, {"path", "src/big.cc"}, {"content", std::move(file)}}})}};
-            record(out, t, chat("/v1/chat/completions", sampling(std::move(body), 4, 8), coin(0.5)), 200);
-            break;
-        }
-        case req_type::abandoned: {
-            json body = agent_chat_body();
-            body["max_tokens"] = 64;
-            if (coin(0.75)) {
-                body["stream"] = true;
-                record(out, t, stream("/v1/chat/completions", body, uniform(1, 3)), 200);
-            } else {  // a client timeout: the server still runs it to its end, bounded by max_tokens
-                httplib::Client c("127.0.0.1", port_);
-                c.set_read_timeout(0, 50000);
-                outcome o;
-                const auto t0 = clock_type::now();
-                auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
-                o.ms = ms_since(t0);
-                if (r) o.status = r->status;
-                else if (r.error() == httplib::Error::Read) o.abandoned = true;
-                else { o.conn_error = true; o.note = "timed-out chat: " + httplib::to_string(r.error()); }
-                if (r && r->status != 200) o.note = "timed-out chat -> " + std::to_string(r->status) + ": " + r->body.substr(0, 300);
-                record(out, t, std::move(o), 200);
-            }
-            break;
-        }
-        case req_type::workspace_api: workspace_op(out); break;
-        case req_type::bad_request: bad_request(out); break;
-        case req_type::monitoring: {
-            static const char * paths[] = {"/health", "/metrics", "/v1/models"};
-            record(out, t, plain("GET", paths[uniform(0, 2)]), 200);
-            break;
-        }
-        }
-    }
-};
+using namespace soak;
 
 // --- the run -------------------------------------------------------------------------
 
@@ -495,6 +45,190 @@ json tally_json(const type_tally & t) {
             {"latency_ms_p99", percentile(t.ms, 0.99)},
             {"latency_ms_max", t.ms.empty() ? 0.0 : *std::max_element(t.ms.begin(), t.ms.end())},
             {"max_prompt_tokens", t.max_prompt_tokens}};
+}
+
+// The clients' run: each client in a thread until the deadline, and RSS sampled from
+// their start every sample_s until they stop. `wall_s`: how long the clients ran.
+std::vector<rss_sample> run_clients(const soak_args & a, int port, const std::vector<std::string> & large_files,
+                                    std::vector<client_tally> & tallies, double & wall_s) {
+    std::vector<rss_sample> samples;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop_sampling = false;
+    const auto t_start = clock_type::now();
+    const auto deadline = t_start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(a.duration_s));
+    std::thread sampler([&] {
+        std::unique_lock<std::mutex> lk(mu);
+        for (int i = 0;; ++i) {
+            const auto at = t_start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(a.sample_s * i));
+            if (at > deadline) break;
+            if (cv.wait_until(lk, at, [&] { return stop_sampling; })) break;
+            samples.push_back({std::chrono::duration<double>(clock_type::now() - t_start).count(), read_rss_bytes(), read_heap_bytes()});
+            if (i % std::max(1, (int)(60 / a.sample_s)) == 0)
+                progress("soak: " + std::to_string((int)samples.back().t_s) + " s, RSS " +
+                         std::to_string(samples.back().rss_bytes >> 20) + " MiB");
+        }
+    });
+
+    progress("soak: " + std::to_string(a.clients) + " clients for " + std::to_string((int)a.duration_s) + " s on port " + std::to_string(port));
+    tallies.assign((size_t)a.clients, client_tally{});
+    std::vector<std::thread> threads;
+    for (int c = 0; c < a.clients; ++c)
+        threads.emplace_back([&, c] { run_client(c, port, a, large_files, deadline, tallies[(size_t)c]); });
+    for (auto & t : threads) t.join();
+    wall_s = std::chrono::duration<double>(clock_type::now() - t_start).count();
+    {
+        std::lock_guard<std::mutex> lk(mu);
+        stop_sampling = true;
+    }
+    cv.notify_all();
+    sampler.join();
+    return samples;
+}
+
+// Every client's counts, per request type and over all of them; the first failures.
+struct soak_totals {
+    type_tally all, types[k_n_types];
+    std::vector<json> failures;
+};
+
+soak_totals merge(const std::vector<client_tally> & tallies) {
+    soak_totals m;
+    for (const auto & ct : tallies) {
+        for (int i = 0; i < k_n_types; ++i) {
+            const type_tally & x = ct.types[i];
+            for (type_tally * t : {&m.types[i], &m.all}) {
+                t->n += x.n; t->conn_errors += x.conn_errors; t->abandoned += x.abandoned;
+                t->stream_errors += x.stream_errors; t->unexpected += x.unexpected;
+                for (const auto & [k, v] : x.by_class) t->by_class[k] += v;
+                t->ms.insert(t->ms.end(), x.ms.begin(), x.ms.end());
+                t->max_prompt_tokens = std::max(t->max_prompt_tokens, x.max_prompt_tokens);
+            }
+        }
+        for (const auto & f : ct.failures)
+            if (m.failures.size() < k_max_failures_kept) m.failures.push_back(f);
+    }
+    return m;
+}
+
+// What the run measured, judged: the JSON report.
+struct soak_result {
+    const soak_args & a;
+    std::string model_path;
+    double wall_s = 0;
+    json server;                     // the server's configuration, for the report
+    scheduler_stats sched;
+    soak_totals totals;
+    std::vector<rss_sample> samples;
+    rss_verdict rv, hv;              // RSS, and the heap in use under the same rule
+    uint64_t n_5xx = 0;
+    std::vector<std::string> failed; // the checks that failed
+};
+
+json rss_json(const soak_result & r) {
+    json rss_samples = json::array();
+    for (const auto & x : r.samples) rss_samples.push_back({{"t_s", std::round(x.t_s * 10) / 10},
+                               {"rss_mib", (double)x.rss_bytes / (1 << 20)},
+                               {"heap_in_use_mib", (double)x.heap_bytes / (1 << 20)}});
+    const rss_verdict & rv = r.rv, & hv = r.hv;
+    return {{"sample_every_s", r.a.sample_s},
+            {"samples", rss_samples},
+            {"rule", "samples split in thirds by count; the first is warm-up; flat when the last third's median is at most " +
+                         std::to_string((int)(k_rss_tolerance * 100)) + "% above the middle third's (at least " +
+                         std::to_string(k_min_rss_samples) + " samples, else not judged)"},
+            {"evaluated", rv.evaluated},
+            {"middle_median_mib", rv.middle_median_bytes / (1 << 20)},
+            {"last_median_mib", rv.last_median_bytes / (1 << 20)},
+            {"change", rv.change},
+            {"slope_mib_per_min_after_warmup", rv.slope_bytes_per_min / (1 << 20)},
+            {"rss_flat", rv.flat},
+            {"heap_in_use", {{"middle_median_mib", hv.middle_median_bytes / (1 << 20)},
+                             {"last_median_mib", hv.last_median_bytes / (1 << 20)},
+                             {"change", hv.change},
+                             {"slope_mib_per_min_after_warmup", hv.slope_bytes_per_min / (1 << 20)}}}};
+}
+
+json report_json(const soak_result & r) {
+    const soak_args & a = r.a;
+    const scheduler_stats & st = r.sched;
+    json by_type = json::array();
+    for (int i = 0; i < k_n_types; ++i) {
+        json t = tally_json(r.totals.types[i]);
+        t["type"] = k_type_names[i];
+        t["what"] = k_type_what[i];
+        by_type.push_back(std::move(t));
+    }
+    return {
+        {"model", r.model_path},
+        {"clients", a.clients},
+        {"duration_s", a.duration_s},
+        {"wall_s", r.wall_s},
+        {"seed", a.seed},
+        {"server", r.server},
+        {"mix_per_mille", [&] { json m = json::object(); for (int i = 0; i < k_n_types; ++i) m[k_type_names[i]] = k_weights[i]; return m; }()},
+        {"requests", tally_json(r.totals.all)},
+        {"requests_per_s", (double)r.totals.all.n / r.wall_s},
+        {"n_5xx", r.n_5xx},
+        {"by_type", by_type},
+        {"scheduler", {{"submitted", st.n_submitted}, {"completed", st.n_completed}, {"cancelled", st.n_cancelled},
+                       {"failed", st.n_failed}, {"rejected", st.n_rejected}, {"batched_steps", st.n_batched_steps}}},
+        {"rss", rss_json(r)},
+        {"failures", r.totals.failures},
+        {"failed_checks", r.failed},
+        {"pass", r.failed.empty()},
+    };
+}
+
+void print_text(const soak_result & r, const json & j) {
+    const soak_args & a = r.a;
+    const rss_verdict & rv = r.rv, & hv = r.hv;
+    std::printf("%-15s %9s %8s %6s %5s %8s %9s %10s %6s %10s %10s\n", "type", "requests", "2xx", "4xx", "5xx", "conn err",
+                "abandoned", "unexpected", "stream", "p50 ms", "p99 ms");
+    auto row = [](const char * name, const json & t) {
+        const json & c = t["by_status_class"];
+        std::printf("%-15s %9llu %8llu %6llu %5llu %8llu %9llu %10llu %6llu %10.1f %10.1f\n", name,
+                    (unsigned long long)t["requests"].get<uint64_t>(), (unsigned long long)c["2xx"].get<uint64_t>(),
+                    (unsigned long long)c["4xx"].get<uint64_t>(), (unsigned long long)c["5xx"].get<uint64_t>(),
+                    (unsigned long long)t["connection_errors"].get<uint64_t>(), (unsigned long long)t["abandoned"].get<uint64_t>(),
+                    (unsigned long long)t["unexpected_status"].get<uint64_t>(), (unsigned long long)t["stream_errors"].get<uint64_t>(),
+                    t["latency_ms_p50"].get<double>(), t["latency_ms_p99"].get<double>());
+    };
+    for (const auto & t : j["by_type"]) row(t["type"].get<std::string>().c_str(), t);
+    row("all", j["requests"]);
+    std::printf("\n%.0f requests/s over %.0f s, %d clients\nRSS (MiB) every %.0f s:", (double)r.totals.all.n / r.wall_s, r.wall_s,
+                a.clients, a.sample_s);
+    for (const auto & x : r.samples) std::printf(" %.0f", (double)x.rss_bytes / (1 << 20));
+    std::printf("\nheap in use (MiB):");
+    for (const auto & x : r.samples) std::printf(" %.0f", (double)x.heap_bytes / (1 << 20));
+    if (rv.evaluated)
+        std::printf("\nrss_flat: %s (last-third median %.1f MiB vs middle-third %.1f MiB: %+.1f%%, limit +%.0f%%; %+.2f MiB/min after warm-up)\n",
+                    rv.flat ? "yes" : "NO", rv.last_median_bytes / (1 << 20), rv.middle_median_bytes / (1 << 20), rv.change * 100,
+                    k_rss_tolerance * 100, rv.slope_bytes_per_min / (1 << 20));
+    if (rv.evaluated)
+        std::printf("heap in use: last-third median %.1f MiB vs middle-third %.1f MiB: %+.1f%%; %+.2f MiB/min after warm-up\n",
+                    hv.last_median_bytes / (1 << 20), hv.middle_median_bytes / (1 << 20), hv.change * 100,
+                    hv.slope_bytes_per_min / (1 << 20));
+    else
+        std::printf("\nrss_flat: not judged (fewer than %zu samples)\n", k_min_rss_samples);
+    for (const auto & f : r.totals.failures) std::printf("failure: %s\n", dump_json(f).c_str());
+    std::printf("verdict: %s\n", r.failed.empty() ? "PASS" : "FAIL");
+}
+
+// The verdicts: RSS flat, and no 5xx, lost connection, unexpected status or broken stream.
+void judge(soak_result & r) {
+    r.rv = judge_rss(r.samples);
+    // The same rule over the heap in use, for the report: where RSS grows, does what the
+    // program holds grow with it?
+    std::vector<rss_sample> heap_series;
+    for (const auto & x : r.samples) heap_series.push_back({x.t_s, x.heap_bytes, 0});
+    r.hv = judge_rss(heap_series);
+    const type_tally & all = r.totals.all;
+    r.n_5xx = all.by_class.count("5xx") ? all.by_class.at("5xx") : 0;
+    if (r.n_5xx > 0) r.failed.push_back("5xx");
+    if (all.conn_errors > 0) r.failed.push_back("connection_errors");
+    if (all.unexpected > 0) r.failed.push_back("unexpected_status");
+    if (all.stream_errors > 0) r.failed.push_back("stream_errors");
+    if (!r.rv.flat) r.failed.push_back("rss_not_flat");
 }
 
 int run_soak(const soak_args & a) {
@@ -522,158 +256,24 @@ int run_soak(const soak_args & a) {
 
     std::vector<std::string> large_files;
     for (uint64_t k = 0; k < 3; ++k) large_files.push_back(code_text(900000 + k, a.large_prompt_tokens));
-
-    // RSS, sampled from the clients' start every sample_s until they stop.
-    std::vector<rss_sample> samples;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool stop_sampling = false;
-    const auto t_start = clock_type::now();
-    const auto deadline = t_start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(a.duration_s));
-    std::thread sampler([&] {
-        std::unique_lock<std::mutex> lk(mu);
-        for (int i = 0;; ++i) {
-            const auto at = t_start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(a.sample_s * i));
-            if (at > deadline) break;
-            if (cv.wait_until(lk, at, [&] { return stop_sampling; })) break;
-            samples.push_back({std::chrono::duration<double>(clock_type::now() - t_start).count(), read_rss_bytes(), read_heap_bytes()});
-            if (i % std::max(1, (int)(60 / a.sample_s)) == 0)
-                progress("soak: " + std::to_string((int)samples.back().t_s) + " s, RSS " +
-                         std::to_string(samples.back().rss_bytes >> 20) + " MiB");
-        }
-    });
-
-    progress("soak: " + std::to_string(a.clients) + " clients for " + std::to_string((int)a.duration_s) + " s on port " + std::to_string(port));
-    std::vector<client_tally> tallies((size_t)a.clients);
-    std::vector<std::thread> threads;
-    for (int c = 0; c < a.clients; ++c)
-        threads.emplace_back([&, c] {
-            soak_client cl(c, port, a, large_files);
-            cl.run(deadline, tallies[(size_t)c]);
-        });
-    for (auto & t : threads) t.join();
-    const double wall_s = std::chrono::duration<double>(clock_type::now() - t_start).count();
-    {
-        std::lock_guard<std::mutex> lk(mu);
-        stop_sampling = true;
-    }
-    cv.notify_all();
-    sampler.join();
-    const scheduler_stats st = (*s)->stats();
+    soak_result r{a};
+    r.model_path = eo->model_path;
+    std::vector<client_tally> tallies;
+    r.samples = run_clients(a, port, large_files, tallies, r.wall_s);
+    r.sched = (*s)->stats();
     (*h)->stop();
     (*s)->stop();
+    r.server = {{"parallel", a.parallel}, {"queue", a.queue}, {"holders", a.holders}, {"n_ctx_per_sequence", (*s)->context().n_ctx_seq},
+                {"http_threads", (*h)->options().n_http_threads}};
+    r.totals = merge(tallies);
+    judge(r);
 
-    // Merge.
-    type_tally all, types[k_n_types];
-    std::vector<json> failures;
-    for (const auto & ct : tallies) {
-        for (int i = 0; i < k_n_types; ++i) {
-            const type_tally & x = ct.types[i];
-            for (type_tally * t : {&types[i], &all}) {
-                t->n += x.n; t->conn_errors += x.conn_errors; t->abandoned += x.abandoned;
-                t->stream_errors += x.stream_errors; t->unexpected += x.unexpected;
-                for (const auto & [k, v] : x.by_class) t->by_class[k] += v;
-                t->ms.insert(t->ms.end(), x.ms.begin(), x.ms.end());
-                t->max_prompt_tokens = std::max(t->max_prompt_tokens, x.max_prompt_tokens);
-            }
-        }
-        for (const auto & f : ct.failures)
-            if (failures.size() < k_max_failures_kept) failures.push_back(f);
-    }
-    const rss_verdict rv = judge_rss(samples);
-    // The same rule over the heap in use, for the report: where RSS grows, does what the
-    // program holds grow with it?
-    std::vector<rss_sample> heap_series;
-    for (const auto & x : samples) heap_series.push_back({x.t_s, x.heap_bytes, 0});
-    const rss_verdict hv = judge_rss(heap_series);
-    const uint64_t n_5xx = all.by_class.count("5xx") ? all.by_class.at("5xx") : 0;
-    std::vector<std::string> failed;
-    if (n_5xx > 0) failed.push_back("5xx");
-    if (all.conn_errors > 0) failed.push_back("connection_errors");
-    if (all.unexpected > 0) failed.push_back("unexpected_status");
-    if (all.stream_errors > 0) failed.push_back("stream_errors");
-    if (!rv.flat) failed.push_back("rss_not_flat");
-
-    json by_type = json::array();
-    for (int i = 0; i < k_n_types; ++i) {
-        json r = tally_json(types[i]);
-        r["type"] = k_type_names[i];
-        r["what"] = k_type_what[i];
-        by_type.push_back(std::move(r));
-    }
-    json rss_samples = json::array();
-    for (const auto & x : samples) rss_samples.push_back({{"t_s", std::round(x.t_s * 10) / 10},
-                               {"rss_mib", (double)x.rss_bytes / (1 << 20)},
-                               {"heap_in_use_mib", (double)x.heap_bytes / (1 << 20)}});
-    json j = {
-        {"model", eo->model_path},
-        {"clients", a.clients},
-        {"duration_s", a.duration_s},
-        {"wall_s", wall_s},
-        {"seed", a.seed},
-        {"server", {{"parallel", a.parallel}, {"queue", a.queue}, {"holders", a.holders}, {"n_ctx_per_sequence", (*s)->context().n_ctx_seq}, {"http_threads", (*h)->options().n_http_threads}}},
-        {"mix_per_mille", [&] { json m = json::object(); for (int i = 0; i < k_n_types; ++i) m[k_type_names[i]] = k_weights[i]; return m; }()},
-        {"requests", tally_json(all)},
-        {"requests_per_s", (double)all.n / wall_s},
-        {"n_5xx", n_5xx},
-        {"by_type", by_type},
-        {"scheduler", {{"submitted", st.n_submitted}, {"completed", st.n_completed}, {"cancelled", st.n_cancelled},
-                       {"failed", st.n_failed}, {"rejected", st.n_rejected}, {"batched_steps", st.n_batched_steps}}},
-        {"rss", {{"sample_every_s", a.sample_s},
-                 {"samples", rss_samples},
-                 {"rule", "samples split in thirds by count; the first is warm-up; flat when the last third's median is at most " +
-                              std::to_string((int)(k_rss_tolerance * 100)) + "% above the middle third's (at least " +
-                              std::to_string(k_min_rss_samples) + " samples, else not judged)"},
-                 {"evaluated", rv.evaluated},
-                 {"middle_median_mib", rv.middle_median_bytes / (1 << 20)},
-                 {"last_median_mib", rv.last_median_bytes / (1 << 20)},
-                 {"change", rv.change},
-                 {"slope_mib_per_min_after_warmup", rv.slope_bytes_per_min / (1 << 20)},
-                 {"rss_flat", rv.flat},
-                 {"heap_in_use", {{"middle_median_mib", hv.middle_median_bytes / (1 << 20)},
-                                  {"last_median_mib", hv.last_median_bytes / (1 << 20)},
-                                  {"change", hv.change},
-                                  {"slope_mib_per_min_after_warmup", hv.slope_bytes_per_min / (1 << 20)}}}}},
-        {"failures", failures},
-        {"failed_checks", failed},
-        {"pass", failed.empty()},
-    };
-    if (a.json_out) {
-        std::printf("%s\n", dump_json(j, 2).c_str());
-    } else {
-        std::printf("%-15s %9s %8s %6s %5s %8s %9s %10s %6s %10s %10s\n", "type", "requests", "2xx", "4xx", "5xx", "conn err",
-                    "abandoned", "unexpected", "stream", "p50 ms", "p99 ms");
-        auto row = [](const char * name, const json & r) {
-            const json & c = r["by_status_class"];
-            std::printf("%-15s %9llu %8llu %6llu %5llu %8llu %9llu %10llu %6llu %10.1f %10.1f\n", name,
-                        (unsigned long long)r["requests"].get<uint64_t>(), (unsigned long long)c["2xx"].get<uint64_t>(),
-                        (unsigned long long)c["4xx"].get<uint64_t>(), (unsigned long long)c["5xx"].get<uint64_t>(),
-                        (unsigned long long)r["connection_errors"].get<uint64_t>(), (unsigned long long)r["abandoned"].get<uint64_t>(),
-                        (unsigned long long)r["unexpected_status"].get<uint64_t>(), (unsigned long long)r["stream_errors"].get<uint64_t>(),
-                        r["latency_ms_p50"].get<double>(), r["latency_ms_p99"].get<double>());
-        };
-        for (const auto & r : by_type) row(r["type"].get<std::string>().c_str(), r);
-        row("all", j["requests"]);
-        std::printf("\n%.0f requests/s over %.0f s, %d clients\nRSS (MiB) every %.0f s:", (double)all.n / wall_s, wall_s, a.clients, a.sample_s);
-        for (const auto & x : samples) std::printf(" %.0f", (double)x.rss_bytes / (1 << 20));
-        std::printf("\nheap in use (MiB):");
-        for (const auto & x : samples) std::printf(" %.0f", (double)x.heap_bytes / (1 << 20));
-        if (rv.evaluated)
-            std::printf("\nrss_flat: %s (last-third median %.1f MiB vs middle-third %.1f MiB: %+.1f%%, limit +%.0f%%; %+.2f MiB/min after warm-up)\n",
-                        rv.flat ? "yes" : "NO", rv.last_median_bytes / (1 << 20), rv.middle_median_bytes / (1 << 20), rv.change * 100,
-                        k_rss_tolerance * 100, rv.slope_bytes_per_min / (1 << 20));
-        if (rv.evaluated)
-            std::printf("heap in use: last-third median %.1f MiB vs middle-third %.1f MiB: %+.1f%%; %+.2f MiB/min after warm-up\n",
-                        hv.last_median_bytes / (1 << 20), hv.middle_median_bytes / (1 << 20), hv.change * 100,
-                        hv.slope_bytes_per_min / (1 << 20));
-        else
-            std::printf("\nrss_flat: not judged (fewer than %zu samples)\n", k_min_rss_samples);
-        for (const auto & f : failures) std::printf("failure: %s\n", dump_json(f).c_str());
-        std::printf("verdict: %s\n", failed.empty() ? "PASS" : "FAIL");
-    }
-    if (!failed.empty()) {
+    const json j = report_json(r);
+    if (a.json_out) std::printf("%s\n", dump_json(j, 2).c_str());
+    else print_text(r, j);
+    if (!r.failed.empty()) {
         std::string why;
-        for (const auto & f : failed) why += (why.empty() ? "" : ", ") + f;
+        for (const auto & f : r.failed) why += (why.empty() ? "" : ", ") + f;
         progress("soak: FAILED (" + why + ")");
         return 1;
     }
@@ -704,3 +304,4 @@ void register_soak_bench(CLI::App & bench, int & rc) {
 }
 
 }  // namespace warmctx::cli
+
