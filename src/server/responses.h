@@ -136,6 +136,20 @@ nlohmann::json response_object(const responses_request_info & info, const std::s
 // Chat usage -> Responses usage; null when `chat_usage` is not an object.
 nlohmann::json responses_usage(const nlohmann::json & chat_usage);
 
+// A tool call of an answer, for answer_to_response.
+struct response_call {
+    std::string call_id, name, arguments;
+};
+
+// A whole answer -> the Responses `response` object: its text (a message item when not
+// empty), its calls (function_call items), the chat finish reason ("stop", "length",
+// "tool_calls", ...), a chat usage object (null: none) and the `warmctx` extension
+// (null: none). The model is info.model.
+nlohmann::json answer_to_response(const responses_request_info & info, const std::string & response_id,
+                                  int64_t created_at, const std::string & text, const std::vector<response_call> & calls,
+                                  std::string_view finish_reason, const nlohmann::json & usage,
+                                  const nlohmann::json & warmctx);
+
 // A whole non-streamed chat.completion -> the Responses `response` object. The model is
 // info.model, or the completion's when info.model is empty.
 nlohmann::json chat_to_response(const nlohmann::json & chat_completion, const responses_request_info & info,
@@ -179,8 +193,17 @@ public:
 
     std::vector<responses_event> start();
 
-    // One chat.completion.chunk. It also records what the chunks carry for finish():
-    // a choice's finish_reason, `usage` (the include_usage chunk) and `warmctx`.
+    // A piece of the answer's text (nothing for "").
+    std::vector<responses_event> text(const std::string & piece);
+    // A fragment of tool call `index` (the answer's calls count 0, 1, ...): its first
+    // opens the call (call_id "" = one made from the response id), later ones add
+    // argument bytes.
+    std::vector<responses_event> call(int64_t index, const std::string & call_id, const std::string & name,
+                                      const std::string & arguments);
+
+    // One chat.completion.chunk, as text() and call(). It also records what the chunks
+    // carry for finish(): a choice's finish_reason, `usage` (the include_usage chunk) and
+    // `warmctx`.
     std::vector<responses_event> chunk(const nlohmann::json & chat_chunk);
 
     // finish_reason: "stop", "length", "tool_calls", ...; usage: a chat usage object;
@@ -213,6 +236,9 @@ private:
     responses_event make(std::string type, nlohmann::json data);
     nlohmann::json item_json(const item & it) const;
     void open_message(std::vector<responses_event> & out);
+    void add_text(const std::string & piece, std::vector<responses_event> & out);
+    void add_call(int64_t index, const std::string & call_id, const std::string & name, const std::string & args,
+                  std::vector<responses_event> & out);
     void close_open(std::vector<responses_event> & out, const char * status);
     nlohmann::json final_object(std::string_view status) const;
 
