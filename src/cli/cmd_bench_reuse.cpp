@@ -163,6 +163,108 @@ double disk_read_mb_s(const std::string & path) {
     return s > 0 ? (double)total / 1e6 / s : 0;
 }
 
+// Restart: a new process state on the same directory. The first turn of the workspace
+// restores its prefix from disk instead of prefilling it.
+status measure_restart(const context_engine_options & co, turn_request req, nlohmann::json & row) {
+    auto t_open = clock_type::now();
+    auto ce_r = context_engine::open(co);
+    if (!ce_r) return ce_r.error();
+    const double open_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t_open).count();
+    context_engine & ce = **ce_r;
+    for (const auto & e : ce.disk_tier()->list()) drop_page_cache(ce.disk_tier()->path_of(e.file_name));
+    req.segments.back().content = "first question after the restart";
+    auto first = ce.run_turn(req);
+    if (!first) return first.error();
+    row["restart_open_ms"] = open_ms;
+    row["restart_tier"] = kv_tier_name(first->explain.tier);
+    row["restart_first_turn_ttft_ms"] = first->t_first_token_ms;
+    row["restart_ratio_to_cold"] = first->t_first_token_ms / row["cold_ttft_ms"].get<double>();
+    return {};
+}
+
+// One prefix size: a cold turn, then the same prefix reused in place, from the RAM pool,
+// from disk, and after a restart; the row of the report.
+status measure_restore(const restore_args & a, size_t prefix, const std::string & root, nlohmann::json & row) {
+    model_flags mf = a.mf;
+    mf.n_ctx = std::max<uint32_t>(mf.n_ctx, (uint32_t)prefix + 1024);
+    auto eo = mf.to_options(1);
+    if (!eo) return eo.error();
+    const std::string dir = root + "/p" + std::to_string(prefix);
+    context_engine_options co;
+    co.engine = *eo;
+    co.n_holders = 2;
+    co.tiers.cache_dir = dir;
+    std::vector<segment> segs;
+    turn_request req;
+    req.workspace = "bench";
+    req.sampling.max_tokens = 1;
+    row["prefix_tokens_target"] = prefix;
+    {
+        auto ce_r = context_engine::open(co);
+        if (!ce_r) return ce_r.error();
+        context_engine & ce = **ce_r;
+        workload_generator g(11 + prefix, counter_for(ce));
+        segs = make_workspace(g, prefix, 2);
+        req.segments = segs;
+        progress("prefix " + std::to_string(prefix) + ": cold turn");
+        auto cold = ce.run_turn(req);
+        if (!cold) return cold.error();
+        row["prompt_tokens"] = cold->explain.n_prompt_tokens;
+        row["cold_ttft_ms"] = cold->t_first_token_ms;
+        // Its write-through runs on the disk tier's writer thread: let it finish, so
+        // that the turns measured next do not share the cores with it.
+        (void)ce.disk_tier();
+        // In place: the next turn finds the prefix still in its work stream.
+        req.segments.back().content = g.question();
+        auto inplace = ce.run_turn(req);
+        if (!inplace) return inplace.error();
+        row["in_place"] = inplace->explain.in_place;
+        row["in_place_ttft_ms"] = inplace->t_first_token_ms;
+        // From the pool: another workspace's turn takes the one work stream, then
+        // this workspace comes back and its prefix is loaded from RAM.
+        {
+            workload_generator other_g(7 + prefix, counter_for(ce));
+            turn_request other = req;
+            other.workspace = "other";
+            other.segments = make_workspace(other_g, 256, 1);
+            if (auto o = ce.run_turn(other); !o) return o.error();
+        }
+        const kv_memory before = ce.counters().memory;
+        req.segments.back().content = g.question();
+        auto pooled = ce.run_turn(req);
+        if (!pooled) return pooled.error();
+        const kv_memory after = ce.counters().memory;
+        const double load_ms = after.pool_load_ms - before.pool_load_ms;
+        const uint64_t load_bytes = after.pool_loaded_bytes - before.pool_loaded_bytes;
+        row["pool_reused_tokens"] = pooled->explain.n_reused;
+        row["pool_load_bytes"] = load_bytes;
+        row["pool_load_ms"] = load_ms;
+        row["pool_load_gb_s"] = load_ms > 0 ? (double)load_bytes / 1e9 / (load_ms / 1000) : 0.0;
+        row["pool_copy_ms"] = pooled->t_copy_ms;  // load + trim at the reuse point
+        row["pool_ttft_ms"] = pooled->t_first_token_ms;
+        // From disk: the engine's streams and pool emptied, the file's pages dropped.
+        ce.drop_engine_cache();
+        uint64_t file_bytes = 0;
+        std::string file;
+        for (const auto & e : ce.disk_tier()->list()) {
+            file = ce.disk_tier()->path_of(e.file_name);
+            file_bytes = e.file_bytes;
+            drop_page_cache(file);
+        }
+        req.segments.back().content = g.question();
+        auto disk = ce.run_turn(req);
+        if (!disk) return disk.error();
+        row["disk_tier"] = kv_tier_name(disk->explain.tier);
+        row["disk_reused_tokens"] = disk->explain.n_reused;
+        row["disk_restore_ms"] = disk->t_restore_ms;
+        row["disk_ttft_ms"] = disk->t_first_token_ms;
+        row["snapshot_bytes"] = file_bytes;
+        row["restore_mb_s"] = disk->t_restore_ms > 0 ? (double)file_bytes / 1e6 / (disk->t_restore_ms / 1000) : 0.0;
+        row["disk_sequential_read_mb_s"] = file.empty() ? 0.0 : disk_read_mb_s(file);
+    }
+    return measure_restart(co, std::move(req), row);
+}
+
 int run_restore(restore_args a) {
     nlohmann::json rows = nlohmann::json::array();
     std::string root = a.cache_dir;
@@ -173,101 +275,8 @@ int run_restore(restore_args a) {
         root = made = templ;
     }
     for (size_t prefix : a.prefix_tokens) {
-        model_flags mf = a.mf;
-        mf.n_ctx = std::max<uint32_t>(mf.n_ctx, (uint32_t)prefix + 1024);
-        auto eo = mf.to_options(1);
-        if (!eo) return fail(eo.error());
-        const std::string dir = root + "/p" + std::to_string(prefix);
-        context_engine_options co;
-        co.engine = *eo;
-        co.n_holders = 2;
-        co.tiers.cache_dir = dir;
-        std::vector<segment> segs;
-        turn_request req;
-        req.workspace = "bench";
-        req.sampling.max_tokens = 1;
         nlohmann::json row;
-        row["prefix_tokens_target"] = prefix;
-        {
-            auto ce_r = context_engine::open(co);
-            if (!ce_r) return fail(ce_r.error());
-            context_engine & ce = **ce_r;
-            workload_generator g(11 + prefix, counter_for(ce));
-            segs = make_workspace(g, prefix, 2);
-            req.segments = segs;
-            progress("prefix " + std::to_string(prefix) + ": cold turn");
-            auto cold = ce.run_turn(req);
-            if (!cold) return fail(cold.error());
-            row["prompt_tokens"] = cold->explain.n_prompt_tokens;
-            row["cold_ttft_ms"] = cold->t_first_token_ms;
-            // Its write-through runs on the disk tier's writer thread: let it finish, so
-            // that the turns measured next do not share the cores with it.
-            (void)ce.disk_tier();
-            // In place: the next turn finds the prefix still in its work stream.
-            req.segments.back().content = g.question();
-            auto inplace = ce.run_turn(req);
-            if (!inplace) return fail(inplace.error());
-            row["in_place"] = inplace->explain.in_place;
-            row["in_place_ttft_ms"] = inplace->t_first_token_ms;
-            // From the pool: another workspace's turn takes the one work stream, then
-            // this workspace comes back and its prefix is loaded from RAM.
-            {
-                workload_generator other_g(7 + prefix, counter_for(ce));
-                turn_request other = req;
-                other.workspace = "other";
-                other.segments = make_workspace(other_g, 256, 1);
-                if (auto o = ce.run_turn(other); !o) return fail(o.error());
-            }
-            const kv_memory before = ce.counters().memory;
-            req.segments.back().content = g.question();
-            auto pooled = ce.run_turn(req);
-            if (!pooled) return fail(pooled.error());
-            const kv_memory after = ce.counters().memory;
-            const double load_ms = after.pool_load_ms - before.pool_load_ms;
-            const uint64_t load_bytes = after.pool_loaded_bytes - before.pool_loaded_bytes;
-            row["pool_reused_tokens"] = pooled->explain.n_reused;
-            row["pool_load_bytes"] = load_bytes;
-            row["pool_load_ms"] = load_ms;
-            row["pool_load_gb_s"] = load_ms > 0 ? (double)load_bytes / 1e9 / (load_ms / 1000) : 0.0;
-            row["pool_copy_ms"] = pooled->t_copy_ms;  // load + trim at the reuse point
-            row["pool_ttft_ms"] = pooled->t_first_token_ms;
-            // From disk: the engine's streams and pool emptied, the file's pages dropped.
-            ce.drop_engine_cache();
-            uint64_t file_bytes = 0;
-            std::string file;
-            for (const auto & e : ce.disk_tier()->list()) {
-                file = ce.disk_tier()->path_of(e.file_name);
-                file_bytes = e.file_bytes;
-                drop_page_cache(file);
-            }
-            req.segments.back().content = g.question();
-            auto disk = ce.run_turn(req);
-            if (!disk) return fail(disk.error());
-            row["disk_tier"] = kv_tier_name(disk->explain.tier);
-            row["disk_reused_tokens"] = disk->explain.n_reused;
-            row["disk_restore_ms"] = disk->t_restore_ms;
-            row["disk_ttft_ms"] = disk->t_first_token_ms;
-            row["snapshot_bytes"] = file_bytes;
-            row["restore_mb_s"] = disk->t_restore_ms > 0 ? (double)file_bytes / 1e6 / (disk->t_restore_ms / 1000) : 0.0;
-            row["disk_sequential_read_mb_s"] = file.empty() ? 0.0 : disk_read_mb_s(file);
-        }
-        {
-            // Restart: a new process state on the same directory. The first turn of the
-            // workspace restores its prefix from disk instead of prefilling it.
-            auto t_open = clock_type::now();
-            auto ce_r = context_engine::open(co);
-            if (!ce_r) return fail(ce_r.error());
-            const double open_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t_open).count();
-            context_engine & ce = **ce_r;
-            for (const auto & e : ce.disk_tier()->list()) drop_page_cache(ce.disk_tier()->path_of(e.file_name));
-            req.segments.back().content = "first question after the restart";
-            auto first = ce.run_turn(req);
-            if (!first) return fail(first.error());
-            row["restart_open_ms"] = open_ms;
-            row["restart_tier"] = kv_tier_name(first->explain.tier);
-            row["restart_first_turn_ttft_ms"] = first->t_first_token_ms;
-            row["restart_ratio_to_cold"] = first->t_first_token_ms / row["cold_ttft_ms"].get<double>();
-        }
+        if (status st = measure_restore(a, prefix, root, row); !st.ok()) return fail(st);
         rows.push_back(row);
     }
     if (!made.empty()) { std::error_code ec; std::filesystem::remove_all(made, ec); }
