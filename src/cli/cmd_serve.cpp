@@ -118,28 +118,101 @@ void note_lock_holder(int fd, const std::string & who) {
     (void)!::pwrite(fd, line.data(), line.size(), 0);
 }
 
-int run_serve(const serve_args & a) {
+// Refuses what serve must not start with: an empty API key, and an HTTP pool too small
+// for --parallel and --queue. Errors: invalid_argument.
+status check_serve_args(const serve_args & a) {
     // An empty key used to turn authentication off without a word: a script that meant
     // to require one (WARMCTX_API_KEY="$KEY" with KEY unset) served everyone.
     if (a.api_key_given && a.api_key.find_first_not_of(" \t\r\n") == std::string::npos)
-        return fail(invalid_argument("--api-key (or WARMCTX_API_KEY) is empty: that would turn authentication off; "
-                                     "give a key, or leave both out to serve without one"));
+        return invalid_argument("--api-key (or WARMCTX_API_KEY) is empty: that would turn authentication off; "
+                                     "give a key, or leave both out to serve without one");
     // The server's rule (warmctx/server.h): the scheduler's queue, not the HTTP pool,
     // says 429, so every job it holds has a thread, and /health still gets one.
     const size_t need = min_http_threads(a.n_parallel, a.max_queue);
     if (need > static_cast<size_t>(http_server::k_max_http_threads)) {
-        return fail(invalid_argument("--parallel " + std::to_string(a.n_parallel) + " + --queue " +
+        return invalid_argument("--parallel " + std::to_string(a.n_parallel) + " + --queue " +
                                             std::to_string(a.max_queue) + " + " + std::to_string(k_http_thread_headroom) +
                                             " need " + std::to_string(need) + " HTTP threads, more than the " +
-                                            std::to_string(http_server::k_max_http_threads) + " allowed: lower --queue"));
+                                            std::to_string(http_server::k_max_http_threads) + " allowed: lower --queue");
     }
     if (a.http_threads > 0 && static_cast<size_t>(a.http_threads) < need) {
-        return fail(invalid_argument(
+        return invalid_argument(
             "--http-threads " + std::to_string(a.http_threads) + " is too few: --parallel " + std::to_string(a.n_parallel) +
             " + --queue " + std::to_string(a.max_queue) + " + " + std::to_string(k_http_thread_headroom) +
             " (for /health, /metrics and quick answers) = " + std::to_string(need) +
-            " are needed so that a full queue answers 429 instead of leaving requests unanswered (0 = that many)"));
+            " are needed so that a full queue answers 429 instead of leaving requests unanswered (0 = that many)");
     }
+    return {};
+}
+
+// The HTTP server's options from serve's flags (`cf`: the cache flags with serve's
+// defaults applied; `so`: the scheduler's options, whose kind table the routes use).
+server_options server_options_of(const serve_args & a, const cache_flags & cf, const scheduler_options & so) {
+    server_options sv;
+    sv.host = a.host;
+    sv.port = a.port;
+    sv.api_key = a.api_key;
+    sv.max_body_bytes = a.max_body_bytes;
+    sv.n_http_threads = a.http_threads;
+    sv.max_queue = a.max_queue;
+    sv.cors_origin = a.cors_origin;
+    sv.allowed_hosts = a.allowed_hosts;
+    sv.sse_keep_alive_ms = a.sse_keep_alive_ms;
+    sv.default_max_tokens = a.default_max_tokens;
+    sv.model_name = a.model_name;
+    sv.bounds = a.bounds;
+    sv.log_requests = !a.quiet;
+    sv.kinds = so.engine.kinds;
+    sv.workspace_dir = cf.cache_dir.empty() ? std::string() : cf.cache_dir + "/workspaces";
+    sv.prewarm = !a.no_prewarm;
+    return sv;
+}
+
+// What serve tells at start: where it listens, where the model runs, the context and KV
+// it allocated, the chat template, and the disk tier.
+void report_start(const serve_args & a, const server_options & sv, const scheduler_options & so, const cache_flags & cf,
+                  scheduler & sched, int port) {
+    const context_info & ci = sched.context();
+    std::printf("warmctx: listening on http://%s:%d (model %s, n_ctx %u per sequence, %u parallel, queue %zu%s)\n",
+                sv.host.c_str(), port, so.engine.engine.model_path.c_str(), ci.n_ctx_seq,
+                sched.n_parallel(), so.max_queue, sv.api_key.empty() ? "" : ", API key required");
+    std::fflush(stdout);
+    progress("serve: " + where_the_model_runs(ci, sched.model(), a.mf));
+    if (ci.n_seq_resident > 0 || a.resident_streams != 0)
+        progress("serve: device tier: " + std::to_string(ci.n_seq_resident) + " resident KV streams beside the " +
+                 std::to_string(sched.n_parallel()) + " of --parallel (" + ci.resident_reason +
+                 "; --resident-streams, --resident-share): a workspace's prefix stays where the model runs between "
+                 "its turns");
+    progress("serve: context " + std::to_string(ci.n_ctx_seq) + " tokens per sequence (" + ci.n_ctx_reason +
+             "; -c to change); KV streams " + std::to_string(ci.n_seq_max) + " x " +
+             std::to_string((ci.kv_streams_bytes / std::max<uint32_t>(ci.n_seq_max, 1)) >> 20) + " MiB = " +
+             std::to_string(ci.kv_streams_bytes >> 20) + " MiB allocated; cached prefixes up to " +
+             (so.engine.budget.max_bytes ? std::to_string(so.engine.budget.max_bytes >> 20) + " MiB" : std::string("unlimited")) +
+             " of RAM (--budget-bytes)");
+    {
+        const model_info & mi = sched.model();
+        const std::string whose = mi.chat_template_overridden ? "from --chat-template-file" : "the model's own";
+        if (sched.chat_template())
+            progress("serve: chat template: " + whose + ", Jinja (tools in its own format, tool calls parsed)");
+        else if (mi.chat_template.empty())
+            progress("serve: chat template: none in the model (pass --chat-template-file)");
+        else
+            progress("serve: chat template: " + whose + ", llama.cpp's built-in per-message rendering" +
+                     (so.engine.engine.jinja ? " (the Jinja template did not load)" : " (--no-jinja)") +
+                     "; tool_choice \"required\" is refused");
+    }
+    if (cf.cache_dir.empty()) {
+        progress("serve: nothing kept on disk (--no-disk): a restart starts cold and forgets stored workspaces");
+    } else {
+        progress("serve: disk tier " + cf.cache_dir + ", up to " +
+                 (cf.disk_budget_bytes ? std::to_string(cf.disk_budget_bytes >> 20) + " MiB" : std::string("unlimited")) +
+                 " (--disk-budget-bytes); stored workspaces persist in " + sv.workspace_dir +
+                 " and are brought warm on start (--no-disk keeps nothing)");
+    }
+}
+
+int run_serve(const serve_args & a) {
+    if (status st = check_serve_args(a); !st.ok()) return fail(st);
 
     scheduler_options so;
     cache_flags cf = a.cf;
@@ -163,23 +236,7 @@ int run_serve(const serve_args & a) {
                        : a.prefill_ahead == "never" ? scheduler_options::ahead_mode::never
                                                     : scheduler_options::ahead_mode::gpu;
 
-    server_options sv;
-    sv.host = a.host;
-    sv.port = a.port;
-    sv.api_key = a.api_key;
-    sv.max_body_bytes = a.max_body_bytes;
-    sv.n_http_threads = a.http_threads;
-    sv.max_queue = a.max_queue;
-    sv.cors_origin = a.cors_origin;
-    sv.allowed_hosts = a.allowed_hosts;
-    sv.sse_keep_alive_ms = a.sse_keep_alive_ms;
-    sv.default_max_tokens = a.default_max_tokens;
-    sv.model_name = a.model_name;
-    sv.bounds = a.bounds;
-    sv.log_requests = !a.quiet;
-    sv.kinds = so.engine.kinds;
-    sv.workspace_dir = cf.cache_dir.empty() ? std::string() : cf.cache_dir + "/workspaces";
-    sv.prewarm = !a.no_prewarm;
+    const server_options sv = server_options_of(a, cf, so);
 
     // Block the shutdown signals before any thread exists, so that only sigwait below
     // ever receives them.
@@ -218,43 +275,7 @@ int run_serve(const serve_args & a) {
         (*sched)->stop();
         return fail(st);
     }
-    const context_info & ci = (*sched)->context();
-    std::printf("warmctx: listening on http://%s:%d (model %s, n_ctx %u per sequence, %u parallel, queue %zu%s)\n",
-                sv.host.c_str(), (*server)->port(), so.engine.engine.model_path.c_str(), ci.n_ctx_seq,
-                (*sched)->n_parallel(), so.max_queue, sv.api_key.empty() ? "" : ", API key required");
-    std::fflush(stdout);
-    progress("serve: " + where_the_model_runs(ci, (*sched)->model(), a.mf));
-    if (ci.n_seq_resident > 0 || a.resident_streams != 0)
-        progress("serve: device tier: " + std::to_string(ci.n_seq_resident) + " resident KV streams beside the " +
-                 std::to_string((*sched)->n_parallel()) + " of --parallel (" + ci.resident_reason +
-                 "; --resident-streams, --resident-share): a workspace's prefix stays where the model runs between "
-                 "its turns");
-    progress("serve: context " + std::to_string(ci.n_ctx_seq) + " tokens per sequence (" + ci.n_ctx_reason +
-             "; -c to change); KV streams " + std::to_string(ci.n_seq_max) + " x " +
-             std::to_string((ci.kv_streams_bytes / std::max<uint32_t>(ci.n_seq_max, 1)) >> 20) + " MiB = " +
-             std::to_string(ci.kv_streams_bytes >> 20) + " MiB allocated; cached prefixes up to " +
-             (so.engine.budget.max_bytes ? std::to_string(so.engine.budget.max_bytes >> 20) + " MiB" : std::string("unlimited")) +
-             " of RAM (--budget-bytes)");
-    {
-        const model_info & mi = (*sched)->model();
-        const std::string whose = mi.chat_template_overridden ? "from --chat-template-file" : "the model's own";
-        if ((*sched)->chat_template())
-            progress("serve: chat template: " + whose + ", Jinja (tools in its own format, tool calls parsed)");
-        else if (mi.chat_template.empty())
-            progress("serve: chat template: none in the model (pass --chat-template-file)");
-        else
-            progress("serve: chat template: " + whose + ", llama.cpp's built-in per-message rendering" +
-                     (so.engine.engine.jinja ? " (the Jinja template did not load)" : " (--no-jinja)") +
-                     "; tool_choice \"required\" is refused");
-    }
-    if (cf.cache_dir.empty()) {
-        progress("serve: nothing kept on disk (--no-disk): a restart starts cold and forgets stored workspaces");
-    } else {
-        progress("serve: disk tier " + cf.cache_dir + ", up to " +
-                 (cf.disk_budget_bytes ? std::to_string(cf.disk_budget_bytes >> 20) + " MiB" : std::string("unlimited")) +
-                 " (--disk-budget-bytes); stored workspaces persist in " + sv.workspace_dir +
-                 " and are brought warm on start (--no-disk keeps nothing)");
-    }
+    report_start(a, sv, so, cf, **sched, (*server)->port());
 
     int sig = 0;
     sigwait(&signals, &sig);
