@@ -93,35 +93,10 @@ void server_metrics::count_shed_connection() {
     ++shed_connections_;
 }
 
-std::string server_metrics::render(const engine_snapshot & snap) const {
-    std::string out;
-    out.reserve(8192);
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        header(out, "warmctx_requests_total", "counter", "HTTP requests finished, by route pattern and status.");
-        for (const auto & [key, n] : requests_)
-            sample(out, "warmctx_requests_total",
-                   "route=\"" + escape_label(key.first) + "\",status=\"" + std::to_string(key.second) + "\"",
-                   static_cast<double>(n));
-        scalar(out, "warmctx_prompt_tokens_total", "counter", "Prompt tokens of finished completions.",
-               static_cast<double>(prompt_tokens_));
-        scalar(out, "warmctx_cached_tokens_total", "counter",
-               "Prompt tokens whose KV was reused from the prefix cache.", static_cast<double>(cached_tokens_));
-        scalar(out, "warmctx_prefilled_tokens_total", "counter", "Prompt tokens computed (not reused).",
-               static_cast<double>(prefilled_tokens_));
-        scalar(out, "warmctx_generated_tokens_total", "counter", "Completion tokens generated.",
-               static_cast<double>(completion_tokens_));
-        header(out, "warmctx_ttft_seconds", "histogram",
-               "Time from receiving a completion request to its first generated token.");
-        ttft_.render(out, "warmctx_ttft_seconds");
-        header(out, "warmctx_request_duration_seconds", "histogram",
-               "Time from receiving a request to its last byte (streams: the end of the stream).");
-        duration_.render(out, "warmctx_request_duration_seconds");
-        scalar(out, "warmctx_http_connections_shed_total", "counter",
-               "Connections closed to give their thread to another (idle, or still sending a request).",
-               static_cast<double>(shed_connections_));
-    }
+namespace {
 
+// The scheduler's queue and jobs, and the server-side store.
+void render_scheduler(std::string & out, const engine_snapshot & snap) {
     const scheduler_stats & s = snap.sched;
     scalar(out, "warmctx_queue_depth", "gauge", "Jobs waiting for a work sequence.", static_cast<double>(s.queue_depth));
     scalar(out, "warmctx_active_sequences", "gauge", "Jobs holding a work sequence.", static_cast<double>(s.active_jobs));
@@ -158,124 +133,175 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
     scalar(out, "warmctx_prewarms_submitted_total", "counter", "Pre-warms queued (a change of stored stable segments, "
            "POST .../prewarm, or a stored workspace on start).", static_cast<double>(s.n_prewarms_submitted));
 
+}
+
+// The prefix cache and the tiers below it, with evictions by retention class.
+void render_cache(std::string & out, const engine_snapshot & snap) {
+    const cache_counters & c = snap.counters.cache;
+    const std::string tier = "tier=\"engine\"";
+    const tier_counters & t = snap.counters.tiers;
+    scalar(out, "warmctx_cache_tokens", "gauge", "Tokens of KV resident in the prefix cache.",
+           static_cast<double>(c.resident_tokens), tier);
+    // Per tier: the engine's KV (the pool of cached prefixes) and the disk snapshot store.
+    header(out, "warmctx_cache_bytes", "gauge", "Bytes of KV held, by tier.");
+    sample(out, "warmctx_cache_bytes", tier, static_cast<double>(c.resident_bytes));
+    sample(out, "warmctx_cache_bytes", "tier=\"disk\"", static_cast<double>(t.disk_bytes));
+    header(out, "warmctx_cache_entries", "gauge", "Cached prefixes, by tier (engine: pool entries; disk: snapshots).");
+    sample(out, "warmctx_cache_entries", tier, static_cast<double>(c.n_holders_in_use));
+    sample(out, "warmctx_cache_entries", "tier=\"disk\"", static_cast<double>(t.disk_files));
+    header(out, "warmctx_tier_restores_total", "counter", "Prefixes restored from a tier below the engine.");
+    sample(out, "warmctx_tier_restores_total", "tier=\"disk\"", static_cast<double>(t.n_restores_disk));
+    header(out, "warmctx_tier_writes_total", "counter", "Prefixes written through to a tier.");
+    sample(out, "warmctx_tier_writes_total", "tier=\"disk\"", static_cast<double>(t.n_writes_disk));
+    header(out, "warmctx_tier_write_failures_total", "counter",
+           "Write-throughs to a tier that failed (a full disk, say); each is also logged.");
+    sample(out, "warmctx_tier_write_failures_total", "tier=\"disk\"", static_cast<double>(t.n_write_failures_disk));
+    scalar(out, "warmctx_disk_write_queue_bytes", "gauge",
+           "Bytes of snapshots queued for the disk tier's writer (the one being written included).",
+           static_cast<double>(t.disk_write_queue_bytes));
+    scalar(out, "warmctx_disk_write_queue_writes", "gauge", "Snapshots queued for the disk tier's writer.",
+           static_cast<double>(t.disk_write_queue_writes));
+    scalar(out, "warmctx_disk_write_drops_total", "counter",
+           "Write-throughs dropped: the write queue was full (also counted as write failures).",
+           static_cast<double>(t.n_write_drops_disk));
+    scalar(out, "warmctx_disk_quarantine_files", "gauge",
+           "Damaged snapshot files kept aside in quarantine/ (bounded; their bytes count in the disk budget).",
+           static_cast<double>(t.disk_quarantine_files));
+    scalar(out, "warmctx_disk_quarantine_bytes", "gauge", "Bytes in quarantine/.",
+           static_cast<double>(t.disk_quarantine_bytes));
+    scalar(out, "warmctx_tier_restore_failures_total", "counter",
+           "Tier files that failed their checks at restore (served as a miss).", static_cast<double>(t.n_restore_failures));
+    scalar(out, "warmctx_cache_capacity_entries", "gauge", "Holders the cache may use.",
+           static_cast<double>(c.n_holders_total), tier);
+    scalar(out, "warmctx_cache_pinned_blocks", "gauge", "Distinct pinned blocks.",
+           static_cast<double>(c.n_pinned_blocks), tier);
+    header(out, "warmctx_evictions_total", "counter", "Blocks evicted from the prefix cache, by retention class.");
+    for (int k = 1; k < k_retention_class_count; ++k)
+        sample(out, "warmctx_evictions_total",
+               "class=\"" + std::string(retention_class_name(static_cast<retention_class>(k))) + "\"",
+               static_cast<double>(c.evictions_by_class[k]));
+    header(out, "warmctx_evicted_tokens_total", "counter", "Tokens evicted from the prefix cache, by retention class.");
+    for (int k = 1; k < k_retention_class_count; ++k)
+        sample(out, "warmctx_evicted_tokens_total",
+               "class=\"" + std::string(retention_class_name(static_cast<retention_class>(k))) + "\"",
+               static_cast<double>(c.evicted_tokens_by_class[k]));
+}
+
+// The KV memory: allocated and used bytes, streams, the pool, one account across tiers.
+void render_kv_memory(std::string & out, const engine_snapshot & snap) {
+    const kv_memory & m = snap.counters.memory;
+    scalar(out, "warmctx_kv_allocated_bytes", "gauge",
+           "Every byte of KV the process allocated: work streams (whole) and the RAM pool of cached prefixes.",
+           static_cast<double>(m.allocated_bytes));
+    scalar(out, "warmctx_kv_used_bytes", "gauge", "Bytes of that KV holding tokens.", static_cast<double>(m.used_bytes));
+    header(out, "warmctx_kv_allocated_bytes_by_part", "gauge", "Allocated KV bytes, by where they live.");
+    sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"streams\"", static_cast<double>(m.streams_allocated_bytes));
+    sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"pool\"", static_cast<double>(m.pool_allocated_bytes));
+    scalar(out, "warmctx_pool_loads_total", "counter", "Cached prefixes loaded from the pool into a work stream.",
+           static_cast<double>(m.n_pool_loads));
+    scalar(out, "warmctx_pool_loaded_bytes_total", "counter", "Bytes loaded from the pool.",
+           static_cast<double>(m.pool_loaded_bytes));
+    scalar(out, "warmctx_in_place_turns_total", "counter",
+           "Warm turns whose work stream still held the prefix (nothing copied).", static_cast<double>(m.n_in_place_turns));
+    {
+        // One account across the tiers: the streams (in device memory when the
+        // model's layers run on a GPU), the RAM pool, the disk tier.
+        const tier_counters & tc = snap.counters.tiers;
+        const std::string streams = m.streams_on_device ? "device" : "streams";
+        header(out, "warmctx_tier_bytes", "gauge",
+               "KV bytes by tier: device (or streams, on the CPU) = every KV stream, ram = the pool of cached "
+               "prefixes, disk = snapshot files; state allocated or used.");
+        sample(out, "warmctx_tier_bytes", "tier=\"" + streams + "\",state=\"allocated\"",
+               static_cast<double>(m.streams_allocated_bytes));
+        sample(out, "warmctx_tier_bytes", "tier=\"" + streams + "\",state=\"used\"",
+               static_cast<double>(m.streams_used_bytes));
+        sample(out, "warmctx_tier_bytes", "tier=\"ram\",state=\"allocated\"", static_cast<double>(m.pool_allocated_bytes));
+        sample(out, "warmctx_tier_bytes", "tier=\"ram\",state=\"used\"", static_cast<double>(m.pool_bytes));
+        sample(out, "warmctx_tier_bytes", "tier=\"disk\",state=\"allocated\"", static_cast<double>(tc.disk_bytes));
+        sample(out, "warmctx_tier_bytes", "tier=\"disk\",state=\"used\"", static_cast<double>(tc.disk_bytes));
+    }
+    scalar(out, "warmctx_kv_streams", "gauge", "KV streams, the resident ones included.", static_cast<double>(m.n_streams));
+    scalar(out, "warmctx_kv_resident_streams", "gauge",
+           "Resident KV streams (the device tier): beside --parallel's, they keep workspaces' prefixes between turns.",
+           static_cast<double>(m.n_resident_streams));
+    scalar(out, "warmctx_stream_copies_total", "counter",
+           "Prefixes copied stream to stream (device to device on a GPU) instead of through the RAM pool.",
+           static_cast<double>(m.n_stream_copies));
+    scalar(out, "warmctx_branches_parked_total", "counter",
+           "Blocks a turn trimmed away, kept by copying the stream into a free one.", static_cast<double>(m.n_branches_parked));
+    scalar(out, "warmctx_branches_dropped_total", "counter",
+           "Blocks of low retention a turn trimmed away (history out of a window), not saved.",
+           static_cast<double>(m.n_branches_dropped));
+    scalar(out, "warmctx_write_backs_ahead_total", "counter",
+           "Write-backs an idle engine made ahead of a displacement (on no turn's way).",
+           static_cast<double>(m.n_write_backs_ahead));
+    scalar(out, "warmctx_write_back_seconds_total", "counter",
+           "Time turns spent saving blocks they would overwrite into the pool, before their lookup.",
+           m.write_back_ms / 1000.0);
+    scalar(out, "warmctx_pool_write_backs_total", "counter",
+           "Work streams' cached blocks offered to the pool before something overwrote them (lazy write-back).",
+           static_cast<double>(m.n_write_backs));
+}
+
+// Pre-warms and lookups.
+void render_prewarm(std::string & out, const engine_snapshot & snap) {
+    const cache_counters & c = snap.counters.cache;
+    const prewarm_counters & pw = snap.counters.prewarm;
+    scalar(out, "warmctx_prewarms_total", "counter", "Pre-warms run to their end or stopped early.",
+           static_cast<double>(pw.n_prewarms));
+    scalar(out, "warmctx_prewarms_already_cached_total", "counter", "Pre-warms that found everything cached (did nothing).",
+           static_cast<double>(pw.n_already_cached));
+    scalar(out, "warmctx_prewarms_preempted_total", "counter",
+           "Pre-warms stopped at a chunk boundary for a chat (what they did stays cached).",
+           static_cast<double>(pw.n_preempted));
+    scalar(out, "warmctx_prewarm_prefilled_tokens_total", "counter", "Tokens pre-warms prefilled.",
+           static_cast<double>(pw.n_prefilled_tokens));
+    scalar(out, "warmctx_prewarm_served_turns_total", "counter", "Turns that reused what a pre-warm left.",
+           static_cast<double>(pw.n_served_turns));
+    scalar(out, "warmctx_cache_lookups_total", "counter", "Prefix cache lookups.", static_cast<double>(c.n_lookups));
+    scalar(out, "warmctx_cache_lookup_hits_total", "counter", "Prefix cache lookups that reused something.",
+           static_cast<double>(c.n_lookup_hits));
+    scalar(out, "warmctx_cache_not_admitted_tokens_total", "counter",
+           "Tokens cut off inserted prefixes to fit the budget.", static_cast<double>(c.n_not_admitted_tokens));
+}
+
+}  // namespace
+
+std::string server_metrics::render(const engine_snapshot & snap) const {
+    std::string out;
+    out.reserve(8192);
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        header(out, "warmctx_requests_total", "counter", "HTTP requests finished, by route pattern and status.");
+        for (const auto & [key, n] : requests_)
+            sample(out, "warmctx_requests_total",
+                   "route=\"" + escape_label(key.first) + "\",status=\"" + std::to_string(key.second) + "\"",
+                   static_cast<double>(n));
+        scalar(out, "warmctx_prompt_tokens_total", "counter", "Prompt tokens of finished completions.",
+               static_cast<double>(prompt_tokens_));
+        scalar(out, "warmctx_cached_tokens_total", "counter",
+               "Prompt tokens whose KV was reused from the prefix cache.", static_cast<double>(cached_tokens_));
+        scalar(out, "warmctx_prefilled_tokens_total", "counter", "Prompt tokens computed (not reused).",
+               static_cast<double>(prefilled_tokens_));
+        scalar(out, "warmctx_generated_tokens_total", "counter", "Completion tokens generated.",
+               static_cast<double>(completion_tokens_));
+        header(out, "warmctx_ttft_seconds", "histogram",
+               "Time from receiving a completion request to its first generated token.");
+        ttft_.render(out, "warmctx_ttft_seconds");
+        header(out, "warmctx_request_duration_seconds", "histogram",
+               "Time from receiving a request to its last byte (streams: the end of the stream).");
+        duration_.render(out, "warmctx_request_duration_seconds");
+        scalar(out, "warmctx_http_connections_shed_total", "counter",
+               "Connections closed to give their thread to another (idle, or still sending a request).",
+               static_cast<double>(shed_connections_));
+    }
+
+    render_scheduler(out, snap);
+
     if (snap.have_counters) {
-        const cache_counters & c = snap.counters.cache;
-        const std::string tier = "tier=\"engine\"";
-        const tier_counters & t = snap.counters.tiers;
-        scalar(out, "warmctx_cache_tokens", "gauge", "Tokens of KV resident in the prefix cache.",
-               static_cast<double>(c.resident_tokens), tier);
-        // Per tier: the engine's KV (the pool of cached prefixes) and the disk snapshot store.
-        header(out, "warmctx_cache_bytes", "gauge", "Bytes of KV held, by tier.");
-        sample(out, "warmctx_cache_bytes", tier, static_cast<double>(c.resident_bytes));
-        sample(out, "warmctx_cache_bytes", "tier=\"disk\"", static_cast<double>(t.disk_bytes));
-        header(out, "warmctx_cache_entries", "gauge", "Cached prefixes, by tier (engine: pool entries; disk: snapshots).");
-        sample(out, "warmctx_cache_entries", tier, static_cast<double>(c.n_holders_in_use));
-        sample(out, "warmctx_cache_entries", "tier=\"disk\"", static_cast<double>(t.disk_files));
-        header(out, "warmctx_tier_restores_total", "counter", "Prefixes restored from a tier below the engine.");
-        sample(out, "warmctx_tier_restores_total", "tier=\"disk\"", static_cast<double>(t.n_restores_disk));
-        header(out, "warmctx_tier_writes_total", "counter", "Prefixes written through to a tier.");
-        sample(out, "warmctx_tier_writes_total", "tier=\"disk\"", static_cast<double>(t.n_writes_disk));
-        header(out, "warmctx_tier_write_failures_total", "counter",
-               "Write-throughs to a tier that failed (a full disk, say); each is also logged.");
-        sample(out, "warmctx_tier_write_failures_total", "tier=\"disk\"", static_cast<double>(t.n_write_failures_disk));
-        scalar(out, "warmctx_disk_write_queue_bytes", "gauge",
-               "Bytes of snapshots queued for the disk tier's writer (the one being written included).",
-               static_cast<double>(t.disk_write_queue_bytes));
-        scalar(out, "warmctx_disk_write_queue_writes", "gauge", "Snapshots queued for the disk tier's writer.",
-               static_cast<double>(t.disk_write_queue_writes));
-        scalar(out, "warmctx_disk_write_drops_total", "counter",
-               "Write-throughs dropped: the write queue was full (also counted as write failures).",
-               static_cast<double>(t.n_write_drops_disk));
-        scalar(out, "warmctx_disk_quarantine_files", "gauge",
-               "Damaged snapshot files kept aside in quarantine/ (bounded; their bytes count in the disk budget).",
-               static_cast<double>(t.disk_quarantine_files));
-        scalar(out, "warmctx_disk_quarantine_bytes", "gauge", "Bytes in quarantine/.",
-               static_cast<double>(t.disk_quarantine_bytes));
-        scalar(out, "warmctx_tier_restore_failures_total", "counter",
-               "Tier files that failed their checks at restore (served as a miss).", static_cast<double>(t.n_restore_failures));
-        scalar(out, "warmctx_cache_capacity_entries", "gauge", "Holders the cache may use.",
-               static_cast<double>(c.n_holders_total), tier);
-        scalar(out, "warmctx_cache_pinned_blocks", "gauge", "Distinct pinned blocks.",
-               static_cast<double>(c.n_pinned_blocks), tier);
-        header(out, "warmctx_evictions_total", "counter", "Blocks evicted from the prefix cache, by retention class.");
-        for (int k = 1; k < k_retention_class_count; ++k)
-            sample(out, "warmctx_evictions_total",
-                   "class=\"" + std::string(retention_class_name(static_cast<retention_class>(k))) + "\"",
-                   static_cast<double>(c.evictions_by_class[k]));
-        header(out, "warmctx_evicted_tokens_total", "counter", "Tokens evicted from the prefix cache, by retention class.");
-        for (int k = 1; k < k_retention_class_count; ++k)
-            sample(out, "warmctx_evicted_tokens_total",
-                   "class=\"" + std::string(retention_class_name(static_cast<retention_class>(k))) + "\"",
-                   static_cast<double>(c.evicted_tokens_by_class[k]));
-        const kv_memory & m = snap.counters.memory;
-        scalar(out, "warmctx_kv_allocated_bytes", "gauge",
-               "Every byte of KV the process allocated: work streams (whole) and the RAM pool of cached prefixes.",
-               static_cast<double>(m.allocated_bytes));
-        scalar(out, "warmctx_kv_used_bytes", "gauge", "Bytes of that KV holding tokens.", static_cast<double>(m.used_bytes));
-        header(out, "warmctx_kv_allocated_bytes_by_part", "gauge", "Allocated KV bytes, by where they live.");
-        sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"streams\"", static_cast<double>(m.streams_allocated_bytes));
-        sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"pool\"", static_cast<double>(m.pool_allocated_bytes));
-        scalar(out, "warmctx_pool_loads_total", "counter", "Cached prefixes loaded from the pool into a work stream.",
-               static_cast<double>(m.n_pool_loads));
-        scalar(out, "warmctx_pool_loaded_bytes_total", "counter", "Bytes loaded from the pool.",
-               static_cast<double>(m.pool_loaded_bytes));
-        scalar(out, "warmctx_in_place_turns_total", "counter",
-               "Warm turns whose work stream still held the prefix (nothing copied).", static_cast<double>(m.n_in_place_turns));
-        {
-            // One account across the tiers: the streams (in device memory when the
-            // model's layers run on a GPU), the RAM pool, the disk tier.
-            const tier_counters & tc = snap.counters.tiers;
-            const std::string streams = m.streams_on_device ? "device" : "streams";
-            header(out, "warmctx_tier_bytes", "gauge",
-                   "KV bytes by tier: device (or streams, on the CPU) = every KV stream, ram = the pool of cached "
-                   "prefixes, disk = snapshot files; state allocated or used.");
-            sample(out, "warmctx_tier_bytes", "tier=\"" + streams + "\",state=\"allocated\"",
-                   static_cast<double>(m.streams_allocated_bytes));
-            sample(out, "warmctx_tier_bytes", "tier=\"" + streams + "\",state=\"used\"",
-                   static_cast<double>(m.streams_used_bytes));
-            sample(out, "warmctx_tier_bytes", "tier=\"ram\",state=\"allocated\"", static_cast<double>(m.pool_allocated_bytes));
-            sample(out, "warmctx_tier_bytes", "tier=\"ram\",state=\"used\"", static_cast<double>(m.pool_bytes));
-            sample(out, "warmctx_tier_bytes", "tier=\"disk\",state=\"allocated\"", static_cast<double>(tc.disk_bytes));
-            sample(out, "warmctx_tier_bytes", "tier=\"disk\",state=\"used\"", static_cast<double>(tc.disk_bytes));
-        }
-        scalar(out, "warmctx_kv_streams", "gauge", "KV streams, the resident ones included.", static_cast<double>(m.n_streams));
-        scalar(out, "warmctx_kv_resident_streams", "gauge",
-               "Resident KV streams (the device tier): beside --parallel's, they keep workspaces' prefixes between turns.",
-               static_cast<double>(m.n_resident_streams));
-        scalar(out, "warmctx_stream_copies_total", "counter",
-               "Prefixes copied stream to stream (device to device on a GPU) instead of through the RAM pool.",
-               static_cast<double>(m.n_stream_copies));
-        scalar(out, "warmctx_branches_parked_total", "counter",
-               "Blocks a turn trimmed away, kept by copying the stream into a free one.", static_cast<double>(m.n_branches_parked));
-        scalar(out, "warmctx_branches_dropped_total", "counter",
-               "Blocks of low retention a turn trimmed away (history out of a window), not saved.",
-               static_cast<double>(m.n_branches_dropped));
-        scalar(out, "warmctx_write_backs_ahead_total", "counter",
-               "Write-backs an idle engine made ahead of a displacement (on no turn's way).",
-               static_cast<double>(m.n_write_backs_ahead));
-        scalar(out, "warmctx_write_back_seconds_total", "counter",
-               "Time turns spent saving blocks they would overwrite into the pool, before their lookup.",
-               m.write_back_ms / 1000.0);
-        scalar(out, "warmctx_pool_write_backs_total", "counter",
-               "Work streams' cached blocks offered to the pool before something overwrote them (lazy write-back).",
-               static_cast<double>(m.n_write_backs));
-        const prewarm_counters & pw = snap.counters.prewarm;
-        scalar(out, "warmctx_prewarms_total", "counter", "Pre-warms run to their end or stopped early.",
-               static_cast<double>(pw.n_prewarms));
-        scalar(out, "warmctx_prewarms_already_cached_total", "counter", "Pre-warms that found everything cached (did nothing).",
-               static_cast<double>(pw.n_already_cached));
-        scalar(out, "warmctx_prewarms_preempted_total", "counter",
-               "Pre-warms stopped at a chunk boundary for a chat (what they did stays cached).",
-               static_cast<double>(pw.n_preempted));
-        scalar(out, "warmctx_prewarm_prefilled_tokens_total", "counter", "Tokens pre-warms prefilled.",
-               static_cast<double>(pw.n_prefilled_tokens));
-        scalar(out, "warmctx_prewarm_served_turns_total", "counter", "Turns that reused what a pre-warm left.",
-               static_cast<double>(pw.n_served_turns));
-        scalar(out, "warmctx_cache_lookups_total", "counter", "Prefix cache lookups.", static_cast<double>(c.n_lookups));
-        scalar(out, "warmctx_cache_lookup_hits_total", "counter", "Prefix cache lookups that reused something.",
-               static_cast<double>(c.n_lookup_hits));
-        scalar(out, "warmctx_cache_not_admitted_tokens_total", "counter",
-               "Tokens cut off inserted prefixes to fit the budget.", static_cast<double>(c.n_not_admitted_tokens));
+        render_cache(out, snap);
+        render_kv_memory(out, snap);
+        render_prewarm(out, snap);
     }
     scalar(out, "warmctx_engine_reachable", "gauge",
            "1 when this scrape found cache counters the engine thread published (a scrape never waits on it).",

@@ -139,6 +139,100 @@ json jobs_json(const route_context & c, const std::string & ws) {
     return out;
 }
 
+// PUT /v1/workspaces/{id}/segments/{segment}: stores a segment; a change of a stable one
+// starts a pre-warm.
+reply put_segment(route_context * c, ws_call & call) {
+    json body;
+    if (auto e = parse_body(call.req, body)) return *e;
+    segment seg;
+    if (auto e = parse_segment_body(body, call.segment, "", seg)) return *e;
+    canonicalize_stored_tools(seg);
+    if (seg.kind == segment_kind::user)
+        return bad_request("invalid_kind",
+                           "a stored segment cannot be of kind user (this turn's question travels with the chat "
+                           "request)",
+                           "kind");
+    if (status st = validate_segments(std::span<const segment>(&seg, 1), c->opts.kinds); !st.ok()) return st;
+    bool created = false;
+    json summary = {{"workspace", call.ws},
+                    {"id", seg.id},
+                    {"kind", segment_kind_name(seg.kind)},
+                    {"content_bytes", seg.content.size()}};
+    bool changed = false;
+    const bool stable = is_stable(*c, seg);
+    if (auto e = c->store.put(call.ws, std::move(seg), created, &changed)) return *e;
+    if (changed && stable && c->prewarm) c->prewarm->mark(call.ws);
+    summary["created"] = created;
+    summary["changed"] = changed;
+    summary["prewarm"] = changed && stable && c->prewarm != nullptr;
+    return {created ? 201 : 200, std::move(summary)};
+}
+
+// GET /v1/workspaces/{id}/manifest: the stored context assembled (no engine needed).
+reply get_manifest(route_context * c, ws_call & call) {
+    auto segs = stored_segments(*c, call.ws);
+    if (!segs.ok()) return segs.error();
+    turn_request tr;
+    tr.workspace = call.ws;
+    tr.segments = std::move(*segs);
+    tr.add_generation_prompt = false;  // the stored context itself
+    // Assembled here: the engine thread is not needed (nor waited for).
+    if (!c->sched) return unavailable("the engine is stopping: no engine", 1);
+    auto r = c->sched->assemble_unchecked(tr);  // a manifest need not fit a sequence
+    if (!r.ok()) return r.error();
+    json j = r->man.to_json();
+    j["workspace"] = call.ws;
+    return {200, std::move(j)};
+}
+
+// GET /v1/workspaces/{id}/explain[?question=]: what the next turn would reuse, and the
+// workspace's jobs.
+reply get_explain(route_context * c, ws_call & call) {
+    auto segs = stored_segments(*c, call.ws);
+    if (!segs.ok()) return segs.error();
+    turn_request tr;
+    tr.workspace = call.ws;
+    tr.segments = std::move(*segs);
+    if (auto q = call.req.query.find("question"); q != call.req.query.end()) {
+        if (find_invalid_utf8(q->second) != k_utf8_valid)
+            return bad_request("invalid_utf8", "question is not valid UTF-8", "question");
+        if (!q->second.empty()) tr.segments.push_back(segment{"user", segment_kind::user, "", "", q->second});
+    }
+    // Tokenized here, not on the engine thread, which only looks the blocks up.
+    if (c->sched) {
+        auto ap = c->sched->assemble_unchecked(tr);
+        if (!ap.ok()) return ap.error();
+        tr.assembled = std::make_shared<const assembled_prompt>(std::move(*ap));
+    }
+    std::optional<result<explain_report>> r;
+    if (auto e = c->engine_call([&](context_engine & ce) { r.emplace(ce.explain(tr)); })) return *e;
+    if (!r->ok()) return r->error();
+    json j = explain_json(**r);
+    j["jobs"] = jobs_json(*c, call.ws);
+    return {200, std::move(j)};
+}
+
+// POST /v1/workspaces/{id}/branch {"to": id}: a new workspace from this one's last turn
+// and stored segments.
+reply branch_workspace(route_context * c, ws_call & call) {
+    json body;
+    if (auto e = parse_body(call.req, body)) return *e;
+    if (!body.is_object() || !body.contains("to") || !body["to"].is_string())
+        return bad_request("invalid_request", "body must be {\"to\": \"<workspace id>\"}", "to");
+    const std::string to = body["to"].get<std::string>();
+    if (auto e = validate_workspace_id(to, "to")) return *e;
+    status st;
+    if (auto e = c->engine_call([&](context_engine & ce) { st = ce.branch_workspace(call.ws, to); })) return *e;
+    if (!st.ok()) return st;
+    if (auto segs = c->store.list(call.ws)) {
+        for (auto & sg : *segs) {
+            bool created = false;
+            if (auto e = c->store.put(to, sg, created)) return *e;
+        }
+    }
+    return {200, {{"workspace", call.ws}, {"branch", to}}};
+}
+
 }  // namespace
 
 void add_workspace_routes(route_table & t, route_context & ctx) {
@@ -175,32 +269,7 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
         for (const segment & s : *segs) data.push_back(segment_json(s));
         return {200, {{"object", "list"}, {"workspace", call.ws}, {"data", std::move(data)}}};
     });
-    add_route(t, "PUT", "/v1/workspaces/{id}/segments/{segment}", [c](ws_call & call) -> reply {
-        json body;
-        if (auto e = parse_body(call.req, body)) return *e;
-        segment seg;
-        if (auto e = parse_segment_body(body, call.segment, "", seg)) return *e;
-        canonicalize_stored_tools(seg);
-        if (seg.kind == segment_kind::user)
-            return bad_request("invalid_kind",
-                               "a stored segment cannot be of kind user (this turn's question travels with the chat "
-                               "request)",
-                               "kind");
-        if (status st = validate_segments(std::span<const segment>(&seg, 1), c->opts.kinds); !st.ok()) return st;
-        bool created = false;
-        json summary = {{"workspace", call.ws},
-                        {"id", seg.id},
-                        {"kind", segment_kind_name(seg.kind)},
-                        {"content_bytes", seg.content.size()}};
-        bool changed = false;
-        const bool stable = is_stable(*c, seg);
-        if (auto e = c->store.put(call.ws, std::move(seg), created, &changed)) return *e;
-        if (changed && stable && c->prewarm) c->prewarm->mark(call.ws);
-        summary["created"] = created;
-        summary["changed"] = changed;
-        summary["prewarm"] = changed && stable && c->prewarm != nullptr;
-        return {created ? 201 : 200, std::move(summary)};
-    });
+    add_route(t, "PUT", "/v1/workspaces/{id}/segments/{segment}", [c](ws_call & call) { return put_segment(c, call); });
     add_route(t, "GET", "/v1/workspaces/{id}/segments/{segment}", [c](ws_call & call) -> reply {
         auto seg = c->store.get(call.ws, call.segment);
         if (!seg) return no_segment(call.ws, call.segment);
@@ -216,45 +285,8 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
         if (old && is_stable(*c, *old) && c->prewarm) c->prewarm->mark(call.ws);
         return {200, {{"workspace", call.ws}, {"id", call.segment}, {"deleted", true}}};
     });
-    add_route(t, "GET", "/v1/workspaces/{id}/manifest", [c](ws_call & call) -> reply {
-        auto segs = stored_segments(*c, call.ws);
-        if (!segs.ok()) return segs.error();
-        turn_request tr;
-        tr.workspace = call.ws;
-        tr.segments = std::move(*segs);
-        tr.add_generation_prompt = false;  // the stored context itself
-        // Assembled here: the engine thread is not needed (nor waited for).
-        if (!c->sched) return unavailable("the engine is stopping: no engine", 1);
-        auto r = c->sched->assemble_unchecked(tr);  // a manifest need not fit a sequence
-        if (!r.ok()) return r.error();
-        json j = r->man.to_json();
-        j["workspace"] = call.ws;
-        return {200, std::move(j)};
-    });
-    add_route(t, "GET", "/v1/workspaces/{id}/explain", [c](ws_call & call) -> reply {
-        auto segs = stored_segments(*c, call.ws);
-        if (!segs.ok()) return segs.error();
-        turn_request tr;
-        tr.workspace = call.ws;
-        tr.segments = std::move(*segs);
-        if (auto q = call.req.query.find("question"); q != call.req.query.end()) {
-            if (find_invalid_utf8(q->second) != k_utf8_valid)
-                return bad_request("invalid_utf8", "question is not valid UTF-8", "question");
-            if (!q->second.empty()) tr.segments.push_back(segment{"user", segment_kind::user, "", "", q->second});
-        }
-        // Tokenized here, not on the engine thread, which only looks the blocks up.
-        if (c->sched) {
-            auto ap = c->sched->assemble_unchecked(tr);
-            if (!ap.ok()) return ap.error();
-            tr.assembled = std::make_shared<const assembled_prompt>(std::move(*ap));
-        }
-        std::optional<result<explain_report>> r;
-        if (auto e = c->engine_call([&](context_engine & ce) { r.emplace(ce.explain(tr)); })) return *e;
-        if (!r->ok()) return r->error();
-        json j = explain_json(**r);
-        j["jobs"] = jobs_json(*c, call.ws);
-        return {200, std::move(j)};
-    });
+    add_route(t, "GET", "/v1/workspaces/{id}/manifest", [c](ws_call & call) { return get_manifest(c, call); });
+    add_route(t, "GET", "/v1/workspaces/{id}/explain", [c](ws_call & call) { return get_explain(c, call); });
     // Pre-warm the stored context now (lowest priority; a chat preempts it).
     add_route(t, "POST", "/v1/workspaces/{id}/prewarm", [c](ws_call & call) -> reply {
         auto segs = stored_segments(*c, call.ws);
@@ -281,26 +313,7 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
             return {200, {{"workspace", call.ws}, {"done", op.name}}};
         });
     }
-    // Branch: a new workspace starting from this one's last turn and stored segments;
-    // body {"to": "<new id>"}.
-    add_route(t, "POST", "/v1/workspaces/{id}/branch", [c](ws_call & call) -> reply {
-        json body;
-        if (auto e = parse_body(call.req, body)) return *e;
-        if (!body.is_object() || !body.contains("to") || !body["to"].is_string())
-            return bad_request("invalid_request", "body must be {\"to\": \"<workspace id>\"}", "to");
-        const std::string to = body["to"].get<std::string>();
-        if (auto e = validate_workspace_id(to, "to")) return *e;
-        status st;
-        if (auto e = c->engine_call([&](context_engine & ce) { st = ce.branch_workspace(call.ws, to); })) return *e;
-        if (!st.ok()) return st;
-        if (auto segs = c->store.list(call.ws)) {
-            for (auto & sg : *segs) {
-                bool created = false;
-                if (auto e = c->store.put(to, sg, created)) return *e;
-            }
-        }
-        return {200, {{"workspace", call.ws}, {"branch", to}}};
-    });
+    add_route(t, "POST", "/v1/workspaces/{id}/branch", [c](ws_call & call) { return branch_workspace(c, call); });
     add_route(t, "POST", "/v1/workspaces/{id}/chat/completions", [c](ws_call & call) -> reply {
         run_completion(*c, call.req, call.res, call.log, body_mode::workspace_chat, &call.ws);
         return reply::written();
