@@ -54,6 +54,10 @@ result<nlohmann::json> parse_json(std::string_view text, const json_read_options
 
 // "a string", "an integer", "a number", "a boolean", "an array", "an object", "null".
 std::string_view json_type_name(const nlohmann::json & v);
+// "must be <expected>, not <got's type>": the one wording of a wrong type, here and in
+// the HTTP layer's 400s (which name the request field instead of a location). A boolean
+// is expected as "true or false".
+std::string json_type_mismatch(std::string_view expected, const nlohmann::json & got);
 // obj[key], or invalid_argument "<where>: missing field '<key>'" (REQUIRES obj is an object).
 result<const nlohmann::json *> json_field(const nlohmann::json & obj, std::string_view key, std::string_view where);
 result<std::string> json_as_string(const nlohmann::json & v, std::string_view where);

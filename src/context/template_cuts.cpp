@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "assembly.h"
+#include "warmctx/json.h"
 
 namespace warmctx {
 
@@ -31,7 +32,9 @@ std::string strip_ws(std::string_view s) {
 bool is_openai_tools(const std::string & content) {
     const std::string t = strip_ws(content);
     if (t.empty() || t.front() != '[') return false;
-    const nlohmann::json j = nlohmann::json::parse(t, nullptr, false);
+    auto parsed = parse_json(t);
+    if (!parsed.ok()) return false;
+    const nlohmann::json & j = *parsed;
     if (!j.is_array() || j.empty()) return false;
     for (const auto & tool : j) {
         if (!tool.is_object()) return false;

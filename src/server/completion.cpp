@@ -66,8 +66,8 @@ void note_progress(route_context & ctx, const request_log & log, const completio
 void keep_whole_calls(parsed_answer & a, bool parallel) {
     std::vector<parsed_tool_call> kept;
     for (auto & c : a.tool_calls) {
-        json args = json::parse(c.arguments, nullptr, false);
-        if (args.is_discarded() || !args.is_object()) continue;
+        auto args = parse_json(c.arguments);
+        if (!args.ok() || !args->is_object()) continue;
         kept.push_back(std::move(c));
         if (!parallel) break;
     }

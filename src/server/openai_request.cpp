@@ -211,7 +211,7 @@ maybe_error parse_logprobs(const json & body, body_mode mode, sampling_params & 
             if (k < 0 || k > 20) return bad_request("invalid_value", "logprobs must be in [0, 20]", "logprobs");
             sp.n_logprobs = static_cast<int32_t>(k);
         } else {
-            if (!v->is_boolean()) return wrong_type("logprobs", "a boolean", *v);
+            if (!v->is_boolean()) return wrong_type("logprobs", "true or false", *v);
             if (v->get<bool>()) sp.n_logprobs = 0;
         }
     }
@@ -278,7 +278,7 @@ maybe_error parse_tool_choice(const json & body, completion_request & out) {
                                "tool_choice");
     }
     if (const json * v = field(body, "parallel_tool_calls")) {
-        if (!v->is_boolean()) return wrong_type("parallel_tool_calls", "a boolean", *v);
+        if (!v->is_boolean()) return wrong_type("parallel_tool_calls", "true or false", *v);
         out.parallel_tool_calls = v->get<bool>();
     }
     return std::nullopt;

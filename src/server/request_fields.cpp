@@ -10,8 +10,7 @@ namespace warmctx::server_detail {
 using json = nlohmann::json;
 
 api_error wrong_type(std::string_view param, std::string_view expected, const json & got) {
-    return bad_request("invalid_type", std::string(param) + " must be " + std::string(expected) + ", not " + std::string(json_type_name(got)),
-                       std::string(param));
+    return bad_request("invalid_type", std::string(param) + " " + json_type_mismatch(expected, got), std::string(param));
 }
 
 const json * field(const json & obj, const char * key) {
@@ -32,7 +31,7 @@ maybe_error get_string(const json & obj, const char * key, std::string_view para
 maybe_error get_bool(const json & obj, const char * key, std::string_view param, std::optional<bool> & out) {
     const json * f = field(obj, key);
     if (!f) return std::nullopt;
-    if (!f->is_boolean()) return wrong_type(param, "a boolean", *f);
+    if (!f->is_boolean()) return wrong_type(param, "true or false", *f);
     out = f->get<bool>();
     return std::nullopt;
 }

@@ -89,8 +89,7 @@ std::string_view json_type_name(const nlohmann::json & v) {
 
 namespace {
 status wrong_type(std::string_view where, std::string_view expected, const nlohmann::json & got) {
-    return invalid_argument(std::string(where) + ": must be " + std::string(expected) + ", not " +
-                            std::string(json_type_name(got)));
+    return invalid_argument(std::string(where) + ": " + json_type_mismatch(expected, got));
 }
 }  // namespace
 
@@ -103,6 +102,10 @@ result<const nlohmann::json *> json_field(const nlohmann::json & obj, std::strin
 result<std::string> json_as_string(const nlohmann::json & v, std::string_view where) {
     if (!v.is_string()) return wrong_type(where, "a string", v);
     return v.get<std::string>();
+}
+
+std::string json_type_mismatch(std::string_view expected, const nlohmann::json & got) {
+    return "must be " + std::string(expected) + ", not " + std::string(json_type_name(got));
 }
 
 result<bool> json_as_bool(const nlohmann::json & v, std::string_view where) {
