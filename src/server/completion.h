@@ -2,14 +2,16 @@
 // completion_request, runs here; what the client receives is a renderer's business.
 //
 //   request mapper (per API)     body -> completion_request         openai_routes.cpp,
-//                                                                    responses_request.cpp
+//                                                                    responses_request.cpp,
+//                                                                    anthropic.cpp
 //   serve_completion (here)      merge the workspace's stored segments, validate, build
 //                                the answer's grammar (beside the prompt's assembly),
 //                                submit, wait; then one loop turns the engine's events
 //                                into an answer's text, tool calls and end
 //   renderer (per API)           the answer -> a whole body or the stream's bytes
 //                                render_openai.cpp (chat, text completions),
-//                                render_responses.cpp (Responses)
+//                                render_responses.cpp (Responses),
+//                                render_anthropic.cpp (Anthropic Messages)
 //
 // Adding an API is adding a request mapper and a renderer. A renderer is pure: it sees
 // no channel, no scheduler and no socket, only what the answer is so far.
@@ -103,5 +105,10 @@ std::shared_ptr<renderer> make_openai_renderer();
 // events; errors name the Responses field a translated chat field came from.
 struct responses_request_info;
 std::shared_ptr<renderer> make_responses_renderer(std::shared_ptr<const responses_request_info> info);
+
+// The Anthropic Messages renderer (render_anthropic.cpp): a `message`, or its stream
+// events; errors in Anthropic's shape.
+struct anthropic_request_info;
+std::shared_ptr<renderer> make_anthropic_renderer(std::shared_ptr<const anthropic_request_info> info);
 
 }  // namespace warmctx::server_detail

@@ -230,6 +230,8 @@ http_request from_httplib(const httplib::Request & req) {
     for (size_t i = 1; i < req.matches.size(); ++i) r.params.push_back(req.matches[i].str());
     for (const auto & [k, v] : req.params) r.query.emplace(k, v);  // a key's first value wins
     r.authorization = req.get_header_value("Authorization");
+    r.api_key = req.get_header_value("x-api-key");
+    r.session_id = req.get_header_value("x-claude-code-session-id");
     r.origin = req.get_header_value("Origin");
     r.cors_request_headers = req.get_header_value("Access-Control-Request-Headers");
     r.host = req.get_header_value("Host");

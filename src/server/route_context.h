@@ -10,6 +10,8 @@
 //   openai_routes.cpp    /v1/chat/completions, /v1/completions, /v1/models: request ->
 //                        job -> response, streaming (SSE)
 //   workspace_routes.cpp /v1/workspaces/...: the segment store, explain, pins, tiers
+//   anthropic_routes.cpp /v1/messages, /v1/messages/count_tokens, GET /
+//   completion.{h,cpp}   the one completion path every completion route runs on
 //
 // Thread safety: route_context's members are safe to call from any HTTP thread (its
 // state is atomics, the mutex-guarded store/metrics/channel set, and constants).
@@ -48,6 +50,8 @@ struct http_request {
     std::vector<std::string> params;           // the route's captures in order ({id}, {segment}, {model})
     std::map<std::string, std::string> query;  // ?key=value (a key's first value)
     std::string authorization;                 // the Authorization header, "" when absent
+    std::string api_key;                       // the x-api-key header (Anthropic's clients), "" when absent
+    std::string session_id;                    // the x-claude-code-session-id header, "" when absent
     std::string origin;                        // the Origin header (CORS), "" when absent
     std::string cors_request_headers;          // Access-Control-Request-Headers (preflight)
     std::string host;                          // the Host header, "" when absent
@@ -186,6 +190,9 @@ void send_json(http_response & res, int http_status, const nlohmann::json & j);
 // The error object (with Retry-After when the error has one); the log keeps its code.
 void respond_error(http_response & res, request_log & log, const api_error & e);
 
+// The error in Anthropic's shape ({"type":"error","error":{"type","message"}}).
+void respond_anthropic_error(http_response & res, request_log & log, const api_error & e);
+
 // The request body as JSON, through warmctx::parse_json (UTF-8, nesting depth, exactly
 // one value): 400 invalid_utf8 or invalid_json otherwise. Every route that reads a body
 // reads it here.
@@ -202,6 +209,7 @@ struct route {
     std::string regex_text;  // what the transport matches (the whole path); captures = params
     bool auth = true;        // needs the API key (when the server has one)
     route_handler fn;
+    bool anthropic_errors = false;  // the router's own refusals in Anthropic's error shape
 };
 
 using route_table = std::vector<route>;
@@ -209,6 +217,7 @@ using route_table = std::vector<route>;
 // Each group appends its routes in the order the transport matches them.
 void add_openai_routes(route_table & t, route_context & ctx);
 void add_workspace_routes(route_table & t, route_context & ctx);
+void add_anthropic_routes(route_table & t, route_context & ctx);
 
 // The request -> job -> response flow of every completion route. `path_ws`: the
 // workspace of a /v1/workspaces/{id}/chat/completions path (already validated); its

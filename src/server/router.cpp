@@ -302,6 +302,7 @@ router::router(route_context & ctx) : ctx_(ctx) {
                        }});
     add_openai_routes(routes_, ctx_);
     add_workspace_routes(routes_, ctx_);
+    add_anthropic_routes(routes_, ctx_);
     res_.reserve(routes_.size());
     for (const route & r : routes_) res_.emplace_back(r.regex_text);
 
@@ -369,6 +370,12 @@ bool router::host_allowed(const std::string & host_header) const {
 }
 
 namespace {
+// A refusal of the router's own, in the route's API's error shape.
+void respond_as(const route & r, http_response & res, request_log & log, const api_error & e) {
+    if (r.anthropic_errors) respond_anthropic_error(res, log, e);
+    else respond_error(res, log, e);
+}
+
 // Routes that answer while the model loads: they tell how the server is.
 bool served_while_loading(const route & r) { return r.pattern == "/health" || r.pattern == "/metrics"; }
 
@@ -387,11 +394,13 @@ bool router::answered_on_headers(const route & r, const http_request & req, http
     if (ctx_.loading() && !served_while_loading(r)) {
         api_error e = unavailable("the model is loading; GET /health says when the server is ready", 1);
         e.code = "loading";
-        respond_error(res, log, e);
+        respond_as(r, res, log, e);
         return true;
     }
-    if (r.auth && !authorized(req.authorization, ctx_.opts.api_key)) {
-        respond_error(res, log, unauthorized("missing or wrong API key: send \"Authorization: Bearer <key>\""));
+    if (r.auth && !authorized(req.authorization, ctx_.opts.api_key) &&
+        !(ctx_.opts.api_key.size() > 0 && !req.api_key.empty() && constant_time_equal(req.api_key, ctx_.opts.api_key))) {
+        respond_as(r, res, log,
+                   unauthorized("missing or wrong API key: send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\""));
         return true;
     }
     // Without a key, nothing but the network stands between a web page and the server:
@@ -399,7 +408,7 @@ bool router::answered_on_headers(const route & r, const http_request & req, http
     // nor drive it with the requests a browser sends without asking (CSRF).
     if (ctx_.opts.api_key.empty()) {
         if (r.pattern != "/health" && !host_allowed(req.host)) {
-            respond_error(res, log,
+            respond_as(r, res, log,
                           api_error{403, "invalid_request_error", "host_not_allowed",
                                     "Host '" + req.host.substr(0, 100) +
                                         "' is not allowed: without --api-key only IP addresses, localhost and the "
@@ -419,11 +428,11 @@ bool router::answered_on_headers(const route & r, const http_request & req, http
                                               "'): without --api-key other types are refused, since any web page "
                                               "can send them");
                 e.http_status = 415;
-                respond_error(res, log, e);
+                respond_as(r, res, log, e);
                 return true;
             }
             if (!req.origin.empty()) {
-                respond_error(res, log,
+                respond_as(r, res, log,
                               api_error{403, "invalid_request_error", "cross_origin_refused",
                                         "a request from origin '" + req.origin.substr(0, 100) +
                                             "' without application/json is refused (no --api-key; --cors-origin "
@@ -450,7 +459,7 @@ void router::refuse(const route & r, const http_request & req, const api_error &
     request_log log;
     log.method = req.method;
     log.route = r.pattern;
-    respond_error(res, log, e);
+    respond_as(r, res, log, e);
     add_cors(req, res);
     ctx_.finish(log, res.status);
 }

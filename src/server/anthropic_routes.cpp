@@ -1,0 +1,90 @@
+// The Anthropic Messages routes: POST /v1/messages (whole or streamed), POST
+// /v1/messages/count_tokens, and GET / (HEAD /) for clients that check the server is
+// there. A request mapper (anthropic.h) in front of the one completion path
+// (completion.h) with the Anthropic renderer. See docs/api.md.
+#include "anthropic.h"
+#include "completion.h"
+#include "json_util.h"
+#include "route_context.h"
+
+namespace warmctx::server_detail {
+
+using json = nlohmann::json;
+
+void respond_anthropic_error(http_response & res, request_log & log, const api_error & e) {
+    log.error_code = e.code;
+    send_json(res, e.http_status, anthropic_error_json(e));
+    if (e.retry_after_s > 0) res.headers.emplace_back("Retry-After", std::to_string(e.retry_after_s));
+}
+
+namespace {
+
+// The body as a completion_request, with what the renderer needs to know of it.
+maybe_error map_messages_request(route_context & ctx, const http_request & req, bool counting, completion_request & cr,
+                                 anthropic_request_info & info) {
+    json body;
+    if (auto e = parse_body(req, body)) return e;
+    // count_tokens takes no max_tokens: any will do to count the prompt.
+    if (counting && body.is_object() && !body.contains("max_tokens")) body["max_tokens"] = 1;
+    json chat_body;
+    if (auto e = anthropic_to_chat(body, req.session_id, ctx.limits.max_tokens_cap, chat_body, info)) return e;
+    request_limits limits = ctx.limits;
+    limits.bounds = ctx.opts.bounds;
+    if (auto e = parse_completion_request(chat_body, body_mode::chat, limits, cr)) {
+        chat_error_to_anthropic(*e, info);
+        return e;
+    }
+    return std::nullopt;
+}
+
+// POST /v1/messages
+void messages(route_context & ctx, const http_request & req, http_response & res,
+              const std::shared_ptr<request_log> & log) {
+    completion_request cr;
+    auto info = std::make_shared<anthropic_request_info>();
+    if (auto e = map_messages_request(ctx, req, false, cr, *info)) return respond_anthropic_error(res, *log, *e);
+    serve_completion(ctx, req, res, log, std::move(cr), nullptr, make_anthropic_renderer(info));
+}
+
+// POST /v1/messages/count_tokens: the prompt the request would be, tokenized here (the
+// engine thread is not needed).
+void count_tokens(route_context & ctx, const http_request & req, http_response & res,
+                  const std::shared_ptr<request_log> & log) {
+    completion_request cr;
+    anthropic_request_info info;
+    if (auto e = map_messages_request(ctx, req, true, cr, info)) return respond_anthropic_error(res, *log, *e);
+    if (status st = validate_segments(cr.segments, ctx.opts.kinds); !st.ok())
+        return respond_anthropic_error(res, *log, error_from_status(st));
+    if (!ctx.sched) return respond_anthropic_error(res, *log, unavailable("the engine is stopping: no engine", 1));
+    turn_request tr;
+    tr.workspace = cr.workspace.empty() ? derive_workspace(cr.segments) : cr.workspace;
+    tr.segments = std::move(cr.segments);
+    auto ap = ctx.sched->assemble_unchecked(tr);
+    if (!ap.ok()) return respond_anthropic_error(res, *log, error_from_status(ap.error()));
+    log->prompt_tokens = static_cast<int64_t>(ap->tokens.size());
+    send_json(res, 200, {{"input_tokens", ap->tokens.size()}});
+}
+
+// GET / (and HEAD /): the server is there.
+void root(route_context & ctx, const http_request &, http_response & res, const std::shared_ptr<request_log> &) {
+    send_json(res, 200, {{"status", "ok"}, {"service", "warmctx"}, {"model", ctx.model_name}});
+}
+
+}  // namespace
+
+void add_anthropic_routes(route_table & t, route_context & ctx) {
+    route_context * c = &ctx;
+    auto add = [&](const char * method, const char * pattern, bool auth, bool anthropic_errors, auto fn) {
+        route r{method, pattern, pattern, auth,
+                [c, fn](const http_request & req, http_response & res, const std::shared_ptr<request_log> & log) {
+                    fn(*c, req, res, log);
+                }};
+        r.anthropic_errors = anthropic_errors;
+        t.push_back(std::move(r));
+    };
+    add("POST", "/v1/messages", true, true, messages);
+    add("POST", "/v1/messages/count_tokens", true, true, count_tokens);
+    add("GET", "/", false, false, root);
+}
+
+}  // namespace warmctx::server_detail
