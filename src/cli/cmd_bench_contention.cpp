@@ -122,49 +122,278 @@ json stored_chat(int port, const std::string & ws, const std::string & question)
             {"prewarm", w.value("prewarm", json())}};
 }
 
-int run_contention(const contention_args & a) {
+// Every prompt of a run, built before any system starts.
+struct contention_prompts {
+    prompt cold;
+    std::vector<prompt> warm;  // [0]: primes W; then one per warm turn (solo, then during)
+    prompt warmup;
+    std::vector<segment> p_segs, q_segs;  // P and Q: the pre-warmed workspaces
+    size_t prewarm_prompt_tokens = 0;
+};
+
+status check_contention_args(const contention_args & a) {
     if (a.cold_tokens < 512 || a.warm_tokens < 256 || a.warm_turns < 1 || a.delay_ms < 0 || a.scrape_ms < 10)
-        return fail(invalid_argument("--cold-tokens >= 512, --warm-tokens >= 256, --warm-turns >= 1, --delay-ms >= 0, "
-                                     "--scrape-ms >= 10"));
+        return invalid_argument("--cold-tokens >= 512, --warm-tokens >= 256, --warm-turns >= 1, --delay-ms >= 0, "
+                                "--scrape-ms >= 10");
     for (const auto & s : a.systems)
         if (s != "warmctx" && s != "llama-server")
-            return fail(invalid_argument("--systems: unknown system '" + s + "' (warmctx, llama-server)"));
+            return invalid_argument("--systems: unknown system '" + s + "' (warmctx, llama-server)");
+    return {};
+}
+
+result<contention_prompts> build_contention_prompts(const contention_args & a, prompt_builder & pb,
+                                                    workload_generator & g) {
+    auto build = [&](std::vector<segment> segs) -> result<prompt> {
+        auto t = pb.tokens(segs);
+        if (!t) return t.error();
+        return prompt{std::move(segs), std::move(*t)};
+    };
+    contention_prompts p;
+    auto cold = build(make_workspace(g, a.cold_tokens, 2));
+    if (!cold) return cold.error();
+    p.cold = std::move(*cold);
+    const auto w_segs = make_workspace(g, a.warm_tokens, 1);
+    for (int i = 0; i < 1 + a.warm_turns + 64; ++i) {
+        auto s = w_segs;
+        s.back().content = g.question();
+        auto w = build(std::move(s));
+        if (!w) return w.error();
+        p.warm.push_back(std::move(*w));
+    }
+    const std::vector<segment> warmup_segs = {{"question", segment_kind::user, "", "", "Say hello."}};
+    auto warmup = build(warmup_segs);
+    if (!warmup) return warmup.error();
+    p.warmup = std::move(*warmup);
+    // P and Q: the pre-warmed workspaces (stable segments only are stored).
+    if (a.prewarm_tokens > 0) {
+        p.p_segs = make_workspace(g, a.prewarm_tokens, 1);
+        p.q_segs = make_workspace(g, a.prewarm_tokens, 1);
+        for (const auto * segs : {&p.p_segs, &p.q_segs}) {
+            auto t = pb.tokens(*segs);
+            if (!t) return t.error();
+            p.prewarm_prompt_tokens = std::max(p.prewarm_prompt_tokens, t->size());
+        }
+    }
+    return p;
+}
+
+// Starts warmctx (2 work sequences, a disk tier and the durable store under `cache_dir`:
+// its options go to `warmctx_opts`, for the restart) or llama-server (2 slots).
+result<std::unique_ptr<bench_system>> start_contention_system(const std::string & name, const contention_args & a,
+                                                              const model_flags & mf, const std::string & cache_dir,
+                                                              uint64_t bpt, warmctx_system_options & warmctx_opts) {
+    if (name == "warmctx") {
+        warmctx_system_options o;
+        o.mf = mf;
+        o.parallel = 2;
+        o.cf.budget_bytes = 4ull << 30;
+        // Where serve keeps them by default: a disk tier (8 GiB) and the durable store.
+        o.cf.cache_dir = cache_dir;
+        o.cf.disk_budget_bytes = 8ull << 30;
+        o.workspace_dir = cache_dir + "/workspaces";
+        warmctx_opts = o;
+        return start_warmctx_system(o);
+    }
+    llama_server_options o;
+    o.binary = a.llama_server;
+    o.mf = mf;
+    o.slots = 2;
+    o.kv_bytes_per_token = bpt;
+    return start_llama_server(o);
+}
+
+// What W's warm turns and the scraper saw while the cold prompt prefilled.
+struct during_cold {
+    turn_timing cold_t;
+    std::vector<double> during;  // warm TTFTs that finished before the cold one
+    int during_cached = 0, during_prompt = 0;
+    std::vector<double> scrapes;  // -1: a failed scrape
+    std::string failure;
+};
+
+// 2. The cold request; after --delay-ms, W's warm turns from warm[next] on one after
+// another until it has its first token, and a scraper of `scrape_path` every --scrape-ms.
+during_cold run_during_cold(const std::string & name, bench_system & s, const contention_args & a,
+                            const contention_prompts & p, size_t next, const std::string & scrape_path) {
+    during_cold d;
+    std::atomic<bool> cold_done{false};
+    std::thread cold_thread([&] {
+        d.cold_t = s.send("cold", p.cold.segs, p.cold.tokens, 1);
+        cold_done = true;
+    });
+    std::atomic<bool> stop_scraping{false};
+    std::thread scraper([&] {
+        httplib::Client c("127.0.0.1", s.port());
+        c.set_read_timeout(600, 0);
+        while (!stop_scraping) {
+            const auto t0 = clock_type::now();
+            auto r = c.Get(scrape_path);
+            const double ms = ms_since(t0);
+            if (!cold_done) d.scrapes.push_back(r && r->status == 200 ? ms : -1.0);
+            const double left = a.scrape_ms - ms;
+            if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(left));
+        }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(a.delay_ms));
+    while (!cold_done && next < p.warm.size()) {
+        auto t = s.send("w", p.warm[next].segs, p.warm[next].tokens, 1);
+        ++next;
+        if (!t.ok) { d.failure = name + ": warm turn during the cold prefill failed: " + t.error; break; }
+        if (cold_done) break;  // finished after the cold one: not "during" it
+        d.during.push_back(t.ttft_ms);
+        d.during_cached = t.cached_tokens;
+        d.during_prompt = t.prompt_tokens;
+    }
+    cold_thread.join();
+    stop_scraping = true;
+    scraper.join();
+    return d;
+}
+
+// 1-3. for one system: its solo warm TTFT, then warm turns and scrapes during the cold
+// prefill; its row of the report.
+result<json> measure_contention(const std::string & name, bench_system & s, const contention_args & a,
+                                const contention_prompts & p, size_t n_chunks, const std::string & scrape_path) {
+    if (auto w = s.send("warmup", p.warmup.segs, p.warmup.tokens, 1); !w.ok)
+        return engine_error(name + ": warm-up request failed: " + w.error);
+    progress(name + ": priming the warm workspace");
+    if (auto w = s.send("w", p.warm[0].segs, p.warm[0].tokens, 1); !w.ok)
+        return engine_error(name + ": priming failed: " + w.error);
+    std::vector<double> solo;
+    size_t next = 1;
+    for (int i = 0; i < a.warm_turns; ++i, ++next) {
+        auto t = s.send("w", p.warm[next].segs, p.warm[next].tokens, 1);
+        if (!t.ok) return engine_error(name + ": warm turn failed: " + t.error);
+        solo.push_back(t.ttft_ms);
+    }
+    progress(name + ": solo warm TTFT " + std::to_string(median(solo)) + " ms; now the cold " +
+             std::to_string(p.cold.tokens.size()) + "-token prompt");
+
+    const during_cold d = run_during_cold(name, s, a, p, next, scrape_path);
+    if (!d.failure.empty()) return engine_error(d.failure);
+    if (!d.cold_t.ok) return engine_error(name + ": the cold request failed: " + d.cold_t.error);
+    int failed_scrapes = 0;
+    std::vector<double> ok_scrapes;
+    for (double x : d.scrapes) (x < 0 ? (void)++failed_scrapes : ok_scrapes.push_back(x));
+    // One chunk's prefill time: the cold prompt's own prefill over its chunks (its
+    // TTFT bounds it from above: the cold request also shared the machine).
+    const double chunk_ms = d.cold_t.ttft_ms / (double)n_chunks;
+    const double solo_ms = median(solo);
+    json row = {{"system", name},
+                {"config", s.describe()},
+                {"solo_warm_ttft_ms", solo_ms},
+                {"solo_warm_ttft_ms_all", solo},
+                {"cold_prompt_tokens", d.cold_t.prompt_tokens},
+                {"cold_ttft_ms", d.cold_t.ttft_ms},
+                {"cold_chunks", n_chunks},
+                {"one_chunk_ms", chunk_ms},
+                {"warm_turns_during_cold", d.during.size()},
+                {"warm_ttft_during_cold_ms_all", d.during},
+                {"warm_during_cached_tokens", d.during_cached},
+                {"warm_during_prompt_tokens", d.during_prompt},
+                {"scrape_path", scrape_path},
+                {"scrapes_during_cold", d.scrapes.size()},
+                {"scrapes_failed", failed_scrapes}};
+    if (!d.during.empty()) {
+        const double first = d.during.front();
+        row["warm_ttft_during_cold_ms"] = first;
+        row["warm_ttft_during_cold_ms_max"] = *std::max_element(d.during.begin(), d.during.end());
+        row["target_ms"] = solo_ms + chunk_ms;
+        row["target_met"] = first <= solo_ms + chunk_ms;
+    }
+    if (!ok_scrapes.empty()) {
+        row["scrape_ms_p50"] = percentile(ok_scrapes, 0.50);
+        row["scrape_ms_p99"] = percentile(ok_scrapes, 0.99);
+        row["scrape_ms_max"] = *std::max_element(ok_scrapes.begin(), ok_scrapes.end());
+    }
+    progress(name + ": cold " + std::to_string(d.cold_t.ttft_ms) + " ms; warm during it " +
+             (d.during.empty() ? std::string("(none: the cold prompt finished first)")
+                               : std::to_string(d.during.front()) + " ms") +
+             "; " + scrape_path + " p99 " + std::to_string(row.value("scrape_ms_p99", 0.0)) + " ms");
+    return row;
+}
+
+// 4-6. warmctx only: the pre-warm of P, a chat during Q's, and the restart (which
+// replaces `sys`); the report's "prewarm" object.
+result<json> prewarm_and_restart(std::unique_ptr<bench_system> & sys, const contention_args & a,
+                                 const contention_prompts & p, workload_generator & g,
+                                 const warmctx_system_options & warmctx_opts) {
+    bench_system & s = *sys;
+    // 4. Pre-warm: PUT, let it run, then chat.
+    json pw;
+    const double before = scrape_metric(s.port(), "warmctx_prewarms_total");
+    progress("warmctx: PUT a ~" + std::to_string(a.prewarm_tokens) + "-token workspace, waiting for its pre-warm");
+    if (status st = put_workspace(s.port(), "P", p.p_segs); !st.ok()) return st;
+    const auto t_put = clock_type::now();
+    if (wait_prewarms(s.port(), before + 1, 1800) < 0) return engine_error("the pre-warm of P did not run");
+    const double prewarm_ms = ms_since(t_put);
+    json after = stored_chat(s.port(), "P", g.question());
+    if (!after.value("ok", false)) return engine_error("chat on P failed: " + after.dump());
+    pw["prewarm_ms"] = prewarm_ms;
+    pw["chat_after_prewarm"] = after;
+    pw["chat_after_prewarm_target_met"] = after["reused_fraction"].get<double>() >= 0.95;
+    progress("warmctx: pre-warm of P took " + std::to_string(prewarm_ms) + " ms; the chat after it reused " +
+             std::to_string(after["tokens_reused"].get<int>()) + " of " + std::to_string(after["tokens_cacheable"].get<int>()));
+
+    // 5. A chat during Q's pre-warm, half-way through it.
+    if (status st = put_workspace(s.port(), "Q", p.q_segs); !st.ok()) return st;
+    // Half-way through its prefill: the wait before P's pre-warm started (the quiet
+    // period after the last PUT, assembly) plus half of how long P's ran.
+    const double p_run_ms = after["prewarm"].is_object() ? after["prewarm"].value("duration_ms", 0.0) : 0.0;
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(prewarm_ms - p_run_ms / 2));
+    json during_pw = stored_chat(s.port(), "Q", g.question());
+    if (!during_pw.value("ok", false)) return engine_error("chat on Q failed: " + during_pw.dump());
+    pw["chat_during_prewarm"] = during_pw;
+    const json & qp = during_pw["prewarm"];
+    pw["chat_during_prewarm_target_met"] =
+        qp.is_object() && during_pw["tokens_reused"].get<int>() == qp.value("tokens_cached", -1) &&
+        during_pw["tokens_reused"].get<int>() > 0;
+    progress("warmctx: a chat half-way through Q's pre-warm reused " +
+             std::to_string(during_pw["tokens_reused"].get<int>()) + " tokens" +
+             (qp.is_object() ? " (the pre-warm had cached " + std::to_string(qp.value("tokens_cached", 0)) + ")" : ""));
+
+    // 6. Restart on the same directories; the first chat on P at once, no PUT.
+    sys.reset();
+    const auto t_start = clock_type::now();
+    auto again = start_warmctx_system(warmctx_opts);
+    if (!again) return again.error();
+    const double start_ms = ms_since(t_start);
+    json first = stored_chat((*again)->port(), "P", g.question());
+    if (!first.value("ok", false)) return engine_error("chat on P after the restart failed: " + first.dump());
+    pw["restart_start_ms"] = start_ms;
+    pw["chat_after_restart"] = first;
+    const json & fp = first["prewarm"];
+    const bool from_disk = first.value("tier", "") == "disk" ||
+                           (fp.is_object() && fp.value("found_in", "") == "disk" && fp.value("tokens_prefilled", -1) == 0);
+    pw["chat_after_restart_from_disk"] = from_disk;
+    pw["chat_after_restart_target_met"] = from_disk && first["reused_fraction"].get<double>() >= 0.95;
+    progress("warmctx: restarted in " + std::to_string(start_ms) + " ms; the first chat on P (no PUT) reused " +
+             std::to_string(first["tokens_reused"].get<int>()) + " of " +
+             std::to_string(first["tokens_cacheable"].get<int>()) + (from_disk ? ", from the disk tier" : ", NOT from disk") +
+             ", TTFT " + std::to_string(first["wall_ms"].get<double>()) + " ms");
+    return pw;
+}
+
+void print_contention(const json & rows, const json & prewarm_report) {
+    std::printf("%-13s %10s %12s %12s %10s %10s %12s\n", "system", "solo warm", "warm during", "target", "cold ms",
+                "scrape p99", "scrape max");
+    for (const auto & r : rows)
+        std::printf("%-13s %10.1f %12.1f %12.1f %10.1f %10.1f %12.1f\n", r["system"].get<std::string>().c_str(),
+                    r["solo_warm_ttft_ms"].get<double>(), r.value("warm_ttft_during_cold_ms", 0.0),
+                    r.value("target_ms", 0.0), r["cold_ttft_ms"].get<double>(), r.value("scrape_ms_p99", 0.0),
+                    r.value("scrape_ms_max", 0.0));
+    if (prewarm_report.is_object()) std::printf("warmctx pre-warm and restart: %s\n", prewarm_report.dump().c_str());
+}
+
+int run_contention(const contention_args & a) {
+    if (status st = check_contention_args(a); !st.ok()) return fail(st);
     auto pb = prompt_builder::open(a.mf);
     if (!pb) return fail(pb.error());
     progress("building a ~" + std::to_string(a.cold_tokens) + "-token cold workspace and a ~" +
              std::to_string(a.warm_tokens) + "-token warm one");
     workload_generator g(a.seed, (*pb)->counter());
-    auto build = [&](std::vector<segment> segs) -> result<prompt> {
-        auto t = (*pb)->tokens(segs);
-        if (!t) return t.error();
-        return prompt{std::move(segs), std::move(*t)};
-    };
-    auto cold = build(make_workspace(g, a.cold_tokens, 2));
-    if (!cold) return fail(cold.error());
-    std::vector<prompt> warm;  // [0]: primes W; then one per warm turn (solo, then during)
-    const auto w_segs = make_workspace(g, a.warm_tokens, 1);
-    for (int i = 0; i < 1 + a.warm_turns + 64; ++i) {
-        auto s = w_segs;
-        s.back().content = g.question();
-        auto p = build(std::move(s));
-        if (!p) return fail(p.error());
-        warm.push_back(std::move(*p));
-    }
-    const std::vector<segment> warmup_segs = {{"question", segment_kind::user, "", "", "Say hello."}};
-    auto warmup = build(warmup_segs);
-    if (!warmup) return fail(warmup.error());
-    // P and Q: the pre-warmed workspaces (stable segments only are stored).
-    std::vector<segment> p_segs, q_segs;
-    size_t prewarm_prompt_tokens = 0;
-    if (a.prewarm_tokens > 0) {
-        p_segs = make_workspace(g, a.prewarm_tokens, 1);
-        q_segs = make_workspace(g, a.prewarm_tokens, 1);
-        for (const auto * segs : {&p_segs, &q_segs}) {
-            auto t = (*pb)->tokens(*segs);
-            if (!t) return fail(t.error());
-            prewarm_prompt_tokens = std::max(prewarm_prompt_tokens, t->size());
-        }
-    }
+    auto prompts = build_contention_prompts(a, **pb, g);
+    if (!prompts) return fail(prompts.error());
     const std::string model_path = (*pb)->model_path();
     const uint64_t bpt = (*pb)->kv_bytes_per_token();
     pb->reset();
@@ -172,8 +401,9 @@ int run_contention(const contention_args & a) {
     model_flags mf = a.mf;
     mf.model = model_path;
     const uint32_t chunk = std::max<uint32_t>(1, mf.chunk);
-    mf.n_ctx = (uint32_t)((std::max(cold->tokens.size(), prewarm_prompt_tokens) + 64 + chunk - 1) / chunk * chunk);
-    const size_t n_chunks = (cold->tokens.size() + chunk - 1) / chunk;
+    const size_t cold_tokens = prompts->cold.tokens.size();
+    mf.n_ctx = (uint32_t)((std::max(cold_tokens, prompts->prewarm_prompt_tokens) + 64 + chunk - 1) / chunk * chunk);
+    const size_t n_chunks = (cold_tokens + chunk - 1) / chunk;
 
     char tmpl[] = "/tmp/warmctx-contention-XXXXXX";
     if (!mkdtemp(tmpl)) return fail(io_error("cannot create a temporary cache directory"));
@@ -187,192 +417,23 @@ int run_contention(const contention_args & a) {
     json rows = json::array();
     json prewarm_report;
     for (const auto & name : a.systems) {
-        result<std::unique_ptr<bench_system>> sys = invalid_argument("unreachable");
-        std::string scrape_path;
-        if (name == "warmctx") {
-            warmctx_system_options o;
-            o.mf = mf;
-            o.parallel = 2;
-            o.cf.budget_bytes = 4ull << 30;
-            // Where serve keeps them by default: a disk tier (8 GiB) and the durable store.
-            o.cf.cache_dir = cache_dir;
-            o.cf.disk_budget_bytes = 8ull << 30;
-            o.workspace_dir = cache_dir + "/workspaces";
-            warmctx_opts = o;
-            sys = start_warmctx_system(o);
-            scrape_path = "/metrics";
-        } else {
-            llama_server_options o;
-            o.binary = a.llama_server;
-            o.mf = mf;
-            o.slots = 2;
-            o.kv_bytes_per_token = bpt;
-            sys = start_llama_server(o);
-            scrape_path = "/health";
-        }
+        auto sys = start_contention_system(name, a, mf, cache_dir, bpt, warmctx_opts);
         if (!sys) return fail(sys.error());
-        bench_system & s = **sys;
-        if (auto w = s.send("warmup", warmup->segs, warmup->tokens, 1); !w.ok)
-            return fail(engine_error(name + ": warm-up request failed: " + w.error));
-        progress(name + ": priming the warm workspace");
-        if (auto w = s.send("w", warm[0].segs, warm[0].tokens, 1); !w.ok)
-            return fail(engine_error(name + ": priming failed: " + w.error));
-        std::vector<double> solo;
-        size_t next = 1;
-        for (int i = 0; i < a.warm_turns; ++i, ++next) {
-            auto t = s.send("w", warm[next].segs, warm[next].tokens, 1);
-            if (!t.ok) return fail(engine_error(name + ": warm turn failed: " + t.error));
-            solo.push_back(t.ttft_ms);
-        }
-        progress(name + ": solo warm TTFT " + std::to_string(median(solo)) + " ms; now the cold " +
-                 std::to_string(cold->tokens.size()) + "-token prompt");
-
-        std::atomic<bool> cold_done{false};
-        turn_timing cold_t;
-        std::thread cold_thread([&] {
-            cold_t = s.send("cold", cold->segs, cold->tokens, 1);
-            cold_done = true;
-        });
-        std::vector<double> scrapes;
-        std::atomic<bool> stop_scraping{false};
-        std::thread scraper([&] {
-            httplib::Client c("127.0.0.1", s.port());
-            c.set_read_timeout(600, 0);
-            while (!stop_scraping) {
-                const auto t0 = clock_type::now();
-                auto r = c.Get(scrape_path);
-                const double ms = ms_since(t0);
-                if (!cold_done) scrapes.push_back(r && r->status == 200 ? ms : -1.0);
-                const double left = a.scrape_ms - ms;
-                if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(left));
-            }
-        });
-        std::this_thread::sleep_for(std::chrono::milliseconds(a.delay_ms));
-        std::vector<double> during;
-        int during_cached = 0, during_prompt = 0;
-        std::string failure;
-        while (!cold_done && next < warm.size()) {
-            auto t = s.send("w", warm[next].segs, warm[next].tokens, 1);
-            ++next;
-            if (!t.ok) { failure = name + ": warm turn during the cold prefill failed: " + t.error; break; }
-            if (cold_done) break;  // finished after the cold one: not "during" it
-            during.push_back(t.ttft_ms);
-            during_cached = t.cached_tokens;
-            during_prompt = t.prompt_tokens;
-        }
-        cold_thread.join();
-        stop_scraping = true;
-        scraper.join();
-        if (!failure.empty()) return fail(engine_error(failure));
-        if (!cold_t.ok) return fail(engine_error(name + ": the cold request failed: " + cold_t.error));
-        int failed_scrapes = 0;
-        std::vector<double> ok_scrapes;
-        for (double x : scrapes) (x < 0 ? (void)++failed_scrapes : ok_scrapes.push_back(x));
-        // One chunk's prefill time: the cold prompt's own prefill over its chunks (its
-        // TTFT bounds it from above: the cold request also shared the machine).
-        const double chunk_ms = cold_t.ttft_ms / (double)n_chunks;
-        const double solo_ms = median(solo);
-        json row = {{"system", name},
-                    {"config", s.describe()},
-                    {"solo_warm_ttft_ms", solo_ms},
-                    {"solo_warm_ttft_ms_all", solo},
-                    {"cold_prompt_tokens", cold_t.prompt_tokens},
-                    {"cold_ttft_ms", cold_t.ttft_ms},
-                    {"cold_chunks", n_chunks},
-                    {"one_chunk_ms", chunk_ms},
-                    {"warm_turns_during_cold", during.size()},
-                    {"warm_ttft_during_cold_ms_all", during},
-                    {"warm_during_cached_tokens", during_cached},
-                    {"warm_during_prompt_tokens", during_prompt},
-                    {"scrape_path", scrape_path},
-                    {"scrapes_during_cold", scrapes.size()},
-                    {"scrapes_failed", failed_scrapes}};
-        if (!during.empty()) {
-            const double first = during.front();
-            row["warm_ttft_during_cold_ms"] = first;
-            row["warm_ttft_during_cold_ms_max"] = *std::max_element(during.begin(), during.end());
-            row["target_ms"] = solo_ms + chunk_ms;
-            row["target_met"] = first <= solo_ms + chunk_ms;
-        }
-        if (!ok_scrapes.empty()) {
-            row["scrape_ms_p50"] = percentile(ok_scrapes, 0.50);
-            row["scrape_ms_p99"] = percentile(ok_scrapes, 0.99);
-            row["scrape_ms_max"] = *std::max_element(ok_scrapes.begin(), ok_scrapes.end());
-        }
-        progress(name + ": cold " + std::to_string(cold_t.ttft_ms) + " ms; warm during it " +
-                 (during.empty() ? std::string("(none: the cold prompt finished first)")
-                                 : std::to_string(during.front()) + " ms") +
-                 "; " + scrape_path + " p99 " + std::to_string(row.value("scrape_ms_p99", 0.0)) + " ms");
-        rows.push_back(std::move(row));
+        const std::string scrape_path = name == "warmctx" ? "/metrics" : "/health";
+        auto row = measure_contention(name, **sys, a, *prompts, n_chunks, scrape_path);
+        if (!row) return fail(row.error());
+        rows.push_back(std::move(*row));
         if (name != "warmctx" || a.prewarm_tokens == 0) continue;
-
-        // 4. Pre-warm: PUT, let it run, then chat.
-        json pw;
-        const double before = scrape_metric(s.port(), "warmctx_prewarms_total");
-        progress("warmctx: PUT a ~" + std::to_string(a.prewarm_tokens) + "-token workspace, waiting for its pre-warm");
-        if (status st = put_workspace(s.port(), "P", p_segs); !st.ok()) return fail(st);
-        const auto t_put = clock_type::now();
-        if (wait_prewarms(s.port(), before + 1, 1800) < 0) return fail(engine_error("the pre-warm of P did not run"));
-        const double prewarm_ms = ms_since(t_put);
-        json after = stored_chat(s.port(), "P", g.question());
-        if (!after.value("ok", false)) return fail(engine_error("chat on P failed: " + after.dump()));
-        pw["prewarm_ms"] = prewarm_ms;
-        pw["chat_after_prewarm"] = after;
-        pw["chat_after_prewarm_target_met"] = after["reused_fraction"].get<double>() >= 0.95;
-        progress("warmctx: pre-warm of P took " + std::to_string(prewarm_ms) + " ms; the chat after it reused " +
-                 std::to_string(after["tokens_reused"].get<int>()) + " of " + std::to_string(after["tokens_cacheable"].get<int>()));
-
-        // 5. A chat during Q's pre-warm, half-way through it.
-        if (status st = put_workspace(s.port(), "Q", q_segs); !st.ok()) return fail(st);
-        // Half-way through its prefill: the wait before P's pre-warm started (the quiet
-        // period after the last PUT, assembly) plus half of how long P's ran.
-        const double p_run_ms = after["prewarm"].is_object() ? after["prewarm"].value("duration_ms", 0.0) : 0.0;
-        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(prewarm_ms - p_run_ms / 2));
-        json during_pw = stored_chat(s.port(), "Q", g.question());
-        if (!during_pw.value("ok", false)) return fail(engine_error("chat on Q failed: " + during_pw.dump()));
-        pw["chat_during_prewarm"] = during_pw;
-        const json & qp = during_pw["prewarm"];
-        pw["chat_during_prewarm_target_met"] =
-            qp.is_object() && during_pw["tokens_reused"].get<int>() == qp.value("tokens_cached", -1) &&
-            during_pw["tokens_reused"].get<int>() > 0;
-        progress("warmctx: a chat half-way through Q's pre-warm reused " +
-                 std::to_string(during_pw["tokens_reused"].get<int>()) + " tokens" +
-                 (qp.is_object() ? " (the pre-warm had cached " + std::to_string(qp.value("tokens_cached", 0)) + ")" : ""));
-
-        // 6. Restart on the same directories; the first chat on P at once, no PUT.
-        sys->reset();
-        const auto t_start = clock_type::now();
-        auto again = start_warmctx_system(warmctx_opts);
-        if (!again) return fail(again.error());
-        const double start_ms = ms_since(t_start);
-        json first = stored_chat((*again)->port(), "P", g.question());
-        if (!first.value("ok", false)) return fail(engine_error("chat on P after the restart failed: " + first.dump()));
-        pw["restart_start_ms"] = start_ms;
-        pw["chat_after_restart"] = first;
-        const json & fp = first["prewarm"];
-        const bool from_disk = first.value("tier", "") == "disk" ||
-                               (fp.is_object() && fp.value("found_in", "") == "disk" && fp.value("tokens_prefilled", -1) == 0);
-        pw["chat_after_restart_from_disk"] = from_disk;
-        pw["chat_after_restart_target_met"] = from_disk && first["reused_fraction"].get<double>() >= 0.95;
-        progress("warmctx: restarted in " + std::to_string(start_ms) + " ms; the first chat on P (no PUT) reused " +
-                 std::to_string(first["tokens_reused"].get<int>()) + " of " +
-                 std::to_string(first["tokens_cacheable"].get<int>()) + (from_disk ? ", from the disk tier" : ", NOT from disk") +
-                 ", TTFT " + std::to_string(first["wall_ms"].get<double>()) + " ms");
-        prewarm_report = std::move(pw);
+        auto pw = prewarm_and_restart(*sys, a, *prompts, g, warmctx_opts);
+        if (!pw) return fail(pw.error());
+        prewarm_report = std::move(*pw);
     }
     json out = {{"bench", "contention"}, {"model", model_path}, {"backend", backend_name()},
                 {"cold_tokens_target", a.cold_tokens}, {"warm_tokens_target", a.warm_tokens},
                 {"chunk", chunk}, {"n_ctx", mf.n_ctx}, {"delay_ms", a.delay_ms}, {"rows", rows},
                 {"prewarm_tokens_target", a.prewarm_tokens}, {"prewarm", prewarm_report}};
     if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return 0; }
-    std::printf("%-13s %10s %12s %12s %10s %10s %12s\n", "system", "solo warm", "warm during", "target", "cold ms",
-                "scrape p99", "scrape max");
-    for (const auto & r : rows)
-        std::printf("%-13s %10.1f %12.1f %12.1f %10.1f %10.1f %12.1f\n", r["system"].get<std::string>().c_str(),
-                    r["solo_warm_ttft_ms"].get<double>(), r.value("warm_ttft_during_cold_ms", 0.0),
-                    r.value("target_ms", 0.0), r["cold_ttft_ms"].get<double>(), r.value("scrape_ms_p99", 0.0),
-                    r.value("scrape_ms_max", 0.0));
-    if (prewarm_report.is_object()) std::printf("warmctx pre-warm and restart: %s\n", prewarm_report.dump().c_str());
+    print_contention(rows, prewarm_report);
     return 0;
 }
 

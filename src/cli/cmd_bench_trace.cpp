@@ -75,7 +75,30 @@ json ttft_histogram(const std::vector<double> & v) {
     return {{"le_ms", le}, {"counts", counts}};
 }
 
-int run_trace(trace_args a) {
+// A trace's prompts as each system is sent them, with what the report says of them.
+struct trace_prompts {
+    std::vector<std::vector<token_id>> tokens;  // per turn: what warmctx assembles
+    std::vector<json> chats;                     // per turn (plain): its chat messages
+    size_t max_prompt = 0, total_prompt = 0;
+    std::vector<size_t> stable_prompt;           // per workspace: its stable prompt's tokens
+    int n_edits = 0;
+    json history_of_turn = json::array();
+    uint64_t bpt = 0;                            // KV bytes per token
+    std::string model_path, model_desc;
+};
+
+// The KV bytes every system allocates (a stream or slot + a pool or --cache-ram).
+struct trace_budget {
+    model_flags mf;  // the model, and n_ctx fitting the longest prompt
+    uint64_t stream_bytes = 0;
+    double stream_mib = 0, budget_mib = 0, slot_mib = 0;
+    int server_cache_ram_mib = 0;
+    uint64_t budget_bytes = 0, allocated_bytes = 0;
+    size_t stable_sum = 0;
+};
+
+// --quick's sizes, then the flags' checks.
+status check_trace_args(trace_args & a) {
     if (a.quick) {
         a.t.n_workspaces = 4;
         a.t.n_turns = 24;
@@ -85,30 +108,24 @@ int run_trace(trace_args a) {
     for (const auto & s : a.systems)
         if (s != "warmctx-semantic" && s != "warmctx-lru" && s != "llama-server" && s != "warmctx-defaults" &&
             s != "llama-server-defaults") {
-            return fail(invalid_argument("--systems: unknown system '" + s +
-                                         "' (warmctx-semantic, warmctx-lru, llama-server, warmctx-defaults, "
-                                         "llama-server-defaults)"));
+            return invalid_argument("--systems: unknown system '" + s +
+                                    "' (warmctx-semantic, warmctx-lru, llama-server, warmctx-defaults, "
+                                    "llama-server-defaults)");
         }
-    if (a.server_cache_ram_mib < 0) return fail(invalid_argument("--server-cache-ram-mib must be >= 0"));
-    if (a.budget_mib < 0) return fail(invalid_argument("--budget-mib must be >= 0"));
+    if (a.server_cache_ram_mib < 0) return invalid_argument("--server-cache-ram-mib must be >= 0");
+    if (a.budget_mib < 0) return invalid_argument("--budget-mib must be >= 0");
     if (a.messages != "segments" && a.messages != "plain")
-        return fail(invalid_argument("--messages must be segments or plain"));
-    const bool plain = a.messages == "plain";
-    auto pb = prompt_builder::open(a.mf);
-    if (!pb) return fail(pb.error());
-    progress("generating the trace: " + std::to_string(a.t.n_workspaces) + " workspaces, " +
-             std::to_string(a.t.n_turns) + " turns");
-    auto tr = make_agent_trace(a.t, (*pb)->counter());
-    if (!tr) return fail(tr.error());
-    // What each turn sends: its segments, or (plain) its chat messages; and the tokens
-    // warmctx assembles from them, which llama-server gets.
-    std::vector<std::vector<token_id>> tokens;
-    std::vector<json> chats;
-    size_t max_prompt = 0, total_prompt = 0;
-    std::vector<size_t> stable_prompt((size_t)a.t.n_workspaces, 0);
-    int n_edits = 0;
-    json history_of_turn = json::array();
-    for (const auto & turn : tr->turns) {
+        return invalid_argument("--messages must be segments or plain");
+    return {};
+}
+
+// What each turn sends: its segments, or (plain) its chat messages; and the tokens
+// warmctx assembles from them, which llama-server gets.
+result<trace_prompts> build_trace_prompts(prompt_builder & pb, const agent_trace & tr, size_t n_workspaces,
+                                          bool plain) {
+    trace_prompts p;
+    p.stable_prompt.assign(n_workspaces, 0);
+    for (const auto & turn : tr.turns) {
         std::vector<segment> segs = turn.segments;
         // the stable part: the stable segments, or (plain) the system message
         std::vector<segment> stable(turn.segments.begin(), turn.segments.begin() + (std::ptrdiff_t)turn.n_stable);
@@ -116,160 +133,159 @@ int run_trace(trace_args a) {
             json msgs = json::array();
             for (const auto & m : trace_chat_messages(turn)) msgs.push_back({{"role", m.role}, {"content", m.content}});
             auto cs = chat_segments(msgs);
-            if (!cs) return fail(cs.error());
+            if (!cs) return cs.error();
             segs = std::move(*cs);
             auto ss = chat_segments(json::array({msgs[0]}));
-            if (!ss) return fail(ss.error());
+            if (!ss) return ss.error();
             stable = std::move(*ss);
-            chats.push_back(std::move(msgs));
+            p.chats.push_back(std::move(msgs));
         }
-        auto t = (*pb)->tokens(segs);
-        if (!t) return fail(t.error());
-        max_prompt = std::max(max_prompt, t->size());
-        total_prompt += t->size();
-        if (stable_prompt[(size_t)turn.workspace] == 0) {
-            auto st = (*pb)->tokens(stable);
-            if (st) stable_prompt[(size_t)turn.workspace] = st->size();
+        auto t = pb.tokens(segs);
+        if (!t) return t.error();
+        p.max_prompt = std::max(p.max_prompt, t->size());
+        p.total_prompt += t->size();
+        if (p.stable_prompt[(size_t)turn.workspace] == 0) {
+            auto st = pb.tokens(stable);
+            if (st) p.stable_prompt[(size_t)turn.workspace] = st->size();
         }
-        if (!turn.edited.empty()) ++n_edits;
-        history_of_turn.push_back(turn.n_history);
-        tokens.push_back(std::move(*t));
+        if (!turn.edited.empty()) ++p.n_edits;
+        p.history_of_turn.push_back(turn.n_history);
+        p.tokens.push_back(std::move(*t));
     }
-    const uint64_t bpt = (*pb)->kv_bytes_per_token();
-    const std::string model_path = (*pb)->model_path();
-    const std::string model_desc = (*pb)->model_description();
-    pb->reset();
+    p.bpt = pb.kv_bytes_per_token();
+    p.model_path = pb.model_path();
+    p.model_desc = pb.model_description();
+    return p;
+}
 
-    size_t stable_sum = 0;
-    for (size_t s : stable_prompt) stable_sum += s;
-    model_flags mf = a.mf;
-    mf.model = model_path;
-    const uint32_t chunk = std::max<uint32_t>(1, mf.chunk);
-    mf.n_ctx = (uint32_t)((max_prompt + 64 + chunk - 1) / chunk * chunk);
+result<trace_budget> make_trace_budget(const trace_args & a, const trace_prompts & p) {
+    trace_budget b;
+    for (size_t s : p.stable_prompt) b.stable_sum += s;
+    b.mf = a.mf;
+    b.mf.model = p.model_path;
+    const uint32_t chunk = std::max<uint32_t>(1, b.mf.chunk);
+    b.mf.n_ctx = (uint32_t)((p.max_prompt + 64 + chunk - 1) / chunk * chunk);
     // llama.cpp pads a stream to a multiple of 256 cells.
-    const uint64_t stream_bytes = (uint64_t)((mf.n_ctx + 255) / 256 * 256) * bpt;
-    const double stream_mib = (double)stream_bytes / (1 << 20);
+    b.stream_bytes = (uint64_t)((b.mf.n_ctx + 255) / 256 * 256) * p.bpt;
+    b.stream_mib = (double)b.stream_bytes / (1 << 20);
 
     // Every system allocates the same KV bytes: warmctx its work stream + its pool,
     // llama-server its slot + --cache-ram. (The default A is what it was when warmctx
     // also allocated a cold stream: two streams + 40% of the stable prompts' KV.)
-    double budget_mib = a.budget_mib;
-    if (budget_mib == 0) budget_mib = std::ceil(2 * stream_mib + 0.4 * (double)(stable_sum * bpt) / (1 << 20));
-    if ((uint64_t)(budget_mib * (1 << 20)) <= stream_bytes)
-        return fail(invalid_argument("--budget-mib " + std::to_string(budget_mib) + " does not exceed one KV stream (" +
-                                     std::to_string(stream_mib) + " MiB)"));
-    const double slot_mib = stream_mib;
+    b.budget_mib = a.budget_mib;
+    if (b.budget_mib == 0)
+        b.budget_mib = std::ceil(2 * b.stream_mib + 0.4 * (double)(b.stable_sum * p.bpt) / (1 << 20));
+    if ((uint64_t)(b.budget_mib * (1 << 20)) <= b.stream_bytes)
+        return invalid_argument("--budget-mib " + std::to_string(b.budget_mib) + " does not exceed one KV stream (" +
+                                std::to_string(b.stream_mib) + " MiB)");
+    b.slot_mib = b.stream_mib;
     // llama-server takes --cache-ram in whole MiB; warmctx's pool gets exactly as many
     // bytes, so both allocate the same A (a little under --budget-mib).
-    const int server_cache_ram_mib = a.server_cache_ram_mib > 0
-        ? (int)std::ceil(a.server_cache_ram_mib)
-        : std::max(1, (int)std::floor(budget_mib - slot_mib));
-    const uint64_t budget_bytes = (uint64_t)server_cache_ram_mib << 20;  // warmctx's pool
-    const uint64_t allocated_bytes = stream_bytes + budget_bytes;
+    b.server_cache_ram_mib = a.server_cache_ram_mib > 0 ? (int)std::ceil(a.server_cache_ram_mib)
+                                                        : std::max(1, (int)std::floor(b.budget_mib - b.slot_mib));
+    b.budget_bytes = (uint64_t)b.server_cache_ram_mib << 20;  // warmctx's pool
+    b.allocated_bytes = b.stream_bytes + b.budget_bytes;
+    return b;
+}
 
+// The report's head: the model, the trace and the budget.
+json trace_report_head(const trace_args & a, const agent_trace & tr, const trace_prompts & p, const trace_budget & b) {
+    const uint64_t bpt = p.bpt;
     json out = {{"bench", "trace"},
-                {"model", model_path},
-                {"model_desc", model_desc},
+                {"model", p.model_path},
+                {"model_desc", p.model_desc},
                 {"backend", backend_name()},
                 {"trace",
                  {{"seed", a.t.seed}, {"workspaces", a.t.n_workspaces}, {"turns", a.t.n_turns},
                   {"zipf_s", a.t.zipf_s}, {"stable_tokens_mean", a.t.stable_tokens}, {"edit_prob", a.t.edit_prob},
-                  {"tail_tokens_mean", a.t.tail_tokens}, {"stable_prompt_tokens", stable_prompt},
+                  {"tail_tokens_mean", a.t.tail_tokens}, {"stable_prompt_tokens", p.stable_prompt},
                   {"history_window", a.t.history_window}, {"messages", a.messages},
-                  {"edits", n_edits}, {"prompt_tokens_total", total_prompt}, {"max_prompt_tokens", max_prompt}}},
-                {"budget", {{"mib", budget_mib}, {"allocated_bytes", allocated_bytes}, {"bytes", budget_bytes},
-                            {"kv_bytes_per_token", bpt}, {"tokens", bpt ? budget_bytes / bpt : 0},
-                            {"stream_bytes", stream_bytes},
-                            {"warmctx_allocated_bytes", stream_bytes + budget_bytes},
-                            {"llama_server_slot_mib", slot_mib},
-                            {"llama_server_cache_ram_mib", server_cache_ram_mib},
-                            {"llama_server_allocated_bytes", stream_bytes + (uint64_t)server_cache_ram_mib * (1 << 20)},
-                            {"stable_kv_fraction", stable_sum ? (double)(budget_bytes / std::max<uint64_t>(1, bpt)) / (double)stable_sum : 0.0}}},
-                {"n_ctx", mf.n_ctx}};
+                  {"edits", p.n_edits}, {"prompt_tokens_total", p.total_prompt}, {"max_prompt_tokens", p.max_prompt}}},
+                {"budget", {{"mib", b.budget_mib}, {"allocated_bytes", b.allocated_bytes}, {"bytes", b.budget_bytes},
+                            {"kv_bytes_per_token", bpt}, {"tokens", bpt ? b.budget_bytes / bpt : 0},
+                            {"stream_bytes", b.stream_bytes},
+                            {"warmctx_allocated_bytes", b.stream_bytes + b.budget_bytes},
+                            {"llama_server_slot_mib", b.slot_mib},
+                            {"llama_server_cache_ram_mib", b.server_cache_ram_mib},
+                            {"llama_server_allocated_bytes", b.stream_bytes + (uint64_t)b.server_cache_ram_mib * (1 << 20)},
+                            {"stable_kv_fraction", b.stable_sum ? (double)(b.budget_bytes / std::max<uint64_t>(1, bpt)) / (double)b.stable_sum : 0.0}}},
+                {"n_ctx", b.mf.n_ctx}};
     json workspace_of = json::array();
-    for (const auto & turn : tr->turns) workspace_of.push_back(turn.workspace);
+    for (const auto & turn : tr.turns) workspace_of.push_back(turn.workspace);
     out["trace"]["workspace_of_turn"] = workspace_of;
-    out["trace"]["history_messages_of_turn"] = history_of_turn;
+    out["trace"]["history_messages_of_turn"] = p.history_of_turn;
     out["warm_turn_max_prefilled_tokens"] = k_warm_max_prefill;
+    return out;
+}
 
-    json systems = json::array();
-    for (const auto & name : a.systems) {
-        result<std::unique_ptr<bench_system>> sys = invalid_argument("unreachable");
-        if (name == "llama-server" || name == "llama-server-defaults") {
-            llama_server_options o;
-            o.name = name;
-            o.binary = a.llama_server;
-            o.mf = mf;
-            o.slots = 1;
-            o.cache_ram_mib = server_cache_ram_mib;
-            o.defaults = name == "llama-server-defaults";
-            o.kv_bytes_per_token = bpt;
-            sys = start_llama_server(o);
+// Starts one of the systems: llama-server (under the budget, or at its defaults) or
+// warmctx (semantic, LRU, or at serve's defaults).
+result<std::unique_ptr<bench_system>> start_trace_system(const std::string & name, const trace_args & a,
+                                                         const trace_prompts & p, const trace_budget & b) {
+    if (name == "llama-server" || name == "llama-server-defaults") {
+        llama_server_options o;
+        o.name = name;
+        o.binary = a.llama_server;
+        o.mf = b.mf;
+        o.slots = 1;
+        o.cache_ram_mib = b.server_cache_ram_mib;
+        o.defaults = name == "llama-server-defaults";
+        o.kv_bytes_per_token = p.bpt;
+        return start_llama_server(o);
+    }
+    warmctx_system_options o;
+    o.name = name;
+    o.mf = b.mf;
+    if (name == "warmctx-defaults") {
+        o.mf.n_ctx = a.mf.n_ctx;  // as given (0: automatic), like serve
+        o.cf = cache_flags{};     // the default byte budget
+        o.parallel = scheduler_options{}.n_parallel;  // serve's default --parallel
+        o.resident_streams = -1;                      // and --resident-streams
+    } else {
+        o.cf.budget_bytes = b.budget_bytes;
+        o.cf.policy = name == "warmctx-lru" ? "lru" : "semantic";
+    }
+    return start_warmctx_system(o);
+}
+
+// One system's replay as it goes: the series and sums its report is made of.
+struct trace_replay {
+    std::vector<double> ttft, warm_ttft, unaccounted;
+    json per_turn_ttft = json::array(), per_turn_cached = json::array(), per_turn_prompt = json::array();
+    json per_turn_unaccounted = json::array(), per_turn_timings = json::array();
+    std::map<std::string, double> phase_sum;  // every numeric key of warmctx.timings
+    uint64_t prompt_total = 0, cached_total = 0;
+    int mismatches = 0;
+
+    void add(const turn_timing & r) {
+        ttft.push_back(r.ttft_ms);
+        if (r.prompt_tokens - std::max(0, r.cached_tokens) <= k_warm_max_prefill) warm_ttft.push_back(r.ttft_ms);
+        if (r.timings.is_object()) {
+            // Each numeric key is a phase, whatever the server names; the rest of the
+            // client's TTFT is unaccounted (negative when the phases overlap or
+            // exceed it: reported as is).
+            double sum = 0;
+            for (auto it = r.timings.begin(); it != r.timings.end(); ++it) {
+                if (!it.value().is_number()) continue;
+                const double v = it.value().get<double>();
+                phase_sum[it.key()] += v;
+                sum += v;
+            }
+            unaccounted.push_back(r.ttft_ms - sum);
+            per_turn_unaccounted.push_back(r.ttft_ms - sum);
+            per_turn_timings.push_back(r.timings);
         } else {
-            warmctx_system_options o;
-            o.name = name;
-            o.mf = mf;
-            if (name == "warmctx-defaults") {
-                o.mf.n_ctx = a.mf.n_ctx;  // as given (0: automatic), like serve
-                o.cf = cache_flags{};     // the default byte budget
-                o.parallel = scheduler_options{}.n_parallel;  // serve's default --parallel
-                o.resident_streams = -1;                      // and --resident-streams
-            } else {
-                o.cf.budget_bytes = budget_bytes;
-                o.cf.policy = name == "warmctx-lru" ? "lru" : "semantic";
-            }
-            sys = start_warmctx_system(o);
+            per_turn_unaccounted.push_back(nullptr);
+            per_turn_timings.push_back(nullptr);
         }
-        if (!sys) return fail(sys.error());
-        progress(name + ": replaying " + std::to_string(tr->turns.size()) + " turns");
-        std::vector<double> ttft, warm_ttft, unaccounted;
-        json per_turn_ttft = json::array(), per_turn_cached = json::array(), per_turn_prompt = json::array();
-        json per_turn_unaccounted = json::array(), per_turn_timings = json::array();
-        std::map<std::string, double> phase_sum;  // every numeric key of warmctx.timings
-        uint64_t prompt_total = 0, cached_total = 0;
-        int mismatches = 0;
-        const auto t0 = clock_type::now();
-        for (size_t i = 0; i < tr->turns.size(); ++i) {
-            const auto & turn = tr->turns[i];
-            auto r = plain ? (*sys)->send_chat(chats[i], tokens[i], 1)
-                           : (*sys)->send(tr->workspace_ids[(size_t)turn.workspace], turn.segments, tokens[i], 1);
-            if (!r.ok) {
-                return fail(engine_error(name + ": turn " + std::to_string(i) + " failed: " + r.error));
-            }
-            if ((size_t)r.prompt_tokens != tokens[i].size()) {
-                ++mismatches;
-                progress(name + ": turn " + std::to_string(i) + " reports " + std::to_string(r.prompt_tokens) +
-                         " prompt tokens, expected " + std::to_string(tokens[i].size()));
-            }
-            ttft.push_back(r.ttft_ms);
-            if (r.prompt_tokens - std::max(0, r.cached_tokens) <= k_warm_max_prefill) warm_ttft.push_back(r.ttft_ms);
-            if (r.timings.is_object()) {
-                // Each numeric key is a phase, whatever the server names; the rest of the
-                // client's TTFT is unaccounted (negative when the phases overlap or
-                // exceed it: reported as is).
-                double sum = 0;
-                for (auto it = r.timings.begin(); it != r.timings.end(); ++it) {
-                    if (!it.value().is_number()) continue;
-                    const double v = it.value().get<double>();
-                    phase_sum[it.key()] += v;
-                    sum += v;
-                }
-                unaccounted.push_back(r.ttft_ms - sum);
-                per_turn_unaccounted.push_back(r.ttft_ms - sum);
-                per_turn_timings.push_back(r.timings);
-            } else {
-                per_turn_unaccounted.push_back(nullptr);
-                per_turn_timings.push_back(nullptr);
-            }
-            per_turn_ttft.push_back(r.ttft_ms);
-            per_turn_cached.push_back(r.cached_tokens);
-            per_turn_prompt.push_back(r.prompt_tokens);
-            prompt_total += (uint64_t)r.prompt_tokens;
-            cached_total += (uint64_t)std::max(0, r.cached_tokens);
-            if ((i + 1) % 10 == 0 || i + 1 == tr->turns.size())
-                progress(name + ": " + std::to_string(i + 1) + "/" + std::to_string(tr->turns.size()) + " turns");
-        }
-        const double wall_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+        per_turn_ttft.push_back(r.ttft_ms);
+        per_turn_cached.push_back(r.cached_tokens);
+        per_turn_prompt.push_back(r.prompt_tokens);
+        prompt_total += (uint64_t)r.prompt_tokens;
+        cached_total += (uint64_t)std::max(0, r.cached_tokens);
+    }
+
+    json report(const std::string & name, double wall_ms, bench_system & sys) const {
         json s = {{"name", name},
                   {"prefilled_tokens", prompt_total - cached_total},
                   {"cached_tokens", cached_total},
@@ -286,8 +302,8 @@ int run_trace(trace_args a) {
                   {"warm_ttft_max_ms", max_or_null(warm_ttft)},
                   {"prompt_token_mismatches", mismatches},
                   {"wall_ms", wall_ms},
-                  {"config", (*sys)->describe()},
-                  {"end_state", (*sys)->state()},
+                  {"config", sys.describe()},
+                  {"end_state", sys.state()},
                   {"per_turn", {{"ttft_ms", per_turn_ttft}, {"cached_tokens", per_turn_cached}, {"prompt_tokens", per_turn_prompt}}}};
         if (!unaccounted.empty()) {
             json sums = json::object();
@@ -303,12 +319,39 @@ int run_trace(trace_args a) {
             s["per_turn"]["unaccounted_ms"] = per_turn_unaccounted;
             s["per_turn"]["timings"] = per_turn_timings;
         }
-        progress(name + ": prefilled " + std::to_string(prompt_total - cached_total) + " tokens, TTFT p50 " +
-                 std::to_string(percentile(ttft, 0.5)) + " ms");
-        systems.push_back(std::move(s));
+        return s;
     }
-    out["systems"] = systems;
-    // The targets, stated as ratios the report can check.
+};
+
+// Sends every turn, in trace order, to one system; its entry of the report.
+result<json> replay_trace(const std::string & name, bench_system & sys, const agent_trace & tr,
+                          const trace_prompts & p, bool plain) {
+    progress(name + ": replaying " + std::to_string(tr.turns.size()) + " turns");
+    trace_replay rp;
+    const auto t0 = clock_type::now();
+    for (size_t i = 0; i < tr.turns.size(); ++i) {
+        const auto & turn = tr.turns[i];
+        auto r = plain ? sys.send_chat(p.chats[i], p.tokens[i], 1)
+                       : sys.send(tr.workspace_ids[(size_t)turn.workspace], turn.segments, p.tokens[i], 1);
+        if (!r.ok) return engine_error(name + ": turn " + std::to_string(i) + " failed: " + r.error);
+        if ((size_t)r.prompt_tokens != p.tokens[i].size()) {
+            ++rp.mismatches;
+            progress(name + ": turn " + std::to_string(i) + " reports " + std::to_string(r.prompt_tokens) +
+                     " prompt tokens, expected " + std::to_string(p.tokens[i].size()));
+        }
+        rp.add(r);
+        if ((i + 1) % 10 == 0 || i + 1 == tr.turns.size())
+            progress(name + ": " + std::to_string(i + 1) + "/" + std::to_string(tr.turns.size()) + " turns");
+    }
+    const double wall_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+    json s = rp.report(name, wall_ms, sys);
+    progress(name + ": prefilled " + std::to_string(rp.prompt_total - rp.cached_total) + " tokens, TTFT p50 " +
+             std::to_string(percentile(rp.ttft, 0.5)) + " ms");
+    return s;
+}
+
+// The targets, stated as ratios the report can check.
+json trace_ratios(const json & systems) {
     auto find = [&](const std::string & n) -> const json * {
         for (const auto & s : systems) if (s["name"] == n) return &s;
         return nullptr;
@@ -322,22 +365,27 @@ int run_trace(trace_args a) {
             ratios["semantic_over_llama_server_ttft_p50"] =
                 (*sem)["ttft_p50_ms"].get<double>() / (*ls)["ttft_p50_ms"].get<double>();
     }
-    out["ratios"] = ratios;
-    if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return 0; }
+    return ratios;
+}
+
+// The report as text: the budget, one line per system, the phases and the ratios.
+void print_trace_report(const trace_args & a, const trace_prompts & p, const trace_budget & b, const json & systems,
+                        const json & ratios) {
+    const bool plain = a.messages == "plain";
     std::printf("allocated KV %.0f MiB each (warmctx: 1 stream of %.1f MiB + a pool of %llu tokens; llama-server: "
                 "slot %.1f MiB + --cache-ram %d MiB); %d turns over %d workspaces, %d edits\n",
-                budget_mib, stream_mib, (unsigned long long)(bpt ? budget_bytes / (bpt + 12) : 0), slot_mib,
-                server_cache_ram_mib, a.t.n_turns, a.t.n_workspaces, n_edits);
+                b.budget_mib, b.stream_mib, (unsigned long long)(p.bpt ? b.budget_bytes / (p.bpt + 12) : 0),
+                b.slot_mib, b.server_cache_ram_mib, a.t.n_turns, a.t.n_workspaces, p.n_edits);
     if (a.t.history_window != 0 || plain)
         std::printf("history window %s, sent as %s\n",
                     a.t.history_window < 0 ? "all" : std::to_string(a.t.history_window).c_str(),
                     plain ? "plain chat messages" : "segments");
     // A number to one decimal, or "-" where there is none (no warm turn).
     auto ms = [](const json & v) {
-        char b[32];
+        char buf[32];
         if (!v.is_number()) return std::string("-");
-        std::snprintf(b, sizeof b, "%.1f", v.get<double>());
-        return std::string(b);
+        std::snprintf(buf, sizeof buf, "%.1f", v.get<double>());
+        return std::string(buf);
     };
     std::printf("%-21s %10s %7s %10s %10s %10s %5s %10s %10s %8s\n", "system", "prefilled", "cached", "TTFT p50",
                 "TTFT p95", "TTFT max", "warm", "warm p50", "warm p95", "wall s");
@@ -360,6 +408,37 @@ int run_trace(trace_args a) {
                     u["max_ms"].get<double>());
     }
     for (auto it = ratios.begin(); it != ratios.end(); ++it) std::printf("%s: %.3f\n", it.key().c_str(), it.value().get<double>());
+}
+
+int run_trace(trace_args a) {
+    if (auto st = check_trace_args(a); !st.ok()) return fail(st);
+    const bool plain = a.messages == "plain";
+    auto pb = prompt_builder::open(a.mf);
+    if (!pb) return fail(pb.error());
+    progress("generating the trace: " + std::to_string(a.t.n_workspaces) + " workspaces, " +
+             std::to_string(a.t.n_turns) + " turns");
+    auto tr = make_agent_trace(a.t, (*pb)->counter());
+    if (!tr) return fail(tr.error());
+    auto prompts = build_trace_prompts(**pb, *tr, (size_t)a.t.n_workspaces, plain);
+    if (!prompts) return fail(prompts.error());
+    pb->reset();
+    auto budget = make_trace_budget(a, *prompts);
+    if (!budget) return fail(budget.error());
+
+    json out = trace_report_head(a, *tr, *prompts, *budget);
+    json systems = json::array();
+    for (const auto & name : a.systems) {
+        auto sys = start_trace_system(name, a, *prompts, *budget);
+        if (!sys) return fail(sys.error());
+        auto s = replay_trace(name, **sys, *tr, *prompts, plain);
+        if (!s) return fail(s.error());
+        systems.push_back(std::move(*s));
+    }
+    out["systems"] = systems;
+    const json ratios = trace_ratios(systems);
+    out["ratios"] = ratios;
+    if (a.json_out) { std::printf("%s\n", out.dump(2).c_str()); return 0; }
+    print_trace_report(a, *prompts, *budget, systems, ratios);
     return 0;
 }
 
