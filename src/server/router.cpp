@@ -400,7 +400,9 @@ bool router::answered_on_headers(const route & r, const http_request & req, http
     if (r.auth && !authorized(req.authorization, ctx_.opts.api_key) &&
         !(ctx_.opts.api_key.size() > 0 && !req.api_key.empty() && constant_time_equal(req.api_key, ctx_.opts.api_key))) {
         respond_as(r, res, log,
-                   unauthorized("missing or wrong API key: send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\""));
+                   unauthorized(r.anthropic_errors
+                                    ? "missing or wrong API key: send \"x-api-key: <key>\" (or \"Authorization: Bearer <key>\")"
+                                    : "missing or wrong API key: send \"Authorization: Bearer <key>\""));
         return true;
     }
     // Without a key, nothing but the network stands between a web page and the server:

@@ -327,6 +327,40 @@ TEST_F(routes_auth_test, missing_or_wrong_api_key_is_401) {
     EXPECT_FALSE(authorized("Bearer ", "k"));
 }
 
+// Anthropic's clients send the key as x-api-key; the Messages routes refuse in Anthropic's
+// error shape; GET / answers without the key.
+TEST_F(routes_auth_test, x_api_key_and_the_messages_routes_error_shape) {
+    http_request with_key = request("GET", "/v1/workspaces");
+    with_key.api_key = "s3cret-key";
+    EXPECT_EQ(router_->handle(with_key).status, 200);
+    with_key.api_key = "s3cret-ke";
+    EXPECT_EQ(router_->handle(with_key).status, 401);
+
+    http_response m = call("POST", "/v1/messages", R"({"model":"m","max_tokens":1,"messages":[]})");
+    EXPECT_EQ(m.status, 401);
+    json j = parse(m);
+    EXPECT_EQ(j["type"], "error");
+    EXPECT_EQ(j["error"]["type"], "authentication_error");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("x-api-key"), std::string::npos);
+    EXPECT_EQ(call("POST", "/v1/messages/count_tokens", "{}").status, 401);
+    http_response root = call("GET", "/");
+    EXPECT_EQ(root.status, 200) << root.body;
+    EXPECT_EQ(parse(root)["status"], "ok");
+}
+
+// A Messages request refused before the engine: Anthropic's shape, the field named.
+TEST_F(routes_test, messages_refusals_are_in_anthropics_shape) {
+    http_response r = call("POST", "/v1/messages", R"({"model":"m","messages":[{"role":"user","content":"hi"}]})");
+    EXPECT_EQ(r.status, 400);
+    json j = parse(r);
+    EXPECT_EQ(j["type"], "error");
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("max_tokens"), std::string::npos);
+    http_response bad = call("POST", "/v1/messages", "{not json");
+    EXPECT_EQ(bad.status, 400);
+    EXPECT_EQ(parse(bad)["error"]["type"], "invalid_request_error");
+}
+
 TEST(routes_log_test, one_line_per_request_with_the_error_code) {
     server_options o;
     o.log_requests = true;
