@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/sse_reader.h"
 #include "server/router.h"
 #include "warmctx/scheduler.h"
 
@@ -291,8 +292,9 @@ TEST_F(routes_model_test, logprobs_come_with_every_generated_token) {
     string_sink sink;
     ASSERT_TRUE(drive(sres, sink));
     size_t streamed = 0;
-    for (size_t p = sink.text.find("data: {"); p != std::string::npos; p = sink.text.find("data: {", p + 1)) {
-        const json c = json::parse(sink.text.substr(p + 6, sink.text.find("\n\n", p) - p - 6));
+    for (const cli::sse_event & ev : cli::sse_reader::read_all(sink.text)) {
+        if (ev.data.rfind("{", 0) != 0) continue;
+        const json c = json::parse(ev.data);
         const json & ch = c["choices"][0];
         if (ch.contains("logprobs") && ch["logprobs"].is_object()) streamed += ch["logprobs"]["content"].size();
     }
@@ -382,15 +384,13 @@ TEST_F(routes_model_test, stream_frames_sse_and_is_recorded_when_it_ends) {
     EXPECT_EQ(t.rfind("data: ", 0), 0u);
     EXPECT_EQ(t.substr(t.size() - 14), "data: [DONE]\n\n");
     std::vector<json> chunks;
-    for (size_t pos = 0; pos < t.size();) {
-        size_t end = t.find("\n\n", pos);
-        ASSERT_NE(end, std::string::npos);
-        std::string ev = t.substr(pos, end - pos);
-        pos = end + 2;
-        ASSERT_EQ(ev.rfind("data: ", 0), 0u) << ev;
-        if (ev == "data: [DONE]") continue;
-        chunks.push_back(json::parse(ev.substr(6)));
+    bool unterminated = false;
+    for (const cli::sse_event & ev : cli::sse_reader::read_all(t, &unterminated)) {
+        ASSERT_EQ(ev.raw.rfind("data: ", 0), 0u) << ev.raw;
+        if (ev.done()) continue;
+        chunks.push_back(json::parse(ev.data));
     }
+    ASSERT_FALSE(unterminated);
     ASSERT_GE(chunks.size(), 3u);  // role, finish, usage
     EXPECT_EQ(chunks.front()["choices"][0]["delta"]["role"], "assistant");
     EXPECT_TRUE(chunks.back()["choices"].empty());
@@ -752,10 +752,9 @@ TEST_F(routes_model_test, a_streamed_tool_call_adds_up_to_the_whole_one) {
     ASSERT_TRUE(drive(res, sink));
     std::string name, args, id, finish, content;
     size_t n_fragments = 0;
-    for (size_t at = 0; (at = sink.text.find("data: {", at)) != std::string::npos;) {
-        const size_t end = sink.text.find("\n\n", at);
-        const json c = json::parse(sink.text.substr(at + 6, end - at - 6));
-        at = end;
+    for (const cli::sse_event & ev : cli::sse_reader::read_all(sink.text)) {
+        if (ev.data.rfind("{", 0) != 0) continue;
+        const json c = json::parse(ev.data);
         if (c["choices"].empty()) continue;
         const json & ch = c["choices"][0];
         if (ch["finish_reason"].is_string()) finish = ch["finish_reason"];
@@ -872,16 +871,14 @@ TEST_F(routes_model_test, the_responses_api_runs_a_tool_call_whole_and_streamed)
     json completed;
     std::string args_deltas;
     int64_t seq = -1;
-    for (size_t at = 0; (at = sink.text.find("event: ", at)) != std::string::npos;) {
-        const size_t nl = sink.text.find('\n', at);
-        events.push_back(sink.text.substr(at + 7, nl - at - 7));
-        const size_t d = sink.text.find("data: ", nl), end = sink.text.find("\n\n", d);
-        const json data = json::parse(sink.text.substr(d + 6, end - d - 6));
+    for (const cli::sse_event & ev : cli::sse_reader::read_all(sink.text)) {
+        if (ev.type.empty()) continue;
+        events.push_back(ev.type);
+        const json data = json::parse(ev.data);
         EXPECT_EQ(data["sequence_number"].get<int64_t>(), seq + 1);
         seq = data["sequence_number"];
         if (events.back() == "response.function_call_arguments.delta") args_deltas += data["delta"].get<std::string>();
         if (events.back() == "response.completed") completed = data["response"];
-        at = end;
     }
     ASSERT_GE(events.size(), 5u) << sink.text;
     EXPECT_EQ(events.front(), "response.created");
