@@ -60,6 +60,10 @@ struct turn_request {
     // (assemble_raw); `suffix` makes it fill-in-the-middle.
     bool raw = false;
     std::optional<std::string> suffix;
+    // Isolation of the prefix cache (as vLLM's cache_salt): folded into the root of every
+    // chain hash with the tenant salt, so this request's blocks match only blocks of
+    // requests with the same salt ("" = shared, the default).
+    std::string cache_salt;
     // The prompt assembled already, off the engine thread (assemble_request); used when
     // it was assembled under the engine's current profile, else assembled again.
     std::shared_ptr<const assembled_prompt> assembled;

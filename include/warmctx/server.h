@@ -113,6 +113,10 @@ struct server_options {
     // last change (POST .../prewarm: at once), and every stored workspace on start.
     bool prewarm = true;
     int prewarm_delay_ms = 250;
+    // Each workspace's prefix cache apart: every request's blocks are salted with its
+    // workspace (a request's own cache_salt wins), so no request reuses, or can time,
+    // another workspace's blocks. Off: blocks are shared by content (docs/api.md).
+    bool isolate_workspaces = false;
 };
 
 // Threads /health, /metrics and quick answers (401, 404, 429, the workspace routes)

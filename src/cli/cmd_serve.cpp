@@ -53,6 +53,7 @@ struct serve_args {
     bool quiet = false;
     bool no_disk = false;
     bool no_prewarm = false;
+    bool isolate_workspaces = false;
     std::string prefill_ahead = "gpu";  // gpu, always, never
     bool disk_budget_given = false;
     bool api_key_given = false;         // --api-key on the command line, or WARMCTX_API_KEY set (even empty)
@@ -165,6 +166,7 @@ server_options server_options_of(const serve_args & a, const cache_flags & cf, c
     sv.kinds = so.engine.kinds;
     sv.workspace_dir = cf.cache_dir.empty() ? std::string() : cf.cache_dir + "/workspaces";
     sv.prewarm = !a.no_prewarm;
+    sv.isolate_workspaces = a.isolate_workspaces;
     return sv;
 }
 
@@ -346,6 +348,10 @@ void register_serve_command(CLI::App & app, int & rc) {
     c->add_flag("--no-disk", a->no_disk,
                 "keep nothing on disk: no disk tier, no durable workspace store (default: both in the cache directory, "
                 "$WARMCTX_HOME or $XDG_CACHE_HOME/warmctx or ~/.cache/warmctx, under kv/, the disk tier up to 8 GiB)");
+    c->add_flag("--isolate-workspaces", a->isolate_workspaces,
+                "keep each workspace's prefix cache apart (its blocks salted with the workspace): no request reuses, or "
+                "can tell by its cached tokens, what another workspace sent (default: blocks are shared by content, "
+                "so two workspaces with the same system prompt share its KV)");
     c->add_flag("--no-prewarm", a->no_prewarm,
                 "do not pre-warm a workspace when its stored stable segments change, nor the stored workspaces on start");
     c->add_option("--prefill-ahead", a->prefill_ahead,

@@ -55,14 +55,19 @@ pending_turn::~pending_turn() {
 }
 
 
+std::string context_engine::impl::salt_of(const turn_request & req) const {
+    // The unit separator keeps ("ab", "") and ("a", "b") apart.
+    return req.cache_salt.empty() ? opts.tenant_salt : opts.tenant_salt + '\x1f' + req.cache_salt;
+}
+
 result<assembled_prompt> context_engine::impl::assemble(const turn_request & req) const {
     if (req.workspace.empty()) return invalid_argument("workspace name is empty");
+    const std::string salt = salt_of(req);
     if (req.raw) {
         if (req.segments.size() != 1) return invalid_argument("a raw prompt is exactly one segment");
-        return warmctx::assemble_raw(req.segments[0], req.suffix, *tm, prof, opts.tenant_salt, prof.chunk_tokens);
+        return warmctx::assemble_raw(req.segments[0], req.suffix, *tm, prof, salt, prof.chunk_tokens);
     }
-    return warmctx::assemble(req.segments, opts.kinds, *tm, prof, opts.tenant_salt, prof.chunk_tokens,
-                             req.add_generation_prompt);
+    return warmctx::assemble(req.segments, opts.kinds, *tm, prof, salt, prof.chunk_tokens, req.add_generation_prompt);
 }
 
 status context_engine::impl::plausible(const turn_request & req) const {
@@ -193,7 +198,7 @@ std::vector<segment> context_engine::leading_segments(const turn_request & req, 
 
 result<explain_report> context_engine::explain(const turn_request & req) const {
     // Assembled off the engine thread already when the caller could (as for a turn).
-    auto ap = req.assembled && req.assembled->root_hash == root_hash(p_->prof, p_->opts.tenant_salt)
+    auto ap = req.assembled && req.assembled->root_hash == root_hash(p_->prof, p_->salt_of(req))
                   ? result<assembled_prompt>(*req.assembled)
                   : p_->assemble(req);
     if (!ap.ok()) return ap.error();
@@ -217,7 +222,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     t.workspace = req.workspace;
     t.seq = seq;
     t.cache = req.cache;
-    if (req.assembled && req.assembled->root_hash == root_hash(p_->prof, p_->opts.tenant_salt)) {
+    if (req.assembled && req.assembled->root_hash == root_hash(p_->prof, p_->salt_of(req))) {
         t.ap = *req.assembled;  // assembled off the engine thread, under this profile
     } else {
         auto ap_r = p_->assemble(req);

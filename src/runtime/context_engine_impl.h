@@ -86,6 +86,8 @@ struct context_engine::impl {
 
     void forget(const std::string & ws);
 
+    // The tenant salt, with the request's cache_salt when it has one: the chain hashes' root.
+    std::string salt_of(const turn_request & req) const;
     result<assembled_prompt> assemble(const turn_request & req) const;
 
     // No token covers more than max_piece_bytes of text: a request whose content plainly

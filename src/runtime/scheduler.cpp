@@ -262,6 +262,7 @@ bool scheduler::prefill_ahead(const turn_request & req) {
     if (!p_->ce->check_plausible(req).ok()) return false;
     turn_request lead;
     lead.workspace = req.workspace;
+    lead.cache_salt = req.cache_salt;
     lead.segments = p_->ce->leading_segments(req, p_->opts.prefill_ahead_min_bytes, p_->opts.prefill_ahead_lead_bytes);
     if (lead.segments.empty()) return false;
     lead.ahead = true;

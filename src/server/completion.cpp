@@ -181,6 +181,7 @@ maybe_error prepare(route_context & ctx, completion_request & cr, prepared & out
     job.turn.segments = std::move(cr.segments);
     job.turn.raw = cr.raw;
     job.turn.suffix = cr.suffix;
+    job.turn.cache_salt = ctx.cache_salt(cr.workspace, cr.cache_salt);
     const auto t_asm = steady::now();
     // A cold prompt with much to tokenize: its leading segments are prefilled while the
     // rest tokenizes here.

@@ -67,6 +67,8 @@ struct completion_request {
     bool parallel_tool_calls = true;
     // response_format json_schema: the schema as JSON text ("" = none).
     std::string json_schema;
+    // cache_salt: this request's blocks are shared only with requests of the same salt.
+    std::string cache_salt;
 };
 
 // What the body of each route must carry.

@@ -111,6 +111,12 @@ maybe_error parse_content(const json & body, body_mode mode, const request_limit
         else out.workspace = "key-" + hash_string(*pck).hex().substr(0, 16);
         out.workspace_from_cache_key = true;
     }
+    std::optional<std::string> salt;
+    if (auto e = get_string(body, "cache_salt", "cache_salt", salt)) return e;
+    if (salt) {
+        if (salt->size() > 256) return bad_request("invalid_value", "cache_salt is longer than 256 bytes", "cache_salt");
+        out.cache_salt = *salt;
+    }
     return std::nullopt;
 }
 

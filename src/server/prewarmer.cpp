@@ -55,6 +55,7 @@ void prewarmer::run_one(const std::string & ws) {
     if (segs && ctx_.sched) {
         turn_request tr;
         tr.workspace = ws;
+        tr.cache_salt = ctx_.cache_salt(ws, "");
         // With the stable segments its last chat carried (its tools, say).
         tr.segments = merge_stored_segments(std::move(*segs), ctx_.carried(ws));
         auto ap = ctx_.sched->assemble(tr);  // here, not on the engine thread

@@ -384,8 +384,10 @@ maybe_error translate_echoed(const json & body, json & chat_body, responses_requ
     if (auto e = get_string(body, "prompt_cache_key", "prompt_cache_key", info.prompt_cache_key)) return e;
     if (info.prompt_cache_key) chat_body["prompt_cache_key"] = *info.prompt_cache_key;
 
-    // warmctx's own extension: a named workspace (the chat parser validates it).
+    // warmctx's own extensions: a named workspace and a cache salt (the chat parser
+    // validates them).
     if (const json * ws = field(body, "workspace")) chat_body["workspace"] = *ws;
+    if (const json * salt = field(body, "cache_salt")) chat_body["cache_salt"] = *salt;
     return std::nullopt;
 }
 

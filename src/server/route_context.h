@@ -130,6 +130,13 @@ class route_context {
     // True until attach() (acquire: once false, sched, limits and model_name are set).
     bool loading() const { return loading_.load(std::memory_order_acquire); }
 
+    // The cache salt of a turn of workspace `ws`: the request's own, else the workspace
+    // under --isolate-workspaces, else none (blocks shared by content).
+    std::string cache_salt(const std::string & ws, const std::string & request_salt) const {
+        if (!request_salt.empty()) return "req:" + request_salt;
+        return opts.isolate_workspaces ? "ws:" + ws : std::string();
+    }
+
     // Written once, by the constructor or by attach() before loading() turns false;
     // read by handlers only once loading() is false (the router sees to it).
     scheduler * sched = nullptr;

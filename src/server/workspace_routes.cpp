@@ -174,6 +174,7 @@ reply get_manifest(route_context * c, ws_call & call) {
     if (!segs.ok()) return segs.error();
     turn_request tr;
     tr.workspace = call.ws;
+    tr.cache_salt = c->cache_salt(call.ws, "");
     tr.segments = std::move(*segs);
     tr.add_generation_prompt = false;  // the stored context itself
     // Assembled here: the engine thread is not needed (nor waited for).
@@ -192,6 +193,7 @@ reply get_explain(route_context * c, ws_call & call) {
     if (!segs.ok()) return segs.error();
     turn_request tr;
     tr.workspace = call.ws;
+    tr.cache_salt = c->cache_salt(call.ws, "");
     tr.segments = std::move(*segs);
     if (auto q = call.req.query.find("question"); q != call.req.query.end()) {
         if (find_invalid_utf8(q->second) != k_utf8_valid)
