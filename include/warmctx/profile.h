@@ -99,7 +99,5 @@ struct file_digest_stats {
     uint64_t n_bytes_read = 0;
 };
 file_digest_stats get_file_digest_stats();
-// Forgets every memoised digest (the counters stay).
-void clear_file_digest_memo();
 
 }  // namespace warmctx

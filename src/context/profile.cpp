@@ -291,10 +291,4 @@ file_digest_stats get_file_digest_stats() {
     return m.stats;
 }
 
-void clear_file_digest_memo() {
-    digest_memo & m = memo();
-    std::lock_guard lock(m.mutex);
-    m.entries.clear();
-}
-
 }  // namespace warmctx
