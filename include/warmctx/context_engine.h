@@ -120,8 +120,6 @@ class pending_turn {
     pending_turn(pending_turn && o) noexcept;
     pending_turn & operator=(pending_turn && o) noexcept;
     ~pending_turn();
-    // True between begin_turn and finish_turn/abort_turn.
-    bool active() const { return owner_ != nullptr; }
 
   private:
     friend class context_engine;

@@ -97,7 +97,6 @@ enum class snapshot_defect : uint8_t {
     chain_mismatch,      // the tokens do not reproduce the blocks' chain hashes
     misnamed,            // (store) the file's name is not the one its header implies
 };
-inline constexpr int k_snapshot_defect_count = 14;
 std::string_view snapshot_defect_name(snapshot_defect d);
 
 // Everything about a snapshot but its tokens and KV (the head of the file).

@@ -92,7 +92,6 @@ status kv_pool::trim_seq(seq_id seq, pos_t from) {
     }
     it->second.bytes.shrink_to_fit();
     it->second.n_tokens = from;
-    ctr_.n_rewrites++;
     return {};
 }
 

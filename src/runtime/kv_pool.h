@@ -37,7 +37,6 @@ struct kv_pool_counters {
     uint64_t n_entries = 0;        // prefixes held
     uint64_t n_saves = 0, saved_bytes = 0;
     uint64_t n_loads = 0, loaded_bytes = 0;
-    uint64_t n_rewrites = 0;       // trims of a held prefix (load, trim, save)
     double save_ms = 0, load_ms = 0;
 };
 
