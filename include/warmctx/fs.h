@@ -136,6 +136,11 @@ class mem_fs final : public file_system {
     // must not be used afterwards.
     void crash(uint64_t seed = 0);
 
+    // A disk of `bytes` (0 = unlimited, the default): an append that would take the live
+    // files' bytes beyond it writes nothing and fails with "No space left on device
+    // (ENOSPC)", as a full disk does; removing files frees their bytes.
+    void set_capacity(uint64_t bytes);
+
     // Test helpers: overwrite bytes / truncate a file in place (no durability games:
     // the change is durable at once).
     status corrupt_byte(const std::string & path, uint64_t offset, uint8_t xor_mask);

@@ -47,6 +47,11 @@ struct store_limits {
 struct store_persistence {
     file_system * fs = nullptr;  // nullptr: memory only
     std::string dir;
+    // The disk is shared with a cache that may give room back (the disk tier's
+    // snapshots): a write that fails for a full disk asks it for room (at least the
+    // bytes it needs; it returns the bytes freed) and, when some were freed, is tried
+    // once more. Unset: a full disk fails the write.
+    std::function<uint64_t(uint64_t)> make_room;
 };
 
 // What load() found.

@@ -199,6 +199,12 @@ class snapshot_store {
     status remove(const snapshot_key & key);
     result<size_t> remove_all();
 
+    // Room on a full disk for another store's write (the durable workspace store shares
+    // the disk): removes quarantined files, then evicts snapshots by the policy's order
+    // (never a pinned one, nor one being loaded) until `bytes` are freed or nothing
+    // evictable is left. Returns the bytes freed.
+    uint64_t evict_for_space(uint64_t bytes);
+
     // Pinned files are never evicted. In-memory only (a restart forgets pins).
     status pin(const snapshot_key & key);
     void unpin(const snapshot_key & key);
@@ -231,8 +237,13 @@ class snapshot_store {
     void reject(const std::string & file_name, snapshot_defect d, const std::string & reason, bool in_index,
                 uint64_t generation);
     // REQUIRES commit_mu_ (not mu_). Deletes quarantined files, oldest first, while there
-    // are more than quarantine_max_files or live + quarantined bytes exceed the budget.
-    void prune_quarantine();
+    // are more than `max_files` or live + quarantined bytes exceed the budget.
+    void prune_quarantine(size_t max_files);
+    // REQUIRES mu_. The victim among the entries `in_scope`, by the policy ("" when none
+    // is evictable; `keep` never is); and its removal from the index, counted.
+    std::string pick_victim_locked(const std::function<bool(const entry_state &)> & in_scope,
+                                   const std::string & keep) const;
+    void evict_locked(const std::string & name, std::vector<std::string> & victims);
     // REQUIRES commit_mu_ (not mu_). Evicts to the budgets; `keep` (may be empty) is the
     // file just put. Returns resource_exhausted when `keep` had to go.
     status enforce_budget(const std::string & keep, const std::string & keep_workspace);

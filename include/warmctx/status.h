@@ -62,6 +62,11 @@ inline status corrupt(std::string m) { return {status_code::corrupt, std::move(m
 inline status engine_error(std::string m) { return {status_code::engine_error, std::move(m)}; }
 inline status internal_error(std::string m) { return {status_code::internal, std::move(m)}; }
 
+// An I/O error that says the disk is full (ENOSPC, "No space left on device").
+inline bool is_disk_full(const status & st) {
+    return st.code() == status_code::io_error && st.message().find("No space left on device") != std::string::npos;
+}
+
 // A value or the status that explains why there is none.
 // REQUIRES: a result built from a status is built from a non-ok status.
 template <typename T>

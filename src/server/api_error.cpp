@@ -12,10 +12,6 @@ std::string api_error::body() const {
     return dump_json({{"error", std::move(e)}});
 }
 
-bool is_disk_full(const status & st) {
-    return st.code() == status_code::io_error && st.message().find("No space left on device") != std::string::npos;
-}
-
 std::string without_paths(std::string m) {
     for (size_t pos = 0; (pos = m.find("'/", pos)) != std::string::npos;) {
         const size_t end = m.find('\'', pos + 1);

@@ -44,8 +44,7 @@ struct api_error {
 // REQUIRES: !st.ok().
 api_error error_from_status(const status & st, std::string param = {});
 
-// An I/O error that says the disk is full (ENOSPC, "No space left on device").
-bool is_disk_full(const status & st);
+using warmctx::is_disk_full;  // warmctx/status.h
 // `message` with each quoted absolute path ('/a/b/c') cut to its last name ('c'): an
 // answer never tells a client where the server keeps its files.
 std::string without_paths(std::string message);

@@ -181,6 +181,7 @@ class route_context {
     void finish(request_log & log, int http_status);
 
   private:
+    uint64_t make_disk_room(uint64_t bytes);  // the store's make_room (router.cpp)
     std::atomic<bool> loading_{false};
     uint64_t id_salt_ = 0;
     std::atomic<uint64_t> next_id_{1};

@@ -1,6 +1,7 @@
 // The transport without the socket: route table, auth, dispatch, unmatched requests,
 // the per-request record (metrics + log line), and route_context's shared plumbing.
 #include "router.h"
+#include "warmctx/snapshot_store.h"
 
 #include <arpa/inet.h>
 
@@ -62,13 +63,27 @@ route_context::route_context(server_options o)
     : opts(std::move(o)),
       store(store_limits{opts.max_workspaces, opts.max_segments_per_workspace, opts.max_segment_bytes,
                          opts.max_store_bytes},
-            store_persistence{opts.workspace_dir.empty() ? nullptr : &posix_fs(), opts.workspace_dir}) {
+            store_persistence{opts.workspace_dir.empty() ? nullptr : &posix_fs(), opts.workspace_dir,
+                              [this](uint64_t bytes) { return make_disk_room(bytes); }}) {
     limits.default_max_tokens = std::max(0, opts.default_max_tokens);  // 0: to the end of the context
     model_name = !opts.model_name.empty() ? opts.model_name : "warmctx";
     t_created = static_cast<int64_t>(std::time(nullptr));
     id_salt_ = std::random_device{}();
     id_salt_ = (id_salt_ << 32) ^ std::random_device{}();
     loading_.store(true, std::memory_order_relaxed);
+}
+
+// A durable store write found the disk full: the disk tier's snapshots (a cache) give
+// room back, on the engine thread that owns the tier.
+uint64_t route_context::make_disk_room(uint64_t bytes) {
+    if (loading() || !sched) return 0;
+    uint64_t freed = 0;
+    auto e = engine_call([&](context_engine & ce) {
+        if (snapshot_store * disk = ce.disk_tier()) freed = disk->evict_for_space(bytes);
+    });
+    if (e) return 0;
+    log_event({{"event", "disk_full"}, {"needed_bytes", bytes}, {"snapshot_bytes_freed", freed}});
+    return freed;
 }
 
 route_context::route_context(scheduler * s, server_options o) : route_context(std::move(o)) {

@@ -104,8 +104,12 @@ status segment_store::write_sealed(const std::string & dir, const std::string & 
     file_system & fs = *persist_.fs;
     WARMCTX_RETURN_IF_ERROR(fs.create_dirs(dir));
     const std::string sealed = seal_store_file(body);
-    status st = write_file_durably(
-        fs, dir, name, std::span<const uint8_t>(reinterpret_cast<const uint8_t *>(sealed.data()), sealed.size()));
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t *>(sealed.data()), sealed.size());
+    status st = write_file_durably(fs, dir, name, bytes);
+    // A full disk: the snapshot cache beside the store gives room back, and the write is
+    // tried once more (a durable write never loses to a cache).
+    if (!st.ok() && is_disk_full(st) && persist_.make_room && persist_.make_room(2 * sealed.size() + 4096) > 0)
+        st = write_file_durably(fs, dir, name, bytes);
     if (!st.ok()) ++n_write_failures_;
     return st;
 }

@@ -121,16 +121,16 @@ void snapshot_store::reject(const std::string & file_name, snapshot_defect d, co
         if (rejected_.size() >= k_max_rejected_records) rejected_.erase(rejected_.begin());
         rejected_.push_back(std::move(rf));
     }
-    prune_quarantine();
+    prune_quarantine(opts_.quarantine_max_files);
 }
 
-void snapshot_store::prune_quarantine() {
+void snapshot_store::prune_quarantine(size_t max_files) {
     if (opts_.scan_only) return;
     std::vector<std::string> doomed;
     {
         std::lock_guard lock(mu_);
         while (!quarantined_.empty() &&
-               (quarantined_.size() > opts_.quarantine_max_files ||
+               (quarantined_.size() > max_files ||
                 (opts_.budget_bytes > 0 && stats_.n_bytes + stats_.quarantine_bytes > opts_.budget_bytes))) {
             doomed.push_back(quarantined_.front().first);
             stats_.quarantine_bytes -= quarantined_.front().second;
@@ -147,34 +147,65 @@ void snapshot_store::prune_quarantine() {
 
 // ---- budget -------------------------------------------------------------------------------
 
+std::string snapshot_store::pick_victim_locked(const std::function<bool(const entry_state &)> & in_scope,
+                                               const std::string & keep) const {
+    const entry_state * best = nullptr;
+    auto order = [&](const entry_state & s) {
+        int cls = opts_.policy == eviction_policy::semantic ? (int)s.e.meta.last_class() : 0;
+        return std::tuple<int, uint64_t, const std::string &>(cls, s.e.t_last_used_ms, s.e.file_name);
+    };
+    for (const auto & [name, s] : entries_) {
+        if (!in_scope(s) || s.e.pinned || name == keep || inflight_.count(name)) continue;
+        if (!best || order(s) < order(*best)) best = &s;
+    }
+    return best ? best->e.file_name : std::string();
+}
+
+void snapshot_store::evict_locked(const std::string & name, std::vector<std::string> & victims) {
+    const entry_state & s = entries_.at(name);
+    ++stats_.evictions_by_class[(size_t)s.e.meta.last_class()];
+    stats_.n_evicted_bytes += s.e.file_bytes;
+    victims.push_back(name);
+    index_remove(name);
+}
+
+uint64_t snapshot_store::evict_for_space(uint64_t bytes) {
+    if (opts_.scan_only || bytes == 0) return 0;
+    std::lock_guard commit(commit_mu_);
+    uint64_t q_before = 0, freed = 0;
+    {
+        std::lock_guard lock(mu_);
+        q_before = stats_.quarantine_bytes;
+    }
+    prune_quarantine(0);  // quarantined files first: they serve nobody
+    std::vector<std::string> victims;
+    {
+        std::lock_guard lock(mu_);
+        freed = q_before - stats_.quarantine_bytes;
+        while (freed < bytes) {
+            std::string v = pick_victim_locked([](const entry_state &) { return true; }, {});
+            if (v.empty()) break;
+            freed += entries_.at(v).e.file_bytes;
+            evict_locked(v, victims);
+        }
+    }
+    for (const std::string & v : victims) (void)fs_.remove_file(path_of(v));
+    if (!victims.empty()) (void)fs_.sync_dir(opts_.dir);
+    return freed;
+}
+
 status snapshot_store::enforce_budget(const std::string & keep, const std::string & keep_workspace) {
     if (opts_.scan_only || (opts_.budget_bytes == 0 && opts_.workspace_budget_bytes == 0)) return {};
-    prune_quarantine();  // quarantined files go before any snapshot
+    prune_quarantine(opts_.quarantine_max_files);  // quarantined files go before any snapshot
     std::vector<std::string> victims;
     bool drop_keep = false;
     uint64_t keep_bytes = 0;
     {
         std::lock_guard lock(mu_);
-        // The victim among the entries `in_scope`, by the policy; "" when none is evictable.
-        auto pick = [&](const auto & in_scope) -> std::string {
-            const entry_state * best = nullptr;
-            auto order = [&](const entry_state & s) {
-                int cls = opts_.policy == eviction_policy::semantic ? (int)s.e.meta.last_class() : 0;
-                return std::tuple<int, uint64_t, const std::string &>(cls, s.e.t_last_used_ms, s.e.file_name);
-            };
-            for (const auto & [name, s] : entries_) {
-                if (!in_scope(s) || s.e.pinned || name == keep || inflight_.count(name)) continue;
-                if (!best || order(s) < order(*best)) best = &s;
-            }
-            return best ? best->e.file_name : std::string();
+        auto pick = [&](const std::function<bool(const entry_state &)> & in_scope) {
+            return pick_victim_locked(in_scope, keep);
         };
-        auto evict = [&](const std::string & name) {
-            const entry_state & s = entries_.at(name);
-            ++stats_.evictions_by_class[(size_t)s.e.meta.last_class()];
-            stats_.n_evicted_bytes += s.e.file_bytes;
-            victims.push_back(name);
-            index_remove(name);
-        };
+        auto evict = [&](const std::string & name) { evict_locked(name, victims); };
         if (!keep.empty() && entries_.count(keep)) keep_bytes = entries_.at(keep).e.file_bytes;
 
         // Each workspace within its own budget first (only the put's workspace can have
@@ -587,7 +618,7 @@ status snapshot_store::rescan() {
         quarantined_ = std::move(q);
         stats_.quarantine_bytes = q_bytes;
     }
-    prune_quarantine();
+    prune_quarantine(opts_.quarantine_max_files);
     return enforce_budget("", "");
 }
 

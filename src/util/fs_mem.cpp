@@ -64,6 +64,16 @@ struct mem_fs::state {
     std::map<std::string, std::shared_ptr<inode>> durable;
     std::vector<journal_entry> journal;
     std::set<std::string> dirs{".", "/"};
+    uint64_t capacity = 0;  // 0 = unlimited
+
+    // REQUIRES mu. Bytes of the live files (a node renamed or hard to reach counts once).
+    uint64_t used() const {
+        std::set<const inode *> seen;
+        uint64_t n = 0;
+        for (const auto & [name, node] : live)
+            if (seen.insert(node.get()).second) n += node->data.size();
+        return n;
+    }
 
     void apply(const journal_entry & e, std::map<std::string, std::shared_ptr<inode>> & names) {
         switch (e.kind) {
@@ -95,6 +105,8 @@ class mem_writable_file final : public writable_file {
     status append(std::span<const uint8_t> data) override {
         if (closed_) return internal_error("append to a closed file");
         std::lock_guard lock(s_->mu);
+        if (s_->capacity && s_->used() + data.size() > s_->capacity)
+            return io_error("append: No space left on device (ENOSPC)");
         node_->data.insert(node_->data.end(), data.begin(), data.end());
         node_->version++;
         return {};
@@ -233,6 +245,11 @@ status mem_fs::sync_dir(const std::string & dir_in) {
     for (size_t i = 0; i < last; ++i) s_->apply(s_->journal[i], s_->durable);
     s_->journal.erase(s_->journal.begin(), s_->journal.begin() + (ptrdiff_t)last);
     return {};
+}
+
+void mem_fs::set_capacity(uint64_t bytes) {
+    std::lock_guard lock(s_->mu);
+    s_->capacity = bytes;
 }
 
 void mem_fs::crash(uint64_t seed) {
