@@ -7,7 +7,8 @@
 //
 // Each body is read as all three routes read theirs: POST /v1/chat/completions (chat),
 // POST /v1/workspaces/{id}/chat/completions (workspace_chat, over a fixed set of stored
-// segments) and POST /v1/completions (text).
+// segments) and POST /v1/completions (text); then as a Responses and as an Anthropic
+// Messages body, whose mappers either refuse it or make a chat body the chat path takes.
 //
 // Checks, besides no crash: every error is a 400 whose body is valid UTF-8; a parsed
 // request keeps its sampling inside the documented ranges; a derived workspace id is a
@@ -22,6 +23,7 @@
 
 #include "fake_text_model.h"
 #include "fuzz_common.h"
+#include "anthropic.h"
 #include "json_util.h"
 #include "openai.h"
 #include "request_fields.h"
@@ -207,6 +209,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     if (auto e = responses_to_chat(*body, chat_body, info)) {
         chat_error_to_responses(*e, info);
         check_error(*e);
+    } else {
+        check_request(chat_body, body_mode::chat);
+    }
+    // And as an Anthropic Messages request, the same way.
+    anthropic_request_info ainfo;
+    if (auto e = anthropic_to_chat(*body, "", 4096, chat_body, ainfo)) {
+        chat_error_to_anthropic(*e, ainfo);
+        check_error(*e);
+        const nlohmann::json err = anthropic_error_json(*e);
+        FUZZ_CHECK(err["type"] == "error" && err["error"]["message"].is_string());
     } else {
         check_request(chat_body, body_mode::chat);
     }
