@@ -168,14 +168,22 @@ reply put_segment(route_context * c, ws_call & call) {
     return {created ? 201 : 200, std::move(summary)};
 }
 
-// GET /v1/workspaces/{id}/manifest: the stored context assembled (no engine needed).
-reply get_manifest(route_context * c, ws_call & call) {
-    auto segs = stored_segments(*c, call.ws);
+// A turn of the workspace's stored segments (its cache salt included).
+result<turn_request> stored_turn(route_context & c, const std::string & ws) {
+    auto segs = stored_segments(c, ws);
     if (!segs.ok()) return segs.error();
     turn_request tr;
-    tr.workspace = call.ws;
-    tr.cache_salt = c->cache_salt(call.ws, "");
+    tr.workspace = ws;
+    tr.cache_salt = c.cache_salt(ws, "");
     tr.segments = std::move(*segs);
+    return tr;
+}
+
+// GET /v1/workspaces/{id}/manifest: the stored context assembled (no engine needed).
+reply get_manifest(route_context * c, ws_call & call) {
+    auto stored = stored_turn(*c, call.ws);
+    if (!stored.ok()) return stored.error();
+    turn_request tr = std::move(*stored);
     tr.add_generation_prompt = false;  // the stored context itself
     // Assembled here: the engine thread is not needed (nor waited for).
     if (!c->sched) return unavailable("the engine is stopping: no engine", 1);
@@ -189,12 +197,9 @@ reply get_manifest(route_context * c, ws_call & call) {
 // GET /v1/workspaces/{id}/explain[?question=]: what the next turn would reuse, and the
 // workspace's jobs.
 reply get_explain(route_context * c, ws_call & call) {
-    auto segs = stored_segments(*c, call.ws);
-    if (!segs.ok()) return segs.error();
-    turn_request tr;
-    tr.workspace = call.ws;
-    tr.cache_salt = c->cache_salt(call.ws, "");
-    tr.segments = std::move(*segs);
+    auto stored = stored_turn(*c, call.ws);
+    if (!stored.ok()) return stored.error();
+    turn_request tr = std::move(*stored);
     if (auto q = call.req.query.find("question"); q != call.req.query.end()) {
         if (find_invalid_utf8(q->second) != k_utf8_valid)
             return bad_request("invalid_utf8", "question is not valid UTF-8", "question");
