@@ -131,8 +131,10 @@ maybe_error translate_system(const json & sys, json & messages, json & segments,
     for (size_t i = 0; i < sys.size(); ++i) {
         std::string text;
         if (auto e = text_of(json::array({sys[i]}), "system", text)) {
-            e->param = idx("system", i);
-            e->message = idx("system", i) + ": " + e->message;
+            // text_of saw a one-block array: its "system[0]" is block i.
+            const std::string at = idx("system", i);
+            if (e->param.rfind("system[0]", 0) == 0) e->param = at + e->param.substr(9);
+            if (e->message.rfind("system[0]", 0) == 0) e->message = at + e->message.substr(9);
             return e;
         }
         if (!text.empty()) add(text, idx("system", i));

@@ -127,6 +127,10 @@ TEST(Anthropic, RefusalsNameTheField) {
     b["tools"] = json::array({{{"type", "web_search_20250305"}, {"name", "web_search"}}});
     EXPECT_EQ(refused(b).param, "tools[0].type");
     b = base_body();
+    b["system"][1] = {{"type", "image"}};
+    EXPECT_EQ(refused(b).param, "system[1]");
+    EXPECT_EQ(refused(b).message.rfind("system[1] is not supported", 0), 0u) << refused(b).message;
+    b = base_body();
     b["temperature"] = 1.5;
     EXPECT_EQ(refused(b).param, "temperature");
     b = base_body();
