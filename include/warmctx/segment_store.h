@@ -16,6 +16,15 @@
 // reads them back at start: a file that fails its checksum or its checks goes to
 // <dir>/.quarantine/ (the newest 16 kept), a temporary file left by a crash is removed.
 //
+// Shared (store_persistence::shared: several processes' stores on one directory, as
+// replicas behind a load balancer): the files are the truth, memory a view of them. get,
+// list, put, erase and drop first re-read the workspace's directory (names and stat; a
+// file is read only when new or changed), so a segment another process PUT is seen, and
+// one it removed is gone; load() leaves a temp file younger than shared_temp_grace_ms
+// alone (another process's write in progress). Two processes that PUT one segment at once
+// leave one of the two whole files (the later rename). workspaces() and use_order() list
+// what this process has seen; the use counts file is the last writer's.
+//
 // Thread safety: every member is safe to call from any thread; `mu_` guards the map.
 #pragma once
 
@@ -52,6 +61,9 @@ struct store_persistence {
     // bytes it needs; it returns the bytes freed) and, when some were freed, is tried
     // once more. Unset: a full disk fails the write.
     std::function<uint64_t(uint64_t)> make_room;
+    // Other processes use the directory too (see "Shared" above).
+    bool shared = false;
+    int64_t shared_temp_grace_ms = 10 * 60 * 1000;
 };
 
 // What load() found.
@@ -133,14 +145,27 @@ class segment_store {
     status write_sealed(const std::string & dir, const std::string & name, const std::string & body);
     void quarantine(const std::string & path, const std::string & name, const std::string & why, store_load_report & rep);
 
+    // A shared store: `ws`'s directory into memory (see "Shared"). Called with mu_ held;
+    // const because readers call it: the view it changes is mutable.
+    void refresh_locked(const std::string & ws) const;
+    void erase_locked(const std::string & ws, const std::string & id) const;
+    // A segment file as it was read: its version, and the id it held ("" when refused).
+    struct seen_file {
+        file_version version;
+        std::string id;
+    };
+
     store_limits limits_;
     store_persistence persist_;
+    kind_table kinds_;                                                   // load()'s, for refresh
     mutable std::mutex mu_;
-    std::map<std::string, std::map<std::string, segment>> ws_;  // guarded by mu_
-    std::map<std::string, use_record> uses_;                     // guarded by mu_
-    size_t n_bytes_ = 0;                                         // guarded by mu_
-    size_t n_segments_ = 0;                                      // guarded by mu_
-    uint64_t n_write_failures_ = 0;                              // guarded by mu_
+    // The view of the files (a shared store's readers refresh it, hence mutable).
+    mutable std::map<std::string, std::map<std::string, segment>> ws_;    // guarded by mu_
+    mutable std::map<std::string, std::map<std::string, seen_file>> seen_;  // shared: by ws, file name
+    std::map<std::string, use_record> uses_;                              // guarded by mu_
+    mutable size_t n_bytes_ = 0;                                          // guarded by mu_
+    mutable size_t n_segments_ = 0;                                       // guarded by mu_
+    uint64_t n_write_failures_ = 0;                                       // guarded by mu_
 };
 
 // The sealed file format of a durable store: header line + body. unseal checks the

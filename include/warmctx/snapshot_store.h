@@ -9,8 +9,22 @@
 //   <dir>/quarantine/<name>                   a file that failed its checks, moved aside,
 //   <dir>/quarantine/<name>.reason            with the reason as one line of text
 //   anything else                             ignored (not ours)
-// The store assumes it is the only writer of its directory: a second process's store on
-// the same directory would delete the first one's temp files at open.
+// Unless `shared`, the store assumes it is the only writer of its directory (it removes
+// every temp file it did not start as a crash's leftover).
+//
+// Shared directory (options.shared: several processes, on one machine or several over a
+// shared filesystem, each with a store on the same directory)
+//   - a temp file is another writer's write in progress until it is older than
+//     shared_temp_grace_ms (then a crash's leftover, removed);
+//   - the index follows the directory: a counted lookup re-reads it (names and stat, a
+//     header only for a file not seen before or changed) when the last read is
+//     shared_refresh_ms old, and a put re-reads it before enforcing the budget, so the
+//     budget is the directory's (give every process the same one) and another process's
+//     file is found and counted once, by name;
+//   - a file another process removed (evicted) is a miss "not_found" at load and leaves
+//     the index; one it is still reading stays readable (POSIX: an open file outlives its
+//     name), so one process's eviction never fails another's load in progress;
+//   - "used" is this process's last put or load of a file, else its creation time.
 //
 // Durability
 //   put = write <temp>, sync, close, rename to the final name, sync the directory. After a
@@ -88,6 +102,12 @@ struct snapshot_store_options {
     // beside a live writer (the CLI's ls/show/verify). put/remove still work.
     bool scan_only = false;
     std::function<uint64_t()> clock_ms;    // Unix time in ms; empty = the system clock
+    // Other processes use the directory too (see "Shared directory" above).
+    bool shared = false;
+    uint64_t shared_refresh_ms = 250;
+    uint64_t shared_temp_grace_ms = 10 * 60 * 1000;
+    // Called (no lock held) with the name of each file the budget evicted. For tests.
+    std::function<void(const std::string &)> on_evict;
     // Called (on the caller's thread, no lock held) when a load joins another caller's
     // in-flight read of the same key. For tests and metrics.
     std::function<void(const snapshot_key &)> on_shared_load;
@@ -209,8 +229,9 @@ class snapshot_store {
     status pin(const snapshot_key & key);
     void unpin(const snapshot_key & key);
 
-    // Re-reads the directory (heads only): indexes good files, quarantines bad ones,
-    // removes temp files (all unless scan_only), then enforces the budget.
+    // Re-reads the directory (heads only, of files new or changed since the last read):
+    // indexes good files, quarantines bad ones, removes temp files (all unless scan_only;
+    // shared: those older than shared_temp_grace_ms), then enforces the budget.
     status rescan();
 
     std::vector<snapshot_entry> list() const;                  // sorted by file name
@@ -225,6 +246,7 @@ class snapshot_store {
     struct entry_state {
         snapshot_entry e;
         uint64_t generation = 0;  // bumped when a put replaces the file
+        file_version version;     // as last seen (stat) by a put or a scan
     };
     explicit snapshot_store(snapshot_store_options opts);
     uint64_t now_ms() const;
@@ -247,6 +269,10 @@ class snapshot_store {
     // REQUIRES commit_mu_ (not mu_). Evicts to the budgets; `keep` (may be empty) is the
     // file just put. Returns resource_exhausted when `keep` had to go.
     status enforce_budget(const std::string & keep, const std::string & keep_workspace);
+    // REQUIRES commit_mu_ (not mu_). The directory into the index (rescan's first part).
+    status scan_locked();
+    // A shared store's lookup: rescan() when the last read is shared_refresh_ms old.
+    void refresh_if_due();
 
     snapshot_store_options opts_;
     file_system & fs_;
@@ -264,6 +290,7 @@ class snapshot_store {
     std::set<std::string> writing_;   // temp file names of puts in progress (rescan skips them)
     snapshot_store_stats stats_;
     uint64_t generation_counter_ = 0;
+    uint64_t t_last_scan_ms_ = 0;     // when scan_locked last read the directory
 };
 
 }  // namespace warmctx

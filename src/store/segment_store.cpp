@@ -139,6 +139,7 @@ result<store_load_report> segment_store::load(const kind_table & kinds,
     auto dirs = fs.list_dir(persist_.dir);
     if (!dirs.ok()) return dirs.error().with_context("workspace store");
     std::lock_guard<std::mutex> lk(mu_);
+    kinds_ = kinds;
     const std::string stamp = std::to_string(unix_ms_now()) + "-";
     for (const std::string & ws : *dirs) {
         if (ws == k_quarantine_dir) continue;
@@ -166,7 +167,11 @@ void segment_store::load_file(const std::string & ws, const std::string & name, 
         if (fs.create_dirs(qdir).ok()) (void)quarantine_file(fs, path, qdir, name);
         return;
     }
-    if (is_temp_file_name(name)) {  // a write a crash interrupted
+    if (is_temp_file_name(name)) {  // a write a crash interrupted (shared: once it is old)
+        if (persist_.shared) {
+            auto v = fs.stat_file(path);
+            if (!v.ok() || v->mtime_ns / 1'000'000 > unix_ms_now() - persist_.shared_temp_grace_ms) return;
+        }
         (void)fs.remove_file(path);
         return;
     }
@@ -213,8 +218,63 @@ void segment_store::load_file(const std::string & ws, const std::string & name, 
         ++rep.n_skipped;
         return;
     }
+    if (persist_.shared) seen_[ws][name] = {*version, seg->id};
     insert_locked(ws, std::move(*seg), old);
     ++rep.n_segments;
+}
+
+void segment_store::erase_locked(const std::string & ws, const std::string & id) const {
+    auto wit = ws_.find(ws);
+    if (wit == ws_.end()) return;
+    auto sit = wit->second.find(id);
+    if (sit == wit->second.end()) return;
+    n_bytes_ -= bytes_of(sit->second);
+    --n_segments_;
+    wit->second.erase(sit);
+    if (wit->second.empty()) ws_.erase(wit);
+}
+
+void segment_store::refresh_locked(const std::string & ws) const {
+    if (!durable() || !persist_.shared) return;
+    file_system & fs = *persist_.fs;
+    std::map<std::string, file_version> now;
+    if (auto files = fs.list_dir(ws_dir(ws)); files.ok())
+        for (const std::string & name : *files)
+            if (ends_with(name, k_seg_ext) && is_store_file_name(name))
+                if (auto v = fs.stat_file(ws_dir(ws) + "/" + name); v.ok()) now[name] = *v;
+    auto & known = seen_[ws];
+    for (auto it = known.begin(); it != known.end();) {  // removed by another process
+        if (now.count(it->first)) {
+            ++it;
+            continue;
+        }
+        if (!it->second.id.empty()) erase_locked(ws, it->second.id);
+        it = known.erase(it);
+    }
+    for (const auto & [name, version] : now) {  // new, or replaced by another process
+        auto k = known.find(name);
+        if (k != known.end() && k->second.version == version) continue;
+        auto bytes = fs.read_file(ws_dir(ws) + "/" + name);
+        if (!bytes.ok()) continue;  // gone meanwhile: the next refresh sees it
+        seen_file sf{version, ""};
+        auto body = unseal_store_file(*bytes);
+        auto seg = body.ok() ? read_segment_body(*body, ws) : result<segment>(body.error());
+        const segment * old = nullptr;
+        store_refusal why = store_refusal::none;
+        // A damaged or refused file is left for load() (at a start) to quarantine or skip.
+        if (seg.ok() && seg_path(ws, seg->id) == ws_dir(ws) + "/" + name &&
+            validate_segments(std::span<const segment>(&*seg, 1), kinds_).ok() &&
+            check_put(ws, *seg, bytes_of(*seg), old, why).ok()) {
+            sf.id = seg->id;
+            n_bytes_ = n_bytes_ - (old ? bytes_of(*old) : 0) + bytes_of(*seg);
+            if (!old) ++n_segments_;
+            ws_[ws][seg->id] = std::move(*seg);
+        } else if (k != known.end() && !k->second.id.empty()) {
+            erase_locked(ws, k->second.id);
+        }
+        known[name] = std::move(sf);
+    }
+    if (known.empty()) seen_.erase(ws);
 }
 
 status segment_store::check_put(const std::string & ws, const segment & seg, size_t nb, const segment *& old,
@@ -264,6 +324,7 @@ status segment_store::put(const std::string & ws, segment seg, bool & created, b
     if (!refusal) refusal = &why;
     *refusal = store_refusal::none;
     std::lock_guard<std::mutex> lk(mu_);
+    refresh_locked(ws);
     const segment * old = nullptr;
     WARMCTX_RETURN_IF_ERROR(check_put(ws, seg, bytes_of(seg), old, *refusal));
     const bool same = old && old->kind == seg.kind && old->path == seg.path && old->role == seg.role &&
@@ -284,6 +345,8 @@ status segment_store::put(const std::string & ws, segment seg, bool & created, b
             *refusal = store_refusal::write_failed;
             return st;
         }
+        if (persist_.shared)
+            if (auto v = persist_.fs->stat_file(path); v.ok()) seen_[ws][name] = {*v, seg.id};
     }
     insert_locked(ws, std::move(seg), old);
     return {};
@@ -291,6 +354,7 @@ status segment_store::put(const std::string & ws, segment seg, bool & created, b
 
 std::optional<segment> segment_store::get(const std::string & ws, const std::string & id) const {
     std::lock_guard<std::mutex> lk(mu_);
+    refresh_locked(ws);
     auto wit = ws_.find(ws);
     if (wit == ws_.end()) return std::nullopt;
     auto sit = wit->second.find(id);
@@ -300,6 +364,7 @@ std::optional<segment> segment_store::get(const std::string & ws, const std::str
 
 std::optional<std::vector<segment>> segment_store::list(const std::string & ws) const {
     std::lock_guard<std::mutex> lk(mu_);
+    refresh_locked(ws);
     auto wit = ws_.find(ws);
     if (wit == ws_.end()) return std::nullopt;
     std::vector<segment> out;
@@ -317,6 +382,7 @@ std::vector<std::string> segment_store::workspaces() const {
 
 result<bool> segment_store::erase(const std::string & ws, const std::string & id) {
     std::lock_guard<std::mutex> lk(mu_);
+    refresh_locked(ws);
     auto wit = ws_.find(ws);
     if (wit == ws_.end()) return false;
     auto sit = wit->second.find(id);
@@ -329,6 +395,8 @@ result<bool> segment_store::erase(const std::string & ws, const std::string & id
             return st;
         }
     }
+    if (persist_.shared)
+        if (auto k = seen_.find(ws); k != seen_.end()) k->second.erase(seg_path(ws, id).substr(ws_dir(ws).size() + 1));
     n_bytes_ -= bytes_of(sit->second);
     --n_segments_;
     wit->second.erase(sit);
@@ -345,6 +413,7 @@ result<bool> segment_store::erase(const std::string & ws, const std::string & id
 
 result<size_t> segment_store::drop(const std::string & ws) {
     std::lock_guard<std::mutex> lk(mu_);
+    refresh_locked(ws);
     auto wit = ws_.find(ws);
     if (wit == ws_.end()) return size_t{0};
     if (durable()) {
@@ -363,6 +432,7 @@ result<size_t> segment_store::drop(const std::string & ws) {
             return st;
         }
     }
+    seen_.erase(ws);
     size_t n = wit->second.size();
     for (const auto & [id, s] : wit->second) n_bytes_ -= bytes_of(s);
     n_segments_ -= n;

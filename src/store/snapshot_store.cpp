@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <set>
 #include <tuple>
 
 namespace warmctx {
@@ -15,10 +16,6 @@ namespace warmctx {
 namespace sf = snapshot_format;
 
 namespace {
-
-bool ends_with(std::string_view s, std::string_view suffix) {
-    return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
 
 // At most this many rejected files are remembered (the oldest are forgotten first).
 constexpr size_t k_max_rejected_records = 1024;
@@ -189,7 +186,10 @@ uint64_t snapshot_store::evict_for_space(uint64_t bytes) {
             evict_locked(v, victims);
         }
     }
-    for (const std::string & v : victims) (void)fs_.remove_file(path_of(v));
+    for (const std::string & v : victims) {
+        (void)fs_.remove_file(path_of(v));
+        if (opts_.on_evict) opts_.on_evict(v);
+    }
     if (!victims.empty()) (void)fs_.sync_dir(opts_.dir);
     return freed;
 }
@@ -239,7 +239,10 @@ status snapshot_store::enforce_budget(const std::string & keep, const std::strin
         }
         if (drop_keep) index_remove(keep);
     }
-    for (const std::string & v : victims) (void)fs_.remove_file(path_of(v));  // a failure leaves an unindexed file: the next rescan sees it
+    for (const std::string & v : victims) {
+        (void)fs_.remove_file(path_of(v));  // a failure leaves an unindexed file: the next rescan sees it
+        if (opts_.on_evict) opts_.on_evict(v);
+    }
     if (drop_keep) (void)fs_.remove_file(path_of(keep));
     if (!victims.empty() || drop_keep) (void)fs_.sync_dir(opts_.dir);
     if (drop_keep)
@@ -305,6 +308,7 @@ result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta_in, std::s
     es.e.kv_bytes = kv.size();
     es.e.t_last_used_ms = now_ms();
     es.e.meta = std::move(meta);
+    if (auto v = fs_.stat_file(path_of(final_name)); v.ok()) es.version = *v;
     {
         std::lock_guard lock(mu_);
         if (auto it = entries_.find(final_name); it != entries_.end()) {
@@ -314,6 +318,8 @@ result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta_in, std::s
         es.generation = ++generation_counter_;
         index_add(es);
     }
+    // Shared: the budget is the directory's, other processes' files included.
+    if (opts_.shared) (void)scan_locked();
     if (status st = enforce_budget(final_name, es.e.key.workspace); !st.ok()) return fail(st);
     if (!dir_st.ok()) return fail(dir_st.with_context("committing snapshot " + final_name));
     std::lock_guard lock(mu_);
@@ -351,6 +357,7 @@ snapshot_match snapshot_store::find_locked(std::span<const hash128> path, pos_t 
 }
 
 snapshot_match snapshot_store::lookup(std::span<const hash128> path, pos_t max_file_tokens) {
+    refresh_if_due();
     std::lock_guard lock(mu_);
     ++stats_.n_lookups;
     snapshot_match m = find_locked(path, max_file_tokens);
@@ -461,6 +468,12 @@ result<std::shared_ptr<const snapshot>> snapshot_store::load(const snapshot_key 
     if (!r.ok() && r.error().code() == status_code::corrupt) {
         std::lock_guard commit(commit_mu_);
         reject(name, defect, r.error().message(), /*in_index=*/true, generation);
+    } else if (!r.ok() && r.error().code() == status_code::not_found) {
+        // Removed behind the index (another process sharing the directory evicted it).
+        std::lock_guard commit(commit_mu_);
+        std::lock_guard lock(mu_);
+        if (auto it = entries_.find(name); it != entries_.end() && it->second.generation == generation)
+            index_remove(name);
     }
     fl->defect = defect;
     promise.set_value(r);
@@ -518,108 +531,6 @@ status snapshot_store::pin(const snapshot_key & key) {
 void snapshot_store::unpin(const snapshot_key & key) {
     std::lock_guard lock(mu_);
     if (auto it = entries_.find(key.file_name()); it != entries_.end()) it->second.e.pinned = false;
-}
-
-// ---- rescan -------------------------------------------------------------------------------
-
-status snapshot_store::rescan() {
-    std::lock_guard commit(commit_mu_);
-    auto names = fs_.list_dir(opts_.dir);
-    if (!names) return names.error().with_context("scanning snapshot directory");
-    std::vector<entry_state> good;
-    uint64_t n_temp_removed = 0;
-    bool changed = false;
-    auto record_io_error = [&](const std::string & name, const status & st) {
-        std::lock_guard lock(mu_);
-        if (rejected_.size() >= k_max_rejected_records) rejected_.erase(rejected_.begin());
-        rejected_.push_back({name, snapshot_defect::none, st.message(), false, false});
-    };
-    for (const std::string & name : *names) {
-        if (ends_with(name, sf::k_temp_suffix)) {
-            // A write that never reached its rename: a crash's leftover (or, if another
-            // process shares the directory, its write in progress - unsupported). This
-            // store's own puts in progress are left alone.
-            bool ours_in_progress;
-            {
-                std::lock_guard lock(mu_);
-                ours_in_progress = writing_.count(name) > 0;
-            }
-            if (!opts_.scan_only && !ours_in_progress && fs_.remove_file(path_of(name)).ok()) {
-                ++n_temp_removed;
-                changed = true;
-            }
-            continue;
-        }
-        if (!ends_with(name, sf::k_file_suffix)) continue;
-        auto f = fs_.open_readable(path_of(name));
-        if (!f) {
-            if (f.error().code() != status_code::not_found) record_io_error(name, f.error());
-            continue;
-        }
-        snapshot_defect why = snapshot_defect::none;
-        auto h = read_snapshot_header(**f, &why);
-        f->reset();
-        if (!h) {
-            if (h.error().code() == status_code::corrupt) reject(name, why, h.error().message(), false, 0);
-            else record_io_error(name, h.error());
-            continue;
-        }
-        std::string expected_name = snapshot_file_name(h->meta.key(), h->meta.workspace);
-        if (name != expected_name) {
-            reject(name, snapshot_defect::misnamed, "misnamed: its header names the file " + expected_name, false, 0);
-            continue;
-        }
-        entry_state es;
-        es.e.key = {h->meta.key(), h->meta.workspace};
-        es.e.file_name = name;
-        es.e.file_bytes = h->file_bytes;
-        es.e.kv_bytes = h->kv_bytes;
-        es.e.t_last_used_ms = h->meta.created_unix_ms;
-        es.e.meta = std::move(h->meta);
-        good.push_back(std::move(es));
-    }
-    {
-        std::lock_guard lock(mu_);
-        std::map<std::string, entry_state> old;
-        old.swap(entries_);
-        by_chain_.clear();
-        stats_.n_bytes = 0;
-        for (entry_state & es : good) {
-            // Keep what this process knows of a file it already indexed (the same write).
-            auto it = old.find(es.e.file_name);
-            if (it != old.end() && it->second.e.meta.created_unix_ms == es.e.meta.created_unix_ms &&
-                it->second.e.file_bytes == es.e.file_bytes) {
-                es.e.pinned = it->second.e.pinned;
-                es.e.t_last_used_ms = std::max(es.e.t_last_used_ms, it->second.e.t_last_used_ms);
-                es.generation = it->second.generation;
-            } else {
-                es.generation = ++generation_counter_;
-            }
-            index_add(std::move(es));
-        }
-        stats_.n_temp_removed += n_temp_removed;
-    }
-    if (changed) (void)fs_.sync_dir(opts_.dir);
-    // What an earlier run left in quarantine/ counts too (by name: no age is known).
-    if (opts_.quarantine && !opts_.scan_only) {
-        std::deque<std::pair<std::string, uint64_t>> q;
-        uint64_t q_bytes = 0;
-        if (auto qn = fs_.list_dir(quarantine_dir_); qn.ok()) {
-            for (const std::string & name : *qn) {
-                if (ends_with(name, ".reason")) continue;
-                auto b = fs_.file_size(quarantine_dir_ + "/" + name);
-                if (!b.ok()) continue;  // a directory, or gone
-                auto r = fs_.file_size(quarantine_dir_ + "/" + name + ".reason");
-                q.emplace_back(name, *b + (r.ok() ? *r : 0));
-                q_bytes += q.back().second;
-            }
-        }
-        std::lock_guard lock(mu_);
-        quarantined_ = std::move(q);
-        stats_.quarantine_bytes = q_bytes;
-    }
-    prune_quarantine(opts_.quarantine_max_files);
-    return enforce_budget("", "");
 }
 
 // ---- views --------------------------------------------------------------------------------
