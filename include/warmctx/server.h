@@ -109,6 +109,12 @@ struct server_options {
     // Where the segment store persists ("" = memory only: a restart forgets it). Loaded
     // when the scheduler is attached; `serve` uses <cache dir>/workspaces.
     std::string workspace_dir;
+    // Other servers use workspace_dir too (replicas behind a load balancer sharing one
+    // directory): the store re-reads a workspace's files (warmctx/segment_store.h, "Shared").
+    bool shared_workspace_dir = false;
+    // A label replica="<name>" on every sample of /metrics ("" = none), so that one
+    // dashboard tells the replicas behind a load balancer apart.
+    std::string replica;
     // Pre-warm a workspace whose stored stable segments changed, this long after its
     // last change (POST .../prewarm: at once), and every stored workspace on start.
     bool prewarm = true;

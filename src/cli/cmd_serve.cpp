@@ -60,6 +60,8 @@ struct serve_args {
     int32_t resident_streams = -1;      // -1: as many as fit resident_share of the GPU
     double resident_share = 0.5;
     std::string stream_copies = "auto";  // auto, on, off
+    bool shared_cache_dir = false;      // replicas share the cache directory (docs/scale-out.md)
+    std::string replica;                // the replica label on /metrics
 };
 
 // Out of the box the disk tier and the workspace store live in the user's cache
@@ -87,14 +89,18 @@ std::string where_the_model_runs(const context_info & ci, const model_info & mi,
 // stale lock). Two servers on one directory each load the workspace store into memory,
 // then serve different content for the same segment and overwrite each other's files.
 // The file says who holds it ("pid N, http://host:port"), for the refusal's message.
-result<int> lock_cache_dir(const std::string & dir) {
+// Replicas that share the directory on purpose (--shared-cache-dir: their stores follow
+// the files) take a shared flock instead: any number of them, never beside a server that
+// holds it alone. (flock is per machine on most network filesystems: replicas on other
+// machines are not seen; docs/scale-out.md.)
+result<int> lock_cache_dir(const std::string & dir, bool shared) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec) return io_error("cannot create the cache directory " + dir + ": " + ec.message());
     const std::string path = dir + "/serve.lock";
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return io_error("cannot open " + path + ": " + std::strerror(errno));
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (::flock(fd, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
         const int err = errno;
         char buf[256];
         const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
@@ -102,6 +108,16 @@ result<int> lock_cache_dir(const std::string & dir) {
         while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
         ::close(fd);
         if (err != EWOULDBLOCK) return io_error("cannot lock " + path + ": " + std::strerror(err));
+        if (shared)
+            return failed_precondition("a warmctx serve without --shared-cache-dir (" +
+                                       (holder.empty() ? std::string("its pid unknown") : holder) +
+                                       ") uses the cache directory " + dir + " alone (it holds " + path +
+                                       "); replicas share a directory only when every one of them is started "
+                                       "with --shared-cache-dir");
+        if (holder.rfind("shared", 0) == 0)
+            return failed_precondition("replicas started with --shared-cache-dir use the cache directory " + dir +
+                                       " (they hold " + path + "); add --shared-cache-dir to share it with them, or "
+                                       "give this one its own --cache-dir");
         return failed_precondition("another warmctx serve (" + (holder.empty() ? std::string("its pid unknown") : holder) +
                                    ") uses the cache directory " + dir + " (it holds " + path +
                                    "); two servers on one directory would serve different content for the same "
@@ -167,6 +183,8 @@ server_options server_options_of(const serve_args & a, const cache_flags & cf, c
     sv.workspace_dir = cf.cache_dir.empty() ? std::string() : cf.cache_dir + "/workspaces";
     sv.prewarm = !a.no_prewarm;
     sv.isolate_workspaces = a.isolate_workspaces;
+    sv.shared_workspace_dir = a.shared_cache_dir;
+    sv.replica = a.replica;
     return sv;
 }
 
@@ -209,7 +227,8 @@ void report_start(const serve_args & a, const server_options & sv, const schedul
         progress("serve: disk tier " + cf.cache_dir + ", up to " +
                  (cf.disk_budget_bytes ? std::to_string(cf.disk_budget_bytes >> 20) + " MiB" : std::string("unlimited")) +
                  " (--disk-budget-bytes); stored workspaces persist in " + sv.workspace_dir +
-                 " and are brought warm on start (--no-disk keeps nothing)");
+                 " and are brought warm on start (--no-disk keeps nothing)" +
+                 (a.shared_cache_dir ? "; shared with the other replicas (--shared-cache-dir)" : ""));
     }
 }
 
@@ -226,11 +245,15 @@ int run_serve(const serve_args & a) {
     }
     if (status st = cf.apply(so.engine); !st.ok()) return fail(st);
     int lock_fd = -1;  // held (never closed) until the process ends
+    if (a.shared_cache_dir && cf.cache_dir.empty())
+        return fail(invalid_argument("--shared-cache-dir and --no-disk contradict each other"));
+    so.engine.tiers.shared_dir = a.shared_cache_dir;
     if (!cf.cache_dir.empty()) {
-        auto l = lock_cache_dir(cf.cache_dir);
+        auto l = lock_cache_dir(cf.cache_dir, a.shared_cache_dir);
         if (!l) return fail(l.error());
         lock_fd = *l;
-        note_lock_holder(lock_fd, "pid " + std::to_string(static_cast<long>(::getpid())));
+        note_lock_holder(lock_fd, a.shared_cache_dir ? std::string("shared by replicas (--shared-cache-dir)")
+                                                     : "pid " + std::to_string(static_cast<long>(::getpid())));
     }
     so.n_parallel = a.n_parallel;
     so.max_queue = a.max_queue;
@@ -250,8 +273,9 @@ int run_serve(const serve_args & a) {
 
     auto server = http_server::start(sv);
     if (!server) return fail(server.error());
-    note_lock_holder(lock_fd, "pid " + std::to_string(static_cast<long>(::getpid())) + ", http://" + sv.host + ":" +
-                                  std::to_string((*server)->port()));
+    if (!a.shared_cache_dir)
+        note_lock_holder(lock_fd, "pid " + std::to_string(static_cast<long>(::getpid())) + ", http://" + sv.host + ":" +
+                                      std::to_string((*server)->port()));
     progress("serve: bound http://" + sv.host + ":" + std::to_string((*server)->port()) +
              ", loading the model (GET /health: 503 until ready)");
     auto eo = a.mf.to_options(a.n_parallel);  // may generate the default model
@@ -376,6 +400,12 @@ void register_serve_command(CLI::App & app, int & rc) {
                   "of through the RAM pool: auto (when layers run on a GPU), on, off")
         ->check(CLI::IsMember({"auto", "on", "off"}))
         ->capture_default_str();
+    c->add_flag("--shared-cache-dir", a->shared_cache_dir,
+                "share the cache directory (disk tier and workspace store) with other replicas started with this "
+                "flag, on this machine or over a shared filesystem: each follows the files the others write and "
+                "evict, and --disk-budget-bytes is the directory's (docs/scale-out.md)");
+    c->add_option("--replica", a->replica,
+                  "a label replica=\"NAME\" on every /metrics sample, so one dashboard tells replicas apart");
     c->parse_complete_callback([a, c] {
         a->disk_budget_given = c->count("--disk-budget-bytes") > 0;
         // CLI11 ignores an empty environment variable: look for it ourselves.

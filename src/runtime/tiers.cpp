@@ -32,6 +32,7 @@ result<std::unique_ptr<disk_kv_tier>> disk_kv_tier::open(const tier_options & op
         so.fs = opts.disk_fs;
         so.budget_bytes = opts.disk_budget_bytes;
         so.policy = policy;
+        so.shared = opts.shared_dir;
         auto d = snapshot_store::open(so);  // indexes the directory (headers only, no KV)
         if (!d.ok()) return d.error().with_context("disk tier '" + opts.cache_dir + "'");
         t->disk_ = std::move(d.value());

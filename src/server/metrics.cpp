@@ -309,4 +309,42 @@ std::string server_metrics::render(const engine_snapshot & snap) const {
     return out;
 }
 
+std::string with_label(const std::string & text, const std::string & name, const std::string & value) {
+    if (value.empty()) return text;
+    std::string escaped;
+    for (char ch : value) {
+        if (ch == '\\' || ch == '"') escaped += '\\';
+        if (ch == '\n') {
+            escaped += "\\n";
+            continue;
+        }
+        escaped += ch;
+    }
+    const std::string label = name + "=\"" + escaped + "\"";
+    std::string out;
+    out.reserve(text.size() + text.size() / 8);
+    size_t at = 0;
+    while (at < text.size()) {
+        size_t end = text.find('\n', at);
+        if (end == std::string::npos) end = text.size();
+        const std::string_view line(text.data() + at, end - at);
+        const size_t name_end = line.find_first_of("{ ");
+        if (line.empty() || line[0] == '#' || name_end == std::string_view::npos) {
+            out += line;
+        } else if (line[name_end] == '{') {  // name{a="b"} v: the label goes first
+            out += line.substr(0, name_end + 1);
+            out += label;
+            if (line.size() > name_end + 1 && line[name_end + 1] != '}') out += ',';
+            out += line.substr(name_end + 1);
+        } else {  // name v
+            out += line.substr(0, name_end);
+            out += "{" + label + "}";
+            out += line.substr(name_end);
+        }
+        if (end < text.size()) out += '\n';
+        at = end + 1;
+    }
+    return out;
+}
+
 }  // namespace warmctx::server_detail

@@ -61,6 +61,10 @@ struct engine_snapshot {
     uint64_t store_write_failures = 0;
 };
 
+// `text` (the exposition format) with name="value" added to every sample's labels;
+// `text` itself when value is empty. The value is escaped as the format asks.
+std::string with_label(const std::string & text, const std::string & name, const std::string & value);
+
 class server_metrics {
   public:
     void record(const request_outcome & o);

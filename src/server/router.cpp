@@ -64,7 +64,7 @@ route_context::route_context(server_options o)
       store(store_limits{opts.max_workspaces, opts.max_segments_per_workspace, opts.max_segment_bytes,
                          opts.max_store_bytes},
             store_persistence{opts.workspace_dir.empty() ? nullptr : &posix_fs(), opts.workspace_dir,
-                              [this](uint64_t bytes) { return make_disk_room(bytes); }}) {
+                              [this](uint64_t bytes) { return make_disk_room(bytes); }, opts.shared_workspace_dir}) {
     limits.default_max_tokens = std::max(0, opts.default_max_tokens);  // 0: to the end of the context
     model_name = !opts.model_name.empty() ? opts.model_name : "warmctx";
     t_created = static_cast<int64_t>(std::time(nullptr));
@@ -313,7 +313,7 @@ router::router(route_context & ctx) : ctx_(ctx) {
                            snap.store_write_failures = c->store.n_write_failures();
                            res.status = 200;
                            res.content_type = "text/plain; version=0.0.4; charset=utf-8";
-                           res.body = c->metrics.render(snap);
+                           res.body = with_label(c->metrics.render(snap), "replica", c->opts.replica);
                        }});
     add_openai_routes(routes_, ctx_);
     add_workspace_routes(routes_, ctx_);

@@ -2,6 +2,8 @@
 // workspace store, the error table and the metrics text. No model, no sockets.
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -384,6 +386,27 @@ TEST(workspace_store_test, bounds) {
     EXPECT_FALSE(st.list("a").has_value());
     EXPECT_EQ(st.n_segments(), 1u);
     EXPECT_EQ(st.n_bytes(), 12u);
+}
+
+// serve --replica: one label on every sample, first among its labels; comments untouched.
+TEST(metrics_text, a_replica_label_goes_on_every_sample) {
+    const std::string text = "# HELP a_total x\n# TYPE a_total counter\na_total 3\n"
+                             "b{route=\"/v1/x y\",status=\"200\"} 1\nc{} 2\nd_bucket{le=\"+Inf\"} 4\n";
+    EXPECT_EQ(with_label(text, "replica", "r\"1"),
+              "# HELP a_total x\n# TYPE a_total counter\na_total{replica=\"r\\\"1\"} 3\n"
+              "b{replica=\"r\\\"1\",route=\"/v1/x y\",status=\"200\"} 1\nc{replica=\"r\\\"1\"} 2\n"
+              "d_bucket{replica=\"r\\\"1\",le=\"+Inf\"} 4\n");
+    EXPECT_EQ(with_label(text, "replica", ""), text);
+    server_metrics m;
+    const std::string all = with_label(m.render(engine_snapshot{}), "replica", "r7");
+    size_t n_samples = 0;
+    std::istringstream lines(all);
+    for (std::string line; std::getline(lines, line);) {
+        if (line.empty() || line[0] == '#') continue;
+        ++n_samples;
+        EXPECT_NE(line.find("replica=\"r7\""), std::string::npos) << line;
+    }
+    EXPECT_GT(n_samples, 10u);
 }
 
 TEST(metrics_text, histograms_and_counters) {

@@ -56,4 +56,24 @@ stop "$pid"
 stop "$first"
 start third || { cat "$dir/third.err"; fail "no server could start on the home after the first stopped"; }
 stop "$pid"
+
+# Replicas share a home on purpose (--shared-cache-dir): both start; a server without the
+# flag is refused beside them, naming them; and a replica is refused beside a lone server.
+home="$dir/rep" start rep1 --shared-cache-dir || { cat "$dir/rep1.err"; fail "the first replica did not start"; }
+rep1=$pid
+home="$dir/rep" start rep2 --shared-cache-dir || { cat "$dir/rep2.err"; fail "a second replica with --shared-cache-dir was refused"; }
+rep2=$pid
+if home="$dir/rep" start lone; then fail "a server without --shared-cache-dir started beside replicas"; fi
+wait "$pid" 2>/dev/null
+grep -q "replicas started with --shared-cache-dir use the cache directory" "$dir/lone.err" ||
+  { cat "$dir/lone.err"; fail "the refusal beside replicas does not say so"; }
+stop "$rep2"
+stop "$rep1"
+home="$dir/rep" start lone2 || { cat "$dir/lone2.err"; fail "a lone server could not start once the replicas stopped"; }
+lone=$pid
+if home="$dir/rep" start rep3 --shared-cache-dir; then fail "a replica started beside a lone server"; fi
+wait "$pid" 2>/dev/null
+grep -q "without --shared-cache-dir (pid $lone" "$dir/rep3.err" || { cat "$dir/rep3.err"; fail "the replica's refusal does not name the lone server"; }
+stop "$lone"
+echo "replicas share a home only with --shared-cache-dir"
 echo "shared home checks: all passed"
