@@ -9,6 +9,10 @@
 # usage: scripts/trial-claude-code.sh [OUT_DIR]   (default: bench/results/claude-code-trial)
 # env:   WARMCTX_BIN (build/warmctx), WARMCTX_TINY_MODEL (build/test-models/tiny-f16-seed1.gguf),
 #        CLAUDE_CODE_VERSION (2.1.197), TRIAL_MAX_OUTPUT_TOKENS (64), TRIAL_CTX (32768)
+#        TRIAL_CAPTURE=DIR  also records every request Claude Code sends (through
+#                           scripts/capture-proxy.mjs) into DIR/<run>/NNN.json, for
+#                           scripts/replay-messages.sh; DIR holds the CLI's own prompts, so
+#                           keep it out of the repository
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/bench/results/claude-code-trial}"
@@ -28,7 +32,8 @@ claude="$cli_dir/node_modules/.bin/claude"
 
 work="$(mktemp -d)"
 srv=""
-trap '[ -n "$srv" ] && { kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null; }; rm -rf "$work"' EXIT
+proxy=""
+trap '[ -n "$proxy" ] && kill "$proxy" 2>/dev/null; [ -n "$srv" ] && { kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null; }; rm -rf "$work"' EXIT
 mkdir -p "$work/project" "$work/home"
 printf 'def add(a, b):\n    return a + b\n' >"$work/project/calc.py"
 printf '# calc\nA tiny calculator.\n' >"$work/project/README.md"
@@ -45,6 +50,20 @@ for _ in $(seq 600); do
 done
 [ -n "$port" ] || { echo "trial: serve did not listen"; exit 1; }
 echo "trial: serve on port $port"
+client_port="$port"
+capture="${TRIAL_CAPTURE:-}"
+if [ -n "$capture" ]; then
+  mkdir -p "$capture/all"
+  node "$root/scripts/capture-proxy.mjs" "$port" "$capture/all" >"$work/proxy.out" 2>&1 &
+  proxy=$!
+  for _ in $(seq 100); do
+    client_port="$(sed -n 's|^capture-proxy listening on \([0-9]*\)$|\1|p' "$work/proxy.out")"
+    [ -n "$client_port" ] && break
+    sleep 0.1
+  done
+  [ -n "$client_port" ] || { echo "trial: capture proxy did not start"; cat "$work/proxy.out"; exit 1; }
+  echo "trial: recording requests into $capture (proxy on port $client_port)"
+fi
 
 # A run ends at the model's output-token limit ("API Error: Claude's response exceeded
 # the N output token maximum", exit 1): the generated model never stops by itself.
@@ -52,13 +71,17 @@ run() {  # name prompt
   local name="$1" prompt="$2" t0 t1 rc
   t0=$(date +%s.%N)
   set +e
-  (cd "$work/project" && HOME="$work/home" ANTHROPIC_BASE_URL="http://127.0.0.1:$port" ANTHROPIC_API_KEY=local \
+  (cd "$work/project" && HOME="$work/home" ANTHROPIC_BASE_URL="http://127.0.0.1:$client_port" ANTHROPIC_API_KEY=local \
      CLAUDE_CODE_MAX_OUTPUT_TOKENS="${TRIAL_MAX_OUTPUT_TOKENS:-64}" DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 \
      CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 timeout 600 "$claude" -p "$prompt" --max-turns 3 \
      >"$out/$name.stdout" 2>"$out/$name.stderr")
   rc=$?
   set -e
   t1=$(date +%s.%N)
+  if [ -n "$capture" ]; then  # this run's requests into their own folder
+    mkdir -p "$capture/$name"
+    find "$capture/all" -name '*.json' -exec mv -t "$capture/$name" {} +
+  fi
   echo "trial: $name exit $rc after $(echo "$t1 - $t0" | bc) s"
   echo "{\"run\":\"$name\",\"exit\":$rc,\"seconds\":$(echo "$t1 - $t0" | bc)}" >>"$out/runs.jsonl"
 }

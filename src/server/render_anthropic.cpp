@@ -54,7 +54,8 @@ class anthropic_renderer final : public renderer {
                 {"content", std::move(content)},
                 {"stop_reason", stop.reason},
                 {"stop_sequence", stop.sequence},
-                {"usage", usage_of(a.end)}};
+                {"usage", usage_of(a.end)},
+                {"warmctx", a.end.warmctx}};
     }
 
     std::string open() override {
@@ -98,7 +99,8 @@ class anthropic_renderer final : public renderer {
         const anthropic_stop stop = stop_of(e);
         out += event("message_delta", {{"type", "message_delta"},
                                        {"delta", {{"stop_reason", stop.reason}, {"stop_sequence", stop.sequence}}},
-                                       {"usage", usage_of(e)}});
+                                       {"usage", usage_of(e)},
+                                       {"warmctx", e.warmctx}});
         return out + event("message_stop", {{"type", "message_stop"}});
     }
 

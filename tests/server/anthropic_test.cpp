@@ -242,6 +242,7 @@ TEST(Anthropic, StreamEventsTextThenAToolCall) {
     EXPECT_EQ(ev[10].second["delta"]["stop_reason"], "tool_use");
     EXPECT_EQ(ev[10].second["usage"]["cache_read_input_tokens"], 600);
     EXPECT_EQ(ev[10].second["usage"]["output_tokens"], 9);
+    EXPECT_EQ(ev[10].second["warmctx"]["tokens_cacheable"], 900);  // timings and reuse, as on the chat route
 }
 
 TEST(Anthropic, WholeMessagesAndStopReasons) {
@@ -255,11 +256,13 @@ TEST(Anthropic, WholeMessagesAndStopReasons) {
     const std::string text = "hello";
     answer_end end;
     end.finish = finish_reason::stop;
+    end.warmctx = {{"timings", {{"prefill_ms", 1.5}}}};
     json m = r->whole(whole_answer{text, nullptr, nullptr, end});
     EXPECT_EQ(m["model"], "served");
     EXPECT_EQ(m["content"], json::array({{{"type", "text"}, {"text", "hello"}}}));
     EXPECT_EQ(m["stop_reason"], "stop_sequence");
     EXPECT_EQ(m["stop_sequence"], "END");
+    EXPECT_EQ(m["warmctx"]["timings"]["prefill_ms"], 1.5);
     end.finish = finish_reason::length;
     EXPECT_EQ(r->whole(whole_answer{text, nullptr, nullptr, end})["stop_reason"], "max_tokens");
     end.finish = finish_reason::eos;
