@@ -4,13 +4,15 @@
 # no Debian packages and no network: it builds from what scripts/pack-device.sh put
 # in .devcarry/ (run that first, on a machine that has them).
 #
-# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace window s3 contention verify render restore (default: build s2 trace s3)
+# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace window s3 contention verify render restore replay (default: build s2 trace s3)
 # environment:
 #   OUT                 where results go (default: bench/results/h200-run)
 #   WARMCTX_DEADLINE_S  start no bench stage after this many seconds (default: none)
 #   S2_SIZES            the s2 stage's prompt sizes (default: 2048,8192,32768,47000)
 #   TRACE_ARGS          more arguments for the trace and window stages (e.g. --systems warmctx-defaults,llama-server-defaults)
 #   WINDOW_TAIL         the window stage's mean diff + test output per turn, tokens (default 60)
+#   REPLAY_CAPTURE      the replay stage's recorded requests (default: .devcarry/claude-capture, from
+#                       TRIAL_CAPTURE=... scripts/trial-claude-code.sh)
 # Every stage writes <stage>-h200.json and a log; the build is skipped when present.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -91,7 +93,14 @@ for s in "${stages[@]}"; do
       tail -3 "$out/verify-h200.log" ;;
     render) run_bench render --size 47000 --turns 30 ;;  # CPU work: the host's cores
     restore) run_bench restore "${gpu[@]}" --prefix-tokens 2048,13000 ;;  # pool loads into device KV
-    *) echo "unknown stage $s (build s2 trace window s3 contention verify render restore)" >&2; exit 2 ;;
+    replay)  # recorded Claude Code requests against serve and llama-server, each at its defaults, on the 0.5B shape
+      model="$WARMCTX_HOME/models/qwen2.5-0.5b-q4_0-seed0.gguf"
+      [ -f "$model" ] || "$build/warmctx" make-model --shape qwen2.5-0.5b --type q4_0 --seed 0 -o "$model" >"$out/make-0.5b.log" 2>&1
+      log "replay: scripts/replay-messages.sh ${REPLAY_CAPTURE:-.devcarry/claude-capture}"
+      if MODEL="$model" WARMCTX_BIN="$build/warmctx" LLAMA_SERVER_BIN="$build/bin/llama-server" \
+           bash scripts/replay-messages.sh "${REPLAY_CAPTURE:-$root/.devcarry/claude-capture}" \
+           >"$out/replay-h200.json" 2>"$out/replay-h200.log"; then log "replay: done"; else log "replay: FAILED"; tail -20 "$out/replay-h200.log"; fi ;;
+    *) echo "unknown stage $s (build s2 trace window s3 contention verify render restore replay)" >&2; exit 2 ;;
   esac
 done
 log "all stages done; results in $out"
