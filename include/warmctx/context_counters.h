@@ -31,6 +31,9 @@ struct tier_counters {
     uint64_t n_write_drops_disk = 0;     // write-throughs dropped: the write queue was full (also in failures)
     uint64_t disk_bytes = 0, disk_files = 0;
     uint64_t disk_quarantine_files = 0, disk_quarantine_bytes = 0;  // in the disk budget
+    uint64_t n_evicted_files_disk = 0;   // snapshot files this process evicted for the disk budget
+    uint64_t n_gone_files_disk = 0;      // loads of a file removed behind the index (a shared
+                                         // directory: another replica evicted it); misses
 };
 
 // Every byte of KV the engine holds. Streams are allocated whole (n_ctx cells each) when

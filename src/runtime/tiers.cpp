@@ -145,7 +145,12 @@ std::pair<disk_kv_tier::hit, std::shared_ptr<const snapshot>> disk_kv_tier::fetc
         ctr_.n_shared_restores++;
     } else {
         auto loaded = disk_->load(h.file.key, &prof);
-        if (!loaded.ok()) { ctr_.n_restore_failures++; return {}; }
+        if (!loaded.ok()) {
+            // A file removed behind the index (another replica evicted it) failed no check:
+            // the store counts it (warmctx_disk_files_gone_total); the turn prefills.
+            if (loaded.error().code() != status_code::not_found) ctr_.n_restore_failures++;
+            return {};
+        }
         snap = *loaded;
         if (recent_loads_.size() >= k_recent_loads) recent_loads_.pop_front();  // the oldest
         recent_loads_.emplace_back(key, snap);
@@ -270,6 +275,9 @@ tier_counters disk_kv_tier::counters() const {
         c.disk_files = st.n_files;
         c.disk_quarantine_files = st.quarantine_files;
         c.disk_quarantine_bytes = st.quarantine_bytes;
+        for (uint64_t n : st.evictions_by_class) c.n_evicted_files_disk += n;
+        if (auto it = st.load_misses_by_reason.find("not_found"); it != st.load_misses_by_reason.end())
+            c.n_gone_files_disk = it->second;
     }
     return c;
 }

@@ -169,6 +169,12 @@ void render_cache(std::string & out, const engine_snapshot & snap) {
            static_cast<double>(t.disk_quarantine_files));
     scalar(out, "warmctx_disk_quarantine_bytes", "gauge", "Bytes in quarantine/.",
            static_cast<double>(t.disk_quarantine_bytes));
+    scalar(out, "warmctx_disk_evicted_files_total", "counter",
+           "Snapshot files this replica evicted to keep the disk tier's directory within its budget.",
+           static_cast<double>(t.n_evicted_files_disk));
+    scalar(out, "warmctx_disk_files_gone_total", "counter",
+           "Snapshot files found removed when loaded (with --shared-cache-dir: evicted by another replica; a miss).",
+           static_cast<double>(t.n_gone_files_disk));
     scalar(out, "warmctx_tier_restore_failures_total", "counter",
            "Tier files that failed their checks at restore (served as a miss).", static_cast<double>(t.n_restore_failures));
     scalar(out, "warmctx_cache_capacity_entries", "gauge", "Holders the cache may use.",
