@@ -238,7 +238,11 @@ void segment_store::refresh_locked(const std::string & ws) const {
     if (!durable() || !persist_.shared) return;
     file_system & fs = *persist_.fs;
     std::map<std::string, file_version> now;
-    if (auto files = fs.list_dir(ws_dir(ws)); files.ok())
+    auto files = fs.list_dir(ws_dir(ws));
+    // A directory that cannot be read (the shared filesystem is away) keeps the view as it
+    // is; one that does not exist holds nothing.
+    if (!files.ok() && files.error().code() != status_code::not_found) return;
+    if (files.ok())
         for (const std::string & name : *files)
             if (ends_with(name, k_seg_ext) && is_store_file_name(name))
                 if (auto v = fs.stat_file(ws_dir(ws) + "/" + name); v.ok()) now[name] = *v;
