@@ -106,7 +106,7 @@ soak_totals merge(const std::vector<client_tally> & tallies) {
             }
         }
         for (const auto & f : ct.failures)
-            if (m.failures.size() < k_max_failures_kept) m.failures.push_back(f);
+            if (keep_failure(m.failures.size(), f.value("broken", false))) m.failures.push_back(f);
     }
     return m;
 }

@@ -269,8 +269,10 @@ class soak_client {
         }
         if (o.stream_error) tt.stream_errors++;
         tt.max_prompt_tokens = std::max(tt.max_prompt_tokens, o.prompt_tokens);
-        if ((o.conn_error || o.unexpected || o.stream_error || o.status >= 500) && out.failures.size() < k_max_failures_kept)
-            out.failures.push_back({{"type", k_type_names[(int)t]}, {"client", id_}, {"status", o.status}, {"note", o.note}});
+        if ((o.conn_error || o.unexpected || o.stream_error || o.status >= 500) &&
+            keep_failure(out.failures.size(), o.conn_error || o.stream_error))
+            out.failures.push_back({{"type", k_type_names[(int)t]}, {"client", id_}, {"status", o.status},
+                                    {"note", o.note}, {"broken", o.conn_error || o.stream_error}});
     }
 
     bool stored() const { return base_stored_ || diff_stored_; }  // the workspace exists

@@ -75,6 +75,14 @@ struct client_tally {
 
 inline constexpr size_t k_max_failures_kept = 20;
 
+// Whether one more failure is kept: answers with the wrong status stop at
+// k_max_failures_kept, so that a flood of them (429s against a small queue) leaves room
+// for what matters more, a request with no answer or a broken stream (status 0 or a
+// stream error), which may fill the list to twice that.
+inline bool keep_failure(size_t kept, bool no_answer_or_broken) {
+    return kept < (no_answer_or_broken ? 2 * k_max_failures_kept : k_max_failures_kept);
+}
+
 // Code-like text of about `n_tokens` tokens (~14 tokens a line with the Qwen2 tokenizer),
 // distinct for each `salt`.
 std::string code_text(uint64_t salt, int n_tokens);

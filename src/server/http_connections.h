@@ -38,6 +38,7 @@ using std::chrono::milliseconds;
 constexpr size_t k_max_header_bytes = 64u << 10;      // request line + headers
 constexpr auto k_slice = milliseconds(100);           // how late a waiting read notices a stop or a shed
 constexpr auto k_linger = milliseconds(1000);         // drain after a refused body, at most this long
+constexpr auto k_idle_grace = milliseconds(5);        // a kept-alive connection given up: a request already sent is looked for
 constexpr size_t k_linger_bytes = 8u << 20;           // ... and this many bytes
 
 // ---- connections ---------------------------------------------------------------------------
@@ -60,7 +61,8 @@ struct conn_state {
     bool over_cap = false;       // a read passed the cap
     bool body_framed = false;    // the request has a body (Content-Length > 0 or Transfer-Encoding)
     bool body_consumed = false;  // ... and it was read to its end
-    bool close_after = false;    // the answer refused the request (400, 408, 413, 431): the connection ends
+    bool said_close = false;     // the last answer carried `Connection: close`
+    bool close_after = false;    // the answer refused the request (400, 408, 413, 431), or threads ran short: the connection ends
     std::string content_type;    // the request's Content-Type (the library's copy is erased)
     size_t n_requests = 0;       // requests answered on this connection
 

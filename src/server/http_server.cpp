@@ -126,15 +126,19 @@ class guarded_server final : public httplib::Server {
         for (size_t count = keep_alive_max_count_; count > 0; --count) {
             // A connection waiting for a thread gets this one rather than a keep-alive
             // that has not sent its next request.
-            if (count != keep_alive_max_count_ && reg_.starved.load() && !strm.input_now()) break;
+            if (count != keep_alive_max_count_ && reg_.starved.load() && !strm.input_now()) {
+                close_idle(strm, c);
+                break;
+            }
             if (!strm.wait_request(std::chrono::duration_cast<milliseconds>(seconds(keep_alive_timeout_sec_)))) {
                 // Shed before its first request, or with the next one arriving: a 503,
-                // never a silent close. An idle keep-alive just closes.
-                if (c.shed.load() && (c.n_requests == 0 || strm.input_now())) answer_busy(strm, c);
+                // never a silent close. An idle keep-alive closes (close_idle).
+                if (c.shed.load() && c.n_requests == 0) answer_busy(strm, c);
+                else if (c.shed.load()) close_idle(strm, c);
                 break;
             }
             reg_.enter(c, conn_phase::headers, milliseconds(opts_.header_timeout_ms), k_max_header_bytes);
-            c.body_framed = c.body_consumed = false;
+            c.body_framed = c.body_consumed = c.said_close = false;
             // Framing the library could read otherwise than a proxy in front of us:
             // refused, and the connection ends, so no byte after the head is ever
             // taken for a request.
@@ -160,7 +164,11 @@ class guarded_server final : public httplib::Server {
 #endif
             ++c.n_requests;
             reg_.enter(c, conn_phase::idle);
-            if (!ret || connection_closed || c.must_close()) break;
+            if (!ret || connection_closed) break;
+            if (c.must_close()) {  // shed while the answer went out: it did not say close
+                if (!c.said_close) close_idle(strm, c);
+                break;
+            }
         }
         return ret;
     }
@@ -189,6 +197,18 @@ class guarded_server final : public httplib::Server {
             if (n <= 0) break;
             drained += static_cast<size_t>(n);
         }
+    }
+
+    // A kept-alive connection given up between requests. Its client may have sent the next
+    // request already, before it could see a close: that request gets a 503 with
+    // Retry-After rather than a connection closed under it. It is looked for a moment
+    // (k_idle_grace), a request sent at once after the last answer is here by then; a
+    // client that sends later finds the connection closed before it writes, and opens a
+    // new one, as HTTP clients do.
+    void close_idle(conn_stream & strm, conn_state & c) {
+        if (strm.input_now() ||
+            wait_fd(c.fd, POLLIN, steady_clock::now() + k_idle_grace, [] { return false; }))
+            answer_busy(strm, c);
     }
 
     // The headers are in: nothing more is read until a handler asks for the body.
@@ -360,9 +380,16 @@ struct http_server::impl {
         const bool refused = out.status == 400 || out.status == 408 || out.status == 413 || out.status == 431;
         to_httplib(std::move(out), res);
         if (t_conn && refused) t_conn->close_after = true;
-        // A body left unread: the connection ends with this answer.
-        if (t_conn && (t_conn->close_after || (t_conn->body_framed && !t_conn->body_consumed)))
+        // Another connection waits for a thread: this one says it closes with this answer,
+        // so its client opens a new connection rather than writing into one being closed.
+        // So does one shed while its request was read.
+        if (t_conn && (reg.starved.load() || t_conn->shed.load())) t_conn->close_after = true;
+        // Whatever ends the connection after this answer (a body left unread too) is said
+        // in it: the client never writes into a connection being closed.
+        if (t_conn && t_conn->must_close()) {
             res.set_header("Connection", "close");
+            t_conn->said_close = true;
+        }
     }
 
     static api_error busy_error() {

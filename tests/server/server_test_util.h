@@ -114,6 +114,14 @@ class raw_connection {
             if (!recv_some(got ? *got : sink, end)) return std::chrono::steady_clock::now() < end;
         }
     }
+    // What an HTTP client checks before it reuses a kept-alive connection: has the peer
+    // closed it (EOF or reset waiting to be read)?
+    bool peer_closed() const {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 0) <= 0) return false;
+        char c;
+        return ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
+    }
     void shutdown_write() { ::shutdown(fd_, SHUT_WR); }
     void close() {
         if (fd_ >= 0) ::close(fd_);
