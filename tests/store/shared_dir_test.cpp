@@ -3,6 +3,14 @@
 // directory's, a file another evicted is a clean miss, another's write in progress is left
 // alone; the workspace store's view follows the files.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
 
 #include "store_test_util.h"
 #include "warmctx/segment_store.h"
@@ -176,6 +184,121 @@ TEST(shared_dir, without_shared_a_store_keeps_its_own_view) {
     bool created = false;
     ASSERT_TRUE(a.put("ws", seg_of("map", "v1"), created).ok());
     EXPECT_FALSE(b.get("ws", "map"));  // what serve's exclusive lock on the directory is for
+}
+
+// ---- two processes on one real directory ------------------------------------------------------
+
+// Child `id` of the test below: for `seconds`, puts snapshots of 8 paths (its own workspace)
+// and looks up and loads any path (the other child's too), with a directory budget of about
+// four files, so both evict all the time. Writes its log to <dir>.<id>.log: "put NAME",
+// "evict NAME", "load_ok", "load_gone", "error WHAT". Exits 0, or 3 when the store would not open.
+[[noreturn]] void stress_child(const std::string & dir, int id, uint64_t budget, double seconds) {
+    std::ofstream log(dir + "." + std::to_string(id) + ".log");
+    snapshot_store_options o;
+    o.dir = dir;
+    o.shared = true;
+    o.shared_refresh_ms = 0;
+    o.budget_bytes = budget;
+    o.on_evict = [&log](const std::string & name) { log << "evict " << name << "\n"; };
+    auto store = snapshot_store::open(o);
+    if (!store) _exit(3);
+    std::mt19937 rng(1000 + id);
+    const auto t_end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < t_end) {
+        const uint32_t path_seed = rng() % 8;
+        auto p = make_path(path_seed, {rc::high, rc::high, rc::low});
+        const size_t n_blocks = 3 + rng() % (p.blocks.size() - 2);
+        // The KV is a function of (path, length): any reader can check the bytes it loads.
+        snapshot snap = snapshot_of(p, n_blocks, "ws-" + std::to_string(id), path_seed * 100 + (uint32_t)n_blocks, 20000);
+        auto e = (*store)->put(snap);
+        if (e.ok()) log << "put " << e->file_name << "\n";
+        else log << "error put: " << e.error().to_string() << "\n";
+        auto q = make_path(rng() % 8, {rc::high, rc::high, rc::low});
+        auto m = (*store)->lookup(chains_of(q));
+        if (!m.hit()) continue;
+        auto l = (*store)->load(m.key);
+        if (l.ok()) {
+            const size_t nb = (*l)->meta.blocks.size();
+            uint32_t seed = 0;
+            for (uint32_t s = 0; s < 8; ++s)
+                if ((*l)->meta.blocks[0].chain == make_path(s, {rc::high, rc::high, rc::low}).blocks[0].chain) seed = s;
+            const bool same = (*l)->kv == testing::random_bytes(20000, seed * 100 + (uint32_t)nb);
+            log << (same ? "load_ok" : "error load: other bytes") << "\n";
+        } else if (l.error().code() == status_code::not_found) {
+            log << "load_gone\n";
+        } else {
+            log << "error load: " << l.error().to_string() << "\n";
+        }
+    }
+    for (const rejected_file & r : (*store)->rejected()) log << "error rejected " << r.file_name << ": " << r.reason << "\n";
+    log.close();
+    _exit(0);
+}
+
+TEST(shared_dir, two_processes_put_load_and_evict_in_one_directory_and_lose_nothing) {
+    const std::string dir = std::filesystem::temp_directory_path() / ("warmctx-shared-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    const uint64_t budget = 4 * 22000;  // about four files of 20 kB of KV
+    const double seconds = std::getenv("WARMCTX_SHARED_DIR_SECONDS") ? std::atof(std::getenv("WARMCTX_SHARED_DIR_SECONDS")) : 3.0;
+    pid_t kids[2];
+    for (int id = 0; id < 2; ++id) {
+        kids[id] = ::fork();
+        ASSERT_GE(kids[id], 0);
+        if (kids[id] == 0) stress_child(dir, id, budget, seconds);
+    }
+    for (pid_t k : kids) {
+        int st = 0;
+        ASSERT_EQ(::waitpid(k, &st, 0), k);
+        ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "a child failed: " << st;
+    }
+    std::map<std::string, int> puts, evictions;
+    std::map<std::string, int> counts;
+    std::vector<std::string> errors;
+    for (int id = 0; id < 2; ++id) {
+        std::ifstream log(dir + "." + std::to_string(id) + ".log");
+        for (std::string line; std::getline(log, line);) {
+            if (line.rfind("put ", 0) == 0) ++puts[line.substr(4)];
+            else if (line.rfind("evict ", 0) == 0) ++evictions[line.substr(6)];
+            else if (line.rfind("error", 0) == 0) errors.push_back(line);
+            ++counts[line.substr(0, line.find(' '))];
+        }
+        std::filesystem::remove(dir + "." + std::to_string(id) + ".log");
+    }
+    EXPECT_TRUE(errors.empty()) << errors.size() << " errors; the first: " << errors.front();
+    // Every file put is on disk at the end, or someone evicted it: nothing else removes one.
+    std::set<std::string> present;
+    uint64_t dir_bytes = 0;
+    for (const auto & e : std::filesystem::directory_iterator(dir)) {
+        const std::string name = e.path().filename().string();
+        EXPECT_FALSE(name.ends_with(".tmp")) << "a temp file was left: " << name;
+        if (!name.ends_with(".wcsnap")) continue;
+        present.insert(name);
+        dir_bytes += e.file_size();
+    }
+    size_t n_lost = 0;
+    for (const auto & [name, n] : puts)
+        if (!present.count(name) && !evictions.count(name)) ++n_lost;
+    EXPECT_EQ(n_lost, 0u) << "files put, never evicted, and gone";
+    // The budget is the directory's (the last put of one process may not have seen the
+    // other's last one: one file of slack).
+    EXPECT_LE(dir_bytes, budget + 22000);
+    // Every file left loads and verifies; nothing goes to quarantine.
+    snapshot_store_options o;
+    o.dir = dir;
+    o.scan_only = true;
+    auto check = snapshot_store::open(o);
+    ASSERT_TRUE(check.ok());
+    EXPECT_TRUE((*check)->rejected().empty());
+    for (const snapshot_entry & e : (*check)->list()) EXPECT_TRUE((*check)->load(e.key).ok()) << e.file_name;
+    EXPECT_GT(counts["put"], 20);
+    EXPECT_GT(counts["evict"], 10);
+    EXPECT_GT(counts["load_ok"], 10);
+    std::printf("two processes, %.1f s: %d puts, %d evictions, %d loads ok, %d loads of a file the other evicted, "
+                "%zu files (%llu bytes) at the end\n",
+                seconds, counts["put"], counts["evict"], counts["load_ok"], counts["load_gone"], present.size(),
+                (unsigned long long)dir_bytes);
+    std::filesystem::remove_all(dir);
 }
 
 }  // namespace
