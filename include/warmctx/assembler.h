@@ -4,8 +4,9 @@
 //
 //   1. validate: ids well-formed and unique, at most one `user` segment, paths and
 //      roles checked (validate_segments);
-//   2. canonical order: by the kind table's order, then id, then path (byte-wise).
-//      Input order never changes anything below;
+//   2. canonical order: by the kind table's order, then id, then path (byte-wise);
+//      inside a run of stable segments of one class, the workspace's learned order when
+//      given (hints, warmctx/volatility.h). Input order never changes anything below;
 //   3. render. With the model's own (Jinja) template (text_model::renders_conversations)
 //      the segments are one conversation (a tools segment that holds an OpenAI tools
 //      array becomes the template's tools), rendered whole, once: that text is the
@@ -63,6 +64,7 @@
 #include "warmctx/status.h"
 #include "warmctx/text_model.h"
 #include "warmctx/types.h"
+#include "warmctx/volatility.h"
 
 namespace warmctx {
 
@@ -113,6 +115,12 @@ struct assembled_prompt {
     // Tokens in `stable` segments wherever they are (== stable_end unless an override
     // moved a stable kind after a non-stable one).
     pos_t n_stable_tokens = 0;
+    // The workspace's learned order and finer blocks it was assembled with
+    // (warmctx/volatility.h; empty: the kind order and whole chunks), and, set by whoever
+    // decided them, whether that order differs from the workspace's last turn's and why.
+    assembly_hints hints;
+    bool reordered = false;
+    std::string order_note;
 };
 
 // Where a warm run may start reusing: the end of the last of the first `n_blocks`
@@ -137,15 +145,27 @@ reuse_point snap_reuse(const assembled_prompt & ap, size_t n_blocks);
 // message independently of those after it; where it does not, a lookup simply finds
 // fewer blocks.
 std::vector<segment> leading_segments(std::span<const segment> segs, const kind_table & kinds,
-                                      const text_model & model, size_t min_rest_bytes, size_t max_lead_bytes);
+                                      const text_model & model, size_t min_rest_bytes, size_t max_lead_bytes,
+                                      std::span<const std::string> learned = {});
+
+// The segments in the order assemble puts them: by (kind order, id, path), then, inside
+// each run of reorderable segments (is_reorderable: stable, not the tools) of one
+// retention class, in the order of `learned` (ids
+// it does not name first, in that order). Depends on `learned` and the segments' ids,
+// never on their input order.
+std::vector<const segment *> ordered_segments(std::span<const segment> segs, const kind_table & kinds,
+                                              std::span<const std::string> learned = {});
 
 // Errors: invalid_argument (validate_segments fails, no segments, chunk_tokens == 0
 // or differs from prof.chunk_tokens), out_of_range (more than INT32_MAX tokens), and
 // whatever the text_model returns, prefixed with the segment's id.
+// `hints`: the workspace's learned order (ordered_segments) and the stable segments cut
+// into finer blocks at line starts (line_block_cuts; only in a conversation rendered
+// whole, and where the model's tokenizer splits at lines, so the tokens are unchanged).
 result<assembled_prompt> assemble(std::span<const segment> segs, const kind_table & kinds,
                                   const text_model & model, const profile & prof,
                                   std::string_view tenant_salt, uint32_t chunk_tokens,
-                                  bool add_generation_prompt = true);
+                                  bool add_generation_prompt = true, const assembly_hints & hints = {});
 
 // A raw completion (/v1/completions): the prompt is `prompt.content` as given - no chat
 // template - tokenized with special tokens parsed, after the model's prefix tokens, as

@@ -64,6 +64,10 @@ struct turn_request {
     // chain hash with the tenant salt, so this request's blocks match only blocks of
     // requests with the same salt ("" = shared, the default).
     std::string cache_salt;
+    // The learned order and finer blocks to assemble with (a cold reference run of a warm
+    // turn takes the warm turn's: assembled_prompt::hints); nullopt: the workspace's own,
+    // decided from its history (warmctx/volatility.h).
+    std::optional<assembly_hints> hints;
     // The prompt assembled already, off the engine thread (assemble_request); used when
     // it was assembled under the engine's current profile, else assembled again.
     std::shared_ptr<const assembled_prompt> assembled;

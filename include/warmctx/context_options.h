@@ -11,6 +11,7 @@
 #include "warmctx/eviction_policy.h"
 #include "warmctx/kind_table.h"
 #include "warmctx/prefix_cache.h"
+#include "warmctx/volatility.h"
 
 namespace warmctx {
 
@@ -55,6 +56,10 @@ struct context_engine_options {
                                       // token budget once the KV bytes per token are known
     eviction_policy policy = eviction_policy::semantic;
     kind_table kinds;
+    // Per workspace, the learned order of its stable segments and their finer blocks
+    // (warmctx/volatility.h); `enabled = false` (--fixed-order) keeps the kind table's
+    // order and whole chunks.
+    volatility_options volatility;
     std::string tenant_salt;          // two tenants never share a cache entry
     tier_options tiers;
     // What the engine remembers per workspace (its last turn, for explain; its counters)

@@ -78,6 +78,11 @@ struct explain_report {
     pos_t snapped_from = -1;          // n_common_tokens when snapping moved the reuse point
     double predicted_prefill_ms = -1; // from the measured prefill rate (-1: not measured yet)
     std::string stable_prefix_hash;
+    // The workspace's learned order of its stable segments (warmctx/volatility.h):
+    // whether this prompt's differs from its last turn's, and why it changed or why a
+    // better one was not taken ("" when there was nothing to weigh).
+    bool reordered = false;
+    std::string order_note;
     std::vector<segment_explain> segments;
     // Set on the first turn after a pre-warm of this workspace whose cached prefix it
     // reused (a pre-warm's own report leaves it empty).

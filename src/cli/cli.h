@@ -47,6 +47,7 @@ struct cache_flags {
     std::string cache_dir;
     uint64_t disk_budget_bytes = 0;
     std::string disk_min_class = "high";
+    bool fixed_order = false;
 
     void add_to(CLI::App & app);
     status apply(context_engine_options & o) const;
@@ -95,6 +96,7 @@ void register_trace_bench(CLI::App & bench, int & rc);
 void register_contention_bench(CLI::App & bench, int & rc);
 void register_s3_bench(CLI::App & bench, int & rc);
 void register_soak_bench(CLI::App & bench, int & rc);
+void register_edits_bench(CLI::App & bench, int & rc);
 
 // Sizes synthetic workloads with the model's own tokenizer (a rough estimate on error).
 inline token_counter counter_for(const context_engine & ce) {

@@ -69,6 +69,9 @@ void cache_flags::add_to(CLI::App & app) {
     app.add_option("--cache-dir", cache_dir, "disk tier: snapshot directory (stable prefixes survive restarts; serve defaults to <cache dir>/kv)");
     app.add_option("--disk-budget-bytes", disk_budget_bytes, "disk tier byte budget (0 = unlimited)")->capture_default_str();
     app.add_option("--disk-min-class", disk_min_class, "lowest retention class kept on disk (low, medium, high, highest)")->capture_default_str();
+    app.add_flag("--fixed-order", fixed_order,
+                 "keep the kind table's order of stable segments and whole chunks (no learned volatility order, no "
+                 "finer blocks at edits; docs/architecture.md)");
 }
 
 status cache_flags::apply(context_engine_options & o) const {
@@ -82,6 +85,7 @@ status cache_flags::apply(context_engine_options & o) const {
     o.tenant_salt = tenant;
     o.tiers.cache_dir = cache_dir;
     o.tiers.disk_budget_bytes = disk_budget_bytes;
+    o.volatility.enabled = !fixed_order;
     {
         auto c = parse_retention_class(disk_min_class);
         if (!c.ok()) return c.error();

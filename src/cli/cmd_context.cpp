@@ -1,4 +1,5 @@
 // warmctx demo | verify | assemble
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -67,10 +68,16 @@ int run_demo(demo_args a) {
     if (status st = turn("cold", segs); !st.ok()) return fail(st);
     segs.back().content = g.question();  // same stable prefix, a new question
     if (status st = turn("warm", segs); !st.ok()) return fail(st);
-    for (auto & s : segs)  // edit one line of the repo map: a stable segment changes
-        if (s.kind == segment_kind::repo_map) s.content = g.edit_one_line(s.content);
-    segs.back().content = g.question();
-    if (status st = turn("edited", segs); !st.ok()) return fail(st);
+    // Edit one line of the repo map, three turns running: a stable segment changes. The
+    // first edit cuts it into finer blocks; the second ranks it as often edited and moves
+    // it after the pinned files (the edit re-prefills from there anyway); the third
+    // re-prefills only the map from its edited line on (warmctx/volatility.h).
+    for (const char * name : {"edited", "edited-2", "edited-3"}) {
+        for (auto & s : segs)
+            if (s.kind == segment_kind::repo_map) s.content = g.edit_one_line(s.content);
+        segs.back().content = g.question();
+        if (status st = turn(name, segs); !st.ok()) return fail(st);
+    }
 
     const double cold_ms = rows[0].r.t_total_ms;
     if (a.json) {
@@ -86,6 +93,8 @@ int run_demo(demo_args a) {
                                  {"tokens_reused", r.r.explain.n_reused}, {"tokens_prefilled", r.r.explain.n_prefilled},
                                  {"stable_prefix_hash", r.r.stable_prefix_hash},
                                  {"ratio_to_cold", cold_ms > 0 ? r.r.t_total_ms / cold_ms : 0.0},
+                                 {"prefilled_ratio_to_cold",
+                                  (double)r.r.explain.n_prefilled / std::max(1, rows[0].r.explain.n_prefilled)},
                                  {"explain", explain_json(r.r.explain)}});
         std::printf("%s\n", j.dump(2).c_str());
         return 0;
@@ -98,8 +107,10 @@ int run_demo(demo_args a) {
         std::printf("%-8s %10.1f %10.1f %8d %10d  %-14s %6.3fx\n", r.turn.c_str(), r.r.t_total_ms, r.r.t_first_token_ms,
                     r.r.explain.n_reused, r.r.explain.n_prefilled, r.r.stable_prefix_hash.substr(0, 12).c_str(),
                     cold_ms > 0 ? r.r.t_total_ms / cold_ms : 0.0);
-    std::printf("\nexplain, warm turn:\n%s\nexplain, edited turn:\n%s", explain_text(rows[1].r.explain).c_str(),
-                explain_text(rows[2].r.explain).c_str());
+    std::printf("\nexplain, warm turn:\n%s\nexplain, edited turn:\n%s\nexplain, second edit (the order changes):\n%s"
+                "\nexplain, third edit:\n%s",
+                explain_text(rows[1].r.explain).c_str(), explain_text(rows[2].r.explain).c_str(),
+                explain_text(rows[3].r.explain).c_str(), explain_text(rows[4].r.explain).c_str());
     return 0;
 }
 
@@ -223,7 +234,7 @@ int run_assemble(const assemble_args & a) {
 
 void register_context_commands(CLI::App & app, int & rc) {
     auto d = std::make_shared<demo_args>();
-    auto * demo = app.add_subcommand("demo", "cold, warm and stable-edited turns on one workspace, with explain");
+    auto * demo = app.add_subcommand("demo", "cold, warm and three stable-edited turns on one workspace, with explain");
     d->mf.add_to(*demo);
     d->cf.add_to(*demo);
     demo->add_option("--prefix-tokens", d->prefix_tokens, "stable prefix size, tokens (up to ~47k and beyond)")->capture_default_str();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 #include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "assembly.h"
@@ -89,18 +90,6 @@ namespace {
 
 constexpr auto k_max_tokens = static_cast<size_t>(std::numeric_limits<pos_t>::max());
 
-// What a manifest entry's content_hash covers: the content, and a message's structure
-// when it has one (so the hash of a plain segment is the hash of its content alone).
-hash128 segment_content_hash(const segment & s) {
-    if (s.tool_calls.empty() && s.tool_call_id.empty()) return hash_string(s.content);
-    std::string all = s.content;
-    all += '\x1f';
-    all += s.tool_calls;
-    all += '\x1f';
-    all += s.tool_call_id;
-    return hash_string(all);
-}
-
 status append_tokens(std::vector<token_id> & out, const std::vector<token_id> & more) {
     if (more.size() > k_max_tokens - out.size())
         return out_of_range("the prompt is longer than " + std::to_string(k_max_tokens) + " tokens");
@@ -108,23 +97,45 @@ status append_tokens(std::vector<token_id> & out, const std::vector<token_id> & 
     return {};
 }
 
+}  // namespace
+
 // Canonical order: (kind order, id, path). Ids are unique, so this is total and the
-// input order cannot leak through.
-std::vector<const segment *> canonical_order(std::span<const segment> segs, const kind_table & kinds) {
+// input order cannot leak through. Then each run of stable segments of one class takes
+// the learned order.
+std::vector<const segment *> ordered_segments(std::span<const segment> segs, const kind_table & kinds,
+                                              std::span<const std::string> learned) {
     std::vector<const segment *> order(segs.size());
     for (size_t i = 0; i < segs.size(); ++i) order[i] = &segs[i];
     std::sort(order.begin(), order.end(), [&](const segment * a, const segment * b) {
         return std::forward_as_tuple(kinds.policy(a->kind).order, a->id, a->path) <
                std::forward_as_tuple(kinds.policy(b->kind).order, b->id, b->path);
     });
+    if (learned.empty()) return order;
+    std::unordered_map<std::string_view, size_t> rank;
+    for (size_t i = 0; i < learned.size(); ++i) rank.emplace(learned[i], i + 1);
+    auto rank_of = [&](const segment * s) {
+        auto it = rank.find(s->id);
+        return it == rank.end() ? size_t{0} : it->second;
+    };
+    for (size_t b = 0; b < order.size();) {
+        const kind_policy & p = kinds.policy(order[b]->kind);
+        size_t e = b + 1;
+        if (is_reorderable(*order[b], kinds))
+            while (e < order.size() && is_reorderable(*order[e], kinds) &&
+                   kinds.policy(order[e]->kind).retention == p.retention)
+                ++e;
+        if (e - b > 1)
+            std::stable_sort(order.begin() + (long)b, order.begin() + (long)e,
+                             [&](const segment * x, const segment * y) { return rank_of(x) < rank_of(y); });
+        b = e;
+    }
     return order;
 }
 
-}  // namespace
-
 std::vector<segment> leading_segments(std::span<const segment> segs, const kind_table & kinds,
-                                      const text_model & model, size_t min_rest_bytes, size_t max_lead_bytes) {
-    const std::vector<const segment *> order = canonical_order(segs, kinds);
+                                      const text_model & model, size_t min_rest_bytes, size_t max_lead_bytes,
+                                      std::span<const std::string> learned) {
+    const std::vector<const segment *> order = ordered_segments(segs, kinds, learned);
     // Bytes still to tokenize, per segment in order (a remembered content costs nothing).
     std::vector<size_t> todo(order.size(), 0);
     size_t total = 0;
@@ -149,7 +160,7 @@ std::vector<segment> leading_segments(std::span<const segment> segs, const kind_
 result<assembled_prompt> assemble(std::span<const segment> segs, const kind_table & kinds,
                                   const text_model & model, const profile & prof,
                                   std::string_view tenant_salt, uint32_t chunk_tokens,
-                                  bool add_generation_prompt) {
+                                  bool add_generation_prompt, const assembly_hints & hints) {
     WARMCTX_RETURN_IF_ERROR(validate_segments(segs, kinds));
     if (segs.empty()) return invalid_argument("assemble: no segments");
     if (chunk_tokens == 0) return invalid_argument("assemble: chunk_tokens must be positive");
@@ -158,9 +169,10 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
         return invalid_argument("assemble: chunk_tokens " + std::to_string(chunk_tokens) +
                                 " differs from the profile's " + std::to_string(prof.chunk_tokens));
 
-    const std::vector<const segment *> order = canonical_order(segs, kinds);
+    const std::vector<const segment *> order = ordered_segments(segs, kinds, hints.order);
 
     assembled_prompt out;
+    out.hints = hints;
     manifest & prompt_manifest = out.man;
     std::vector<piece> pieces;
     WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, model.prefix_tokens()));
@@ -178,7 +190,11 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     std::vector<std::vector<size_t>> sub_cuts(order.size());  // pieces inside a segment (a diff's units)
     std::optional<std::vector<token_id>> gen_tokens;  // the conversation path's
     if (model.renders_conversations()) {
-        auto ct = tokenize_conversation(order, roles, kinds, model, add_generation_prompt);
+        std::vector<bool> fine(order.size(), false);
+        for (size_t i = 0; i < order.size(); ++i)
+            fine[i] = kinds.policy(order[i]->kind).stab == stability::stable &&
+                      std::find(hints.fine.begin(), hints.fine.end(), order[i]->id) != hints.fine.end();
+        auto ct = tokenize_conversation(order, roles, kinds, model, add_generation_prompt, fine);
         if (!ct.ok()) return ct.error();
         seg_tokens = std::move(ct->seg);
         piece_cls = std::move(ct->piece_cls);

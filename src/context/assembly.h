@@ -60,8 +60,11 @@ struct conversation_tokens {
     // diff's files and hunks: diff_unit_cuts), ascending, in (0, seg[i].size()).
     std::vector<std::vector<size_t>> sub_cuts;
 };
+// `fine[i]`: segment i is cut into finer blocks at line starts (line_block_cuts) where
+// the tokenizer allows it.
 result<conversation_tokens> tokenize_conversation(std::span<const segment * const> order,
                                                   std::span<const std::string> roles, const kind_table & kinds,
-                                                  const text_model & model, bool add_generation_prompt);
+                                                  const text_model & model, bool add_generation_prompt,
+                                                  const std::vector<bool> & fine);
 
 }  // namespace warmctx::detail

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "quote.h"
+#include "warmctx/volatility.h"
 
 namespace warmctx {
 
@@ -72,6 +73,8 @@ struct span_of {
     size_t a, b;
     bool diff = false;  // the piece is one segment's alone that may carry a diff
                         // (a diff, a chat message): cut at its units
+    bool fine = false;  // the piece is one stable segment's alone, cut into finer
+                        // blocks at line starts (warmctx/volatility.h)
 };
 
 // Pieces: a segment with a cut after it ends a piece; the generation prompt is the
@@ -79,7 +82,8 @@ struct span_of {
 // piece_cls[i] for every segment.
 std::vector<span_of> piece_spans(std::span<const segment * const> order, const kind_table & kinds,
                                  const std::vector<std::optional<size_t>> & cut, size_t f_size,
-                                 bool add_generation_prompt, std::vector<retention_class> & piece_cls) {
+                                 bool add_generation_prompt, const std::vector<bool> & fine,
+                                 std::vector<retention_class> & piece_cls) {
     const size_t n = order.size();
     std::vector<span_of> spans;
     size_t from = 0, group = 0;
@@ -96,7 +100,8 @@ std::vector<span_of> piece_spans(std::span<const segment * const> order, const k
             const segment_kind kind = order[k - 1]->kind;
             spans.push_back({k - 1, from, to,
                              group == k - 1 && (kind == segment_kind::diff || kind == segment_kind::history ||
-                                                kind == segment_kind::user)});
+                                                kind == segment_kind::user),
+                             group == k - 1 && fine[k - 1]});
             for (size_t g = group; g < k; ++g) piece_cls[g] = group_cls;
             from = to;
             group = k;
@@ -128,14 +133,15 @@ std::vector<job> jobs_of(const std::vector<span_of> & spans, const rendered_conv
     const bool unit_cuts = model.plain_splits_at_lines();
     for (size_t i = 0; i < spans.size(); ++i)
         for (const text_run & r : runs_in(f, spans[i].a, spans[i].b)) {
-            if (!(unit_cuts && spans[i].diff && r.input)) {
+            if (!(unit_cuts && (spans[i].diff || spans[i].fine) && r.input)) {
                 jobs.push_back({i, r, std::nullopt, {}});
                 continue;
             }
-            // A diff's data, cut at its units (is_line_cut points: the tokens are the
-            // same as the whole text's).
+            // A diff's data, cut at its units, or a stable segment's at its line blocks
+            // (is_line_cut points: the tokens are the same as the whole text's).
+            const std::string_view data = std::string_view(f.text).substr(r.begin, r.end - r.begin);
             size_t from_at = r.begin;
-            for (size_t c : diff_unit_cuts(std::string_view(f.text).substr(r.begin, r.end - r.begin))) {
+            for (size_t c : spans[i].fine ? line_block_cuts(data) : diff_unit_cuts(data)) {
                 jobs.push_back({i, {from_at, r.begin + c, true}, std::nullopt, {}, from_at != r.begin});
                 from_at = r.begin + c;
             }
@@ -175,7 +181,7 @@ void tokenize_jobs(std::vector<job> & jobs, std::string_view text, const text_mo
 result<conversation_tokens> detail::tokenize_conversation(std::span<const segment * const> order,
                                                           std::span<const std::string> roles,
                                                           const kind_table & kinds, const text_model & model,
-                                                          bool add_generation_prompt) {
+                                                          bool add_generation_prompt, const std::vector<bool> & fine) {
     const conversation_plan cp = plan_conversation(order, roles, kinds);
     const size_t n = order.size();
     auto whole = render_whole(cp, model, add_generation_prompt);
@@ -189,7 +195,7 @@ result<conversation_tokens> detail::tokenize_conversation(std::span<const segmen
     out.seg.assign(n, std::vector<token_id>{});
     out.piece_cls.assign(n, retention_class::none);
     out.sub_cuts.assign(n, {});
-    const std::vector<span_of> spans = piece_spans(order, kinds, cut, f.text.size(), add_generation_prompt,
+    const std::vector<span_of> spans = piece_spans(order, kinds, cut, f.text.size(), add_generation_prompt, fine,
                                                    out.piece_cls);
 
     // Tokenize: every run alone; data runs as plain text (remembered ones from the

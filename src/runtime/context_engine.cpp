@@ -67,7 +67,22 @@ result<assembled_prompt> context_engine::impl::assemble(const turn_request & req
         if (req.segments.size() != 1) return invalid_argument("a raw prompt is exactly one segment");
         return warmctx::assemble_raw(req.segments[0], req.suffix, *tm, prof, salt, prof.chunk_tokens);
     }
-    return warmctx::assemble(req.segments, opts.kinds, *tm, prof, salt, prof.chunk_tokens, req.add_generation_prompt);
+    order_decision d;
+    if (req.hints) {
+        d.hints = *req.hints;
+    } else if (opts.volatility.enabled) {
+        std::lock_guard lock(volatility_mu);
+        auto it = volatility.find(req.workspace);
+        d = decide_order(it == volatility.end() ? volatility_state{} : it->second, req.segments, opts.kinds,
+                         opts.volatility);
+    }
+    auto ap = warmctx::assemble(req.segments, opts.kinds, *tm, prof, salt, prof.chunk_tokens, req.add_generation_prompt,
+                                d.hints);
+    if (ap.ok()) {
+        ap->reordered = d.reordered;
+        ap->order_note = std::move(d.note);
+    }
+    return ap;
 }
 
 status context_engine::impl::plausible(const turn_request & req) const {
@@ -410,6 +425,10 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
         p_->clear_stream(t.seq);
     }
     if (!t.prewarm) {
+        if (p_->opts.volatility.enabled && !t.ap.man.segments.empty()) {
+            std::lock_guard lock(p_->volatility_mu);
+            observe_turn(p_->volatility[t.workspace], t.ap.man);
+        }
         p_->count(t.workspace, t.explain, n_generated);
         p_->remember(t.workspace, t);
         return result_st;

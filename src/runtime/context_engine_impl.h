@@ -8,6 +8,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,6 +78,11 @@ struct context_engine::impl {
     double prefill_tokens_per_ms = 0;  // exponential average of measured prefills
     uint64_t max_piece_bytes = 0;      // the longest text any one token stands for
     std::map<std::string, workspace_history> workspaces;
+    // Per workspace, how often its stable segments change and their learned order
+    // (warmctx/volatility.h). Read by assemble on HTTP threads, written by finish_turn
+    // on the engine thread: guarded by volatility_mu.
+    mutable std::mutex volatility_mu;
+    std::map<std::string, volatility_state> volatility;
     size_t n_remembered_tokens = 0;  // sum of workspaces' last_tokens
     context_counters ctr;
 

@@ -34,6 +34,8 @@ void context_engine::impl::forget(const std::string & ws) {
         n_remembered_tokens -= it->second.last_tokens.size();
         workspaces.erase(it);
     }
+    std::lock_guard lock(volatility_mu);
+    volatility.erase(ws);
     ctr.workspaces.erase(ws);
 }
 
@@ -131,6 +133,8 @@ status context_engine::branch_workspace(const std::string & from, const std::str
     workspace_history h = it->second;  // same manifest and prefix; the cache shares by content
     p_->n_remembered_tokens += h.last_tokens.size();
     p_->workspaces[to] = std::move(h);
+    std::lock_guard lock(p_->volatility_mu);
+    if (auto v = p_->volatility.find(from); v != p_->volatility.end()) p_->volatility[to] = v->second;
     return {};
 }
 

@@ -31,9 +31,11 @@ namespace {
 // edit of content before a change of tokens alone, which it may have caused: a template
 // may render one segment into another's text (Qwen2.5's writes the tools into the system
 // message, so an edit of the tools changes the system message's tokens, wherever the
-// tools segment sits in the order).
+// tools segment sits in the order). When the workspace's learned order changed with this
+// prompt (`reordered`), the segments between moved only; the edit that moved them (a
+// changed segment now later) explains the miss.
 std::optional<segment_change> change_that_stopped_reuse(const manifest & before, const manifest & now,
-                                                        const block & b) {
+                                                        const block & b, bool reordered) {
     std::optional<segment_change> cause, tokens_only, content_later;
     for (const auto & c : diff_manifests(before, now)) {
         if (c.what == segment_change_kind::moved) continue;
@@ -50,6 +52,7 @@ std::optional<segment_change> change_that_stopped_reuse(const manifest & before,
         break;
     }
     if (!cause) cause = tokens_only && content_later ? content_later : tokens_only;
+    if (!cause && reordered) cause = content_later;
     return cause;
 }
 
@@ -66,6 +69,8 @@ explain_report explain_turn(const explain_inputs & in) {
     r.n_prefilled = r.n_prompt_tokens - reuse;
     r.matched_workspace = reuse > 0 ? m.workspace : "";
     r.stable_prefix_hash = ap.stable_prefix_hash.hex();
+    r.reordered = ap.reordered;
+    r.order_note = ap.order_note;
     r.n_cacheable = 0;
     for (const auto & b : ap.blocks) {
         if (b.cls == retention_class::none) break;
@@ -127,7 +132,7 @@ explain_report explain_turn(const explain_inputs & in) {
                        ") was evicted at t=" + std::to_string(ev->at) + ": " + ev->reason + " (policy " +
                        std::string(eviction_policy_name(ev->policy)) + ")";
         } else if (st && st->has_turn) {
-            const std::optional<segment_change> cause = change_that_stopped_reuse(st->last_manifest, ap.man, b);
+            const std::optional<segment_change> cause = change_that_stopped_reuse(st->last_manifest, ap.man, b, ap.reordered);
             std::string changed;
             if (cause) {
                 changed = cause->to_string();
@@ -152,6 +157,7 @@ explain_report explain_turn(const explain_inputs & in) {
                                        "' and no other workspace holds this prefix";
         }
     }
+    if (r.reordered && r.kind != miss_kind::full_hit) r.reason += "; " + r.order_note;
     // Snapping: the previous turn shares more cacheable tokens than were reused,
     // but reuse can only stop at a block end.
     if (std::min(r.n_common_tokens, r.n_cacheable) > reuse) {

@@ -120,21 +120,24 @@ class scenario_runner {
             if (segs_[i].kind == segment_kind::tools || segs_[i].kind == segment_kind::repo_map ||
                 segs_[i].kind == segment_kind::pinned_file)
                 stable_idx.push_back(i);
-        segment & edited = segs_[stable_idx[rng() % stable_idx.size()]];
-        const std::string before_edit = edited.content;
-        edited.content = g_.edit_one_line(edited.content);
-        segs_.back().content = g_.test_output(2);
-        // Reuse stops exactly at the last block end before the first changed token: the
-        // blocks before it are the previous turn's, the block holding it is new.
-        turn_expectation edit;
-        edit.min_reuse = edit.max_reuse = last_block_end_before_change();
-        edit.changed_segment = edited.id;
-        WARMCTX_RETURN_IF_ERROR(step("stable edit of '" + edited.id + "'", edit));
+        const size_t edited_i = stable_idx[rng() % stable_idx.size()];
+        const std::string edited_id = segs_[edited_i].id;
+        const std::string before_edit = segs_[edited_i].content;
+        const std::vector<block> before_edit_blocks = prev_blocks_;
+        WARMCTX_RETURN_IF_ERROR(stable_edit("stable edit of '" + edited_id + "'", edited_i, 2));
         // The edit undone: the trimmed stable blocks were kept (parked in a free stream
-        // with stream copies, else in the pool), so the whole stable prefix is reused.
-        edited.content = before_edit;
+        // with stream copies, else in the pool), so the stable prefix is reused as far as
+        // it is the one before the edit (all of it, unless the edit cut the segment into
+        // finer blocks or moved it: warmctx/volatility.h) or the edited turn's.
+        segs_[edited_i].content = before_edit;
         segs_.back().content = g_.test_output(3);
-        WARMCTX_RETURN_IF_ERROR(step("edit undone", at_least(stable_end(), "engine")));
+        const pos_t undone = std::max(std::min(stable_end(), shared_block_end(before_edit_blocks)), shared_block_end(prev_blocks_));
+        WARMCTX_RETURN_IF_ERROR(step("edit undone", at_least(undone, undone > 0 ? "engine" : "")));
+        // Edited again, twice: ranked as often edited, the segment moves after the others
+        // of its class (a reorder is a miss from its old place on), then an edit keeps its
+        // unchanged head. Warm equals cold through each.
+        WARMCTX_RETURN_IF_ERROR(stable_edit("second edit of '" + edited_id + "'", edited_i, 4));
+        WARMCTX_RETURN_IF_ERROR(stable_edit("third edit of '" + edited_id + "'", edited_i, 5));
         if (rng() % 2 == 0) {
             // Profile drift: a different chunk size computes different KV bits. Sizes
             // repeat every chunk/2 scenarios, so a later scenario may find what all
@@ -176,8 +179,12 @@ class scenario_runner {
         auto w = ce_.run_turn(req, seq);
         if (!w) return w.error().with_context(ws_ + " " + what);
         cm_.note_cached(ap->blocks);
-        prev_tokens_ = ap->tokens;
-        auto c = ce_.run_cold(req);
+        prev_blocks_ = ap->blocks;
+        // The cold reference computes the same prompt: the order and finer blocks the warm
+        // turn was assembled with (its workspace's history moved on since).
+        turn_request cold_req = req;
+        cold_req.hints = ap->hints;
+        auto c = ce_.run_cold(cold_req);
         if (!c) return c.error().with_context(ws_ + " " + what + " (cold)");
         ++rep_.turns;
         const comparison cmp = compare(*w, *c);
@@ -201,22 +208,30 @@ class scenario_runner {
         return {};
     }
 
+    // One line of segs_[i] edited: reuse stops exactly where the prompt's blocks stop being
+    // the previous turn's (the block holding the first changed token, or the first block a
+    // reorder moved, is new; the previous turn's stream holds the rest).
+    status stable_edit(const std::string & what, size_t i, int n_failures) {
+        segs_[i].content = g_.edit_one_line(segs_[i].content);
+        segs_.back().content = g_.test_output(n_failures);
+        turn_expectation edit;
+        edit.min_reuse = edit.max_reuse = shared_block_end(prev_blocks_);
+        edit.changed_segment = segs_[i].id;
+        return step(what, edit);
+    }
+
     pos_t stable_end() const {
         auto ap = ce_.assemble_request(request(segs_));
         return ap.ok() ? ap->stable_end : 0;
     }
-    // The last block end of the current segments at or before their first token that
-    // differs from the previous turn's prompt.
-    pos_t last_block_end_before_change() const {
+    // The end of the current segments' leading blocks that are `blocks`' (same chain
+    // hashes: the same tokens in the same chunks), snapped as a reuse is.
+    pos_t shared_block_end(const std::vector<block> & blocks) const {
         auto ap = ce_.assemble_request(request(segs_));
         if (!ap.ok()) return 0;
-        size_t common = 0;
-        while (common < ap->tokens.size() && common < prev_tokens_.size() && ap->tokens[common] == prev_tokens_[common])
-            ++common;
-        pos_t end = 0;
-        for (const block & b : ap->blocks)
-            if ((size_t)b.end <= common) end = b.end;
-        return end;
+        size_t n = 0;
+        while (n < ap->blocks.size() && n < blocks.size() && ap->blocks[n].chain == blocks[n].chain) ++n;
+        return snap_reuse(*ap, n).n_tokens;
     }
     void add_history() {
         ++n_hist_;
@@ -234,7 +249,7 @@ class scenario_runner {
     const std::string ws_;
     workload_generator g_;
     std::vector<segment> segs_;
-    std::vector<token_id> prev_tokens_;  // the previous warm turn's prompt
+    std::vector<block> prev_blocks_;  // the previous warm turn's prompt's blocks
     int n_hist_ = 0;
     bool mismatch_ = false;
 };

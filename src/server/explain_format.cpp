@@ -18,7 +18,7 @@ nlohmann::json explain_json(const explain_report & r) {
         {"drifted_fields", r.drifted_fields}, {"changed_segments", r.changed_segments},
         {"common_tokens_with_previous_turn", r.n_common_tokens}, {"snapped_from", r.snapped_from},
         {"predicted_prefill_ms", r.predicted_prefill_ms}, {"stable_prefix_hash", r.stable_prefix_hash}, {"tier", kv_tier_name(r.tier)}, {"in_place", r.in_place},
-        {"segments", segs},
+        {"reordered", r.reordered}, {"order_note", r.order_note}, {"segments", segs},
     };
     j["prewarm"] = prewarm_json(r.prewarm);
     if (r.eviction) {
@@ -62,6 +62,7 @@ std::string explain_text(const explain_report & r) {
                       r.prewarm->n_prefilled, r.prewarm->duration_ms);
         o << line;
     }
+    if (!r.order_note.empty() && !r.reordered) o << "  order: " << r.order_note << "\n";
     o << "  stable prefix hash: " << r.stable_prefix_hash << "\n";
     std::snprintf(line, sizeof line, "  %-28s %-13s %-8s %13s %8s %10s\n", "segment", "kind", "class", "tokens", "reused",
                   "prefilled");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the side-by-side benchmarks small on the tiny model and checks what their JSON
 # says (structure and cache behaviour; never timings, which are the benches' job).
-# usage: bench_checks.sh WARMCTX_BENCH TINY_MODEL trace|trace_window|s2|s3|contention|render
+# usage: bench_checks.sh WARMCTX_BENCH TINY_MODEL trace|trace_window|s2|s3|contention|render|edits
 set -euo pipefail
 bench="$1" model="$2" which="$3"
 out="$(mktemp)"; trap 'rm -f "$out"' EXIT
@@ -57,6 +57,16 @@ trace_window)
         "both systems were sent the prompt warmctx assembles from the messages, turn by turn" '[.systems[] | {name, prompt_tokens, prompt_token_mismatches}, .trace.prompt_tokens_total]'
   ttft_and_phase_checks '[0]'
   check '(.systems[1] | has("phases") | not) and (.systems[1] | has("unaccounted") | not)' "llama-server has no warmctx timings" '.systems[1] | del(.per_turn)'
+  ;;
+edits)
+  "$bench" edits -m "$model" --files 4 --file-tokens 200 --map-tokens 400 --turns 14 --json >"$out"
+  check '[.systems[].name] == ["warmctx","warmctx-fixed","llama-server"] and all(.systems[]; .edited_turns == 13 and (.per_turn.prefilled_tokens | length) == 14)' \
+        "one entry per system, every turn" '.systems[] | del(.per_turn)'
+  check '(.workload.edited_segment_of_turn[0] == "") and all(.workload.edited_segment_of_turn[1:][]; . != "")' "every turn after the first edits a segment" '.workload'
+  check '([.systems[].cold_prefilled_tokens] | unique | length) == 1' "every system prefilled the same cold prompt" '[.systems[] | {name, cold_prefilled_tokens}]'
+  check '.systems[0].edited_prefilled_tokens_total <= .systems[1].edited_prefilled_tokens_total' \
+        "the learned order and finer blocks prefill no more than the fixed order" '[.systems[] | {name, edited_prefilled_tokens_total}]'
+  check '.ratios.warmctx_over_llama_server_prefilled_total > 0 and .ratios.warmctx_over_fixed_prefilled_total > 0' "ratios reported" '.ratios'
   ;;
 s2)
   "$bench" s2 -m "$model" --sizes 600,1200 --warm-turns 2 --json >"$out"

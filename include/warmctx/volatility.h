@@ -1,0 +1,113 @@
+// warmctx/volatility.h - a workspace's learned order of its stable segments, and which of
+// them are cut into finer blocks.
+//
+// An edit of a stable segment re-prefills everything after its first changed block. Two
+// things make that cheap, both decided here per workspace from how often each stable
+// segment changed over its recent turns:
+//
+//   - order: inside a run of stable segments of one retention class (in the kind table's
+//     order: system, tools, rules; then the repo map and the pinned files), the segments
+//     that change often go last, so an edit of one re-prefills little after it. The kind
+//     table still decides the classes and everything outside such a run; input order
+//     still never changes the prompt (the order depends on the workspace's history only);
+//   - finer blocks: a stable segment that has changed at least once (ever) is cut
+//     at line starts into parts of about k_line_block_bytes (line_block_cuts), each a piece
+//     of its own, so an edit keeps the blocks of the file's unchanged head. A segment that
+//     never changes keeps whole chunks (a cold prefill in smaller chunks costs more).
+//
+// A reorder is itself a miss: every block from the first segment that moves on is new.
+// So the order changes only when the expected saving over the next `horizon_turns` turns
+// exceeds what the reorder costs this turn beyond what this turn's own edits cost anyway
+// (hysteresis), and a segment is ranked by its rate only once it changed `min_changes`
+// times in the window (one edit is an event; two are a habit). Costs are in content
+// bytes (known before tokenizing); decide_order says why it changed the order, or why
+// not, in `note`.
+//
+// Pure functions over plain values; the runtime keeps a volatility_state per workspace.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "warmctx/hash.h"
+#include "warmctx/kind_table.h"
+#include "warmctx/manifest.h"
+#include "warmctx/segments.h"
+
+namespace warmctx {
+
+// A stable segment's finer blocks: a cut at the first line start (is_line_cut) at or
+// after this many bytes since the previous cut. About 100-150 tokens of code or a repo
+// map; the measurement behind it is in docs/benchmarks.md ("chunk size").
+inline constexpr size_t k_line_block_bytes = 512;
+inline constexpr size_t k_line_block_max_cuts = 1024;
+
+// Where a stable segment's text is cut into finer blocks. Each cut depends on the text
+// before it only, so an edit keeps every cut before it. Every cut is an is_line_cut
+// point (the parts tokenize to the whole text's tokens where the model allows it).
+// Ascending, in (0, size).
+std::vector<size_t> line_block_cuts(std::string_view t, size_t block_bytes = k_line_block_bytes);
+
+struct volatility_options {
+    bool enabled = true;          // false: the kind table's order and whole chunks, always
+    uint32_t window_turns = 32;   // the recent turns a rate is measured over (<= 64)
+    uint32_t min_changes = 2;     // changes in the window before a segment is ranked by its rate
+    uint32_t horizon_turns = 8;   // turns over which a reorder must pay for itself
+    // A reorder must also save at least this fraction of the stable bytes per turn, so
+    // that two segments of nearly the same rate do not swap back and forth.
+    double min_saving_fraction = 0.02;
+};
+
+// One stable segment's recent history.
+struct segment_volatility {
+    hash128 content_hash;         // at its last observed turn
+    uint64_t content_bytes = 0;
+    uint64_t changed_bits = 0;    // bit i: changed at the i-th most recent observed turn
+    uint32_t n_observed = 0;      // turns it was seen in after its first (at most 64 counted)
+    bool fine = false;            // cut into finer blocks since it first changed (kept even when
+                                  // the change leaves the window: going back would be a miss)
+    uint32_t n_changes(uint32_t window) const;
+    double rate(uint32_t window) const;  // changes / observed turns in the window (0 when none)
+};
+
+// What a workspace remembers.
+struct volatility_state {
+    std::vector<std::string> order;  // the stable segments' ids as last assembled ("": the kind order)
+    std::map<std::string, segment_volatility> segs;
+    uint64_t n_turns = 0;
+};
+
+// What the assembler takes from it (assemble's `hints`).
+struct assembly_hints {
+    std::vector<std::string> order;  // stable segment ids, in the learned order
+    std::vector<std::string> fine;   // stable segment ids cut into finer blocks
+    bool empty() const { return order.empty() && fine.empty(); }
+    bool operator==(const assembly_hints &) const = default;
+};
+
+struct order_decision {
+    assembly_hints hints;
+    bool reordered = false;  // hints.order differs from the state's order
+    std::string note;        // why it changed (or why a better order was not taken); "" when nothing to say
+};
+
+// The hints for this request's segments. Pure.
+order_decision decide_order(const volatility_state & st, std::span<const segment> segs, const kind_table & kinds,
+                            const volatility_options & o);
+
+// Records an assembled turn: each stable segment changed or not (by content hash), and
+// the order it was assembled in. Segments absent from it are forgotten.
+void observe_turn(volatility_state & st, const manifest & man);
+
+// Whether a segment takes part in the learned order and finer blocks: a stable one, except
+// the tools (a template writes them in its own place, wherever the segment sits).
+bool is_reorderable(const segment & s, const kind_table & kinds);
+
+// The content hash a manifest entry carries (hash of the content, and of a message's
+// tool calls when it has any).
+hash128 segment_content_hash(const segment & s);
+
+}  // namespace warmctx

@@ -1,0 +1,259 @@
+// warmctx-bench edits - what an edit of a stable segment costs: a workspace of ten pinned
+// files and a repository map, one segment edited per turn with a skew (a few files are
+// edited often, most rarely), sent to warmctx (its learned order and finer blocks), to
+// warmctx with --fixed-order (the kind table's order and whole chunks) and to
+// llama-server (the prompt in the kind table's order, as an agent sends it; its prompt
+// cache reuses up to the first changed token), one after another in one run.
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "bench_harness.h"
+
+namespace warmctx::cli {
+namespace {
+
+using json = nlohmann::json;
+
+struct edits_args {
+    model_flags mf;
+    int n_files = 10;
+    size_t file_tokens = 600;
+    size_t map_tokens = 2000;
+    int turns = 40;
+    double skew = 1.2;  // Zipf exponent of the segments' edit frequencies
+    std::vector<std::string> systems = {"warmctx", "warmctx-fixed", "llama-server"};
+    std::string llama_server = default_tool("llama-server");
+    uint64_t seed = 5;
+    bool json_out = false;
+};
+
+// One turn of the workload: its segments, the one stable segment it edited ("" on the
+// first) and that segment's tokens.
+struct edit_turn {
+    std::vector<segment> segs;
+    std::vector<token_id> tokens;  // in the kind table's order (llama-server's prompt)
+    std::string edited;
+    size_t edited_tokens = 0;
+};
+
+// Replaces one line at a random place of `text` with a line of the same shape.
+std::string edit_random_line(workload_generator & g, const std::string & text) {
+    if (text.empty()) return "// edited\n";
+    size_t at = g.rng()() % text.size();
+    size_t b = text.rfind('\n', at == 0 ? 0 : at - 1);
+    b = b == std::string::npos ? 0 : b + 1;
+    size_t e = text.find('\n', b);
+    if (e == std::string::npos) e = text.size();
+    return text.substr(0, b) + "    edited_" + std::to_string(g.rng()() % 100000) + "(); // " +
+           std::to_string(g.rng()() % 1000) + text.substr(e);
+}
+
+result<std::vector<edit_turn>> build_edit_turns(const edits_args & a, prompt_builder & pb) {
+    workload_generator g(a.seed, pb.counter());
+    std::vector<segment> segs;
+    segs.push_back({"system", segment_kind::system, "", "", g.system_prompt()});
+    segs.push_back({"tools", segment_kind::tools, "", "", g.tool_schemas(4)});
+    segs.push_back({"rules", segment_kind::instructions, "", "", g.repo_rules()});
+    segs.push_back({"repo-map", segment_kind::repo_map, "", "", g.repo_map(a.map_tokens)});
+    std::vector<size_t> editable = {3};
+    for (int i = 0; i < a.n_files; ++i) {
+        char path[64];
+        std::snprintf(path, sizeof path, "src/module_%02d.cc", i);
+        segs.push_back({"pin-" + std::to_string(i), segment_kind::pinned_file, path, "", g.source_file(path, a.file_tokens)});
+        editable.push_back(segs.size() - 1);
+    }
+    segs.push_back({"question", segment_kind::user, "", "", g.question()});
+    // Which segment each rank of the Zipf distribution is: the files in a shuffled order,
+    // the repository map among them.
+    std::shuffle(editable.begin(), editable.end(), g.rng());
+    std::vector<double> w;
+    for (size_t r = 0; r < editable.size(); ++r) w.push_back(1.0 / std::pow((double)r + 1, a.skew));
+    std::discrete_distribution<size_t> pick(w.begin(), w.end());
+
+    std::vector<edit_turn> turns;
+    for (int t = 0; t < a.turns; ++t) {
+        edit_turn et;
+        if (t > 0) {
+            segment & s = segs[editable[pick(g.rng())]];
+            s.content = edit_random_line(g, s.content);
+            et.edited = s.id;
+            et.edited_tokens = g.count(s.content);
+        }
+        segs.back().content = g.question();
+        et.segs = segs;
+        auto toks = pb.tokens(segs);
+        if (!toks) return toks.error();
+        et.tokens = std::move(*toks);
+        turns.push_back(std::move(et));
+    }
+    return turns;
+}
+
+result<std::unique_ptr<bench_system>> start_edits_system(const std::string & name, const edits_args & a,
+                                                         const model_flags & mf, uint64_t bpt) {
+    if (name == "warmctx" || name == "warmctx-fixed") {
+        warmctx_system_options o;
+        o.name = name;
+        o.mf = mf;
+        o.holders = 8;
+        o.cf.fixed_order = name == "warmctx-fixed";
+        return start_warmctx_system(o);
+    }
+    llama_server_options o;
+    o.binary = a.llama_server;
+    o.mf = mf;
+    o.kv_bytes_per_token = bpt;
+    return start_llama_server(o);
+}
+
+// One system through every turn: per turn its prefilled tokens and time to first token.
+result<json> run_edits_system(const std::string & name, const edits_args & a, const model_flags & mf, uint64_t bpt,
+                              const std::vector<edit_turn> & turns) {
+    auto sys = start_edits_system(name, a, mf, bpt);
+    if (!sys) return sys.error();
+    json prefilled = json::array(), ttft = json::array(), ratio = json::array();
+    std::vector<double> edited_ratio, edited_prefilled, edited_ratio_late, edited_ttft;
+    for (size_t t = 0; t < turns.size(); ++t) {
+        const edit_turn & et = turns[t];
+        auto r = (*sys)->send("edits", et.segs, et.tokens, 1);
+        if (!r.ok) return engine_error(name + ": turn " + std::to_string(t) + " failed: " + r.error);
+        const int n = r.prompt_tokens - r.cached_tokens;
+        prefilled.push_back(n);
+        ttft.push_back(r.ttft_ms);
+        const double x = et.edited_tokens > 0 ? (double)n / (double)et.edited_tokens : 0.0;
+        ratio.push_back(x);
+        if (t > 0) {
+            edited_ratio.push_back(x);
+            edited_prefilled.push_back(n);
+            edited_ttft.push_back(r.ttft_ms);
+            if (t * 2 >= turns.size()) edited_ratio_late.push_back(x);
+        }
+        if (t % 10 == 0) progress(name + ": turn " + std::to_string(t) + ", prefilled " + std::to_string(n));
+    }
+    double total = 0;
+    for (double p : edited_prefilled) total += p;
+    return json{{"name", name},
+                {"config", (*sys)->describe()},
+                {"cold_prefilled_tokens", prefilled[0]},
+                {"cold_ttft_ms", ttft[0]},
+                {"edited_turns", edited_prefilled.size()},
+                {"edited_prefilled_tokens_total", total},
+                {"edited_prefilled_tokens_median", median(edited_prefilled)},
+                {"edited_ttft_ms_median", median(edited_ttft)},
+                {"edited_ttft_ms_p95", percentile(edited_ttft, 0.95)},
+                {"prefilled_over_segment_tokens_median", median(edited_ratio)},
+                {"prefilled_over_segment_tokens_median_second_half", median(edited_ratio_late)},
+                {"per_turn", {{"prefilled_tokens", prefilled}, {"ttft_ms", ttft}, {"prefilled_over_segment_tokens", ratio}}}};
+}
+
+json edits_ratios(const json & systems) {
+    json r = json::object();
+    auto find = [&](const std::string & n) -> const json * {
+        for (const auto & s : systems)
+            if (s["name"] == n) return &s;
+        return nullptr;
+    };
+    const json * w = find("warmctx");
+    for (const char * other : {"llama-server", "warmctx-fixed"}) {
+        const json * o = find(other);
+        if (!w || !o) continue;
+        const std::string k = std::string("warmctx_over_") + (std::string(other) == "llama-server" ? "llama_server" : "fixed");
+        std::vector<double> per_turn;
+        for (size_t t = 1; t < (*w)["per_turn"]["prefilled_tokens"].size(); ++t) {
+            const double d = (*o)["per_turn"]["prefilled_tokens"][t].get<double>();
+            per_turn.push_back(d > 0 ? (*w)["per_turn"]["prefilled_tokens"][t].get<double>() / d : 0.0);
+        }
+        r[k + "_prefilled_total"] = (*o)["edited_prefilled_tokens_total"].get<double>() > 0
+                                        ? (*w)["edited_prefilled_tokens_total"].get<double>() /
+                                              (*o)["edited_prefilled_tokens_total"].get<double>()
+                                        : 0.0;
+        r[k + "_prefilled_median"] = (*o)["edited_prefilled_tokens_median"].get<double>() > 0
+                                         ? (*w)["edited_prefilled_tokens_median"].get<double>() /
+                                               (*o)["edited_prefilled_tokens_median"].get<double>()
+                                         : 0.0;
+        r[k + "_prefilled_per_turn_median"] = median(per_turn);
+    }
+    return r;
+}
+
+int run_edits(const edits_args & a) {
+    if (a.n_files < 1 || a.turns < 2 || a.file_tokens < 32 || a.map_tokens < 32)
+        return fail(invalid_argument("--files >= 1, --turns >= 2, --file-tokens and --map-tokens >= 32"));
+    for (const auto & s : a.systems)
+        if (s != "warmctx" && s != "warmctx-fixed" && s != "llama-server")
+            return fail(invalid_argument("--systems: unknown system '" + s + "' (warmctx, warmctx-fixed, llama-server)"));
+    auto pb = prompt_builder::open(a.mf);
+    if (!pb) return fail(pb.error());
+    progress("building " + std::to_string(a.turns) + " turns of edits");
+    auto turns = build_edit_turns(a, **pb);
+    if (!turns) return fail(turns.error());
+    model_flags mf = a.mf;
+    mf.model = (*pb)->model_path();
+    const std::string desc = (*pb)->model_description();
+    const uint64_t bpt = (*pb)->kv_bytes_per_token();
+    pb->reset();
+    size_t longest = 0;
+    for (const auto & t : *turns) longest = std::max(longest, t.tokens.size());
+    const uint32_t chunk = std::max<uint32_t>(1, mf.chunk);
+    mf.n_ctx = (uint32_t)((longest + 64 + chunk - 1) / chunk * chunk);
+
+    json systems = json::array();
+    for (const auto & name : a.systems) {
+        auto r = run_edits_system(name, a, mf, bpt, *turns);
+        if (!r) return fail(r.error());
+        systems.push_back(std::move(*r));
+    }
+    json edited = json::array();
+    json seg_tokens = json::array();
+    for (const auto & t : *turns) {
+        edited.push_back(t.edited);
+        seg_tokens.push_back(t.edited_tokens);
+    }
+    json out = {{"bench", "edits"},
+                {"model", mf.model},
+                {"model_desc", desc},
+                {"backend", backend_name()},
+                {"workload",
+                 {{"files", a.n_files}, {"file_tokens", a.file_tokens}, {"map_tokens", a.map_tokens}, {"turns", a.turns},
+                  {"skew", a.skew}, {"seed", a.seed}, {"prompt_tokens_first", (*turns)[0].tokens.size()},
+                  {"edited_segment_of_turn", edited}, {"edited_segment_tokens_of_turn", seg_tokens}}},
+                {"systems", systems},
+                {"ratios", edits_ratios(systems)}};
+    if (a.json_out) {
+        std::printf("%s\n", out.dump(2).c_str());
+        return 0;
+    }
+    std::printf("%-14s %10s %14s %14s %16s %12s\n", "system", "cold", "edited median", "edited total",
+                "median/segment", "ttft p50 ms");
+    for (const auto & s : systems)
+        std::printf("%-14s %10d %14.0f %14.0f %16.3f %12.1f\n", s["name"].get<std::string>().c_str(),
+                    s["cold_prefilled_tokens"].get<int>(), s["edited_prefilled_tokens_median"].get<double>(),
+                    s["edited_prefilled_tokens_total"].get<double>(),
+                    s["prefilled_over_segment_tokens_median"].get<double>(), s["edited_ttft_ms_median"].get<double>());
+    std::printf("%s\n", out["ratios"].dump().c_str());
+    return 0;
+}
+
+}  // namespace
+
+void register_edits_bench(CLI::App & bench, int & rc) {
+    auto a = std::make_shared<edits_args>();
+    auto * c = bench.add_subcommand(
+        "edits", "one stable segment edited per turn (a few files often): prefilled tokens per edit, warmctx (learned "
+                 "order, finer blocks), warmctx --fixed-order and llama-server");
+    a->mf.add_to(*c, false);
+    c->add_option("--files", a->n_files, "pinned files")->capture_default_str();
+    c->add_option("--file-tokens", a->file_tokens, "tokens per pinned file")->capture_default_str();
+    c->add_option("--map-tokens", a->map_tokens, "tokens of the repository map")->capture_default_str();
+    c->add_option("--turns", a->turns, "turns (the first cold, each later one edits one segment)")->capture_default_str();
+    c->add_option("--skew", a->skew, "Zipf exponent of the segments' edit frequencies")->capture_default_str();
+    c->add_option("--systems", a->systems, "systems to run: warmctx, warmctx-fixed, llama-server")->delimiter(',')->capture_default_str();
+    c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
+    c->add_option("--seed", a->seed, "workload seed")->capture_default_str();
+    c->add_flag("--json", a->json_out, "print JSON");
+    on_run(c, rc, [a] { return run_edits(*a); });
+}
+
+}  // namespace warmctx::cli

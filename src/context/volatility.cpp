@@ -1,0 +1,200 @@
+// The learned order of a workspace's stable segments and its finer blocks
+// (warmctx/volatility.h says what and why).
+#include "warmctx/volatility.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <unordered_map>
+
+#include "warmctx/assembler.h"
+#include "warmctx/text_model.h"
+
+namespace warmctx {
+
+std::vector<size_t> line_block_cuts(std::string_view t, size_t block_bytes) {
+    std::vector<size_t> cuts;
+    if (block_bytes == 0) block_bytes = 1;
+    size_t last = 0;
+    for (size_t p = block_bytes; p < t.size() && cuts.size() < k_line_block_max_cuts; ++p) {
+        if (p - last < block_bytes || !is_line_cut(t, p)) continue;
+        cuts.push_back(p);
+        last = p;
+        p = last + block_bytes - 1;  // the loop's ++p lands on last + block_bytes
+    }
+    return cuts;
+}
+
+bool is_reorderable(const segment & s, const kind_table & kinds) {
+    return kinds.policy(s.kind).stab == stability::stable && s.kind != segment_kind::tools;
+}
+
+hash128 segment_content_hash(const segment & s) {
+    if (s.tool_calls.empty() && s.tool_call_id.empty()) return hash_string(s.content);
+    std::string all = s.content;
+    all += '\x1f';
+    all += s.tool_calls;
+    all += '\x1f';
+    all += s.tool_call_id;
+    return hash_string(all);
+}
+
+namespace {
+
+uint64_t window_mask(uint32_t n) { return n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1; }
+
+}  // namespace
+
+uint32_t segment_volatility::n_changes(uint32_t window) const {
+    return (uint32_t)std::popcount(changed_bits & window_mask(std::min(window, n_observed)));
+}
+
+double segment_volatility::rate(uint32_t window) const {
+    const uint32_t n = std::min(window, n_observed);
+    return n == 0 ? 0.0 : (double)n_changes(window) / n;
+}
+
+namespace {
+
+// One stable segment as the decision sees it.
+struct item {
+    const segment * s = nullptr;
+    size_t run = 0;            // which run of same-class stable segments it is in
+    uint64_t bytes = 0;
+    bool changed_now = false;  // its content differs from the workspace's last turn
+    bool fine = false;         // cut finer since an earlier change
+    uint32_t changes = 0;      // in the window, this turn included
+    uint32_t observed = 0;     // turns in the window, this turn included
+    double rank_rate = 0;      // its rate once it changed min_changes times, else 0
+};
+
+// E[bytes re-prefilled per turn] when the segments sit in `order`: the first segment
+// that changes costs the half of itself after the change (on average) and everything
+// after it; segments change independently at their rates.
+double expected_cost(const std::vector<const item *> & order) {
+    double cost = 0, none_before = 1, after = 0;
+    for (const item * it : order) after += (double)it->bytes;
+    for (const item * it : order) {
+        after -= (double)it->bytes;
+        cost += none_before * it->rank_rate * ((double)it->bytes / 2 + after);
+        none_before *= 1 - it->rank_rate;
+    }
+    return cost;
+}
+
+// Bytes from position i to the end of `order`.
+double tail_bytes(const std::vector<const item *> & order, size_t i) {
+    double t = 0;
+    for (; i < order.size(); ++i) t += (double)order[i]->bytes;
+    return t;
+}
+
+std::string describe_moves(const std::vector<const item *> & cur, const std::vector<const item *> & cand) {
+    std::string out;
+    for (size_t i = 0; i < cand.size(); ++i) {
+        if (cand[i] == cur[i] || cand[i]->rank_rate <= 0) continue;
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " (changed in %u of the last %u turns)", cand[i]->changes, cand[i]->observed);
+        out += (out.empty() ? "'" : ", '") + cand[i]->s->id + "'" + buf;
+    }
+    return out.empty() ? "rarely changed segments earlier" : out + " later";
+}
+
+}  // namespace
+
+order_decision decide_order(const volatility_state & st, std::span<const segment> segs, const kind_table & kinds,
+                            const volatility_options & o) {
+    order_decision d;
+    if (!o.enabled) return d;
+    // The stable segments in the order the state gives them now, and their rates with
+    // this turn counted.
+    std::vector<item> items;
+    std::vector<const segment *> order = ordered_segments(segs, kinds, st.order);
+    for (size_t i = 0; i < order.size(); ++i) {
+        const kind_policy & p = kinds.policy(order[i]->kind);
+        if (!is_reorderable(*order[i], kinds)) continue;
+        item it;
+        it.s = order[i];
+        const bool joins = !items.empty() && items.back().s == order[i - 1] &&
+                           kinds.policy(items.back().s->kind).retention == p.retention;
+        it.run = items.empty() ? 0 : items.back().run + (joins ? 0 : 1);
+        it.bytes = order[i]->content.size() + order[i]->path.size() + 16;
+        if (auto h = st.segs.find(order[i]->id); h != st.segs.end()) {
+            segment_volatility v = h->second;
+            it.changed_now = v.content_hash != segment_content_hash(*order[i]);
+            it.fine = v.fine;
+            v.changed_bits = (v.changed_bits << 1) | (it.changed_now ? 1 : 0);
+            v.n_observed = std::min<uint32_t>(v.n_observed + 1, 64);
+            it.changes = v.n_changes(o.window_turns);
+            it.observed = std::min(o.window_turns, v.n_observed);
+            if (it.changes >= std::max<uint32_t>(o.min_changes, 1)) it.rank_rate = v.rate(o.window_turns);
+        }
+        if (it.changes > 0 || it.fine) d.hints.fine.push_back(it.s->id);
+        items.push_back(it);
+    }
+    std::vector<const item *> cur, cand;
+    for (const item & it : items) cur.push_back(&it);
+    cand = cur;
+    // Within each run, rarely changed first; ties keep the current order.
+    std::stable_sort(cand.begin(), cand.end(), [](const item * a, const item * b) {
+        return a->run != b->run ? a->run < b->run : a->rank_rate < b->rank_rate;
+    });
+    size_t first_diff = 0;
+    while (first_diff < cur.size() && cur[first_diff] == cand[first_diff]) ++first_diff;
+    auto ids = [](const std::vector<const item *> & v) {
+        std::vector<std::string> out;
+        for (const item * it : v) out.push_back(it->s->id);
+        return out;
+    };
+    d.hints.order = ids(cur);
+    if (first_diff == cur.size()) return d;
+
+    const double saving = expected_cost(cur) - expected_cost(cand);
+    // This turn's own edits already re-prefill from the first changed segment on (from
+    // about its middle, with finer blocks): the reorder costs only what lies before that.
+    double forced = 0;
+    for (size_t i = 0; i < cur.size(); ++i)
+        if (cur[i]->changed_now) {
+            forced = tail_bytes(cur, i) - (double)cur[i]->bytes / 2;
+            break;
+        }
+    const double cost = std::max(0.0, tail_bytes(cur, first_diff) - forced);
+    const double total = tail_bytes(cur, 0);
+    char nums[200];
+    std::snprintf(nums, sizeof nums,
+                  "expected saving %.0f bytes a turn over %u turns against a reorder cost of %.0f bytes this turn",
+                  saving, o.horizon_turns, cost);
+    if (saving * o.horizon_turns > cost && saving >= o.min_saving_fraction * total) {
+        d.hints.order = ids(cand);
+        d.reordered = true;
+        d.note = "stable order changed: " + describe_moves(cur, cand) + "; " + nums;
+    } else {
+        d.note = "stable order kept: moving " + describe_moves(cur, cand) + " would not pay (" + nums + ")";
+    }
+    return d;
+}
+
+void observe_turn(volatility_state & st, const manifest & man) {
+    std::map<std::string, segment_volatility> next;
+    std::vector<std::string> order;
+    for (const manifest_entry & e : man.segments) {
+        if (e.stab != stability::stable) continue;
+        order.push_back(e.id);
+        segment_volatility v;
+        if (auto h = st.segs.find(e.id); h != st.segs.end()) {
+            v = h->second;
+            const bool changed = v.content_hash != e.content_hash;
+            v.changed_bits = (v.changed_bits << 1) | (changed ? 1 : 0);
+            v.n_observed = std::min<uint32_t>(v.n_observed + 1, 64);
+            v.fine = v.fine || changed;
+        }
+        v.content_hash = e.content_hash;
+        v.content_bytes = e.content_bytes;
+        next[e.id] = v;
+    }
+    st.segs = std::move(next);
+    st.order = std::move(order);
+    st.n_turns++;
+}
+
+}  // namespace warmctx

@@ -1,0 +1,207 @@
+// The learned order of a workspace's stable segments and its finer blocks
+// (warmctx/volatility.h), and how assemble applies them.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "fake_text_model.h"
+#include "test_workspace.h"
+#include "warmctx/assembler.h"
+#include "warmctx/text_model.h"
+#include "warmctx/volatility.h"
+
+namespace warmctx {
+namespace {
+
+using testing::fake_text_model;
+using testing::make_segment;
+using testing::test_profile;
+using testing::typical_workspace;
+
+std::vector<std::string> ids_of(const std::vector<const segment *> & order) {
+    std::vector<std::string> out;
+    for (const segment * s : order) out.push_back(s->id);
+    return out;
+}
+
+// A workspace of a system prompt, a repo map and three pinned files, sized in bytes.
+std::vector<segment> workspace(const std::string & map_version = "v0", const std::string & pin_b = "b0") {
+    using enum segment_kind;
+    return {make_segment("sys", system, std::string(400, 's')),
+            make_segment("map", repo_map, map_version + std::string(2000, 'm')),
+            make_segment("pin-a", pinned_file, std::string(1000, 'a'), "src/a.cc"),
+            make_segment("pin-b", pinned_file, pin_b + std::string(1000, 'b'), "src/b.cc"),
+            make_segment("pin-c", pinned_file, std::string(1000, 'c'), "src/c.cc"),
+            make_segment("q", user, "why?")};
+}
+
+// One turn as the runtime runs it: decide, assemble in that order, observe.
+order_decision turn(volatility_state & st, const std::vector<segment> & segs, const volatility_options & o = {}) {
+    static const kind_table kinds;
+    order_decision d = decide_order(st, segs, kinds, o);
+    manifest man;
+    for (const segment * s : ordered_segments(segs, kinds, d.hints.order)) {
+        manifest_entry e;
+        e.id = s->id;
+        e.kind = s->kind;
+        e.stab = kinds.policy(s->kind).stab;
+        e.content_hash = segment_content_hash(*s);
+        e.content_bytes = s->content.size();
+        man.segments.push_back(e);
+    }
+    observe_turn(st, man);
+    return d;
+}
+
+TEST(LineBlockCuts, CutAtLineStartsEveryBlockAndKeepTheHeadsCutsAfterAnEdit) {
+    std::string text;
+    for (int i = 0; i < 300; ++i) text += "line_" + std::to_string(i) + " = " + std::to_string(i * 13) + ";\n";
+    const auto cuts = line_block_cuts(text, 128);
+    ASSERT_GT(cuts.size(), 10u);
+    size_t last = 0;
+    for (size_t c : cuts) {
+        EXPECT_TRUE(is_line_cut(text, c));
+        EXPECT_GE(c - last, 128u);
+        last = c;
+    }
+    // An edit in the middle: every cut before it stays.
+    std::string edited = text;
+    const size_t at = text.size() / 2;
+    edited.insert(edited.find('\n', at) + 1, "inserted_line = 1;\n");
+    const auto cuts2 = line_block_cuts(edited, 128);
+    for (size_t c : cuts)
+        if (c <= at) {
+            EXPECT_NE(std::find(cuts2.begin(), cuts2.end(), c), cuts2.end()) << c;
+        }
+    // Lines that start with something other than a letter or digit are no cut points.
+    EXPECT_TRUE(line_block_cuts(std::string(1000, ' ') + "\n  x\n", 10).empty());
+}
+
+TEST(LearnedOrder, ReordersOnlyInsideARunOfStableSegmentsOfOneClass) {
+    const kind_table kinds;
+    auto segs = typical_workspace();
+    const std::vector<std::string> canonical = ids_of(ordered_segments(segs, kinds));
+    // The repo map and the pinned files are one run (stable, high); the system prompt,
+    // the tools and the rules another (stable, highest). A learned order never moves a
+    // segment out of its run: the map stays after the system prompt although it is named
+    // first.
+    const std::vector<std::string> learned = {"map", "sys", "pin/src/parse.cc"};
+    const auto got = ids_of(ordered_segments(segs, kinds, learned));
+    auto pos = [&](const std::vector<std::string> & v, std::string_view id) {
+        return std::find(v.begin(), v.end(), id) - v.begin();
+    };
+    EXPECT_LT(pos(got, "sys"), pos(got, "map"));
+    // The tools never move (the template writes them in its own place): they split the
+    // system prompt and the rules into runs of one.
+    EXPECT_EQ(pos(got, "tools"), pos(canonical, "tools"));
+    EXPECT_LT(pos(got, "sys"), pos(got, "tools"));
+    // Inside a run: the segments it does not name first (in the kind order), then its order.
+    EXPECT_LT(pos(got, "pin/src/lex.cc"), pos(got, "map"));
+    EXPECT_LT(pos(got, "map"), pos(got, "pin/src/parse.cc"));
+    // Everything outside the runs keeps its place.
+    for (const char * id : {"summary", "turn-1-a", "turn-1-u", "diff-1", "tests-out", "q"})
+        EXPECT_EQ(pos(got, id), pos(canonical, id)) << id;
+    // Input order never matters.
+    std::mt19937 rng(7);
+    for (int i = 0; i < 5; ++i) {
+        std::shuffle(segs.begin(), segs.end(), rng);
+        EXPECT_EQ(ids_of(ordered_segments(segs, kinds, learned)), got);
+    }
+}
+
+TEST(LearnedOrder, AssembleUsesTheHintsAndTheInputOrderStillDoesNotMatter) {
+    const kind_table kinds;
+    fake_text_model model;
+    auto segs = workspace();
+    assembly_hints h;
+    h.order = {"pin-a", "pin-c", "map", "pin-b"};
+    auto a = assemble(segs, kinds, model, test_profile(), "s", 16, true, h);
+    std::reverse(segs.begin(), segs.end());
+    auto b = assemble(segs, kinds, model, test_profile(), "s", 16, true, h);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->tokens, b->tokens);
+    std::vector<std::string> ids;
+    for (const auto & e : a->man.segments) ids.push_back(e.id);
+    EXPECT_EQ(ids, (std::vector<std::string>{"sys", "pin-a", "pin-c", "map", "pin-b", "q"}));
+    EXPECT_EQ(a->hints, h);
+}
+
+TEST(LearnedOrder, NoHistoryKeepsTheKindOrderAndWholeChunks) {
+    volatility_state st;
+    const order_decision d = turn(st, workspace());
+    EXPECT_FALSE(d.reordered);
+    EXPECT_TRUE(d.hints.fine.empty());
+    EXPECT_EQ(d.hints.order, (std::vector<std::string>{"sys", "map", "pin-a", "pin-b", "pin-c"}));
+    EXPECT_TRUE(d.note.empty());
+}
+
+TEST(LearnedOrder, ASegmentEditedTwiceMovesLastInItsClassAtItsEditAndOneEditOnlyCutsItFiner) {
+    volatility_state st;
+    turn(st, workspace("v0"));
+    turn(st, workspace("v0"));
+    order_decision d1 = turn(st, workspace("v1"));  // one edit: an event
+    EXPECT_FALSE(d1.reordered);
+    EXPECT_EQ(d1.hints.fine, (std::vector<std::string>{"map"}));
+    turn(st, workspace("v1"));
+    order_decision d2 = turn(st, workspace("v2"));  // two: a habit, and moving it costs nothing now
+    EXPECT_TRUE(d2.reordered) << d2.note;
+    EXPECT_EQ(d2.hints.order, (std::vector<std::string>{"sys", "pin-a", "pin-b", "pin-c", "map"}));
+    EXPECT_NE(d2.note.find("'map' (changed in 2 of the last 4 turns)"), std::string::npos) << d2.note;
+    EXPECT_EQ(st.order, d2.hints.order);
+    // It stays there while nothing else changes, cut finer even once its changes have
+    // left the window (going back to whole chunks would be a miss of its own).
+    for (int i = 0; i < 40; ++i) {
+        const order_decision d = turn(st, workspace("v2"));
+        EXPECT_FALSE(d.reordered);
+        EXPECT_EQ(d.hints.fine, (std::vector<std::string>{"map"}));
+    }
+    EXPECT_EQ(st.order.back(), "map");
+}
+
+TEST(LearnedOrder, AReorderThatCostsMoreThanItSavesWaitsForAnEditOfTheSegment) {
+    volatility_state st;
+    volatility_options o;
+    auto ws = [](int map_v, int b_v) { return workspace("v" + std::to_string(map_v), "b" + std::to_string(b_v)); };
+    // pin-b changes twice early, then often enough to rank, but not this turn.
+    turn(st, ws(0, 0), o);
+    turn(st, ws(0, 1), o);
+    turn(st, ws(0, 1), o);
+    for (int i = 0; i < 12; ++i) turn(st, ws(0, 1), o);
+    // A second change of pin-b would move it after pin-c; when pin-b itself changes, the
+    // move is free.
+    order_decision d = turn(st, ws(0, 2), o);
+    EXPECT_TRUE(d.reordered) << d.note;
+    EXPECT_EQ(d.hints.order.back(), "pin-b");
+    // The map changes once: it is only cut finer.
+    volatility_state st2 = st;
+    order_decision e1 = turn(st2, ws(1, 2), o);
+    EXPECT_FALSE(e1.reordered);
+    EXPECT_EQ(e1.hints.fine, (std::vector<std::string>{"map", "pin-b"}));
+    // Its second change ranks it (as often as pin-b: after the files that never change,
+    // before pin-b). Moving it costs its unchanged head (finer blocks would have kept
+    // it): over 8 turns that pays, over 1 it does not.
+    volatility_state st3 = st2, st4 = st2;
+    volatility_options impatient = o;
+    impatient.horizon_turns = 1;
+    const order_decision kept = turn(st3, ws(2, 2), impatient);
+    EXPECT_FALSE(kept.reordered);
+    EXPECT_NE(kept.note.find("stable order kept"), std::string::npos) << kept.note;
+    EXPECT_NE(kept.note.find("reorder cost"), std::string::npos) << kept.note;
+    const order_decision moved = turn(st4, ws(2, 2), o);
+    EXPECT_TRUE(moved.reordered) << moved.note;
+    EXPECT_EQ(moved.hints.order, (std::vector<std::string>{"sys", "pin-a", "pin-c", "map", "pin-b"}));
+}
+
+TEST(LearnedOrder, DisabledGivesNoHints) {
+    volatility_state st;
+    turn(st, workspace("v0"));
+    turn(st, workspace("v1"));
+    turn(st, workspace("v2"));
+    volatility_options off;
+    off.enabled = false;
+    EXPECT_TRUE(decide_order(st, workspace("v3"), kind_table{}, off).hints.empty());
+}
+
+}  // namespace
+}  // namespace warmctx
