@@ -9,7 +9,7 @@ warmctx="$1" model="$2"
 out="$(mktemp)"; trap 'rm -f "$out"' EXIT
 check() { if ! jq -e "$1" "$out" >/dev/null; then echo "FAILED: $2"; jq -c "${3:-.}" "$out" | head -c 4000; echo; exit 1; fi; echo "ok: $2"; }
 
-"$warmctx" demo -m "$model" --prefix-tokens 600 -t 1 --json >"$out"
+"$warmctx" demo -m "$model" --prefix-tokens 1500 -t 1 --json >"$out"
 rows='[.rows[] | del(.explain.segments)]'
 check '[.rows[].turn] == ["cold","warm","edited","edited-2","edited-3"]' "five turns: cold, warm, three edits" "$rows"
 check 'all(.rows[]; .prompt_tokens > 600 and .tokens_reused + .tokens_prefilled == .prompt_tokens and .explain.tokens_reused == .tokens_reused)' \
