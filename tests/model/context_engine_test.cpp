@@ -1059,6 +1059,9 @@ TEST(KvPool, AnEditTrimmingStableBlocksParksTheOldBranchInAFreeStream) {
     req.segments = make_workspace(g, 600, 1);
     req.sampling.max_tokens = 2;
     req.keep_logits = true;
+    // The kind order and whole chunks: the undone edit is then the original prompt (with the
+    // learned finer blocks the map, once changed, is chunked otherwise).
+    req.hints = assembly_hints{};
     auto run = [&](seq_id seq, std::vector<float> & logits) {
         auto t = ce->begin_turn(req, seq, logits);
         if (!t.ok()) return t.error();
