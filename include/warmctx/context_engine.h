@@ -22,6 +22,7 @@
 // Thread safety: none. One thread (the engine thread) owns a context_engine.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -166,8 +167,11 @@ class context_engine {
     // the one a new workspace's turn would take next (the least recently used idle one)
     // into the pool, unless the pool or another stream holds them, so that the
     // displacement then costs that turn nothing. One stream per call; true when it
-    // saved one.
-    bool write_back_ahead();
+    // saved one. The stream the last turn finished on is left alone for
+    // k_write_ahead_delay after that turn (its workspace's next turn usually comes
+    // first, in place); `retry_in` then says when to ask again.
+    static constexpr std::chrono::milliseconds k_write_ahead_delay{500};
+    bool write_back_ahead(std::chrono::milliseconds * retry_in = nullptr);
     void abort_turn(pending_turn & t);
     uint32_t n_work_seqs() const;
     // Which of `free_seqs` a turn of `workspace` should run in: the one its last turn

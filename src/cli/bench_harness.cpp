@@ -301,13 +301,18 @@ result<std::unique_ptr<bench_system>> start_llama_server(const llama_server_opti
                                      "--port", std::to_string(port),
                                      "-t", std::to_string(threads),
                                      "-tb", std::to_string(threads),
-                                     "-ngl", std::to_string(o.mf.gpu_layers < 0 ? 999 : o.mf.gpu_layers),
-                                     "-fa", eo->flash_attn ? "on" : "off",
                                      "--no-webui"};
+    // At its defaults llama-server chooses its layers and flash attention itself (-ngl and
+    // -fa auto: every layer that fits, flash attention where the backend has it); the
+    // threads stay equal.
     if (!o.defaults) {
-        for (const std::string & a : std::vector<std::string>{"-c", std::to_string((uint64_t)o.mf.n_ctx * (uint64_t)o.slots), "-np", std::to_string(o.slots),
-                              "-b", std::to_string(eo->chunk_tokens), "-ub", std::to_string(eo->chunk_tokens),
-                              "-ctk", eo->kv_type, "-ctv", eo->kv_type})
+        for (const std::string & a :
+             std::vector<std::string>{"-ngl", std::to_string(o.mf.gpu_layers < 0 ? 999 : o.mf.gpu_layers),
+                                      "-fa", eo->flash_attn ? "on" : "off",
+                                      "-c", std::to_string((uint64_t)o.mf.n_ctx * (uint64_t)o.slots),
+                                      "-np", std::to_string(o.slots),
+                                      "-b", std::to_string(eo->chunk_tokens), "-ub", std::to_string(eo->chunk_tokens),
+                                      "-ctk", eo->kv_type, "-ctv", eo->kv_type})
             args.push_back(a);
     }
     if (o.cache_ram_mib >= 0 && !o.defaults) {

@@ -417,6 +417,8 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             s.workspace = t.workspace;
             s.t_finished = t.tick;
             s.unsaved = p_->cache->peek(s.blocks, t.workspace).n_blocks < s.blocks.size();
+            p_->last_finished_seq = t.seq;
+            p_->last_finished_at = clock_type::now();
         } else {
             result_st = st.with_context("cache update");
             p_->clear_stream(t.seq);

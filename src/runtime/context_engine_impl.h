@@ -75,6 +75,10 @@ struct context_engine::impl {
     std::unique_ptr<disk_kv_tier> tiers;
     profile prof;
     uint64_t turn_clock = 0;  // a logical clock: a tick per turn and per workspace call (LRU order)
+    // The stream the last turn finished on, and when: write_back_ahead leaves it alone
+    // for a moment, since that workspace's next turn usually comes first.
+    seq_id last_finished_seq = -1;
+    clock_type::time_point last_finished_at{};
     double prefill_tokens_per_ms = 0;  // exponential average of measured prefills
     uint64_t max_piece_bytes = 0;      // the longest text any one token stands for
     std::map<std::string, workspace_history> workspaces;

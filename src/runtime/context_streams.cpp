@@ -131,7 +131,8 @@ void context_engine::drop_work_streams() {
     }
 }
 
-bool context_engine::write_back_ahead() {
+bool context_engine::write_back_ahead(std::chrono::milliseconds * retry_in) {
+    if (retry_in) *retry_in = std::chrono::milliseconds(0);
     p_->flush_deferred();
     seq_id victim = -1;
     uint64_t oldest = 0;
@@ -145,6 +146,17 @@ bool context_engine::write_back_ahead() {
         }
     }
     if (victim < 0 || !p_->streams[(size_t)victim].unsaved) return false;
+    // The stream a turn has just finished on is its workspace's: an agent's next turn
+    // comes back to it in place, most often within moments, and then nothing is
+    // displaced. Saving it now (a copy of its whole prefix, 370 ms for 47k tokens out of
+    // an H200) would hold that turn in the queue; it waits k_write_ahead_delay first.
+    if (victim == p_->last_finished_seq) {
+        const auto since = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - p_->last_finished_at);
+        if (since < k_write_ahead_delay) {
+            if (retry_in) *retry_in = k_write_ahead_delay - since;
+            return false;
+        }
+    }
     const uint64_t before = p_->ctr.memory.n_write_backs;
     p_->write_back_displaced(victim);  // nothing when the pool or another stream holds them
     if (p_->ctr.memory.n_write_backs == before) return false;

@@ -140,6 +140,7 @@ void scheduler::impl::loop() {
             } catch (...) {}
         }
 
+        std::chrono::milliseconds retry_ahead{0};  // write_back_ahead: ask again after this
         bool any_active = false;
         for (auto & j : slots) any_active |= (bool)j;
         if (!any_active) {
@@ -153,7 +154,7 @@ void scheduler::impl::loop() {
             bool saved = false;
             if (idle) {
                 try {
-                    saved = ce->write_back_ahead();
+                    saved = ce->write_back_ahead(&retry_ahead);
                 } catch (...) {
                 }
             }
@@ -161,8 +162,13 @@ void scheduler::impl::loop() {
         }
         std::unique_lock<std::mutex> lk(mu);
         if (stopping && !any_active) break;
-        if (!any_active && queue.empty() && prewarms.empty() && calls.empty())
-            cv.wait(lk, [&] { return stopping || !queue.empty() || !prewarms.empty() || !calls.empty(); });
+        if (!any_active && queue.empty() && prewarms.empty() && calls.empty()) {
+            const auto woken = [&] { return stopping || !queue.empty() || !prewarms.empty() || !calls.empty(); };
+            if (retry_ahead.count() > 0)
+                cv.wait_for(lk, retry_ahead, woken);  // then the write-back ahead is asked again
+            else
+                cv.wait(lk, woken);
+        }
         if (stopping) {
             // Fail what is still queued; active jobs are cancelled and retired above.
             while (!queue.empty()) {
