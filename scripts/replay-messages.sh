@@ -34,7 +34,7 @@ work="$(mktemp -d)"
 srv=""
 stop() {
   [ -n "$srv" ] && { kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null || true; }; srv=""
-  [ -n "${REPLAY_LOG_DIR:-}" ] && { mkdir -p "$REPLAY_LOG_DIR"; cp "$work"/*.log "$REPLAY_LOG_DIR"/ 2>/dev/null || true; }
+  if [ -n "${REPLAY_LOG_DIR:-}" ]; then mkdir -p "$REPLAY_LOG_DIR"; cp "$work"/*.log "$REPLAY_LOG_DIR"/ 2>/dev/null || true; fi
 }
 trap 'stop; rm -rf "$work"' EXIT
 
