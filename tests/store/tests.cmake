@@ -28,18 +28,16 @@ gtest_discover_tests(warmctx_store_crash_tests
 # warmctx snapshot: on the crash loop's directory every file verifies; a foreign file in a
 # directory is named, with its reason, and makes verify exit non-zero.
 add_test(NAME cli_snapshot_verify_crash_loop_dir
-  COMMAND warmctx snapshot verify --cache-dir ${WARMCTX_TEST_MODEL_DIR}/crash-loop-snapshots)
+  COMMAND bash ${WARMCTX_EXPECT} 0 "[1-9][0-9]* ok, 0 bad" $<TARGET_FILE:warmctx> snapshot verify --cache-dir ${WARMCTX_TEST_MODEL_DIR}/crash-loop-snapshots)
 set_tests_properties(cli_snapshot_verify_crash_loop_dir PROPERTIES LABELS model
-  FIXTURES_REQUIRED crash_loop_snapshots PASS_REGULAR_EXPRESSION "[1-9][0-9]* ok, 0 bad")
+  FIXTURES_REQUIRED crash_loop_snapshots)
 add_test(NAME cli_snapshot_ls_crash_loop_dir
-  COMMAND warmctx snapshot ls --json --cache-dir ${WARMCTX_TEST_MODEL_DIR}/crash-loop-snapshots)
+  COMMAND bash ${WARMCTX_EXPECT} 0 "\"workspace\": \"ws[01]\"" $<TARGET_FILE:warmctx> snapshot ls --json --cache-dir ${WARMCTX_TEST_MODEL_DIR}/crash-loop-snapshots)
 set_tests_properties(cli_snapshot_ls_crash_loop_dir PROPERTIES LABELS model
-  FIXTURES_REQUIRED crash_loop_snapshots PASS_REGULAR_EXPRESSION "\"workspace\": \"ws[01]\"")
+  FIXTURES_REQUIRED crash_loop_snapshots)
 add_test(NAME cli_snapshot_verify_names_a_bad_file
-  COMMAND sh -c "d=$(mktemp -d) && printf 'not a snapshot' > $d/foreign.wcsnap && $<TARGET_FILE:warmctx> snapshot verify --cache-dir $d; echo exit=$?; rm -rf $d")
-set_tests_properties(cli_snapshot_verify_names_a_bad_file PROPERTIES LABELS unit
-  PASS_REGULAR_EXPRESSION "BAD foreign\\.wcsnap: bad_magic.*0 ok, 1 bad.*exit=1")
+  COMMAND bash ${WARMCTX_EXPECT} 0 "BAD foreign\\.wcsnap: bad_magic.*0 ok, 1 bad.*exit=1" sh -c "d=$(mktemp -d) && printf 'not a snapshot' > $d/foreign.wcsnap && $<TARGET_FILE:warmctx> snapshot verify --cache-dir $d; echo exit=$?; rm -rf $d")
+set_tests_properties(cli_snapshot_verify_names_a_bad_file PROPERTIES LABELS unit)
 add_test(NAME cli_snapshot_ls_missing_dir
-  COMMAND warmctx snapshot ls --cache-dir ${WARMCTX_TEST_MODEL_DIR}/no-such-snapshot-dir)
-set_tests_properties(cli_snapshot_ls_missing_dir PROPERTIES LABELS unit
-  PASS_REGULAR_EXPRESSION "error: snapshot directory .* does not exist")
+  COMMAND bash ${WARMCTX_EXPECT} 2 "error: snapshot directory .* does not exist" $<TARGET_FILE:warmctx> snapshot ls --cache-dir ${WARMCTX_TEST_MODEL_DIR}/no-such-snapshot-dir)
+set_tests_properties(cli_snapshot_ls_missing_dir PROPERTIES LABELS unit)
