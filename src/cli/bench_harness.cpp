@@ -14,6 +14,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include "warmctx/clock.h"
@@ -170,6 +172,7 @@ class llama_server_system final : public bench_system {
     int port() const override { return port_; }
     std::string name() const override { return name_; }
     json describe() const override { return desc_; }
+    json & description() { return desc_; }
     turn_timing send(const std::string &, const std::vector<segment> &, const std::vector<token_id> & tokens,
                      int max_tokens) override {
         json body = {{"prompt", tokens},   {"n_predict", max_tokens}, {"temperature", 0},
@@ -279,6 +282,41 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
     return std::unique_ptr<bench_system>(new warmctx_system(o.name, std::move(*s), std::move(*h), std::move(desc)));
 }
 
+
+// What llama-server at its defaults chose: its slots and context per slot (GET /props),
+// and the KV cells it allocated, from its log's "n_slots = S, n_ctx_slot = C, kv_unified =
+// 'true'" line (unified: C cells shared by the slots; else S x C); its RAM prompt cache
+// may add up to 8 GiB (--cache-ram's default).
+static void describe_defaults(httplib::Client & c, const std::string & log_path, uint64_t kv_bytes_per_token,
+                              json & desc) {
+    if (auto r = c.Get("/props"); r && r->status == 200) {
+        auto p = parse_json(r->body);
+        if (p && p->is_object()) {
+            desc["slots"] = p->value("total_slots", json());
+            if (auto g = p->find("default_generation_settings"); g != p->end() && g->is_object())
+                desc["n_ctx_per_slot"] = g->value("n_ctx", json());
+        }
+    }
+    std::ifstream log(log_path);
+    for (std::string line; std::getline(log, line);) {
+        const size_t k = line.find("n_slots = ");
+        const size_t n = line.find("n_ctx_slot = ");
+        if (k == std::string::npos || n == std::string::npos) continue;
+        const uint64_t slots = std::strtoull(line.c_str() + k + 10, nullptr, 10);
+        const uint64_t per_slot = std::strtoull(line.c_str() + n + 13, nullptr, 10);
+        const bool unified = line.find("kv_unified = 'true'") != std::string::npos;
+        const uint64_t cells = unified ? per_slot : slots * per_slot;
+        desc["kv_unified"] = unified;
+        desc["kv_cells"] = cells;
+        if (kv_bytes_per_token > 0) {
+            desc["kv_slots_bytes"] = cells * kv_bytes_per_token;
+            desc["kv_allocated_bytes_bound"] = cells * kv_bytes_per_token + (uint64_t{8192} << 20);
+        }
+        break;
+    }
+    desc["cache_ram_mib"] = 8192;  // its default
+    desc["flash_attn"] = "auto";   // its default: on where the backend has it
+}
 result<std::unique_ptr<bench_system>> start_llama_server(const llama_server_options & o) {
     auto eo = o.mf.to_options(1);
     if (!eo) return eo.error();
@@ -335,8 +373,14 @@ result<std::unique_ptr<bench_system>> start_llama_server(const llama_server_opti
     int rc = posix_spawn(&pid, o.binary.c_str(), &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) return io_error("cannot start llama-server: " + std::string(strerror(rc)));
-    json desc = {{"command", cmdline}, {"slots", o.slots}, {"n_ctx_per_slot", o.mf.n_ctx},
-                 {"cache_ram_mib", o.cache_ram_mib}, {"flash_attn", eo->flash_attn}, {"log", log_path}};
+    // At its defaults these are what llama-server chose, read back once it is up.
+    json desc = {{"command", cmdline}, {"log", log_path}, {"defaults", o.defaults}};
+    if (!o.defaults) {
+        desc["slots"] = o.slots;
+        desc["n_ctx_per_slot"] = o.mf.n_ctx;
+        desc["cache_ram_mib"] = o.cache_ram_mib;
+        desc["flash_attn"] = eo->flash_attn;
+    }
     if (o.kv_bytes_per_token > 0 && !o.defaults) {
         // What it may allocate: its slots whole (llama.cpp pads a context to 256 cells)
         // and its prompt cache up to --cache-ram (8 GiB when not given).
@@ -365,6 +409,7 @@ result<std::unique_ptr<bench_system>> start_llama_server(const llama_server_opti
                                 " s; see " + log_path);
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    if (o.defaults) describe_defaults(c, log_path, o.kv_bytes_per_token, sys->description());
     return std::unique_ptr<bench_system>(std::move(sys));
 }
 
