@@ -3,7 +3,8 @@
 # with TRIAL_CAPTURE=DIR) against warmctx serve and llama-server, one fresh server each, at
 # their defaults, and prints one JSON object: per request, the time the client waited for the
 # whole answer (max_tokens 1, not streamed: the time to the first token plus one token), the
-# prompt tokens and what each server says it read from its cache.
+# prompt tokens, what each server says it read from its cache, and (`allocated`) the lines
+# of each server's start-up log that say what KV it allocated.
 #
 # The runs are replayed in order: every request of DIR/first/, then DIR/again/ (the same task
 # in a new session), then DIR/other/ (another first prompt). The first request is cold.
@@ -81,6 +82,15 @@ send() {  # system file -> one JSON line
 }
 
 : >"$work/results.jsonl"
+: >"$work/memory.jsonl"
+memory() {  # system -> what the server says it allocated for KV, from its own start-up log
+  local line
+  case "$1" in
+    warmctx) line="$(grep -a -E 'KV streams|device tier:' "$work/warmctx.log" | tr '\n' ' ')" ;;
+    llama-server) line="$(grep -a -E 'n_slots = .*n_ctx_slot|KV buffer size|--cache-ram|cache_ram' "$work/llama.log" | head -4 | tr '\n' ' ')" ;;
+  esac
+  jq -nc --arg system "$1" --arg line "$line" '{system: $system, kv: $line}' >>"$work/memory.jsonl"
+}
 for system in ${REPLAY_SYSTEMS:-warmctx llama-server}; do
   case "$system" in
     warmctx) start_warmctx ;;
@@ -88,10 +98,11 @@ for system in ${REPLAY_SYSTEMS:-warmctx llama-server}; do
     *) echo "replay: unknown system $system" >&2; exit 2 ;;
   esac
   echo "replay: $system on port $port" >&2
+  memory "$system"
   for f in "${files[@]}"; do
     send "$system" "$f" | tee -a "$work/results.jsonl" >&2
   done
   stop
 done
-jq -s --arg capture "$capture" --arg model "$model" --arg ctx "$ctx" \
-  '{capture: $capture, model: $model, ctx: ($ctx|tonumber), requests: .}' "$work/results.jsonl"
+jq -s --arg capture "$capture" --arg model "$model" --arg ctx "$ctx" --slurpfile memory "$work/memory.jsonl" \
+  '{capture: $capture, model: $model, ctx: ($ctx|tonumber), allocated: $memory, requests: .}' "$work/results.jsonl"
