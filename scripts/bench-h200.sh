@@ -4,7 +4,7 @@
 # no Debian packages and no network: it builds from what scripts/pack-device.sh put
 # in .devcarry/ (run that first, on a machine that has them).
 #
-# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace window s3 contention verify render restore replay (default: build s2 trace s3)
+# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace window s3 calls contention verify render restore replay (default: build s2 trace s3)
 # environment:
 #   OUT                 where results go (default: bench/results/h200-run)
 #   WARMCTX_DEADLINE_S  start no bench stage after this many seconds (default: none)
@@ -91,6 +91,14 @@ for s in "${stages[@]}"; do
       if "$build/warmctx" verify -m "$tiny" --gpu-layers -1 --scenarios "${VERIFY_SCENARIOS:-2000}" --json \
            >"$out/verify-h200.json" 2>"$out/verify-h200.log"; then log "verify: exit 0"; else log "verify: FAILED (exit $?)"; fi
       tail -3 "$out/verify-h200.log" ;;
+    calls)  # one decode call at 16k depth by size and split, host and device apart: a small KV layout
+            # beside llama-bench, the same without flash attention, and serve's layout (work + resident streams)
+      model="$WARMCTX_HOME/models/qwen2.5-0.5b-q4_0-seed0.gguf"
+      [ -f "$model" ] || "$build/warmctx" make-model --shape qwen2.5-0.5b --type q4_0 --seed 0 -o "$model" >"$out/make-0.5b.log" 2>&1
+      sizes=(--depth 16384 --sizes 3,32,96,280,512 --splits 1,3 --reps 9)
+      run_bench_as calls-small calls -m "$model" "${gpu[@]}" "${sizes[@]}"
+      run_bench_as calls-small-nofa calls -m "$model" --gpu-layers -1 --no-flash-attn "${sizes[@]}" --no-llama-bench
+      run_bench_as calls-serve calls -m "$model" "${gpu[@]}" "${sizes[@]}" --streams 4 --resident -1 --cells 65536 --no-llama-bench ;;
     render) run_bench render --size 47000 --turns 30 ;;  # CPU work: the host's cores
     restore) run_bench restore "${gpu[@]}" --prefix-tokens 2048,13000 ;;  # pool loads into device KV
     replay)  # recorded Claude Code requests against serve and llama-server, each at its defaults, on the 0.5B shape
@@ -100,7 +108,7 @@ for s in "${stages[@]}"; do
       if MODEL="$model" WARMCTX_BIN="$build/warmctx" LLAMA_SERVER_BIN="$build/bin/llama-server" \
            bash scripts/replay-messages.sh "${REPLAY_CAPTURE:-$root/.devcarry/claude-capture}" \
            >"$out/replay-h200.json" 2>"$out/replay-h200.log"; then log "replay: done"; else log "replay: FAILED"; tail -20 "$out/replay-h200.log"; fi ;;
-    *) echo "unknown stage $s (build s2 trace window s3 contention verify render restore replay)" >&2; exit 2 ;;
+    *) echo "unknown stage $s (build s2 trace window s3 calls contention verify render restore replay)" >&2; exit 2 ;;
   esac
 done
 log "all stages done; results in $out"

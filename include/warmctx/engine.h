@@ -154,6 +154,15 @@ class engine {
                    std::span<const pos_t> boundaries, std::vector<float> * last_logits = nullptr,
                    int32_t chunk_tokens = 0);
 
+    // One llama_decode call of `tokens` at positions [pos, pos + n) of `seq` (n at most
+    // chunk_tokens), the last token's logits requested, timed two ways: until
+    // llama_decode returns (the host's share: batch split, slot search, graph build,
+    // inputs such as the attention mask, kernel launches) and until the device is done
+    // and the logits are read. A diagnostic for `warmctx-bench calls`: it skips
+    // prefill's canonical-chunk check, so KV it makes is not warm == cold material.
+    struct decode_timing { double host_ms = 0, total_ms = 0; };
+    result<decode_timing> timed_decode(seq_id seq, std::span<const token_id> tokens, pos_t pos);
+
     // Generates after the last prefilled token of `seq`, whose logits are `logits`
     // (as returned by prefill). Greedy when temperature <= 0, else a seeded chain of
     // top-k, top-p, temperature and a distribution sampler. `logits_out`, if given,

@@ -137,6 +137,7 @@ void register_bench_commands(CLI::App & bench, int & rc) {
     register_trace_bench(bench, rc);
     register_contention_bench(bench, rc);
     register_s3_bench(bench, rc);
+    register_calls_bench(bench, rc);
     register_soak_bench(bench, rc);
     register_edits_bench(bench, rc);
 }

@@ -6,6 +6,7 @@
 #include "seq_state.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <optional>
 
@@ -164,6 +165,25 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
     }
     if (last_logits) p_->copy_logits(last_logits);
     return {};
+}
+
+result<engine::decode_timing> engine::timed_decode(seq_id seq, std::span<const token_id> tokens, pos_t pos) {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
+    if (tokens.empty() || tokens.size() > p_->cinfo.chunk_tokens)
+        return invalid_argument("timed_decode: 1 to " + std::to_string(p_->cinfo.chunk_tokens) + " tokens");
+    if (pos < 0 || (uint64_t)pos + tokens.size() > p_->cinfo.n_ctx_seq) return out_of_range("timed_decode: past the sequence's context");
+    for (token_id t : tokens)
+        if (t < 0 || t >= p_->minfo.n_vocab) return invalid_argument("timed_decode: token id out of vocabulary");
+    llama_synchronize(p_->ctx.get());
+    using clk = std::chrono::steady_clock;
+    const auto t0 = clk::now();
+    WARMCTX_RETURN_IF_ERROR(p_->decode(seq, tokens.data(), (int32_t)tokens.size(), pos, true).with_context("timed_decode"));
+    const auto t1 = clk::now();
+    std::vector<float> logits;
+    p_->copy_logits(&logits);  // waits for the device
+    const auto t2 = clk::now();
+    return decode_timing{std::chrono::duration<double, std::milli>(t1 - t0).count(),
+                         std::chrono::duration<double, std::milli>(t2 - t0).count()};
 }
 
 status engine::decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits) {

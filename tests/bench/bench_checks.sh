@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the side-by-side benchmarks small on the tiny model and checks what their JSON
 # says (structure and cache behaviour; never timings, which are the benches' job).
-# usage: bench_checks.sh WARMCTX_BENCH TINY_MODEL trace|trace_window|s2|s3|contention|render|edits
+# usage: bench_checks.sh WARMCTX_BENCH TINY_MODEL trace|trace_window|s2|s3|calls|contention|render|edits
 set -euo pipefail
 bench="$1" model="$2" which="$3"
 out="$(mktemp)"; trap 'rm -f "$out"' EXIT
@@ -106,6 +106,16 @@ contention)
         "a chat during a pre-warm reuses what it has done" '.prewarm.chat_during_prewarm'
   check '.prewarm.chat_after_restart_target_met' \
         "after a restart the first chat, with no PUT, is served from the disk tier" '.prewarm.chat_after_restart'
+  ;;
+calls)
+  # Two sizes, two splits, in a layout of more and larger streams than the prefix needs.
+  "$bench" calls -m "$model" --depth 512 --sizes 3,40 --splits 1,2 --reps 2 --streams 3 --cells 2048 --json >"$out"
+  check '.depth == 512 and .warmctx_layout.streams == 3 and .warmctx_layout.cells_per_stream == 2048 and .warmctx_layout.kv_allocated_bytes > 0' \
+        "the layout it was asked for" '.warmctx_layout'
+  check '[.rows[].tokens] == [3,40] and all(.rows[]; ([.warmctx[].calls] == [1,2]) and .llama_bench_ms > 0)' \
+        "a row per size, a result per split, and llama-bench beside it" '.rows'
+  check 'all(.rows[].warmctx[]; .total_ms > 0 and .host_ms > 0 and .host_ms <= .total_ms and (.per_call_ms * .calls - .total_ms | fabs) < 1e-9)' \
+        "host share within each total" '.rows'
   ;;
 render)
   "$bench" render -m "$model" --size 4000 --turns 5 --json >"$out"
