@@ -88,6 +88,27 @@ status validate_segments(std::span<const segment> segs, const kind_table & kinds
 
 namespace {
 
+// A message of the conversation: this turn's question, or a history segment that says
+// whose message it is (the chat APIs' history; a workspace's history segments without
+// a role are each their own run, as before).
+bool is_chat_message(const segment & s) {
+    return s.kind == segment_kind::user || (s.kind == segment_kind::history && !s.role.empty());
+}
+
+// A chat message that is not an assistant's, right after a piece of another chat
+// message, shares that piece's chunk run (build_blocks): a run begins at an assistant
+// message. Pieces' segment_index is the segment's index in `order` (the manifest's).
+void mark_continuing_messages(std::vector<detail::piece> & pieces, std::span<const segment * const> order,
+                              const std::vector<std::string> & roles) {
+    for (size_t p = 1; p < pieces.size(); ++p) {
+        const int i = pieces[p].segment_index, before = pieces[p - 1].segment_index;
+        if (i < 0 || before < 0 || before == i) continue;  // the generation prompt, or inside a segment
+        pieces[p].continues = is_chat_message(*order[(size_t)i]) && roles[(size_t)i] != "assistant" &&
+                              is_chat_message(*order[(size_t)before]);
+    }
+}
+
+
 constexpr auto k_max_tokens = static_cast<size_t>(std::numeric_limits<pos_t>::max());
 
 status append_tokens(std::vector<token_id> & out, const std::vector<token_id> & more) {
@@ -256,6 +277,7 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     const auto n_tokens = static_cast<pos_t>(out.tokens.size());
     prompt_manifest.n_tokens = n_tokens;
 
+    mark_continuing_messages(pieces, order, roles);
     detail::build_blocks(out, pieces, prof, tenant_salt, chunk_tokens);
 
     // The stable prefix: the leading run of `stable` segments.

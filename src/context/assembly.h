@@ -23,6 +23,10 @@ struct piece {
     pos_t begin = 0, end = 0;
     retention_class retention = retention_class::none;
     int segment_index = 0;  // into manifest.segments, or k_generation_prompt_index
+    // A chat message (not an assistant's) right after another: it shares the chunk run
+    // of the message before it, which began at the last assistant message (or at the
+    // first message of the run). See build_blocks.
+    bool continues = false;
 };
 
 // Fills out.boundaries, out.blocks and out.root_hash from the prompt's pieces, which

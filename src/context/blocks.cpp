@@ -55,9 +55,15 @@ void detail::build_blocks(assembled_prompt & out, std::span<const detail::piece>
     // per turn against prefilling the last message (often a tool's output) twice.
     // So do a segment's own parts (a message's diff units): the same message, as the
     // next turn's history, is chunked at them.
+    // Chat messages: a run begins at an assistant message, and the messages after it
+    // (the user's, a tool's) continue it (piece::continues). An agent's next request
+    // appends an assistant message and what answers it, so what it reuses ends where an
+    // assistant message begins, and its new messages are one decode call (with the
+    // generation prompt, two) rather than one per message.
     std::vector<bool> starts_run(pieces.size(), true);
     for (size_t i = 1; i < pieces.size(); ++i)
-        starts_run[i] = pieces[i - 1].retention != retention_class::none || pieces[i].segment_index == k_generation_prompt_index ||
+        starts_run[i] = (pieces[i - 1].retention != retention_class::none && !pieces[i].continues) ||
+                        pieces[i].segment_index == k_generation_prompt_index ||
                         (pieces[i].segment_index >= 0 && pieces[i].segment_index == pieces[i - 1].segment_index);
     for (size_t i = 0; i < pieces.size(); ++i) {
         const detail::piece & pc = pieces[i];
@@ -68,16 +74,17 @@ void detail::build_blocks(assembled_prompt & out, std::span<const detail::piece>
 
     // Blocks: the canonical chunks (warmctx/chunking.h) of the whole prompt, each named
     // by the chain hash of everything up to its end. A block that spans several pieces
-    // is `none` (only pieces after a `none` one share a chunk) and is named after the
-    // piece it starts in.
+    // has the lowest class of theirs (chat messages of one run; pieces after a `none`
+    // one) and is named after the piece it starts in.
     out.root_hash = root_hash(prof, tenant_salt);
     hash128 h = out.root_hash;
     size_t at = 0;
     for (auto [b, e] : plan_chunks(0, n_tokens, out.boundaries, static_cast<int32_t>(chunk_tokens))) {
         while (pieces[at].end <= b) ++at;
-        const bool one_piece = e <= pieces[at].end;
+        retention_class cls = pieces[at].retention;
+        for (size_t k = at + 1; k < pieces.size() && pieces[k].begin < e; ++k) cls = std::min(cls, pieces[k].retention);
         h = chain_hash(h, std::span(out.tokens).subspan(b, e - b));
-        out.blocks.push_back({h, b, e, one_piece ? pieces[at].retention : retention_class::none, pieces[at].segment_index});
+        out.blocks.push_back({h, b, e, cls, pieces[at].segment_index});
     }
 }
 

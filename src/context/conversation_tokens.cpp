@@ -93,14 +93,12 @@ std::vector<span_of> piece_spans(std::span<const segment * const> order, const k
         const bool last = k == n;
         if (cut[k] || (last && !add_generation_prompt)) {
             const size_t to = last && !add_generation_prompt ? f_size : *cut[k];
-            // A diff is cut at its files and hunks; so is a chat message (history, or
-            // this turn's) that carries one - an agent pastes diffs into its messages,
-            // and a window of its last messages then begins with another message whose
-            // diff header is the same.
+            // A diff is cut at its files and hunks. A chat message is not: its parts
+            // would each be a decode call of their own (on a GPU at depth a call costs
+            // milliseconds whatever its size), and no other prompt reuses a prefix that
+            // ends inside a message whose start differs (the chain hash covers all before).
             const segment_kind kind = order[k - 1]->kind;
-            spans.push_back({k - 1, from, to,
-                             group == k - 1 && (kind == segment_kind::diff || kind == segment_kind::history ||
-                                                kind == segment_kind::user),
+            spans.push_back({k - 1, from, to, group == k - 1 && kind == segment_kind::diff,
                              group == k - 1 && fine[k - 1]});
             for (size_t g = group; g < k; ++g) piece_cls[g] = group_cls;
             from = to;

@@ -53,7 +53,9 @@ const field_desc k_fields[] = {
 };
 
 // v3: n_ctx and kv_streams left the profile (they size the cache, not its values).
-constexpr std::string_view k_profile_format = "warmctx-profile-v3";
+// v4: chat messages share a chunk from one assistant message to the next, and are no
+//     longer cut at diff units (the same tokens are chunked differently).
+constexpr std::string_view k_profile_format = "warmctx-profile-v4";
 
 // Shortest decimal that reads back as the same float: exact and readable.
 std::string float_text(float f) {

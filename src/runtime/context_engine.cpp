@@ -365,18 +365,20 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     size_t n_keep = t.cache ? impl::n_cacheable_blocks(t.ap) : 0;
     while (n_keep > 0 && t.ap.blocks[n_keep - 1].end > t.prefill_pos) --n_keep;
     // The stream also keeps the blocks of the turn's own user message that follow them
-    // (class none: never in the pool nor on disk). An agent's next turn carries this
-    // message in its history, where the template renders it the same - the same piece,
-    // the same tokens at the same positions - and reuses it in place. The generation
-    // prompt and the answer go: the next turn renders the answer with its header in one
-    // piece, so its KV would not be the cold run's.
+    // (class none: never in the pool nor on disk), with the chat messages before it in
+    // the same chunk run (from the last assistant message on). An agent's next turn
+    // carries them in its history, where the template renders them the same - the same
+    // tokens at the same positions, chunked the same - and reuses them in place. The
+    // generation prompt and the answer go: the next turn renders the answer with its
+    // header in one piece, so its KV would not be the cold run's.
     size_t n_stream = n_keep;
     if (t.cache && !t.prewarm && n_keep == impl::n_cacheable_blocks(t.ap)) {
         const auto & segs = t.ap.man.segments;
         while (n_stream < t.ap.blocks.size()) {
             const block & b = t.ap.blocks[n_stream];
             const int k = b.segment_index;
-            if (k < 0 || (size_t)k >= segs.size() || segs[(size_t)k].kind != segment_kind::user ||
+            if (k < 0 || (size_t)k >= segs.size() ||
+                (segs[(size_t)k].kind != segment_kind::user && segs[(size_t)k].kind != segment_kind::history) ||
                 b.end > t.prefill_pos)
                 break;
             ++n_stream;

@@ -405,31 +405,46 @@ TEST(Assembler, NoStableSegmentMeansRootHashAndZero) {
 
 // ---- blocks and boundaries -----------------------------------------------------------
 
-// The pieces (segments, then the generation prompt) as (begin, end, class, index).
-struct test_piece { pos_t begin, end; retention_class cls; int index; };
-std::vector<test_piece> pieces_of(const assembled_prompt & p) {
+// The pieces (segments, then the generation prompt) as (begin, end, class, index), and
+// whether each is a chat message (this turn's question, or history with a role) and
+// whose: `segs` are the segments the prompt was assembled from.
+struct test_piece { pos_t begin, end; retention_class cls; int index; bool chat = false, assistant = false; };
+std::vector<test_piece> pieces_of(const assembled_prompt & p, const std::vector<segment> & segs) {
     std::vector<test_piece> v;
-    for (size_t i = 0; i < p.man.segments.size(); ++i)
-        v.push_back({p.man.segments[i].token_begin, p.man.segments[i].token_end, p.man.segments[i].cls, (int)i});
+    for (size_t i = 0; i < p.man.segments.size(); ++i) {
+        const auto & e = p.man.segments[i];
+        const auto it = std::find_if(segs.begin(), segs.end(), [&](const segment & s) { return s.id == e.id; });
+        const bool chat = e.kind == segment_kind::user || (e.kind == segment_kind::history && !it->role.empty());
+        v.push_back({e.token_begin, e.token_end, e.cls, (int)i, chat, chat && e.role == "assistant"});
+    }
     if (p.man.generation_prompt_begin >= 0)
         v.push_back({p.man.generation_prompt_begin, p.man.generation_prompt_end, retention_class::none,
                      k_generation_prompt_index});
     return v;
 }
 
-// Where chunk runs start: every piece after a cached one, and the generation prompt.
+// Where chunk runs start: every piece after a cached one, except a chat message that is
+// not an assistant's after another chat message (it continues that run); and the
+// generation prompt.
 std::vector<pos_t> run_starts_of(const std::vector<test_piece> & pcs) {
     std::vector<pos_t> v;
-    for (size_t i = 1; i < pcs.size(); ++i)
-        if (pcs[i - 1].cls != retention_class::none || pcs[i].index == k_generation_prompt_index)
+    for (size_t i = 1; i < pcs.size(); ++i) {
+        const bool continues = pcs[i].chat && !pcs[i].assistant && pcs[i - 1].chat;
+        if ((pcs[i - 1].cls != retention_class::none && !continues) || pcs[i].index == k_generation_prompt_index)
             v.push_back(pcs[i].begin);
+    }
     return v;
 }
 
 TEST(Assembler, BoundariesAreThePieceStartsAfterACachedPieceAndTheGenerationPrompt) {
     const auto p = must_assemble(typical_workspace());
-    const auto pcs = pieces_of(p);
+    const auto pcs = pieces_of(p, typical_workspace());
     EXPECT_EQ(p.boundaries, run_starts_of(pcs));
+    // the user's history message continues the run of the assistant's before it
+    const pos_t user_msg = entry(p, "turn-1-u").token_begin;
+    ASSERT_GT(user_msg, entry(p, "turn-1-a").token_begin);
+    EXPECT_EQ(std::count(p.boundaries.begin(), p.boundaries.end(), user_msg), 0);
+    EXPECT_EQ(std::count(p.boundaries.begin(), p.boundaries.end(), entry(p, "turn-1-a").token_begin), 1);
     // the typical workspace ends with the question (none): it starts a run, and the
     // generation prompt starts another, so the question's blocks end where the message
     // does (the next turn carries it in its history)
@@ -445,7 +460,7 @@ TEST(Assembler, BlocksAreTheCanonicalChunksOfThePrompt) {
         // The boundaries are where runs start: every piece, except a piece after a
         // `none` piece (the uncached tail is chunked together) that is not the
         // generation prompt.
-        const auto pcs = pieces_of(p);
+        const auto pcs = pieces_of(p, typical_workspace());
         EXPECT_EQ(p.boundaries, run_starts_of(pcs)) << "chunk " << chunk;
         // The blocks are the chunks of the one rule (warmctx/chunking.h, tested on its
         // own in plan_chunks_test), so the engine's prefill and the cache's blocks agree.
@@ -457,7 +472,10 @@ TEST(Assembler, BlocksAreTheCanonicalChunksOfThePrompt) {
             size_t k = 0;
             while (pcs[k].end <= x) ++k;
             expected_index.push_back(pcs[k].index);
-            expected_cls.push_back(e <= pcs[k].end ? pcs[k].cls : retention_class::none);
+            // the lowest class of the pieces it spans
+            retention_class cls = pcs[k].cls;
+            for (size_t j = k + 1; j < pcs.size() && pcs[j].begin < e; ++j) cls = std::min(cls, pcs[j].cls);
+            expected_cls.push_back(cls);
         }
 
         ASSERT_EQ(p.blocks.size(), expected.size()) << "chunk " << chunk;
