@@ -34,6 +34,10 @@ struct tier_counters {
     uint64_t n_evicted_files_disk = 0;   // snapshot files this process evicted for the disk budget
     uint64_t n_gone_files_disk = 0;      // loads of a file removed behind the index (a shared
                                          // directory: another replica evicted it); misses
+    // Write-throughs' copies of the KV out of the engine, on the engine thread (the rest
+    // of a write is the writer thread's): how many, and their time.
+    uint64_t n_disk_copies_out = 0;
+    double disk_copy_out_ms = 0;
 };
 
 // Every byte of KV the engine holds. Streams are allocated whole (n_ctx cells each) when

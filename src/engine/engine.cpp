@@ -268,6 +268,17 @@ status engine::apply_pending_copies(seq_id scratch) {
 }
 
 result<std::vector<uint8_t>> engine::save_seq(seq_id seq) const {
+    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
+    const size_t n = llama_state_seq_get_size(p_->ctx.get(), seq);
+    if (uint8_t * staged = p_->staging_of(n)) {
+        // Out of the device into page-locked memory at the bus's speed, then one host
+        // copy into the portable form.
+        const size_t w = llama_state_seq_get_data(p_->ctx.get(), staged, n, seq);
+        if (w == 0 && n != 0) return engine_error("llama_state_seq_get_data failed");
+        auto out = portable_state(std::span<const uint8_t>(staged, w));
+        if (!out.ok()) return engine_error("save_seq: " + out.error().message());
+        return out;
+    }
     auto saved = save_seq_raw(seq);
     if (!saved.ok()) return saved.error();
     auto out = portable_state(*saved);
@@ -316,7 +327,12 @@ status engine::load_seq(seq_id seq, std::span<const uint8_t> bytes) {
     auto full = raw_state(bytes, seq);
     if (!full.ok()) return full.error();
     llama_memory_seq_rm(p_->mem(), seq, -1, -1);
-    size_t r = llama_state_seq_set_data(p_->ctx.get(), full->data(), full->size(), seq);
+    const uint8_t * src = full->data();
+    if (uint8_t * staged = p_->staging_of(full->size())) {  // into the device from page-locked memory
+        std::memcpy(staged, full->data(), full->size());
+        src = staged;
+    }
+    size_t r = llama_state_seq_set_data(p_->ctx.get(), src, full->size(), seq);
     if (r == 0) return corrupt("llama_state_seq_set_data rejected the state (wrong model, KV type or corrupt bytes)");
     return {};
 }

@@ -195,6 +195,15 @@ std::pair<uint64_t, uint64_t> gpu_memory() {
     return {0, 0};
 }
 
+// The first GPU's page-locked host buffer type (nullptr: none, or no GPU).
+ggml_backend_buffer_type_t gpu_host_buffer_type() {
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU) return ggml_backend_dev_host_buffer_type(dev);
+    }
+    return nullptr;
+}
+
 // The resident streams (exact mode on a GPU) the device has room for, beside the work
 // streams: as asked, else a share of what is left after a reserve. `reason` says why.
 uint32_t choose_n_resident(const engine_options & opts, bool on_gpu, uint64_t dev_free, uint64_t dev_total,
@@ -301,6 +310,7 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     p->cinfo.kv_streams_bytes = (uint64_t)p->cinfo.n_seq_max * p->cinfo.n_ctx_seq * kv_per_token;
 
     p->batch = llama_batch_init((int32_t)opts.chunk_tokens, 0, 1);
+    if (on_gpu) p->staging_buft = gpu_host_buffer_type();  // the KV is on the device (offload_kqv)
     return std::unique_ptr<engine>(new engine(std::move(p)));
 }
 

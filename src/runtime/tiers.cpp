@@ -1,5 +1,6 @@
 #include "tiers.h"
 
+#include <chrono>
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -224,8 +225,12 @@ void disk_kv_tier::write_through(engine & e, const profile & prof, seq_id seq, c
     if (k == 0 || e.seq_n_tokens(seq) < ap.blocks[k - 1].end) return;
     std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
     if (holds(path)) return;  // on disk or queued already
-    // The copy out of the engine stays on this thread: the stream is reused next.
+    // The copy out of the engine stays on this thread: the stream is reused next. On a
+    // GPU it goes through page-locked memory (engine::save_seq).
+    const auto t0 = std::chrono::steady_clock::now();
     auto kv = e.save_seq(seq);
+    ctr_.n_disk_copies_out++;
+    ctr_.disk_copy_out_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!kv.ok()) return write_failed(kv.error());
     if (e.seq_n_tokens(seq) > path.back().end) {
         // The sequence holds more (it stays as it is, for in-place reuse): cut the copy.

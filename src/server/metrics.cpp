@@ -156,6 +156,11 @@ void render_cache(std::string & out, const engine_snapshot & snap) {
     header(out, "warmctx_tier_write_failures_total", "counter",
            "Write-throughs to a tier that failed (a full disk, say); each is also logged.");
     sample(out, "warmctx_tier_write_failures_total", "tier=\"disk\"", static_cast<double>(t.n_write_failures_disk));
+    scalar(out, "warmctx_disk_copy_out_seconds_total", "counter",
+           "Time the engine thread spent copying KV out for disk write-throughs (the writer thread does the rest).",
+           t.disk_copy_out_ms / 1000.0);
+    scalar(out, "warmctx_disk_copies_out_total", "counter", "KV copies out of the engine for disk write-throughs.",
+           static_cast<double>(t.n_disk_copies_out));
     scalar(out, "warmctx_disk_write_queue_bytes", "gauge",
            "Bytes of snapshots queued for the disk tier's writer (the one being written included).",
            static_cast<double>(t.disk_write_queue_bytes));

@@ -397,6 +397,9 @@ TEST(Tiers, ATurnReturnsBeforeItsWriteThroughAndARestoreTakesTheQueuedBytes) {
     EXPECT_EQ(c.n_writes_disk, 1u);
     EXPECT_EQ(c.n_restores_disk, 1u);
     EXPECT_EQ(c.n_restore_failures, 0u);
+    // The engine thread's share of that write, counted and timed.
+    EXPECT_EQ(c.n_disk_copies_out, 1u);
+    EXPECT_GT(c.disk_copy_out_ms, 0.0);
 }
 
 TEST(Tiers, ARestartRestoresTheStablePrefixFromDiskExactly) {
