@@ -45,8 +45,7 @@ void model_flags::add_to(CLI::App & app, bool with_ctx) {
         ->capture_default_str();
     app.add_option("--chunk", chunk, "canonical prefill chunk, tokens")->capture_default_str();
     app.add_flag("--flash-attn,!--no-flash-attn", flash_attn,
-                 "use flash attention (needed for quantized KV types; on by default in a CUDA build)")
-        ->capture_default_str();
+                 "use flash attention (needed for quantized KV types; on by default, as in llama-server)");
     app.add_option("--chat-template-file", chat_template_file,
                    "a Jinja chat template to use instead of the model's own (e.g. one of llama.cpp's models/templates/)");
     app.add_flag("--no-jinja", no_jinja,

@@ -70,11 +70,11 @@ constexpr uint64_t k_default_disk_budget = uint64_t{8} << 30;
 
 // One start-up line: where the model's layers run and why.
 std::string where_the_model_runs(const context_info & ci, const model_info & mi, const model_flags & mf) {
-    const std::string fa = std::string("flash attention ") + (ci.flash_attn ? "on" : "off");
+    const std::string fa = std::string("flash attention ") + (ci.flash_attn ? "on" : "off (--no-flash-attn)");
     if (ci.n_gpu_layers > 0) {
         std::string why = mf.gpu_layers < 0 ? "--gpu-layers -1, the default in a CUDA build" : "--gpu-layers " + std::to_string(mf.gpu_layers);
         return "model on " + ci.backend + ": " + std::to_string(ci.n_gpu_layers) + " of " + std::to_string(mi.n_layer) +
-               " layers on the GPU (" + why + "), " + fa + (ci.flash_attn ? " (the default on a GPU; --no-flash-attn)" : "") +
+               " layers on the GPU (" + why + "), " + fa +
                "; " + std::to_string(ci.device_free_bytes >> 20) + " of " + std::to_string(ci.device_total_bytes >> 20) +
                " MiB of device memory were free after the model";
     }
