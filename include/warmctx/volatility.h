@@ -23,7 +23,8 @@
 // bytes (known before tokenizing); decide_order says why it changed the order, or why
 // not, in `note`.
 //
-// Pure functions over plain values; the runtime keeps a volatility_state per workspace.
+// Pure functions over plain values; the runtime keeps a volatility_state per workspace
+// (and, with a disk tier, a file of it: volatility_to_json).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,7 @@
 #include "warmctx/kind_table.h"
 #include "warmctx/manifest.h"
 #include "warmctx/segments.h"
+#include "warmctx/status.h"
 
 namespace warmctx {
 
@@ -79,6 +81,12 @@ struct volatility_state {
     std::map<std::string, segment_volatility> segs;
     uint64_t n_turns = 0;
 };
+
+// A workspace's state as JSON text (format "warmctx-volatility-v1"), and back: the runtime
+// keeps it beside the disk tier so that a restart keeps the learned order and finer
+// blocks. Errors of the reader: invalid_argument (not this format, or a field out of range).
+std::string volatility_to_json(const volatility_state & st);
+result<volatility_state> volatility_from_json(std::string_view text);
 
 // What the assembler takes from it (assemble's `hints`).
 struct assembly_hints {

@@ -8,6 +8,8 @@
 #include <unordered_map>
 
 #include "warmctx/assembler.h"
+#include "warmctx/json.h"
+#include "warmctx/manifest.h"
 #include "warmctx/text_model.h"
 
 namespace warmctx {
@@ -195,6 +197,53 @@ void observe_turn(volatility_state & st, const manifest & man) {
     st.segs = std::move(next);
     st.order = std::move(order);
     st.n_turns++;
+}
+
+namespace {
+constexpr std::string_view k_volatility_format = "warmctx-volatility-v1";
+}  // namespace
+
+std::string volatility_to_json(const volatility_state & st) {
+    nlohmann::json segs = nlohmann::json::object();
+    for (const auto & [id, v] : st.segs)
+        segs[id] = {{"content_hash", v.content_hash.hex()}, {"content_bytes", v.content_bytes},
+                    {"changed_bits", v.changed_bits}, {"n_observed", v.n_observed}, {"fine", v.fine}};
+    const nlohmann::json j = {{"format", k_volatility_format}, {"n_turns", st.n_turns}, {"order", st.order}, {"segs", segs}};
+    return dump_json(j);
+}
+
+result<volatility_state> volatility_from_json(std::string_view text) {
+    auto parsed = parse_json(text);
+    if (!parsed.ok()) return invalid_argument("volatility state: " + parsed.error().message());
+    const nlohmann::json & j = *parsed;
+    auto bad = [](const std::string & what) { return invalid_argument("volatility state: " + what); };
+    if (!j.is_object() || !j.contains("format") || j["format"] != k_volatility_format) return bad("not " + std::string(k_volatility_format));
+    volatility_state st;
+    if (!j.contains("n_turns") || !j["n_turns"].is_number_unsigned()) return bad("n_turns");
+    st.n_turns = j["n_turns"].get<uint64_t>();
+    if (!j.contains("order") || !j["order"].is_array()) return bad("order");
+    for (const auto & id : j["order"]) {
+        if (!id.is_string()) return bad("order: an id that is not a string");
+        st.order.push_back(id.get<std::string>());
+    }
+    if (!j.contains("segs") || !j["segs"].is_object()) return bad("segs");
+    for (const auto & [id, v] : j["segs"].items()) {
+        if (!v.is_object() || !v.contains("content_hash") || !v["content_hash"].is_string() ||
+            !v.contains("content_bytes") || !v["content_bytes"].is_number_unsigned() || !v.contains("changed_bits") ||
+            !v["changed_bits"].is_number_unsigned() || !v.contains("n_observed") || !v["n_observed"].is_number_unsigned() ||
+            !v.contains("fine") || !v["fine"].is_boolean())
+            return bad("segment '" + id.substr(0, 64) + "'");
+        auto h = parse_hash128(v["content_hash"].get<std::string>());
+        if (!h.ok()) return bad("segment '" + id.substr(0, 64) + "': content_hash");
+        segment_volatility s;
+        s.content_hash = *h;
+        s.content_bytes = v["content_bytes"].get<uint64_t>();
+        s.changed_bits = v["changed_bits"].get<uint64_t>();
+        s.n_observed = (uint32_t)std::min<uint64_t>(v["n_observed"].get<uint64_t>(), 64);
+        s.fine = v["fine"].get<bool>();
+        st.segs[id] = s;
+    }
+    return st;
 }
 
 }  // namespace warmctx

@@ -72,9 +72,8 @@ result<assembled_prompt> context_engine::impl::assemble(const turn_request & req
         d.hints = *req.hints;
     } else if (opts.volatility.enabled) {
         std::lock_guard lock(volatility_mu);
-        auto it = volatility.find(req.workspace);
-        d = decide_order(it == volatility.end() ? volatility_state{} : it->second, req.segments, opts.kinds,
-                         opts.volatility);
+        const volatility_state * st = volatility_of(req.workspace);
+        d = decide_order(st ? *st : volatility_state{}, req.segments, opts.kinds, opts.volatility);
     }
     auto ap = warmctx::assemble(req.segments, opts.kinds, *tm, prof, salt, prof.chunk_tokens, req.add_generation_prompt,
                                 d.hints);
@@ -196,6 +195,14 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     auto tiers = disk_kv_tier::open(opts.tiers, opts.policy, (pos_t)p->eng->context().n_ctx_seq);
     if (!tiers.ok()) return tiers.error();
     p->tiers = std::move(tiers.value());
+    if (!opts.tiers.cache_dir.empty() && opts.volatility.enabled) {
+        p->vol_fs = opts.tiers.disk_fs ? opts.tiers.disk_fs : &posix_fs();
+        const std::string dir = opts.tiers.cache_dir + "/volatility";
+        if (p->vol_fs->create_dirs(dir).ok()) {  // else memory only, as without a directory
+            p->vol_dir = dir;
+            p->vol_writer = std::make_unique<impl::volatility_writer>(*p->vol_fs);
+        }
+    }
     auto prof = engine_profile(*p->eng, p->opts.engine);
     if (!prof.ok()) return prof.error();
     p->prof = std::move(prof.value());
@@ -431,7 +438,15 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     if (!t.prewarm) {
         if (p_->opts.volatility.enabled && !t.ap.man.segments.empty()) {
             std::lock_guard lock(p_->volatility_mu);
-            observe_turn(p_->volatility[t.workspace], t.ap.man);
+            volatility_state * st = p_->volatility_of(t.workspace);
+            if (!st) st = &p_->volatility[t.workspace];
+            const std::vector<std::string> order_before = st->order;
+            size_t fine_before = 0, fine_after = 0;
+            for (const auto & [id, v] : st->segs) fine_before += v.fine;
+            observe_turn(*st, t.ap.man);
+            for (const auto & [id, v] : st->segs) fine_after += v.fine;
+            if (st->order != order_before || fine_after != fine_before || st->n_turns % impl::k_volatility_save_every == 0)
+                p_->vol_dirty.insert(t.workspace);
         }
         p_->count(t.workspace, t.explain, n_generated);
         p_->remember(t.workspace, t);

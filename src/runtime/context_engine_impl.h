@@ -6,7 +6,10 @@
 #pragma once
 
 #include <chrono>
+#include <thread>
+#include <condition_variable>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -66,6 +69,7 @@ struct context_engine::impl {
     };
     std::optional<deferred_write> deferred;
     void flush_deferred() {
+        save_volatility();
         if (!deferred) return;
         deferred_write d = std::move(*deferred);
         deferred.reset();
@@ -86,7 +90,40 @@ struct context_engine::impl {
     // (warmctx/volatility.h). Read by assemble on HTTP threads, written by finish_turn
     // on the engine thread: guarded by volatility_mu.
     mutable std::mutex volatility_mu;
-    std::map<std::string, volatility_state> volatility;
+    mutable std::map<std::string, volatility_state> volatility;
+    // Kept beside the disk tier (<cache_dir>/volatility/<hash of the name>.json), so that a
+    // restart keeps each workspace's learned order and finer blocks: read when a workspace
+    // is first seen (or again after it was forgotten), written after an answer is out
+    // when its order or finer blocks changed, every k_volatility_save_every turns, and at
+    // close. No cache directory: memory only. Guarded by volatility_mu.
+    file_system * vol_fs = nullptr;
+    std::string vol_dir;                        // "" = not persisted
+    mutable std::set<std::string> vol_looked_up;  // workspaces whose file was read (or found absent)
+    std::set<std::string> vol_dirty;
+    static constexpr uint64_t k_volatility_save_every = 16;
+    // The files are written (and removed) on a thread of their own: a slow or stuck disk
+    // never holds the engine thread. The newest content of a file wins; the destructor
+    // writes what is pending, then joins.
+    class volatility_writer {
+      public:
+        explicit volatility_writer(file_system & fs);
+        ~volatility_writer();
+        void put(const std::string & path, std::string text);  // "" removes the file
+      private:
+        void run();
+        file_system & fs_;
+        std::mutex mu_;
+        std::condition_variable cv_;
+        std::map<std::string, std::string> pending_;
+        bool stop_ = false;
+        std::thread thread_;
+    };
+    std::unique_ptr<volatility_writer> vol_writer;
+    // REQUIRES volatility_mu. The workspace's state, read from its file the first time.
+    volatility_state * volatility_of(const std::string & ws) const;
+    // Hands the dirty states to the writer (takes volatility_mu to copy them).
+    void save_volatility();
+    std::string volatility_path(const std::string & ws) const;
     size_t n_remembered_tokens = 0;  // sum of workspaces' last_tokens
     context_counters ctr;
 

@@ -3,7 +3,14 @@
 // suspend and resume, branches, forgetting; and the counters.
 #include "warmctx/context_engine.h"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+
 #include "context_engine_impl.h"
+#include "warmctx/hash.h"
+#include "warmctx/volatility.h"
 
 namespace warmctx {
 
@@ -34,9 +41,90 @@ void context_engine::impl::forget(const std::string & ws) {
         n_remembered_tokens -= it->second.last_tokens.size();
         workspaces.erase(it);
     }
+    if (vol_dirty.count(ws)) save_volatility();  // its file keeps what memory lets go of
     std::lock_guard lock(volatility_mu);
     volatility.erase(ws);
+    vol_looked_up.erase(ws);
     ctr.workspaces.erase(ws);
+}
+
+std::string context_engine::impl::volatility_path(const std::string & ws) const {
+    return vol_dir + "/" + hash_bytes(ws.data(), ws.size()).hex() + ".json";
+}
+
+volatility_state * context_engine::impl::volatility_of(const std::string & ws) const {
+    if (auto it = volatility.find(ws); it != volatility.end()) return &it->second;
+    if (vol_dir.empty() || !vol_looked_up.insert(ws).second) return nullptr;
+    // A missing or unreadable file is a workspace with nothing learned yet: it learns again.
+    auto f = vol_fs->open_readable(volatility_path(ws));
+    if (!f.ok() || (*f)->size() > (uint64_t{4} << 20)) return nullptr;
+    std::string text((size_t)(*f)->size(), '\0');
+    if (!(*f)->read_at(0, text.size(), reinterpret_cast<uint8_t *>(text.data())).ok()) return nullptr;
+    auto st = volatility_from_json(text);
+    if (!st.ok()) return nullptr;
+    return &(volatility[ws] = std::move(*st));
+}
+
+void context_engine::impl::save_volatility() {
+    if (!vol_writer) return;
+    std::lock_guard lock(volatility_mu);
+    for (const std::string & ws : vol_dirty)
+        if (auto it = volatility.find(ws); it != volatility.end())
+            vol_writer->put(volatility_path(ws), volatility_to_json(it->second));
+    vol_dirty.clear();
+}
+
+context_engine::impl::volatility_writer::volatility_writer(file_system & fs) : fs_(fs), thread_([this] { run(); }) {}
+
+context_engine::impl::volatility_writer::~volatility_writer() {
+    {
+        std::lock_guard lk(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+}
+
+void context_engine::impl::volatility_writer::put(const std::string & path, std::string text) {
+    {
+        std::lock_guard lk(mu_);
+        pending_[path] = std::move(text);
+    }
+    cv_.notify_all();
+}
+
+void context_engine::impl::volatility_writer::run() {
+    static std::atomic<uint64_t> n_writes{0};
+    std::unique_lock lk(mu_);
+    for (;;) {
+        cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+        if (pending_.empty()) return;  // stopped, nothing left
+        std::map<std::string, std::string> todo;
+        todo.swap(pending_);
+        lk.unlock();
+        for (const auto & [path, text] : todo) {
+            if (text.empty()) {
+                (void)fs_.remove_file(path);
+                continue;
+            }
+            // Written whole under a name of this process and write, then renamed over the
+            // file: a reader (another replica on a shared directory too) sees the old state
+            // or the new one. Not synced: after a crash a torn file reads as nothing learned.
+            const std::string temp = path + "." + std::to_string(getpid()) + "-" + std::to_string(n_writes++) + ".tmp";
+            auto f = fs_.create_file(temp);
+            status st = f.ok() ? (*f)->append(std::span(reinterpret_cast<const uint8_t *>(text.data()), text.size()))
+                               : f.error();
+            if (st.ok()) st = (*f)->close();
+            if (st.ok()) st = fs_.rename_file(temp, path);
+            if (!st.ok()) {
+                (void)fs_.remove_file(temp);
+                // best effort: the order is learned again after a restart
+                std::fprintf(stderr, "warmctx: could not save a workspace's learned order (%s): %s\n", path.c_str(),
+                             st.to_string().c_str());
+            }
+        }
+        lk.lock();
+    }
 }
 
 status context_engine::pin_workspace(const std::string & workspace, bool pinned) {
@@ -57,6 +145,7 @@ void context_engine::drop_workspace(const std::string & workspace) {
     for (size_t s = 0; s < p_->streams.size(); ++s)
         if (!p_->streams[s].busy && p_->streams[s].workspace == workspace) p_->clear_stream((seq_id)s);
     p_->forget(workspace);
+    if (p_->vol_writer) p_->vol_writer->put(p_->volatility_path(workspace), "");  // what it learned goes too
 }
 
 size_t context_engine::n_remembered_workspaces() const { return p_->workspaces.size(); }

@@ -159,6 +159,39 @@ TEST(LearnedOrder, ASegmentEditedTwiceMovesLastInItsClassAtItsEditAndOneEditOnly
     EXPECT_EQ(st.order.back(), "map");
 }
 
+TEST(LearnedOrder, TheStateReadsBackFromItsJsonAndDecidesTheSame) {
+    volatility_state st;
+    turn(st, workspace("v0"));
+    turn(st, workspace("v1"));
+    turn(st, workspace("v2"));  // the map: twice, moved last and cut finer
+    const std::string text = volatility_to_json(st);
+    auto back = volatility_from_json(text);
+    ASSERT_TRUE(back.ok()) << back.error().to_string();
+    EXPECT_EQ(back->order, st.order);
+    EXPECT_EQ(back->n_turns, st.n_turns);
+    ASSERT_EQ(back->segs.size(), st.segs.size());
+    for (const auto & [id, v] : st.segs) {
+        const segment_volatility & w = back->segs.at(id);
+        EXPECT_EQ(w.content_hash, v.content_hash) << id;
+        EXPECT_EQ(w.content_bytes, v.content_bytes) << id;
+        EXPECT_EQ(w.changed_bits, v.changed_bits) << id;
+        EXPECT_EQ(w.n_observed, v.n_observed) << id;
+        EXPECT_EQ(w.fine, v.fine) << id;
+    }
+    static const kind_table kinds;
+    const order_decision a = decide_order(st, workspace("v3"), kinds, {});
+    const order_decision b = decide_order(*back, workspace("v3"), kinds, {});
+    EXPECT_EQ(a.hints, b.hints);
+    EXPECT_EQ(b.hints.order.back(), "map");
+    // What is not this format is refused, never half read.
+    for (std::string_view bad : {"", "{}", "[1]", "{\"format\":\"warmctx-volatility-v0\"}",
+                                 "{\"format\":\"warmctx-volatility-v1\",\"n_turns\":-1,\"order\":[],\"segs\":{}}",
+                                 "{\"format\":\"warmctx-volatility-v1\",\"n_turns\":1,\"order\":[2],\"segs\":{}}"})
+        EXPECT_FALSE(volatility_from_json(bad).ok()) << bad;
+    std::string torn = text.substr(0, text.size() / 2);
+    EXPECT_FALSE(volatility_from_json(torn).ok());
+}
+
 TEST(LearnedOrder, AReorderThatCostsMoreThanItSavesWaitsForAnEditOfTheSegment) {
     volatility_state st;
     volatility_options o;

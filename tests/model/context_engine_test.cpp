@@ -244,6 +244,62 @@ turn_request tier_request(std::vector<segment> segs, const std::string & q) {
 // the turns before.
 void drain_disk_writes(context_engine & ce) { (void)ce.disk_tier(); }
 
+// A workspace's learned order and finer blocks live beside the disk tier: after a restart
+// its next turn is assembled in the order it had learned, not learned again.
+TEST(Tiers, TheLearnedOrderSurvivesARestart) {
+    auto segs = [](const std::string & map_version) {
+        using enum segment_kind;
+        auto seg = [](std::string id, segment_kind k, std::string content, std::string path = {}) {
+            segment x;
+            x.id = std::move(id);
+            x.kind = k;
+            x.content = std::move(content);
+            x.path = std::move(path);
+            return x;
+        };
+        return std::vector<segment>{seg("sys", system, std::string(400, 's')),
+                                    seg("map", repo_map, map_version + std::string(2000, 'm')),
+                                    seg("pin-a", pinned_file, std::string(1000, 'a'), "src/a.cc"),
+                                    seg("pin-b", pinned_file, std::string(1000, 'b'), "src/b.cc"),
+                                    seg("q", user, "why?")};
+    };
+    auto order_of = [](const assembled_prompt & ap) {
+        std::vector<std::string> ids;
+        for (const auto & e : ap.man.segments) ids.push_back(e.id);
+        return ids;
+    };
+    const std::vector<std::string> learned = {"sys", "pin-a", "pin-b", "map", "q"};
+    temp_dir d, fresh;
+    {
+        auto ce = tiered(d.path, 1);
+        ASSERT_TRUE(ce);
+        for (const char * v : {"v0", "v1", "v1", "v2"})
+            ASSERT_TRUE(ce->run_turn(tier_request(segs(v), "why?")).ok());
+        auto ap = ce->assemble_request(tier_request(segs("v2"), "why?"));
+        ASSERT_TRUE(ap.ok());
+        ASSERT_EQ(order_of(*ap), learned) << "the map, edited twice, moved last in its run";
+    }
+    auto again = tiered(d.path, 1);
+    ASSERT_TRUE(again);
+    auto ap = again->assemble_request(tier_request(segs("v2"), "why?"));
+    ASSERT_TRUE(ap.ok());
+    EXPECT_EQ(order_of(*ap), learned) << "read back from " << d.path << "/volatility";
+    // Without that directory the same request is assembled in the kind order.
+    auto other = tiered(fresh.path, 1);
+    ASSERT_TRUE(other);
+    auto ap2 = other->assemble_request(tier_request(segs("v2"), "why?"));
+    ASSERT_TRUE(ap2.ok());
+    EXPECT_NE(order_of(*ap2), learned);
+    // Dropping the workspace drops what it learned.
+    again->drop_workspace("t");
+    again.reset();  // its writer thread removes the file before it is gone
+    auto third = tiered(d.path, 1);
+    ASSERT_TRUE(third);
+    auto ap3 = third->assemble_request(tier_request(segs("v2"), "why?"));
+    ASSERT_TRUE(ap3.ok());
+    EXPECT_NE(order_of(*ap3), learned);
+}
+
 // explain() is const and counts nothing: not the cache's lookups or hits, not a tier's
 // lookups, not a restore. It predicts what the next turn then does.
 TEST(Tiers, ExplainCountsNothingAndPredictsTheTurn) {
