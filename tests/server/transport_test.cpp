@@ -354,11 +354,12 @@ TEST_F(transport_test, a_burst_of_connections_is_answered_never_dropped) {
     }
     // Every one sends its request (a send may fail on a connection already answered 503).
     for (auto & c : conns) (void)c->send_all("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
-    int ok = 0;
+    int ok = 0, said_close = 0;
     for (int i = 0; i < k_clients; ++i) {
         SCOPED_TRACE(i);
         std::string head, body;
         ASSERT_TRUE(conns[i]->read_response(head, body, 10s)) << "closed with no answer: " << head;
+        if (head.find("Connection: close") != std::string::npos) ++said_close;
         if (status_of(head) == 200) {
             ++ok;
             continue;
@@ -368,12 +369,14 @@ TEST_F(transport_test, a_burst_of_connections_is_answered_never_dropped) {
         EXPECT_EQ(error_code(body), "server_busy");
     }
     EXPECT_GT(ok, 0);
-    // A shed connection whose request arrives before its thread lets go is still served
-    // (200); either way the threads overflowed and connections were shed.
+    // The threads ran short, which the server shows in one of two ways, depending on
+    // whether the requests came before it took the new connections: it shed connections
+    // (a shed one whose request arrives before its thread lets go is still served, 200),
+    // or it answered with `Connection: close` to free threads for the connections waiting.
     auto m = client(h->port()).Get("/metrics");
     ASSERT_TRUE(m);
-    EXPECT_EQ(m->body.find("warmctx_http_connections_shed_total 0\n"), std::string::npos)
-        << "no connection was shed: the test did not overflow the threads";
+    const bool shed = m->body.find("warmctx_http_connections_shed_total 0\n") == std::string::npos;
+    EXPECT_TRUE(shed || said_close > 0) << "the threads never ran short: the test did not overflow them";
     EXPECT_NE(m->body.find("warmctx_http_connections_shed_total "), std::string::npos);
 }
 
