@@ -74,6 +74,9 @@ int run_calls(const calls_args & a) {
         if (k < 1) return fail(invalid_argument("each split must be >= 1"));
     if (a.depth % (int)std::max<uint32_t>(1, a.mf.chunk) != 0)
         return fail(invalid_argument("--depth must be a multiple of --chunk: the prefix is prefilled in whole chunks"));
+    if (a.cells != 0 && (uint64_t)a.cells < (uint64_t)a.depth + (uint64_t)max_size)
+        return fail(invalid_argument("--cells " + std::to_string(a.cells) + " cannot hold the " + std::to_string(a.depth) +
+                                     "-token prefix and " + std::to_string(max_size) + " tokens after it"));
     auto eo = a.mf.to_options(a.streams);
     if (!eo) return fail(eo.error());
     eo->n_seq_resident = a.resident;
@@ -127,6 +130,8 @@ int run_calls(const calls_args & a) {
             auto lb = llama_bench_run(a.llama_bench, *eo, ci.n_threads, n, 0, a.depth, a.reps, true);
             if (!lb) return fail(lb.error());
             row["llama_bench_ms"] = lb->tps > 0 ? n * 1000.0 / lb->tps : 0.0;
+            // Its context is depth + N tokens, rounded up to 256 cells by llama.cpp: its allocated KV.
+            row["llama_bench_kv_allocated_bytes"] = (uint64_t)((a.depth + n + 255) / 256 * 256) * ci.kv_bytes_per_token;
         }
         rows.push_back(std::move(row));
     }

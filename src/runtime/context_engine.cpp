@@ -71,8 +71,8 @@ result<assembled_prompt> context_engine::impl::assemble(const turn_request & req
     if (req.hints) {
         d.hints = *req.hints;
     } else if (opts.volatility.enabled) {
-        std::lock_guard lock(volatility_mu);
-        const volatility_state * st = volatility_of(req.workspace);
+        std::unique_lock lock(volatility_mu);
+        const volatility_state * st = volatility_of(req.workspace, lock);
         d = decide_order(st ? *st : volatility_state{}, req.segments, opts.kinds, opts.volatility);
     }
     auto ap = warmctx::assemble(req.segments, opts.kinds, *tm, prof, salt, prof.chunk_tokens, req.add_generation_prompt,
@@ -437,8 +437,8 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     }
     if (!t.prewarm) {
         if (p_->opts.volatility.enabled && !t.ap.man.segments.empty()) {
-            std::lock_guard lock(p_->volatility_mu);
-            volatility_state * st = p_->volatility_of(t.workspace);
+            std::unique_lock lock(p_->volatility_mu);
+            volatility_state * st = p_->volatility_of(t.workspace, lock);
             if (!st) st = &p_->volatility[t.workspace];
             const std::vector<std::string> order_before = st->order;
             size_t fine_before = 0, fine_after = 0;

@@ -119,8 +119,13 @@ struct context_engine::impl {
         std::thread thread_;
     };
     std::unique_ptr<volatility_writer> vol_writer;
-    // REQUIRES volatility_mu. The workspace's state, read from its file the first time.
-    volatility_state * volatility_of(const std::string & ws) const;
+    // REQUIRES `lock` holds volatility_mu. The workspace's state, read from its file the
+    // first time (with the lock let go meanwhile: a slow disk holds no other thread that
+    // waits for volatility_mu, the engine thread's finish_turn among them). The pointer is
+    // good while the lock is held. vol_looked_up is cleared past k_max_looked_up names (a
+    // client can send any number of workspace names): a name seen again is read again.
+    volatility_state * volatility_of(const std::string & ws, std::unique_lock<std::mutex> & lock) const;
+    static constexpr size_t k_max_looked_up = 65536;
     // Hands the dirty states to the writer (takes volatility_mu to copy them).
     void save_volatility();
     std::string volatility_path(const std::string & ws) const;

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <optional>
 
 #include "context_engine_impl.h"
 #include "warmctx/hash.h"
@@ -41,7 +42,7 @@ void context_engine::impl::forget(const std::string & ws) {
         n_remembered_tokens -= it->second.last_tokens.size();
         workspaces.erase(it);
     }
-    if (vol_dirty.count(ws)) save_volatility();  // its file keeps what memory lets go of
+    save_volatility();  // its file keeps what memory lets go of
     std::lock_guard lock(volatility_mu);
     volatility.erase(ws);
     vol_looked_up.erase(ws);
@@ -52,16 +53,29 @@ std::string context_engine::impl::volatility_path(const std::string & ws) const 
     return vol_dir + "/" + hash_bytes(ws.data(), ws.size()).hex() + ".json";
 }
 
-volatility_state * context_engine::impl::volatility_of(const std::string & ws) const {
-    if (auto it = volatility.find(ws); it != volatility.end()) return &it->second;
-    if (vol_dir.empty() || !vol_looked_up.insert(ws).second) return nullptr;
-    // A missing or unreadable file is a workspace with nothing learned yet: it learns again.
-    auto f = vol_fs->open_readable(volatility_path(ws));
-    if (!f.ok() || (*f)->size() > (uint64_t{4} << 20)) return nullptr;
+// A workspace's file, read and parsed (nullopt: none, unreadable or not this format - a
+// workspace with nothing learned yet, which learns again).
+static std::optional<volatility_state> read_volatility_file(file_system & fs, const std::string & path) {
+    auto f = fs.open_readable(path);
+    if (!f.ok() || (*f)->size() > (uint64_t{4} << 20)) return std::nullopt;
     std::string text((size_t)(*f)->size(), '\0');
-    if (!(*f)->read_at(0, text.size(), reinterpret_cast<uint8_t *>(text.data())).ok()) return nullptr;
+    if (!(*f)->read_at(0, text.size(), reinterpret_cast<uint8_t *>(text.data())).ok()) return std::nullopt;
     auto st = volatility_from_json(text);
-    if (!st.ok()) return nullptr;
+    if (!st.ok()) return std::nullopt;
+    return std::move(*st);
+}
+
+volatility_state * context_engine::impl::volatility_of(const std::string & ws, std::unique_lock<std::mutex> & lock) const {
+    if (auto it = volatility.find(ws); it != volatility.end()) return &it->second;
+    if (vol_dir.empty() || vol_looked_up.count(ws)) return nullptr;
+    if (vol_looked_up.size() >= k_max_looked_up) vol_looked_up.clear();
+    vol_looked_up.insert(ws);
+    const std::string path = volatility_path(ws);
+    lock.unlock();
+    std::optional<volatility_state> st = read_volatility_file(*vol_fs, path);
+    lock.lock();
+    if (auto it = volatility.find(ws); it != volatility.end()) return &it->second;  // learned meanwhile
+    if (!st) return nullptr;
     return &(volatility[ws] = std::move(*st));
 }
 

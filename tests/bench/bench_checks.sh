@@ -112,10 +112,16 @@ calls)
   "$bench" calls -m "$model" --depth 512 --sizes 3,40 --splits 1,2 --reps 2 --streams 3 --cells 2048 --json >"$out"
   check '.depth == 512 and .warmctx_layout.streams == 3 and .warmctx_layout.cells_per_stream == 2048 and .warmctx_layout.kv_allocated_bytes > 0' \
         "the layout it was asked for" '.warmctx_layout'
-  check '[.rows[].tokens] == [3,40] and all(.rows[]; ([.warmctx[].calls] == [1,2]) and .llama_bench_ms > 0)' \
-        "a row per size, a result per split, and llama-bench beside it" '.rows'
+  check '[.rows[].tokens] == [3,40] and all(.rows[]; ([.warmctx[].calls] == [1,2]) and .llama_bench_ms > 0 and .llama_bench_kv_allocated_bytes > 0)' \
+        "a row per size, a result per split, and llama-bench beside it (with its allocated KV)" '.rows'
   check 'all(.rows[].warmctx[]; .total_ms > 0 and .host_ms > 0 and .host_ms <= .total_ms and (.per_call_ms * .calls - .total_ms | fabs) < 1e-9)' \
         "host share within each total" '.rows'
+  # Bad input: a clear error and exit 2, never a crash.
+  for bad in "--sizes 0" "--sizes 600" "--depth 100" "--splits 0" "--cells 100 --depth 512 --sizes 40"; do
+    set +e; err="$("$bench" calls -m "$model" --no-llama-bench $bad 2>&1)"; rc=$?; set -e
+    if [ "$rc" != 2 ] || ! grep -q "^error: " <<<"$err"; then echo "FAILED: calls $bad: exit $rc: $err"; exit 1; fi
+    echo "ok: calls $bad refused (exit 2)"
+  done
   ;;
 render)
   "$bench" render -m "$model" --size 4000 --turns 5 --json >"$out"
