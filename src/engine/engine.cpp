@@ -321,42 +321,72 @@ status engine::load_seq_raw(seq_id seq, std::span<const uint8_t> bytes) {
     return {};
 }
 
+namespace {
+
+// The one record of a portable state, checked to fit a sequence of n_ctx_seq tokens.
+result<std::optional<seq_state::stream_record>> raw_record(std::span<const uint8_t> bytes, uint32_t n_ctx_seq) {
+    auto st = seq_state::parse_seq_state(bytes, 0, 1);  // save_seq's one-stream form only
+    if (!st.ok()) return st.error();
+    // A state made in a context with longer sequences may not fit this one's.
+    if (st->record && ((uint64_t)st->record->n_cells > n_ctx_seq || (uint64_t)st->record->max_pos >= n_ctx_seq))
+        return out_of_range("load_seq: the state holds " + std::to_string(st->record->n_cells) +
+                            " cells up to position " + std::to_string(st->record->max_pos) + " but a sequence holds " +
+                            std::to_string(n_ctx_seq) + " tokens");
+    return st->record;
+}
+
+size_t raw_state_size(const std::optional<seq_state::stream_record> & rec, uint32_t n_stream) {
+    return 12 + (rec ? rec->end - rec->begin : 4) + 4 * (size_t)(n_stream - 1);
+}
+
+// Expanded to a context of n_stream streams: the record (into `seq`'s own stream, whatever
+// its place), then empty streams. `dst` holds raw_state_size(rec, n_stream) bytes.
+void write_raw_state(std::span<const uint8_t> bytes, const std::optional<seq_state::stream_record> & rec, int32_t seq,
+                     uint32_t n_stream, uint8_t * dst) {
+    auto u32 = [&](uint32_t v) {
+        std::memcpy(dst, &v, 4);
+        dst += 4;
+    };
+    u32(seq_state::k_seq_state_magic);
+    u32((uint32_t)seq);
+    u32(n_stream);
+    if (rec) {
+        std::memcpy(dst, bytes.data() + rec->begin, rec->end - rec->begin);
+        seq_state::set_record_seq(dst, *rec, seq);
+        dst += rec->end - rec->begin;
+    } else {
+        u32(0);
+    }
+    for (uint32_t s = 1; s < n_stream; ++s) u32(0);
+}
+
+}  // namespace
+
 status engine::load_seq(seq_id seq, std::span<const uint8_t> bytes) {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
     if (bytes.empty()) return invalid_argument("load_seq: empty state");
-    auto full = raw_state(bytes, seq);
-    if (!full.ok()) return full.error();
-    llama_memory_seq_rm(p_->mem(), seq, -1, -1);
-    const uint8_t * src = full->data();
-    if (uint8_t * staged = p_->staging_of(full->size())) {  // into the device from page-locked memory
-        std::memcpy(staged, full->data(), full->size());
-        src = staged;
+    auto rec = raw_record(bytes, p_->cinfo.n_ctx_seq);
+    if (!rec.ok()) return rec.error();
+    const size_t n = raw_state_size(*rec, p_->n_stream);
+    std::vector<uint8_t> full;
+    uint8_t * dst = p_->staging_of(n);  // built where the copy into the device reads it: page-locked
+    if (!dst) {
+        full.resize(n);
+        dst = full.data();
     }
-    size_t r = llama_state_seq_set_data(p_->ctx.get(), src, full->size(), seq);
+    write_raw_state(bytes, *rec, seq, p_->n_stream, dst);
+    llama_memory_seq_rm(p_->mem(), seq, -1, -1);
+    size_t r = llama_state_seq_set_data(p_->ctx.get(), dst, n, seq);
     if (r == 0) return corrupt("llama_state_seq_set_data rejected the state (wrong model, KV type or corrupt bytes)");
     return {};
 }
 
 result<std::vector<uint8_t>> engine::raw_state(std::span<const uint8_t> bytes, seq_id seq) const {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
-    auto st = parse_seq_state(bytes, 0, 1);  // save_seq's one-stream form only
-    if (!st.ok()) return st.error();
-    // A state made in a context with longer sequences may not fit this one's.
-    if (st->record && ((uint64_t)st->record->n_cells > p_->cinfo.n_ctx_seq ||
-                       (uint64_t)st->record->max_pos >= p_->cinfo.n_ctx_seq))
-        return out_of_range("load_seq: the state holds " + std::to_string(st->record->n_cells) +
-                            " cells up to position " + std::to_string(st->record->max_pos) + " but a sequence holds " +
-                            std::to_string(p_->cinfo.n_ctx_seq) + " tokens");
-    // Expanded to this context's stream count: the record (into `seq`'s own stream,
-    // whatever its place), then empty streams.
-    std::vector<uint8_t> full;
-    full.reserve(bytes.size() + 4 * (size_t)p_->n_stream);
-    put_u32(full, k_seq_state_magic);
-    put_u32(full, (uint32_t)seq);
-    put_u32(full, p_->n_stream);
-    if (st->record) append_record(full, bytes, *st->record, seq);
-    else put_u32(full, 0);
-    for (uint32_t s = 1; s < p_->n_stream; ++s) put_u32(full, 0);
+    auto rec = raw_record(bytes, p_->cinfo.n_ctx_seq);
+    if (!rec.ok()) return rec.error();
+    std::vector<uint8_t> full(raw_state_size(*rec, p_->n_stream));
+    write_raw_state(bytes, *rec, seq, p_->n_stream, full.data());
     return full;
 }
 

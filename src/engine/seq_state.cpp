@@ -90,12 +90,15 @@ void put_u32(std::vector<uint8_t> & out, uint32_t v) {
     std::memcpy(out.data() + at, &v, 4);
 }
 
+void set_record_seq(uint8_t * copy, const stream_record & rec, int32_t seq) {
+    for (uint32_t i = 0; i < rec.n_cells; ++i) std::memcpy(copy + 4 + (size_t)i * k_seq_state_cell_bytes + 8, &seq, 4);
+}
+
 void append_record(std::vector<uint8_t> & out, std::span<const uint8_t> state, const stream_record & rec,
                    int32_t seq) {
     const size_t at = out.size();
     out.insert(out.end(), state.begin() + (long)rec.begin, state.begin() + (long)rec.end);
-    for (uint32_t i = 0; i < rec.n_cells; ++i)
-        std::memcpy(out.data() + at + 4 + (size_t)i * k_seq_state_cell_bytes + 8, &seq, 4);
+    set_record_seq(out.data() + at, rec, seq);
 }
 
 

@@ -61,6 +61,9 @@ result<parsed_state> parse_seq_state(std::span<const uint8_t> bytes, int32_t seq
 
 void put_u32(std::vector<uint8_t> & out, uint32_t v);
 
+// Sets every cell's seq id to `seq` in a copy of the record's bytes at `copy`.
+void set_record_seq(uint8_t * copy, const stream_record & rec, int32_t seq);
+
 // Appends the record's bytes with every cell's seq id set to `seq`.
 void append_record(std::vector<uint8_t> & out, std::span<const uint8_t> state, const stream_record & rec,
                    int32_t seq);
