@@ -3,11 +3,15 @@
 // edited often, most rarely), sent to warmctx (its learned order and finer blocks), to
 // warmctx with --fixed-order (the kind table's order and whole chunks) and to
 // llama-server (the prompt in the kind table's order, as an agent sends it; its prompt
-// cache reuses up to the first changed token), one after another in one run.
+// cache reuses up to the first changed token), one after another in one run. The files
+// are generated, or with --files-from the heads of real source files.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 #include "bench_harness.h"
 
@@ -26,6 +30,7 @@ struct edits_args {
     std::vector<std::string> systems = {"warmctx", "warmctx-fixed", "llama-server"};
     std::string llama_server = default_tool("llama-server");
     uint64_t seed = 5;
+    std::string files_from;  // a directory of real source files ("": generated files)
     bool json_out = false;
 };
 
@@ -36,18 +41,65 @@ struct edit_turn {
     std::vector<token_id> tokens;  // in the kind table's order (llama-server's prompt)
     std::string edited;
     size_t edited_tokens = 0;
+    size_t edited_at = 0;     // byte offset of the edited line in the segment
+    size_t edited_bytes = 0;  // the segment's bytes after the edit
 };
 
 // Replaces one line at a random place of `text` with a line of the same shape.
-std::string edit_random_line(workload_generator & g, const std::string & text) {
+std::string edit_random_line(workload_generator & g, const std::string & text, size_t & at_line) {
+    at_line = 0;
     if (text.empty()) return "// edited\n";
     size_t at = g.rng()() % text.size();
     size_t b = text.rfind('\n', at == 0 ? 0 : at - 1);
     b = b == std::string::npos ? 0 : b + 1;
+    at_line = b;
     size_t e = text.find('\n', b);
     if (e == std::string::npos) e = text.size();
     return text.substr(0, b) + "    edited_" + std::to_string(g.rng()() % 100000) + "(); // " +
            std::to_string(g.rng()() % 1000) + text.substr(e);
+}
+
+// --files-from: `n` source files under `dir` (by extension, at least 2 KiB), spread evenly
+// over their sorted paths, each cut at a line end to about `tokens` tokens. Their paths
+// are relative to `dir`.
+result<std::vector<std::pair<std::string, std::string>>> real_files(const std::string & dir, int n, size_t tokens,
+                                                                     const workload_generator & g) {
+    namespace fs = std::filesystem;
+    static const std::vector<std::string> exts = {".cc", ".cpp", ".c", ".h", ".hpp", ".py", ".ts", ".js", ".go", ".rs", ".java"};
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) return invalid_argument("--files-from: '" + dir + "' is not a directory");
+    std::vector<std::string> paths;
+    for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        if (!it->is_regular_file(ec)) continue;
+        const std::string ext = it->path().extension().string();
+        if (std::find(exts.begin(), exts.end(), ext) == exts.end() || it->file_size(ec) < 2048) continue;
+        paths.push_back(fs::relative(it->path(), dir, ec).generic_string());
+    }
+    std::sort(paths.begin(), paths.end());
+    if ((int)paths.size() < n)
+        return invalid_argument("--files-from: '" + dir + "' has " + std::to_string(paths.size()) +
+                                " source files of at least 2 KiB, --files asks for " + std::to_string(n));
+    std::vector<std::pair<std::string, std::string>> out;
+    for (int i = 0; i < n; ++i) {
+        const std::string & rel = paths[(size_t)i * paths.size() / (size_t)n];
+        std::ifstream f(fs::path(dir) / rel, std::ios::binary);
+        std::stringstream ss;
+        ss << f.rdbuf();
+        std::string text = ss.str();
+        // Cut at a line end where the head reaches `tokens` (bisected over line ends).
+        if (g.count(text) > tokens) {
+            size_t lo = 0, hi = text.size();
+            while (hi - lo > 64) {
+                const size_t mid = text.rfind('\n', lo + (hi - lo) / 2);
+                if (mid == std::string::npos || mid <= lo) break;
+                (g.count(text.substr(0, mid + 1)) > tokens ? hi : lo) = mid + 1;
+            }
+            text.resize(lo > 0 ? lo : std::min(text.size(), tokens * 3));
+        }
+        out.emplace_back(rel, std::move(text));
+    }
+    return out;
 }
 
 result<std::vector<edit_turn>> build_edit_turns(const edits_args & a, prompt_builder & pb) {
@@ -58,10 +110,18 @@ result<std::vector<edit_turn>> build_edit_turns(const edits_args & a, prompt_bui
     segs.push_back({"rules", segment_kind::instructions, "", "", g.repo_rules()});
     segs.push_back({"repo-map", segment_kind::repo_map, "", "", g.repo_map(a.map_tokens)});
     std::vector<size_t> editable = {3};
+    std::vector<std::pair<std::string, std::string>> real;
+    if (!a.files_from.empty()) {
+        auto r = real_files(a.files_from, a.n_files, a.file_tokens, g);
+        if (!r) return r.error();
+        real = std::move(*r);
+    }
     for (int i = 0; i < a.n_files; ++i) {
         char path[64];
         std::snprintf(path, sizeof path, "src/module_%02d.cc", i);
-        segs.push_back({"pin-" + std::to_string(i), segment_kind::pinned_file, path, "", g.source_file(path, a.file_tokens)});
+        const std::string id = "pin-" + std::to_string(i);
+        if (real.empty()) segs.push_back({id, segment_kind::pinned_file, path, "", g.source_file(path, a.file_tokens)});
+        else segs.push_back({id, segment_kind::pinned_file, real[(size_t)i].first, "", real[(size_t)i].second});
         editable.push_back(segs.size() - 1);
     }
     segs.push_back({"question", segment_kind::user, "", "", g.question()});
@@ -77,7 +137,8 @@ result<std::vector<edit_turn>> build_edit_turns(const edits_args & a, prompt_bui
         edit_turn et;
         if (t > 0) {
             segment & s = segs[editable[pick(g.rng())]];
-            s.content = edit_random_line(g, s.content);
+            s.content = edit_random_line(g, s.content, et.edited_at);
+            et.edited_bytes = s.content.size();
             et.edited = s.id;
             et.edited_tokens = g.count(s.content);
         }
@@ -206,19 +267,22 @@ int run_edits(const edits_args & a) {
         systems.push_back(std::move(*r));
     }
     json edited = json::array();
-    json seg_tokens = json::array();
+    json seg_tokens = json::array(), at = json::array(), seg_bytes = json::array();
     for (const auto & t : *turns) {
         edited.push_back(t.edited);
         seg_tokens.push_back(t.edited_tokens);
+        seg_bytes.push_back(t.edited_bytes);
+        at.push_back(t.edited_bytes > 0 ? (double)t.edited_at / (double)t.edited_bytes : 0.0);
     }
     json out = {{"bench", "edits"},
                 {"model", mf.model},
                 {"model_desc", desc},
                 {"backend", backend_name()},
                 {"workload",
-                 {{"files", a.n_files}, {"file_tokens", a.file_tokens}, {"map_tokens", a.map_tokens}, {"turns", a.turns},
+                 {{"files", a.n_files}, {"file_tokens", a.file_tokens}, {"files_from", a.files_from}, {"map_tokens", a.map_tokens}, {"turns", a.turns},
                   {"skew", a.skew}, {"seed", a.seed}, {"prompt_tokens_first", (*turns)[0].tokens.size()},
-                  {"edited_segment_of_turn", edited}, {"edited_segment_tokens_of_turn", seg_tokens}}},
+                  {"edited_segment_of_turn", edited}, {"edited_segment_tokens_of_turn", seg_tokens},
+                  {"edited_segment_bytes_of_turn", seg_bytes}, {"edited_line_at_fraction_of_turn", at}}},
                 {"systems", systems},
                 {"ratios", edits_ratios(systems)}};
     if (a.json_out) {
@@ -252,6 +316,9 @@ void register_edits_bench(CLI::App & bench, int & rc) {
     c->add_option("--systems", a->systems, "systems to run: warmctx, warmctx-fixed, llama-server")->delimiter(',')->capture_default_str();
     c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
     c->add_option("--seed", a->seed, "workload seed")->capture_default_str();
+    c->add_option("--files-from", a->files_from,
+                  "take the pinned files from this directory's source files (spread over its sorted paths, each "
+                  "cut at a line end to about --file-tokens) instead of generating them");
     c->add_flag("--json", a->json_out, "print JSON");
     on_run(c, rc, [a] { return run_edits(*a); });
 }
