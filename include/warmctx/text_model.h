@@ -43,6 +43,13 @@ class text_model {
     // repository map, is no longer one thread's work); and it cuts a diff at its files
     // and hunks (diff_unit_cuts), so that each starts a chunk of its own.
     virtual bool plain_splits_at_lines() const { return false; }
+    // True when the same holds for a cut before any line that is not blank
+    // (is_any_line_cut: also one that starts with indentation or punctuation, as most
+    // lines of code do): byte-level BPE tokenizers whose pre-tokenizer keeps a line break
+    // apart from the next line's indentation (Qwen2, Llama 3), not GPT-2's. A stable
+    // segment's finer blocks (line_block_cuts) are then cut at such lines, so an edit deep
+    // inside an indented function keeps the lines above it.
+    virtual bool plain_splits_at_any_line() const { return false; }
     // tokenize_plain of a part of a larger text: the implementation need not remember it.
     virtual result<std::vector<token_id>> tokenize_plain_part(std::string_view text) const {
         return tokenize_plain(text);
@@ -91,6 +98,18 @@ inline bool is_line_cut(std::string_view t, size_t p) {
     const char c = t[p];
     return t[p - 1] == '\n' && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                                  t.substr(p, 3) == "@@ ");
+}
+
+// The finer blocks' cut points for plain_splits_at_any_line: `p` is a line start whose
+// line, after any spaces and tabs, goes on with a printable ASCII character. Not a blank
+// line, nor one whose indentation runs into a carriage return or into other (Unicode)
+// white space: a pre-tokenizer may join a line break to such a run when another line
+// break follows it. REQUIRES 0 < p < t.size().
+inline bool is_any_line_cut(std::string_view t, size_t p) {
+    if (t[p - 1] != '\n') return false;
+    size_t i = p;
+    while (i < t.size() && (t[i] == ' ' || t[i] == '\t')) ++i;
+    return i < t.size() && t[i] > ' ' && t[i] < 0x7f;
 }
 
 // Where a unified diff (a segment of kind diff) is cut so that its parts start chunks of

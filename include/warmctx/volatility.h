@@ -41,17 +41,20 @@
 
 namespace warmctx {
 
-// A stable segment's finer blocks: a cut at the first line start (is_line_cut) at or
-// after this many bytes since the previous cut. About 100-150 tokens of code or a repo
+// A stable segment's finer blocks: a cut at the first line start (is_line_cut, or
+// is_any_line_cut where the tokenizer allows it) at or after this many bytes since the
+// previous cut. About 100-150 tokens of code or a repo
 // map; the measurement behind it is in docs/benchmarks.md ("chunk size").
 inline constexpr size_t k_line_block_bytes = 512;
 inline constexpr size_t k_line_block_max_cuts = 1024;
 
 // Where a stable segment's text is cut into finer blocks. Each cut depends on the text
 // before it only, so an edit keeps every cut before it. Every cut is an is_line_cut
-// point (the parts tokenize to the whole text's tokens where the model allows it).
-// Ascending, in (0, size).
-std::vector<size_t> line_block_cuts(std::string_view t, size_t block_bytes = k_line_block_bytes);
+// point, or with `any_line` an is_any_line_cut point (the parts tokenize to the whole
+// text's tokens where the model allows it: text_model::plain_splits_at_lines,
+// plain_splits_at_any_line). Ascending, in (0, size).
+std::vector<size_t> line_block_cuts(std::string_view t, size_t block_bytes = k_line_block_bytes,
+                                    bool any_line = false);
 
 struct volatility_options {
     bool enabled = true;          // false: the kind table's order and whole chunks, always

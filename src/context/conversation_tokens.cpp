@@ -129,6 +129,7 @@ std::vector<job> jobs_of(const std::vector<span_of> & spans, const rendered_conv
                          const text_model & model) {
     std::vector<job> jobs;
     const bool unit_cuts = model.plain_splits_at_lines();
+    const bool any_line = unit_cuts && model.plain_splits_at_any_line();
     for (size_t i = 0; i < spans.size(); ++i)
         for (const text_run & r : runs_in(f, spans[i].a, spans[i].b)) {
             if (!(unit_cuts && (spans[i].diff || spans[i].fine) && r.input)) {
@@ -136,10 +137,11 @@ std::vector<job> jobs_of(const std::vector<span_of> & spans, const rendered_conv
                 continue;
             }
             // A diff's data, cut at its units, or a stable segment's at its line blocks
-            // (is_line_cut points: the tokens are the same as the whole text's).
+            // (is_line_cut or is_any_line_cut points: the tokens are the same as the
+            // whole text's).
             const std::string_view data = std::string_view(f.text).substr(r.begin, r.end - r.begin);
             size_t from_at = r.begin;
-            for (size_t c : spans[i].fine ? line_block_cuts(data) : diff_unit_cuts(data)) {
+            for (size_t c : spans[i].fine ? line_block_cuts(data, k_line_block_bytes, any_line) : diff_unit_cuts(data)) {
                 jobs.push_back({i, {from_at, r.begin + c, true}, std::nullopt, {}, from_at != r.begin});
                 from_at = r.begin + c;
             }

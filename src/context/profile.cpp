@@ -55,7 +55,9 @@ const field_desc k_fields[] = {
 // v3: n_ctx and kv_streams left the profile (they size the cache, not its values).
 // v4: chat messages share a chunk from one assistant message to the next, and are no
 //     longer cut at diff units (the same tokens are chunked differently).
-constexpr std::string_view k_profile_format = "warmctx-profile-v4";
+// v5: a changed stable segment's finer blocks are also cut before indented and
+//     punctuation-led lines where the tokenizer allows it (text_model::plain_splits_at_any_line).
+constexpr std::string_view k_profile_format = "warmctx-profile-v5";
 
 // Shortest decimal that reads back as the same float: exact and readable.
 std::string float_text(float f) {

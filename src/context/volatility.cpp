@@ -14,12 +14,12 @@
 
 namespace warmctx {
 
-std::vector<size_t> line_block_cuts(std::string_view t, size_t block_bytes) {
+std::vector<size_t> line_block_cuts(std::string_view t, size_t block_bytes, bool any_line) {
     std::vector<size_t> cuts;
     if (block_bytes == 0) block_bytes = 1;
     size_t last = 0;
     for (size_t p = block_bytes; p < t.size() && cuts.size() < k_line_block_max_cuts; ++p) {
-        if (p - last < block_bytes || !is_line_cut(t, p)) continue;
+        if (p - last < block_bytes || !(any_line ? is_any_line_cut(t, p) : is_line_cut(t, p))) continue;
         cuts.push_back(p);
         last = p;
         p = last + block_bytes - 1;  // the loop's ++p lands on last + block_bytes

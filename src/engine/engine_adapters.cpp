@@ -74,7 +74,8 @@ class engine_text_model final : public text_model {
         if (with.ok() && without.ok() && with->size() >= without->size() &&
             with->compare(0, without->size(), *without) == 0)
             gen_prompt_ = with->substr(without->size());
-        splits_at_lines_ = probe_line_splits();
+        splits_at_lines_ = probe_line_splits(k_line_probe, is_line_cut);
+        splits_at_any_line_ = splits_at_lines_ && probe_line_splits(k_any_line_probe, is_any_line_cut);
     }
     // Text with special tokens: the template's own text between contents (the system
     // prompt's tools block, role headers), the same turn after turn; remembered too.
@@ -107,6 +108,7 @@ class engine_text_model final : public text_model {
         return e_.tokenize(text, false);
     }
     bool plain_splits_at_lines() const override { return splits_at_lines_; }
+    bool plain_splits_at_any_line() const override { return splits_at_any_line_; }
     void remember_plain(std::string_view text, const std::vector<token_id> & t) const override {
         if (text.size() < k_memo_min_bytes) return;
         plain_memo_.put(text, t);
@@ -169,19 +171,31 @@ class engine_text_model final : public text_model {
     // pre-tokenizer ends a word at a line break (Qwen2, Llama 3, GPT-style); false for
     // SentencePiece, which adds a space to each text. Asked of this tokenizer on a probe
     // of code, prose, markup and diff lines.
-    bool probe_line_splits() const {
-        static constexpr std::string_view probe =
-            "src/engine/engine.cpp: 923 lines\n  class engine; struct impl {};\nint main(int argc, char ** argv) {\n"
-            "    return 0;\n}\n\nThe quick brown fox, again.\n- item one\n1. first\nfoo_bar = {\"a\": 1}\n\t\tx\n"
-            "<|im_end|> not special here\n  \nEnd\n\r\nZ99 and 42\n7 days\n"
-            "diff --git a/src/x.cc b/src/x.cc\n--- a/src/x.cc\n+++ b/src/x.cc\n@@ -1,3 +1,4 @@\n int a;\n-int b;\n+int c;\n"
-            "@@ -40,2 +41,2 @@ void f() {\n   return;\n";
+    static constexpr std::string_view k_line_probe =
+        "src/engine/engine.cpp: 923 lines\n  class engine; struct impl {};\nint main(int argc, char ** argv) {\n"
+        "    return 0;\n}\n\nThe quick brown fox, again.\n- item one\n1. first\nfoo_bar = {\"a\": 1}\n\t\tx\n"
+        "<|im_end|> not special here\n  \nEnd\n\r\nZ99 and 42\n7 days\n"
+        "diff --git a/src/x.cc b/src/x.cc\n--- a/src/x.cc\n+++ b/src/x.cc\n@@ -1,3 +1,4 @@\n int a;\n-int b;\n+int c;\n"
+        "@@ -40,2 +41,2 @@ void f() {\n   return;\n";
+    // The same before any line that is not blank (is_any_line_cut: indented code,
+    // closing braces, comments, markup, list items), over indentation of spaces and tabs,
+    // blank lines with and without spaces, CRLF endings, trailing spaces, contractions and
+    // non-ASCII text. GPT-2's pre-tokenizer joins a line break to the next line's
+    // indentation and fails it; Qwen2's and Llama 3's keep them apart.
+    static constexpr std::string_view k_any_line_probe =
+        "#include <vector>\n\nnamespace x {\n// A comment.\nstruct impl {\n    int a = 0;  \n\tint b;\n\t\t\tc();\n"
+        "  }\n}  // namespace x\n    \n\n\n        if (a) {\n            return \"s\";\n        }\n"
+        "def f(x):\n    '''doc'''\n    return x  # done\n\n\n  \n    's and 't\n's\n"
+        "<div>\n  <p>caf\xc3\xa9</p>\n</div>\n* item\n  - sub item\n> quote\n| a | b |\n"
+        "\r\n    win();\r\n\t}\r\n@@ -1 +1 @@\n-  old\n+  new\n ctx\n"
+        "   \xe4\xb8\xad\xe6\x96\x87\n{\"k\": [1, 2]}\n  ...\n!!\n$ ls -la\n";
+    bool probe_line_splits(std::string_view probe, bool (*is_cut)(std::string_view, size_t)) const {
         auto whole = e_.tokenize(probe, false);
         if (!whole.ok() || whole->empty()) return false;
         std::vector<token_id> joined;
         size_t from = 0;
         for (size_t p = 1; p <= probe.size(); ++p) {
-            const bool cut = p == probe.size() || is_line_cut(probe, p);
+            const bool cut = p == probe.size() || is_cut(probe, p);
             if (!cut) continue;
             auto t = e_.tokenize(probe.substr(from, p - from), false);
             if (!t.ok()) return false;
@@ -210,6 +224,7 @@ class engine_text_model final : public text_model {
     token_memo plain_memo_{k_memo_max_tokens};
     token_memo special_memo_{k_special_memo_max_tokens};
     bool splits_at_lines_ = false;
+    bool splits_at_any_line_ = false;
 };
 
 std::string hex_digest_of_vocab(const engine & e) {

@@ -110,7 +110,9 @@ class jinja_text_model final : public text_model {
     bool renders_contents_verbatim() const override { return verbatim_; }
     // The byte tokenizer's tokens never depend on where a text is cut.
     bool splits_at_lines = false;
+    bool splits_at_any_line = false;
     bool plain_splits_at_lines() const override { return splits_at_lines; }
+    bool plain_splits_at_any_line() const override { return splits_at_any_line; }
 
     result<std::vector<token_id>> tokenize(std::string_view text) const override { return tokenize_with_specials(text); }
     result<std::vector<token_id>> tokenize_plain(std::string_view text) const override { return tokenize_bytes(text); }
@@ -606,61 +608,70 @@ TEST_P(AssemblerJinja, ADiffsHunksStartAChunkSoTheNextDiffOfTheFileReusesItsHead
 // A stable segment the workspace has seen change (assembly_hints::fine) is cut at line
 // starts into finer blocks (line_block_cuts) when the tokenizer allows: the prompt is
 // unchanged, a block ends at every cut, and an edit keeps every block before the cut
-// that precedes it - the file's unchanged head.
+// that precedes it - the file's unchanged head. Twice: a file of lines that start with
+// a letter (is_line_cut), and one of indented lines, cut where the tokenizer allows a cut
+// before any line that is not blank (is_any_line_cut).
 TEST_P(AssemblerJinja, AStableSegmentCutFinerKeepsItsUnchangedHeadAtAnEdit) {
-    auto file = [](int edited) {
-        std::string t;
-        for (int i = 0; i < 120; ++i)
-            t += (i == edited ? "int edited_" : "int value_") + std::to_string(i) + " = " + std::to_string(i * 7) + ";\n";
-        return t;
-    };
-    auto with_file = [&](int edited) {
-        auto segs = to_segments(base_chat());
-        segs.push_back(testing::make_segment("pin-a", segment_kind::pinned_file, file(edited), "src/a.cc"));
-        return segs;
-    };
-    jinja_text_model cut(tmpl());
-    cut.splits_at_lines = true;
-    static const kind_table kinds;
-    constexpr uint32_t chunk = 4096;  // whole chunks would keep nothing of the file
-    auto run = [&](int edited, const assembly_hints & h) {
-        return assemble(with_file(edited), kinds, cut, test_profile(chunk), k_salt, chunk, true, h);
-    };
-    assembly_hints fine;
-    fine.fine = {"pin-a"};
-    auto whole = run(-1, {});
-    if (!whole.ok()) GTEST_SKIP() << GetParam().name << ": " << whole.error().to_string();
-    auto a = run(-1, fine);
-    auto b = run(90, fine);
-    auto b_whole = run(90, {});
-    ASSERT_TRUE(a.ok() && b.ok() && b_whole.ok());
-    EXPECT_EQ(a->tokens, whole->tokens) << "finer blocks change chunks, never the prompt";
-    expect_chain_consistent(*a);
-    const manifest_entry & e = entry(*a, "pin-a");
-    if (std::find(a->boundaries.begin(), a->boundaries.end(), e.token_begin) == a->boundaries.end())
-        GTEST_SKIP() << GetParam().name << ": the file's message has no piece of its own with this template";
-    // The message's data: its one-line header, then the file.
-    const auto head = find_text(a->tokens, "# pinned_file: src/a.cc\n");
-    ASSERT_TRUE(head);
-    const std::string text = "# pinned_file: src/a.cc\n" + file(-1);
-    for (size_t c : line_block_cuts(text)) {
-        const size_t at = head->begin + c;  // the stand-in tokenizer: a byte is a token
-        EXPECT_TRUE(std::any_of(a->blocks.begin(), a->blocks.end(), [&](const block & k) { return (size_t)k.end == at; }))
-            << "no block ends at cut " << c;
+    for (const bool indented : {false, true}) {
+        SCOPED_TRACE(indented ? "indented lines" : "lines that start with a letter");
+        auto file = [&](int edited) {
+            std::string t;
+            for (int i = 0; i < 120; ++i)
+                t += (indented ? "    " : "") + std::string(i == edited ? "int edited_" : "int value_") + std::to_string(i) +
+                     " = " + std::to_string(i * 7) + ";\n";
+            return t;
+        };
+        auto with_file = [&](int edited) {
+            auto segs = to_segments(base_chat());
+            segs.push_back(testing::make_segment("pin-a", segment_kind::pinned_file, file(edited), "src/a.cc"));
+            return segs;
+        };
+        jinja_text_model cut(tmpl());
+        cut.splits_at_lines = true;
+        cut.splits_at_any_line = indented;
+        static const kind_table kinds;
+        constexpr uint32_t chunk = 4096;  // whole chunks would keep nothing of the file
+        auto run = [&](int edited, const assembly_hints & h) {
+            return assemble(with_file(edited), kinds, cut, test_profile(chunk), k_salt, chunk, true, h);
+        };
+        assembly_hints fine;
+        fine.fine = {"pin-a"};
+        auto whole = run(-1, {});
+        if (!whole.ok()) GTEST_SKIP() << GetParam().name << ": " << whole.error().to_string();
+        auto a = run(-1, fine);
+        auto b = run(90, fine);
+        auto b_whole = run(90, {});
+        ASSERT_TRUE(a.ok() && b.ok() && b_whole.ok());
+        EXPECT_EQ(a->tokens, whole->tokens) << "finer blocks change chunks, never the prompt";
+        expect_chain_consistent(*a);
+        const manifest_entry & e = entry(*a, "pin-a");
+        if (std::find(a->boundaries.begin(), a->boundaries.end(), e.token_begin) == a->boundaries.end())
+            GTEST_SKIP() << GetParam().name << ": the file's message has no piece of its own with this template";
+        // The message's data: its one-line header, then the file.
+        const auto head = find_text(a->tokens, "# pinned_file: src/a.cc\n");
+        ASSERT_TRUE(head);
+        const std::string text = "# pinned_file: src/a.cc\n" + file(-1);
+        const auto cuts = line_block_cuts(text, k_line_block_bytes, indented);
+        EXPECT_GT(cuts.size(), 3u);
+        for (size_t c : cuts) {
+            const size_t at = head->begin + c;  // the stand-in tokenizer: a byte is a token
+            EXPECT_TRUE(std::any_of(a->blocks.begin(), a->blocks.end(), [&](const block & k) { return (size_t)k.end == at; }))
+                << "no block ends at cut " << c;
+        }
+        auto shared = [](const assembled_prompt & x, const assembled_prompt & y) {
+            size_t n = 0;
+            for (size_t i = 0; i < std::min(x.blocks.size(), y.blocks.size()) && x.blocks[i] == y.blocks[i]; ++i)
+                n = (size_t)x.blocks[i].end;
+            return n;
+        };
+        const auto edit = find_text(b->tokens, "int edited_90");
+        ASSERT_TRUE(edit);
+        const size_t kept = shared(*a, *b);
+        EXPECT_LE(kept, edit->begin);
+        EXPECT_GT(kept + k_line_block_bytes + 32, edit->begin) << "reuse stops within a line block of the edit";
+        EXPECT_GT(kept, (size_t)e.token_begin);
+        EXPECT_LE(shared(*whole, *b_whole), (size_t)e.token_begin) << "whole chunks keep nothing of the file";
     }
-    auto shared = [](const assembled_prompt & x, const assembled_prompt & y) {
-        size_t n = 0;
-        for (size_t i = 0; i < std::min(x.blocks.size(), y.blocks.size()) && x.blocks[i] == y.blocks[i]; ++i)
-            n = (size_t)x.blocks[i].end;
-        return n;
-    };
-    const auto edit = find_text(b->tokens, "int edited_90");
-    ASSERT_TRUE(edit);
-    const size_t kept = shared(*a, *b);
-    EXPECT_LE(kept, edit->begin);
-    EXPECT_GT(kept + k_line_block_bytes + 32, edit->begin) << "reuse stops within a line block of the edit";
-    EXPECT_GT(kept, (size_t)e.token_begin);
-    EXPECT_LE(shared(*whole, *b_whole), (size_t)e.token_begin) << "whole chunks keep nothing of the file";
 }
 
 TEST_P(AssemblerJinja, NextTurnOfAToolLoopReusesThePreviousPrompt) {

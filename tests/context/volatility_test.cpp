@@ -78,6 +78,46 @@ TEST(LineBlockCuts, CutAtLineStartsEveryBlockAndKeepTheHeadsCutsAfterAnEdit) {
     EXPECT_TRUE(line_block_cuts(std::string(1000, ' ') + "\n  x\n", 10).empty());
 }
 
+// Most lines of code are indented: with `any_line` (a tokenizer that allows it) a file
+// made only of indented lines and blank ones is still cut every block, before indented
+// lines and never before a blank one; without it, it is not cut at all.
+TEST(LineBlockCuts, WithAnyLineCutAlsoBeforeIndentedLinesNeverBeforeBlankOnes) {
+    std::string text = "namespace x {\n";
+    for (int i = 0; i < 200; ++i)
+        text += (i % 5 == 4 ? std::string("    \n") : i % 7 == 0 ? std::string("\n") : std::string("")) + "    int v_" +
+                std::to_string(i) + " = f(" + std::to_string(i) + ");\n\t\tg();\n";
+    const auto plain = line_block_cuts(text, 128);
+    EXPECT_TRUE(plain.empty()) << "only the first line starts with a letter";
+    const auto cuts = line_block_cuts(text, 128, true);
+    ASSERT_GT(cuts.size(), 20u);
+    size_t last = 0;
+    for (size_t c : cuts) {
+        EXPECT_TRUE(is_any_line_cut(text, c));
+        EXPECT_NE(text[c], '\n');
+        EXPECT_NE(text.substr(c, 5), "    \n") << "a blank line with spaces is no cut point";
+        EXPECT_GE(c - last, 128u);
+        last = c;
+    }
+    // An edit keeps every cut before it.
+    std::string edited = text;
+    const size_t at = text.find("int v_150");
+    edited.insert(at, "edited(); ");
+    const auto cuts2 = line_block_cuts(edited, 128, true);
+    for (size_t c : cuts)
+        if (c <= at) {
+            EXPECT_NE(std::find(cuts2.begin(), cuts2.end(), c), cuts2.end()) << c;
+        }
+    // What is_any_line_cut accepts: a line start whose line goes on, after spaces and tabs,
+    // with printable ASCII.
+    EXPECT_TRUE(is_any_line_cut("a\n  }", 2));
+    EXPECT_TRUE(is_any_line_cut("a\n\t// x", 2));
+    EXPECT_FALSE(is_any_line_cut("a\n  \n", 2));
+    EXPECT_FALSE(is_any_line_cut("a\n  ", 2));
+    EXPECT_FALSE(is_any_line_cut("a\n \r\n", 2));
+    EXPECT_FALSE(is_any_line_cut("a\n \xc2\xa0x", 2));
+    EXPECT_FALSE(is_any_line_cut("ab  }", 2)) << "not a line start";
+}
+
 TEST(LearnedOrder, ReordersOnlyInsideARunOfStableSegmentsOfOneClass) {
     const kind_table kinds;
     auto segs = typical_workspace();

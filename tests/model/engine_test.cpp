@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "tiny_model.h"
 #include "warmctx/assembler.h"
@@ -409,6 +410,54 @@ TEST(Engine, TheQwenTokenizerMayBeCutAtLineStarts) {
     ASSERT_TRUE(at_once.ok()) << at_once.error().to_string();
     EXPECT_GT(cut->tokens.size(), 40000u);
     EXPECT_EQ(cut->tokens, at_once->tokens);
+}
+
+// The real (Qwen2) tokenizer may also be cut before any line that is not blank
+// (is_any_line_cut: indented code, braces, comments), which a stable segment's finer
+// blocks use: its text model says so, and a text of many kinds of lines, cut before
+// every such line, tokenizes to the whole text's tokens. A cut before a blank line would
+// not.
+TEST(Engine, TheQwenTokenizerMayBeCutBeforeAnyLineThatIsNotBlank) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    auto tm = make_engine_text_model(*e);
+    ASSERT_TRUE(tm->plain_splits_at_any_line());
+    static const char * const kinds[] = {
+        "    int value = compute(a, b);\n", "\t\treturn x;\n", "}\n", "  }  \n", "\n", "    \n", "\t\n",
+        "// a comment, with 'quotes'\n", "#include <map>\n", "        if (x) { y(); }\r\n", "\r\n",
+        "  - item \xc3\xa9t\xc3\xa9\n", "   \xe4\xb8\xad\xe6\x96\x87 text\n", "def f(x):\n", "    's'\n",
+        "@@ -1,2 +1,2 @@\n", "+    added;\n", "-\told;\n", "<p>\n", "  </p>\n", "12 + 34\n", " x\n", "!\n"};
+    std::mt19937 rng(7);
+    std::string text;
+    while (text.size() < (64u << 10)) text += kinds[rng() % std::size(kinds)];
+    std::vector<size_t> cuts;
+    for (size_t p = 1; p < text.size(); ++p)
+        if (is_any_line_cut(text, p)) cuts.push_back(p);
+    ASSERT_GT(cuts.size(), 1000u);
+    auto whole = tm->tokenize_plain(text);
+    ASSERT_TRUE(whole.ok()) << whole.error().to_string();
+    std::vector<token_id> joined;
+    size_t from = 0;
+    cuts.push_back(text.size());
+    for (size_t c : cuts) {
+        auto part = tm->tokenize_plain_part(text.substr(from, c - from));
+        ASSERT_TRUE(part.ok()) << part.error().to_string();
+        joined.insert(joined.end(), part->begin(), part->end());
+        from = c;
+    }
+    EXPECT_EQ(joined, *whole);
+    // The rule is not vacuous: a cut before a blank line, with or without spaces, changes
+    // this tokenizer's tokens (the line breaks and the spaces between them are one word).
+    for (std::string_view t : {std::string_view("x\n\n    y();\n"), std::string_view("x\n    \n    y();\n"), std::string_view("x\n  \n\ty\n")}) {
+        const size_t p = t.find('\n') + 1;
+        EXPECT_FALSE(is_any_line_cut(t, p));
+        auto w = tm->tokenize_plain(t);
+        auto a = tm->tokenize_plain_part(t.substr(0, p));
+        auto b = tm->tokenize_plain_part(t.substr(p));
+        ASSERT_TRUE(w.ok() && a.ok() && b.ok());
+        a->insert(a->end(), b->begin(), b->end());
+        EXPECT_NE(*a, *w) << "a cut the rule refuses would have been harmless: " << t;
+    }
 }
 
 // The text model remembers tokenizations (the template's text between contents repeats
