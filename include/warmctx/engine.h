@@ -58,7 +58,7 @@ struct engine_options {
     int32_t n_gpu_layers = 0;     // layers to offload when built with CUDA (-1 = all)
     std::string kv_type = "f16";  // f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | iq4_nl
     kv_mode mode = kv_mode::exact;
-    bool flash_attn = false;      // the commands turn it on by default where layers run on a GPU
+    bool flash_attn = false;      // the commands turn it on by default (as llama-server does)
     bool verbose = false;         // let llama.cpp log to stderr
     // The chat template: the model's own unless `chat_template` is given (the text of a
     // Jinja template, e.g. read from --chat-template-file). `jinja` off renders with
@@ -85,6 +85,7 @@ struct model_info {
     int32_t n_ctx_train = 0;
     int32_t n_layer = 0;
     int32_t n_embd = 0;
+    int32_t n_head = 0;            // attention (query) heads per layer (0: not loaded yet)
     float rope_freq_base = 0;      // from the model's metadata (0 if absent)
 };
 
@@ -104,6 +105,9 @@ struct context_info {
     uint64_t kv_bytes_per_token = 0;  // K+V, all layers
     uint64_t kv_streams_bytes = 0;    // the KV the context allocated: n_seq_max streams of
                                       // n_ctx_seq cells (exact mode), or one of as many
+                                      // (with pads_rows a sequence may fill all but
+                                      // k_pad_cells of a stream: n_ctx_seq)
+    bool pads_rows = false;           // small batches are padded (engine::pad_rows)
     std::string n_ctx_reason;      // how n_ctx_seq was chosen, for a start-up line
 };
 
@@ -162,6 +166,22 @@ class engine {
     // prefill's canonical-chunk check, so KV it makes is not warm == cold material.
     struct decode_timing { double host_ms = 0, total_ms = 0; };
     result<decode_timing> timed_decode(seq_id seq, std::span<const token_id> tokens, pos_t pos);
+
+    // Rows a decode of `n` tokens starting at position `pos` is padded with (0: none).
+    // With flash attention on the CPU, llama.cpp computes a batch of fewer than 64 query
+    // rows one row at a time, each reading every KV cell before it; 64 rows or more take
+    // its tiled path, several times cheaper per row once the sequence is deep (at 4k
+    // tokens of the 0.5B model, 48 rows cost 789 ms and 64 rows 535 ms). So a batch whose
+    // rows would cost clearly more alone than 64 rows do is padded to 64 with copies of
+    // its last token at the positions after it, whose KV is removed again at once. The
+    // choice is a pure function of the model's shape, `n` and `pos` (a cost model in
+    // engine.cpp), so a warm prefill and its cold reference pad the same chunks; prompts
+    // are unchanged and the cells a later prefill takes are the same. Never on a GPU or
+    // without flash attention.
+    int32_t pad_rows(int32_t n, pos_t pos) const;
+    uint64_t padded_decodes() const;  // decodes padded so far
+    static constexpr int32_t k_pad_to = 64;     // ggml's flash-attention query tile
+    static constexpr uint32_t k_pad_cells = 64;  // cells each stream keeps for the padding
 
     // Generates after the last prefilled token of `seq`, whose logits are `logits`
     // (as returned by prefill). Greedy when temperature <= 0, else a seeded chain of

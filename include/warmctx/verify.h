@@ -94,6 +94,7 @@ struct verify_report {
     std::string backend;              // CPU | CUDA
     bool stream_copies = false;
     uint64_t n_stream_copies = 0, n_branches_parked = 0, n_pool_loads = 0, n_write_backs = 0;
+    uint64_t n_padded_decodes = 0;    // decodes padded to 64 rows (engine::pad_rows), warm and cold
     double elapsed_ms = 0;
 
     double token_agreement() const;   // 1 when nothing was compared

@@ -80,12 +80,19 @@ int run_calls(const calls_args & a) {
     auto eo = a.mf.to_options(a.streams);
     if (!eo) return fail(eo.error());
     eo->n_seq_resident = a.resident;
-    eo->n_ctx = a.cells ? a.cells : (uint32_t)((a.depth + max_size + 255) / 256 * 256);
+    // By default room for the prefix, the largest size and the cells flash attention's
+    // padding of small batches keeps (engine::pad_rows), rounded up as llama.cpp does.
+    eo->n_ctx = a.cells ? a.cells : (uint32_t)((a.depth + max_size + engine::k_pad_cells + 255) / 256 * 256);
     progress("calls: opening the engine (" + std::to_string(a.streams) + " streams, " + std::to_string(eo->n_ctx) +
              " cells each, resident " + std::to_string(a.resident) + ")");
     auto eng_r = engine::open(*eo);
     if (!eng_r) return fail(eng_r.error());
     engine & eng = **eng_r;
+    if ((uint64_t)eng.context().n_ctx_seq < (uint64_t)a.depth + (uint64_t)max_size)
+        return fail(invalid_argument("--cells " + std::to_string(a.cells) + " leaves " +
+                                     std::to_string(eng.context().n_ctx_seq) + " a sequence may fill (the rest is kept "
+                                     "for padding small batches), too few for the prefix and " +
+                                     std::to_string(max_size) + " tokens after it"));
     std::mt19937 rng(7);
     std::uniform_int_distribution<token_id> dist(0, eng.model().n_vocab - 1);
     std::vector<token_id> prefix((size_t)a.depth), tail((size_t)max_size);
@@ -110,7 +117,11 @@ int run_calls(const calls_args & a) {
                 {"flash_attn", ci.flash_attn},
                 {"gpu_layers", ci.n_gpu_layers},
                 {"warmctx_layout",
-                 {{"streams", ci.n_seq_max}, {"resident_streams", ci.n_seq_resident}, {"cells_per_stream", ci.n_ctx_seq},
+                 {{"streams", ci.n_seq_max}, {"resident_streams", ci.n_seq_resident},
+                  {"cells_per_stream", ci.kv_bytes_per_token > 0 && ci.n_seq_max > 0
+                                           ? ci.kv_streams_bytes / ci.kv_bytes_per_token / ci.n_seq_max
+                                           : 0},
+                  {"usable_cells_per_stream", ci.n_ctx_seq}, {"pads_small_batches", ci.pads_rows},
                   {"kv_allocated_bytes", ci.kv_streams_bytes}}}};
     json rows = json::array();
     for (int n : a.sizes) {
@@ -122,8 +133,10 @@ int run_calls(const calls_args & a) {
             progress("calls: " + std::to_string(n) + " tokens in " + std::to_string(k) + " call(s)");
             auto r = measure_split(eng, toks, a.depth, k, a.reps);
             if (!r) return fail(r.error());
+            // The rows the engine added to the first call (they are the same for the rest
+            // but the last, give or take one).
             per_split.push_back({{"calls", k}, {"total_ms", r->total_ms}, {"host_ms", r->host_ms},
-                                 {"per_call_ms", r->total_ms / k}});
+                                 {"per_call_ms", r->total_ms / k}, {"padded_rows", eng.pad_rows(n / k, a.depth)}});
         }
         row["warmctx"] = per_split;
         if (!a.skip_llama_bench) {

@@ -174,7 +174,7 @@ result<json> run_edits_system(const std::string & name, const edits_args & a, co
                               const std::vector<edit_turn> & turns) {
     auto sys = start_edits_system(name, a, mf, bpt);
     if (!sys) return sys.error();
-    json prefilled = json::array(), ttft = json::array(), ratio = json::array();
+    json prefilled = json::array(), ttft = json::array(), ratio = json::array(), timings = json::array();
     std::vector<double> edited_ratio, edited_prefilled, edited_ratio_late, edited_ttft;
     for (size_t t = 0; t < turns.size(); ++t) {
         const edit_turn & et = turns[t];
@@ -183,6 +183,7 @@ result<json> run_edits_system(const std::string & name, const edits_args & a, co
         const int n = r.prompt_tokens - r.cached_tokens;
         prefilled.push_back(n);
         ttft.push_back(r.ttft_ms);
+        timings.push_back(r.timings);  // warmctx: where its first_token_ms went (null for llama-server)
         const double x = et.edited_tokens > 0 ? (double)n / (double)et.edited_tokens : 0.0;
         ratio.push_back(x);
         if (t > 0) {
@@ -206,7 +207,9 @@ result<json> run_edits_system(const std::string & name, const edits_args & a, co
                 {"edited_ttft_ms_p95", percentile(edited_ttft, 0.95)},
                 {"prefilled_over_segment_tokens_median", median(edited_ratio)},
                 {"prefilled_over_segment_tokens_median_second_half", median(edited_ratio_late)},
-                {"per_turn", {{"prefilled_tokens", prefilled}, {"ttft_ms", ttft}, {"prefilled_over_segment_tokens", ratio}}}};
+                {"per_turn",
+                 {{"prefilled_tokens", prefilled}, {"ttft_ms", ttft}, {"prefilled_over_segment_tokens", ratio},
+                  {"timings", timings}}}};
 }
 
 json edits_ratios(const json & systems) {

@@ -57,7 +57,9 @@ const field_desc k_fields[] = {
 //     longer cut at diff units (the same tokens are chunked differently).
 // v5: a changed stable segment's finer blocks are also cut before indented and
 //     punctuation-led lines where the tokenizer allows it (text_model::plain_splits_at_any_line).
-constexpr std::string_view k_profile_format = "warmctx-profile-v5";
+// v6: with flash attention on the CPU, a chunk of fewer than 64 tokens deep in a sequence
+//     is decoded padded to 64 rows (engine::pad_rows): the same chunk's KV differs.
+constexpr std::string_view k_profile_format = "warmctx-profile-v6";
 
 // Shortest decimal that reads back as the same float: exact and readable.
 std::string float_text(float f) {

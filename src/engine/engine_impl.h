@@ -4,6 +4,9 @@
 // decodes and moves sequences; sampling.cpp samples tokens and generates.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
+
 #include <memory>
 #include <string>
 
@@ -69,6 +72,16 @@ struct engine::impl {
 
     llama_memory_t mem() const { return llama_get_memory(ctx.get()); }
 
+    // engine::pad_rows's cost model, per query row in femtoseconds: alone (ggml's
+    // one-row flash-attention path) a + b * pos, in a 64-row batch (its tiled path)
+    // c + d * pos. Set by init_pad_costs when the engine pads; all zero otherwise.
+    struct pad_costs {
+        unsigned __int128 a = 0, b = 0, c = 0, d = 0;
+    } pad;
+    std::atomic<uint64_t> n_padded{0};
+    void init_pad_costs();
+    int32_t pad_rows(int32_t n, pos_t pos) const;
+
     status check_seq(seq_id s) const {
         if (s < 0 || (uint32_t)s >= cinfo.n_seq_max)
             return invalid_argument("sequence id " + std::to_string(s) + " out of range [0, " +
@@ -77,16 +90,25 @@ struct engine::impl {
     }
 
     // Decodes `n` tokens at positions [pos, pos+n) of seq, logits for the last if asked.
+    // Padded to 64 rows where engine::pad_rows says so: copies of the last token at the
+    // positions after it, without logits, whose cells are freed again at once (the next
+    // decode of seq takes the same cells as without them).
     status decode(seq_id seq, const token_id * toks, int32_t n, pos_t pos, bool want_last_logits) {
-        batch.n_tokens = n;
-        for (int32_t i = 0; i < n; ++i) {
-            batch.token[i] = toks[i];
+        const int32_t pad = pad_rows(n, pos);
+        batch.n_tokens = n + pad;
+        for (int32_t i = 0; i < n + pad; ++i) {
+            batch.token[i] = toks[std::min(i, n - 1)];
             batch.pos[i] = pos + i;
             batch.n_seq_id[i] = 1;
             batch.seq_id[i][0] = seq;
             batch.logits[i] = (want_last_logits && i == n - 1) ? 1 : 0;
         }
-        return detail::decode_status(llama_decode(ctx.get(), batch));
+        status st = detail::decode_status(llama_decode(ctx.get(), batch));
+        if (pad > 0) {
+            llama_memory_seq_rm(mem(), seq, pos + n, -1);
+            n_padded.fetch_add(1, std::memory_order_relaxed);
+        }
+        return st;
     }
 
     void copy_logits(std::vector<float> * out) const {

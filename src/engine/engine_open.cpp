@@ -147,6 +147,7 @@ void describe_loaded_model(const llama_model * model, const llama_vocab * vocab,
     mi.n_ctx_train = llama_model_n_ctx_train(model);
     mi.n_layer = llama_model_n_layer(model);
     mi.n_embd = llama_model_n_embd(model);
+    mi.n_head = llama_model_n_head(model);
     mi.size_bytes = llama_model_size(model);
     mi.n_params = llama_model_n_params(model);
 }
@@ -290,13 +291,22 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     const uint32_t n_seq_total = opts.n_seq_max + n_resident;
     if (n_seq_total > 256) return invalid_argument("n_seq_max + resident streams must be at most 256");
 
+    // Small batches are padded (engine::pad_rows) where flash attention runs on the CPU
+    // and a batch holds the padded rows.
+    const bool pads = opts.flash_attn && !on_gpu && opts.chunk_tokens >= (uint32_t)k_pad_to;
     const llama_context_params cp = context_params(opts, n_ctx, n_seq_total, n_threads, *kvt);
     p->ctx.reset(llama_init_from_model(p->model.get(), cp));
     if (!p->ctx) return engine_error("llama.cpp could not create a context (n_ctx=" + std::to_string(cp.n_ctx) +
                                      ", KV type " + opts.kv_type + "); try a smaller --n-ctx");
 
     p->cinfo.n_ctx_seq = opts.mode == kv_mode::exact ? llama_n_ctx_seq(p->ctx.get()) : n_ctx;
-    p->cinfo.n_ctx_seq = std::min(p->cinfo.n_ctx_seq, n_ctx);
+    // Where small batches are padded, a stream's last k_pad_cells cells hold a padded
+    // batch's extra rows for the moment they exist: a sequence may fill the rest.
+    const uint32_t reserve = pads ? k_pad_cells : 0;
+    if (p->cinfo.n_ctx_seq <= reserve)
+        return invalid_argument("n_ctx " + std::to_string(n_ctx) + " leaves no room beside the " +
+                                std::to_string(reserve) + " cells flash attention's padding keeps; ask for more");
+    p->cinfo.n_ctx_seq = std::min(p->cinfo.n_ctx_seq - reserve, n_ctx);
     p->cinfo.n_seq_max = n_seq_total;
     p->cinfo.n_seq_resident = n_resident;
     p->cinfo.flash_attn = opts.flash_attn;
@@ -307,7 +317,13 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     p->cinfo.backend = std::string(backend_name());
     p->cinfo.n_threads = n_threads;
     p->cinfo.kv_bytes_per_token = kv_per_token;
-    p->cinfo.kv_streams_bytes = (uint64_t)p->cinfo.n_seq_max * p->cinfo.n_ctx_seq * kv_per_token;
+    // What llama.cpp allocated: its cells per stream (the padding's and its own rounding
+    // included), not only those a sequence may fill.
+    const uint64_t cells = opts.mode == kv_mode::exact ? (uint64_t)llama_n_ctx_seq(p->ctx.get()) * n_seq_total
+                                                       : (uint64_t)llama_n_ctx(p->ctx.get());
+    p->cinfo.kv_streams_bytes = cells * kv_per_token;
+    p->cinfo.pads_rows = pads;
+    if (pads) p->init_pad_costs();
 
     p->batch = llama_batch_init((int32_t)opts.chunk_tokens, 0, 1);
     if (on_gpu) p->staging_buft = gpu_host_buffer_type();  // the KV is on the device (offload_kqv)

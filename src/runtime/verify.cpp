@@ -310,6 +310,7 @@ result<verify_report> run_verify(const verify_options & opts, const verify_progr
     rep.n_branches_parked = m.n_branches_parked;
     rep.n_pool_loads = m.n_pool_loads;
     rep.n_write_backs = m.n_write_backs;
+    rep.n_padded_decodes = m.n_padded_decodes;
     return rep;
 }
 

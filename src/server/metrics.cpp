@@ -212,6 +212,9 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
            static_cast<double>(m.n_pool_loads));
     scalar(out, "warmctx_pool_loaded_bytes_total", "counter", "Bytes loaded from the pool.",
            static_cast<double>(m.pool_loaded_bytes));
+    scalar(out, "warmctx_padded_decodes_total", "counter",
+           "Decodes of fewer than 64 tokens padded to 64 rows (flash attention on the CPU).",
+           static_cast<double>(m.n_padded_decodes));
     scalar(out, "warmctx_in_place_turns_total", "counter",
            "Warm turns whose work stream still held the prefix (nothing copied).", static_cast<double>(m.n_in_place_turns));
     {

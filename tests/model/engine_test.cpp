@@ -373,6 +373,57 @@ TEST(Engine, ASavedStateCutInRamEqualsTheShorterPrefixsState) {
     }
 }
 
+// With flash attention on the CPU a batch of fewer than 64 rows deep in a sequence is
+// padded to 64 (engine::pad_rows: llama.cpp computes fewer rows one at a time): the rule
+// answers by the cost model, never without flash attention, and a padded prefill leaves
+// no trace: the sequence holds its own tokens only, its state is byte for byte a second
+// prefill's, and what follows it is the same.
+TEST(Engine, ASmallBatchDeepInASequenceIsPaddedOnTheCpuAndLeavesNoTrace) {
+    auto o = tiny_options(kv_mode::exact, 2);
+    o.flash_attn = true;
+    o.chunk_tokens = 512;
+    auto e = engine::open(o);
+    ASSERT_TRUE(e.ok()) << e.error().to_string();
+    engine & en = **e;
+    ASSERT_TRUE(en.context().pads_rows);
+    EXPECT_EQ(en.pad_rows(40, 1536), 24);
+    EXPECT_EQ(en.pad_rows(63, 8192), 1);
+    EXPECT_EQ(en.pad_rows(4, 8192), 0) << "a few rows alone cost less than 64";
+    EXPECT_EQ(en.pad_rows(64, 8192), 0);
+    EXPECT_EQ(en.pad_rows(1, 8192), 0);
+    // Deeper, fewer rows are worth padding.
+    int32_t n_min_1k = 64, n_min_8k = 64;
+    for (int32_t n = 63; n >= 1; --n) {
+        if (en.pad_rows(n, 1024) > 0) n_min_1k = n;
+        if (en.pad_rows(n, 8192) > 0) n_min_8k = n;
+    }
+    EXPECT_LT(n_min_8k, n_min_1k);
+    EXPECT_LT(n_min_8k, 40);
+
+    const auto toks = random_tokens(1600, 11, en.model().n_vocab);
+    const std::vector<pos_t> bounds = {1536, 1576};  // chunks: 3 x 512, 40 (padded), 24
+    ASSERT_GT(en.pad_rows(40, 1536), 0);
+    std::vector<float> l0, l1;
+    ASSERT_TRUE(en.prefill(0, std::span(toks).first(1576), 0, bounds, &l0).ok());
+    EXPECT_EQ(en.seq_n_tokens(0), 1576) << "the padding's cells are given back";
+    ASSERT_TRUE(en.prefill(1, std::span(toks).first(1576), 0, bounds, &l1).ok());
+    EXPECT_EQ(l0, l1);
+    auto s0 = en.save_seq(0), s1 = en.save_seq(1);
+    ASSERT_TRUE(s0.ok() && s1.ok());
+    EXPECT_EQ(*s0, *s1);
+    // The next chunk after a padded one.
+    ASSERT_TRUE(en.prefill(0, std::span(toks).subspan(1576), 1576, bounds, &l0).ok());
+    ASSERT_TRUE(en.prefill(1, std::span(toks).subspan(1576), 1576, bounds, &l1).ok());
+    EXPECT_EQ(en.seq_n_tokens(0), 1600);
+    EXPECT_EQ(l0, l1);
+
+    o.flash_attn = false;
+    auto nofa = engine::open(o);
+    ASSERT_TRUE(nofa.ok());
+    EXPECT_FALSE((*nofa)->context().pads_rows);
+    EXPECT_EQ((*nofa)->pad_rows(40, 8192), 0) << "without flash attention every batch size is cheap per row";
+}
+
 // The real (Qwen2) tokenizer may be cut before a line that starts with a letter or digit:
 // its text model says so, and a 200 KiB text tokenized in parts, as the assembler does,
 // equals the whole text tokenized at once.
