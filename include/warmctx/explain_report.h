@@ -83,6 +83,7 @@ struct explain_report {
     // better one was not taken ("" when there was nothing to weigh).
     bool reordered = false;
     std::string order_note;
+    bool generation_prompt_fused = false;  // the last piece took the generation prompt in
     std::vector<segment_explain> segments;
     // Set on the first turn after a pre-warm of this workspace whose cached prefix it
     // reused (a pre-warm's own report leaves it empty).

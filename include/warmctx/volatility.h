@@ -83,6 +83,17 @@ struct volatility_state {
     std::vector<std::string> order;  // the stable segments' ids as last assembled ("": the kind order)
     std::map<std::string, segment_volatility> segs;
     uint64_t n_turns = 0;
+    // The last segment of the last turn (its question, or a tool result the model
+    // answers): its content hash and index in the manifest. And, per observed turn since
+    // (bit 0 the latest, at most 64), whether the turn held that segment at the same
+    // index again - an agent that appends carries its question forward (and a retry
+    // repeats it); one that slides a window of the last N messages, or asks a new
+    // question over the same context each time, does not.
+    hash128 last_tail_hash;
+    uint32_t last_tail_index = 0;
+    bool has_last_tail = false;
+    uint64_t tail_carried_bits = 0;
+    uint32_t tail_observed = 0;
 };
 
 // A workspace's state as JSON text (format "warmctx-volatility-v1"), and back: the runtime
@@ -95,9 +106,19 @@ result<volatility_state> volatility_from_json(std::string_view text);
 struct assembly_hints {
     std::vector<std::string> order;  // stable segment ids, in the learned order
     std::vector<std::string> fine;   // stable segment ids cut into finer blocks
-    bool empty() const { return order.empty() && fine.empty(); }
+    // The last segment's piece and the generation prompt are one piece: the turn's tail
+    // is one decode call instead of two. Its KV is then not kept for a next turn (the
+    // generation prompt would begin the next assistant message's run), so only where
+    // the workspace's turns have not been carrying their last segment forward
+    // (k_fuse_after_turns observed turns in a row).
+    bool fuse_generation_prompt = false;
+    bool empty() const { return order.empty() && fine.empty() && !fuse_generation_prompt; }
     bool operator==(const assembly_hints &) const = default;
 };
+
+// Turns in a row, this request included, that did not carry the previous turn's last
+// segment forward before the generation prompt is fused into the last piece.
+inline constexpr uint32_t k_fuse_after_turns = 2;
 
 struct order_decision {
     assembly_hints hints;
@@ -109,8 +130,9 @@ struct order_decision {
 order_decision decide_order(const volatility_state & st, std::span<const segment> segs, const kind_table & kinds,
                             const volatility_options & o);
 
-// Records an assembled turn: each stable segment changed or not (by content hash), and
-// the order it was assembled in. Segments absent from it are forgotten.
+// Records an assembled turn: each stable segment changed or not (by content hash), the
+// order it was assembled in, and whether it carried the last turn's last segment
+// forward. Segments absent from it are forgotten.
 void observe_turn(volatility_state & st, const manifest & man);
 
 // Whether a segment takes part in the learned order and finer blocks: a stable one, except

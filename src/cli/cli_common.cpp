@@ -70,7 +70,7 @@ void cache_flags::add_to(CLI::App & app) {
     app.add_option("--disk-min-class", disk_min_class, "lowest retention class kept on disk (low, medium, high, highest)")->capture_default_str();
     app.add_flag("--fixed-order", fixed_order,
                  "keep the kind table's order of stable segments and whole chunks (no learned volatility order, no "
-                 "finer blocks at edits; docs/architecture.md)");
+                 "finer blocks at edits, the generation prompt always a chunk of its own; docs/architecture.md)");
 }
 
 status cache_flags::apply(context_engine_options & o) const {

@@ -178,6 +178,18 @@ std::vector<segment> leading_segments(std::span<const segment> segs, const kind_
     return out;
 }
 
+// The last segment's piece takes the generation prompt in (assembly_hints::
+// fuse_generation_prompt: one decode call for the turn's tail); the piece is then of
+// class none, never kept for another turn.
+void fuse_generation_prompt(std::vector<piece> & pieces, size_t n_segments) {
+    if (pieces.size() < 2 || pieces.back().segment_index != k_generation_prompt_index) return;
+    piece & last = pieces[pieces.size() - 2];
+    if (last.end != pieces.back().begin || last.segment_index != static_cast<int>(n_segments) - 1) return;
+    last.end = pieces.back().end;
+    last.retention = retention_class::none;
+    pieces.pop_back();
+}
+
 result<assembled_prompt> assemble(std::span<const segment> segs, const kind_table & kinds,
                                   const text_model & model, const profile & prof,
                                   std::string_view tenant_salt, uint32_t chunk_tokens,
@@ -276,7 +288,7 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     }
     const auto n_tokens = static_cast<pos_t>(out.tokens.size());
     prompt_manifest.n_tokens = n_tokens;
-
+    if (hints.fuse_generation_prompt) fuse_generation_prompt(pieces, prompt_manifest.segments.size());
     mark_continuing_messages(pieces, order, roles);
     detail::build_blocks(out, pieces, prof, tenant_salt, chunk_tokens);
 

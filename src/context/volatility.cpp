@@ -134,6 +134,12 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
         if (it.changes > 0 || it.fine) d.hints.fine.push_back(it.s->id);
         items.push_back(it);
     }
+    // This request, and the turns before it, did not carry their last segment forward.
+    const bool carried_now = st.has_last_tail && st.last_tail_index < order.size() &&
+                             segment_content_hash(*order[st.last_tail_index]) == st.last_tail_hash;
+    const uint32_t past = k_fuse_after_turns - 1;
+    const uint64_t recent = (uint64_t{1} << past) - 1;
+    d.hints.fuse_generation_prompt = !carried_now && st.tail_observed >= past && (st.tail_carried_bits & recent) == 0;
     std::vector<const item *> cur, cand;
     for (const item & it : items) cur.push_back(&it);
     cand = cur;
@@ -197,6 +203,17 @@ void observe_turn(volatility_state & st, const manifest & man) {
     st.segs = std::move(next);
     st.order = std::move(order);
     st.n_turns++;
+    if (st.has_last_tail) {
+        const size_t i = st.last_tail_index;
+        const bool carried = i < man.segments.size() && man.segments[i].content_hash == st.last_tail_hash;
+        st.tail_carried_bits = (st.tail_carried_bits << 1) | (carried ? 1 : 0);
+        st.tail_observed = std::min<uint32_t>(st.tail_observed + 1, 64);
+    }
+    st.has_last_tail = !man.segments.empty();
+    if (st.has_last_tail) {
+        st.last_tail_hash = man.segments.back().content_hash;
+        st.last_tail_index = (uint32_t)(man.segments.size() - 1);
+    }
 }
 
 namespace {
@@ -208,7 +225,9 @@ std::string volatility_to_json(const volatility_state & st) {
     for (const auto & [id, v] : st.segs)
         segs[id] = {{"content_hash", v.content_hash.hex()}, {"content_bytes", v.content_bytes},
                     {"changed_bits", v.changed_bits}, {"n_observed", v.n_observed}, {"fine", v.fine}};
-    const nlohmann::json j = {{"format", k_volatility_format}, {"n_turns", st.n_turns}, {"order", st.order}, {"segs", segs}};
+    nlohmann::json j = {{"format", k_volatility_format}, {"n_turns", st.n_turns}, {"order", st.order}, {"segs", segs},
+                        {"tail_carried_bits", st.tail_carried_bits}, {"tail_observed", st.tail_observed}};
+    if (st.has_last_tail) j["last_tail"] = {{"content_hash", st.last_tail_hash.hex()}, {"index", st.last_tail_index}};
     return dump_json(j);
 }
 
@@ -242,6 +261,26 @@ result<volatility_state> volatility_from_json(std::string_view text) {
         s.n_observed = (uint32_t)std::min<uint64_t>(v["n_observed"].get<uint64_t>(), 64);
         s.fine = v["fine"].get<bool>();
         st.segs[id] = s;
+    }
+    // Whether turns carry their last segment forward (absent in files written before it
+    // was kept: nothing learned).
+    if (j.contains("tail_carried_bits") || j.contains("tail_observed")) {
+        if (!j.contains("tail_carried_bits") || !j["tail_carried_bits"].is_number_unsigned() ||
+            !j.contains("tail_observed") || !j["tail_observed"].is_number_unsigned())
+            return bad("tail_carried_bits, tail_observed");
+        st.tail_carried_bits = j["tail_carried_bits"].get<uint64_t>();
+        st.tail_observed = (uint32_t)std::min<uint64_t>(j["tail_observed"].get<uint64_t>(), 64);
+    }
+    if (j.contains("last_tail")) {
+        const nlohmann::json & t = j["last_tail"];
+        if (!t.is_object() || !t.contains("content_hash") || !t["content_hash"].is_string() || !t.contains("index") ||
+            !t["index"].is_number_unsigned() || t["index"].get<uint64_t>() > UINT32_MAX)
+            return bad("last_tail");
+        auto h = parse_hash128(t["content_hash"].get<std::string>());
+        if (!h.ok()) return bad("last_tail: content_hash");
+        st.last_tail_hash = *h;
+        st.last_tail_index = (uint32_t)t["index"].get<uint64_t>();
+        st.has_last_tail = true;
     }
     return st;
 }

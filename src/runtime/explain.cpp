@@ -71,6 +71,7 @@ explain_report explain_turn(const explain_inputs & in) {
     r.stable_prefix_hash = ap.stable_prefix_hash.hex();
     r.reordered = ap.reordered;
     r.order_note = ap.order_note;
+    r.generation_prompt_fused = ap.hints.fuse_generation_prompt;
     r.n_cacheable = 0;
     for (const auto & b : ap.blocks) {
         if (b.cls == retention_class::none) break;

@@ -187,6 +187,7 @@ class scenario_runner {
         auto c = ce_.run_cold(cold_req);
         if (!c) return c.error().with_context(ws_ + " " + what + " (cold)");
         ++rep_.turns;
+        if (ap->hints.fuse_generation_prompt) ++rep_.n_fused_turns;
         const comparison cmp = compare(*w, *c);
         rep_.max_logit_diff = std::max(rep_.max_logit_diff, cmp.max_diff);
         rep_.n_tokens_agree += cmp.n_agree;

@@ -41,7 +41,7 @@ nlohmann::json verify_report::to_json() const {
         {"whole_holder_evictions", whole_holder_evictions},
         {"backend", backend}, {"stream_copies", stream_copies}, {"n_stream_copies", n_stream_copies},
         {"n_branches_parked", n_branches_parked}, {"n_pool_loads", n_pool_loads}, {"n_write_backs", n_write_backs},
-        {"n_padded_decodes", n_padded_decodes},
+        {"n_padded_decodes", n_padded_decodes}, {"n_fused_turns", n_fused_turns},
     };
 }
 

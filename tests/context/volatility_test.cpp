@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "fake_text_model.h"
 #include "test_workspace.h"
 #include "warmctx/assembler.h"
@@ -230,6 +232,93 @@ TEST(LearnedOrder, TheStateReadsBackFromItsJsonAndDecidesTheSame) {
         EXPECT_FALSE(volatility_from_json(bad).ok()) << bad;
     std::string torn = text.substr(0, text.size() / 2);
     EXPECT_FALSE(volatility_from_json(torn).ok());
+}
+
+// The generation prompt joins the last segment's piece (one decode call for the tail)
+// once two turns in a row (the request at hand included) did not carry their last
+// segment forward, and not on or after a turn that did; what was learned survives the JSON, and a file written before it was
+// kept reads as nothing learned.
+TEST(LearnedOrder, TheGenerationPromptIsFusedOnlyWhereTurnsDoNotCarryTheirLastSegmentForward) {
+    auto with_question = [](const std::string & q) {
+        auto segs = workspace();
+        segs.back().content = q;
+        return segs;
+    };
+    volatility_state st;
+    EXPECT_FALSE(turn(st, with_question("first?")).hints.fuse_generation_prompt) << "nothing observed";
+    EXPECT_FALSE(turn(st, with_question("second?")).hints.fuse_generation_prompt) << "one turn is not a habit";
+    EXPECT_TRUE(turn(st, with_question("third?")).hints.fuse_generation_prompt);
+    EXPECT_TRUE(turn(st, with_question("fourth?")).hints.fuse_generation_prompt);
+    // The same question again (a retry): carried, at its place; then one new question is
+    // not yet a habit again.
+    EXPECT_FALSE(turn(st, with_question("fourth?")).hints.fuse_generation_prompt);
+    EXPECT_FALSE(turn(st, with_question("fifth?")).hints.fuse_generation_prompt);
+    EXPECT_TRUE(turn(st, with_question("sixth?")).hints.fuse_generation_prompt);
+    // An appending agent: the last question comes back as history at its index.
+    volatility_state app;
+    auto a = with_question("q0");
+    for (int t = 1; t <= 4; ++t) {
+        EXPECT_FALSE(turn(app, a).hints.fuse_generation_prompt) << t;
+        segment asked = a.back();
+        asked.id = "h" + std::to_string(2 * t);
+        asked.kind = segment_kind::history;
+        asked.role = "user";
+        segment answer = make_segment("h" + std::to_string(2 * t + 1), segment_kind::history, "answer " + std::to_string(t));
+        answer.role = "assistant";
+        a.back() = asked;
+        a.push_back(answer);
+        a.push_back(make_segment("q", segment_kind::user, "q" + std::to_string(t)));
+    }
+    // JSON keeps it.
+    const std::string text = volatility_to_json(st);
+    auto back = volatility_from_json(text);
+    ASSERT_TRUE(back.ok()) << back.error().to_string();
+    EXPECT_EQ(back->tail_carried_bits, st.tail_carried_bits);
+    EXPECT_EQ(back->tail_observed, st.tail_observed);
+    EXPECT_EQ(back->last_tail_hash, st.last_tail_hash);
+    EXPECT_EQ(back->last_tail_index, st.last_tail_index);
+    static const kind_table kinds;
+    EXPECT_EQ(decide_order(*back, with_question("x"), kinds, {}).hints,
+              decide_order(st, with_question("x"), kinds, {}).hints);
+    auto j = nlohmann::json::parse(text);
+    j.erase("tail_carried_bits");
+    j.erase("tail_observed");
+    j.erase("last_tail");
+    auto old = volatility_from_json(j.dump());
+    ASSERT_TRUE(old.ok()) << old.error().to_string();
+    EXPECT_EQ(old->tail_observed, 0u);
+    EXPECT_FALSE(decide_order(*old, with_question("x"), kinds, {}).hints.fuse_generation_prompt);
+    j["tail_observed"] = -1;
+    j["tail_carried_bits"] = 0;
+    EXPECT_FALSE(volatility_from_json(j.dump()).ok());
+}
+
+// With fuse_generation_prompt the prompt's tokens are the same and its last block runs
+// from the last segment through the generation prompt: no block ends between them.
+TEST(LearnedOrder, AFusedGenerationPromptSharesTheLastSegmentsBlock) {
+    const kind_table kinds;
+    fake_text_model model;
+    const auto segs = workspace();
+    assembly_hints h;
+    auto apart = assemble(segs, kinds, model, test_profile(), "s", 16, true, h);
+    h.fuse_generation_prompt = true;
+    auto fused = assemble(segs, kinds, model, test_profile(), "s", 16, true, h);
+    ASSERT_TRUE(apart.ok() && fused.ok());
+    EXPECT_EQ(apart->tokens, fused->tokens);
+    const pos_t g = fused->man.generation_prompt_begin;
+    ASSERT_GT(g, fused->man.segments.back().token_begin);
+    auto ends_at = [](const assembled_prompt & p, pos_t at) {
+        return std::any_of(p.blocks.begin(), p.blocks.end(), [&](const block & b) { return b.end == at; });
+    };
+    EXPECT_TRUE(ends_at(*apart, g));
+    EXPECT_FALSE(ends_at(*fused, g));
+    EXPECT_TRUE(ends_at(*fused, (pos_t)fused->tokens.size()));
+    // Everything before the last segment's piece is chunked alike.
+    const pos_t q = fused->man.segments.back().token_begin;
+    for (const block & b : apart->blocks)
+        if (b.end <= q) {
+            EXPECT_TRUE(ends_at(*fused, b.end)) << b.end;
+        }
 }
 
 TEST(LearnedOrder, AReorderThatCostsMoreThanItSavesWaitsForAnEditOfTheSegment) {
