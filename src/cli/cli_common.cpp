@@ -34,7 +34,8 @@ void model_flags::add_to(CLI::App & app, bool with_ctx) {
     if (with_ctx)
         app.add_option("-c,--n-ctx", n_ctx,
                        "context per sequence, tokens (0 = the model's training context, or the largest whose KV "
-                       "streams fit " + std::to_string(default_kv_share_bytes() >> 20) + " MiB, a quarter of RAM up to 8 GiB)")
+                       "streams fit " + std::to_string(default_kv_share_bytes() >> 20) + " MiB, a quarter of RAM up to 8 GiB; "
+                       "with flash attention on the CPU a sequence may fill all but 64 of them, which pad small batches)")
             ->capture_default_str();
     app.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
     app.add_option("--gpu-layers", gpu_layers,

@@ -204,6 +204,7 @@ void report_start(const serve_args & a, const server_options & sv, const schedul
                  "; --resident-streams, --resident-share): a workspace's prefix stays where the model runs between "
                  "its turns");
     progress("serve: context " + std::to_string(ci.n_ctx_seq) + " tokens per sequence (" + ci.n_ctx_reason +
+             (ci.pads_rows ? "; 64 cells of each stream pad small batches on the CPU" : "") +
              "; -c to change); KV streams " + std::to_string(ci.n_seq_max) + " x " +
              std::to_string((ci.kv_streams_bytes / std::max<uint32_t>(ci.n_seq_max, 1)) >> 20) + " MiB = " +
              std::to_string(ci.kv_streams_bytes >> 20) + " MiB allocated; cached prefixes up to " +
