@@ -66,7 +66,17 @@ edits)
   check '([.systems[].cold_prefilled_tokens] | unique | length) == 1' "every system prefilled the same cold prompt" '[.systems[] | {name, cold_prefilled_tokens}]'
   check '.systems[0].edited_prefilled_tokens_total <= .systems[1].edited_prefilled_tokens_total' \
         "the learned order and finer blocks prefill no more than the fixed order" '[.systems[] | {name, edited_prefilled_tokens_total}]'
-  check '.ratios.warmctx_over_llama_server_prefilled_total > 0 and .ratios.warmctx_over_fixed_prefilled_total > 0' "ratios reported" '.ratios'
+  check '.ratios.warmctx_over_llama_server_prefilled_total > 0 and .ratios.warmctx_over_fixed_prefilled_total > 0' "ratios reported" '.ratios'  # Real files: the pinned files come from this repository's sources, each edit's place is
+  # reported, and a directory without enough source files is refused (exit 2).
+  src="$(cd "$(dirname "$0")/../.." && pwd)/src"
+  "$bench" edits -m "$model" --files 3 --file-tokens 150 --map-tokens 200 --turns 5 --systems warmctx --files-from "$src" --json >"$out"
+  check '.workload.files_from != "" and (.systems[0].per_turn.prefilled_tokens | length) == 5 and all(.workload.edited_line_at_fraction_of_turn[]; . >= 0 and . < 1) and all(.workload.edited_segment_bytes_of_turn[1:][]; . > 0)' \
+        "--files-from: real files, each edit's place" '.workload'
+  empty="$(mktemp -d)"
+  set +e; err="$("$bench" edits -m "$model" --files-from "$empty" --systems warmctx 2>&1)"; rc=$?; set -e
+  rmdir "$empty"
+  if [ "$rc" != 2 ] || ! grep -q "^error: --files-from" <<<"$err"; then echo "FAILED: --files-from an empty directory: exit $rc: $err"; exit 1; fi
+  echo "ok: --files-from an empty directory refused (exit 2)"
   ;;
 s2)
   "$bench" s2 -m "$model" --sizes 600,1200 --warm-turns 2 --json >"$out"
