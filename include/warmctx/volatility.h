@@ -132,8 +132,14 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
 
 // Records an assembled turn: each stable segment changed or not (by content hash), the
 // order it was assembled in, and whether it carried the last turn's last segment
-// forward. Segments absent from it are forgotten.
-void observe_turn(volatility_state & st, const manifest & man);
+// forward. Segments absent from it are forgotten. Returns whether what a restart would
+// need to assemble the next turn alike changed: the order, a segment's finer blocks, or
+// the habit the generation prompt's fusion follows (worth writing to disk at once).
+bool observe_turn(volatility_state & st, const manifest & man);
+
+// Whether the workspace's recent turns (k_fuse_after_turns - 1 of them) did not carry their
+// last segment forward: the next turn fuses its generation prompt unless it carries it.
+bool fusing_habit(const volatility_state & st);
 
 // Whether a segment takes part in the learned order and finer blocks: a stable one, except
 // the tools (a template writes them in its own place, wherever the segment sits).

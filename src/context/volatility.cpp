@@ -137,9 +137,7 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
     // This request, and the turns before it, did not carry their last segment forward.
     const bool carried_now = st.has_last_tail && st.last_tail_index < order.size() &&
                              segment_content_hash(*order[st.last_tail_index]) == st.last_tail_hash;
-    const uint32_t past = k_fuse_after_turns - 1;
-    const uint64_t recent = (uint64_t{1} << past) - 1;
-    d.hints.fuse_generation_prompt = !carried_now && st.tail_observed >= past && (st.tail_carried_bits & recent) == 0;
+    d.hints.fuse_generation_prompt = !carried_now && fusing_habit(st);
     std::vector<const item *> cur, cand;
     for (const item & it : items) cur.push_back(&it);
     cand = cur;
@@ -182,7 +180,17 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
     return d;
 }
 
-void observe_turn(volatility_state & st, const manifest & man) {
+bool fusing_habit(const volatility_state & st) {
+    const uint32_t past = k_fuse_after_turns - 1;
+    const uint64_t recent = (uint64_t{1} << past) - 1;
+    return st.tail_observed >= past && (st.tail_carried_bits & recent) == 0;
+}
+
+bool observe_turn(volatility_state & st, const manifest & man) {
+    const std::vector<std::string> order_before = st.order;
+    size_t fine_before = 0, fine_after = 0;
+    for (const auto & [id, v] : st.segs) fine_before += v.fine;
+    const bool habit_before = fusing_habit(st);
     std::map<std::string, segment_volatility> next;
     std::vector<std::string> order;
     for (const manifest_entry & e : man.segments) {
@@ -214,6 +222,8 @@ void observe_turn(volatility_state & st, const manifest & man) {
         st.last_tail_hash = man.segments.back().content_hash;
         st.last_tail_index = (uint32_t)(man.segments.size() - 1);
     }
+    for (const auto & [id, v] : st.segs) fine_after += v.fine;
+    return st.order != order_before || fine_after != fine_before || fusing_habit(st) != habit_before;
 }
 
 namespace {

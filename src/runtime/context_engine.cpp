@@ -440,12 +440,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             std::unique_lock lock(p_->volatility_mu);
             volatility_state * st = p_->volatility_of(t.workspace, lock);
             if (!st) st = &p_->volatility[t.workspace];
-            const std::vector<std::string> order_before = st->order;
-            size_t fine_before = 0, fine_after = 0;
-            for (const auto & [id, v] : st->segs) fine_before += v.fine;
-            observe_turn(*st, t.ap.man);
-            for (const auto & [id, v] : st->segs) fine_after += v.fine;
-            if (st->order != order_before || fine_after != fine_before || st->n_turns % impl::k_volatility_save_every == 0)
+            if (observe_turn(*st, t.ap.man) || st->n_turns % impl::k_volatility_save_every == 0)
                 p_->vol_dirty.insert(t.workspace);
         }
         p_->count(t.workspace, t.explain, n_generated);

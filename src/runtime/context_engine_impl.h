@@ -94,7 +94,8 @@ struct context_engine::impl {
     // Kept beside the disk tier (<cache_dir>/volatility/<hash of the name>.json), so that a
     // restart keeps each workspace's learned order and finer blocks: read when a workspace
     // is first seen (or again after it was forgotten), written after an answer is out
-    // when its order or finer blocks changed, every k_volatility_save_every turns, and at
+    // when its order, finer blocks or fusion habit changed (observe_turn), every
+    // k_volatility_save_every turns, and at
     // close. No cache directory: memory only. Guarded by volatility_mu.
     file_system * vol_fs = nullptr;
     std::string vol_dir;                        // "" = not persisted

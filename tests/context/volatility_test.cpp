@@ -39,7 +39,8 @@ std::vector<segment> workspace(const std::string & map_version = "v0", const std
 }
 
 // One turn as the runtime runs it: decide, assemble in that order, observe.
-order_decision turn(volatility_state & st, const std::vector<segment> & segs, const volatility_options & o = {}) {
+order_decision turn(volatility_state & st, const std::vector<segment> & segs, const volatility_options & o = {},
+                    bool * learned = nullptr) {
     static const kind_table kinds;
     order_decision d = decide_order(st, segs, kinds, o);
     manifest man;
@@ -52,7 +53,8 @@ order_decision turn(volatility_state & st, const std::vector<segment> & segs, co
         e.content_bytes = s->content.size();
         man.segments.push_back(e);
     }
-    observe_turn(st, man);
+    const bool l = observe_turn(st, man);
+    if (learned) *learned = l;
     return d;
 }
 
@@ -291,6 +293,34 @@ TEST(LearnedOrder, TheGenerationPromptIsFusedOnlyWhereTurnsDoNotCarryTheirLastSe
     j["tail_observed"] = -1;
     j["tail_carried_bits"] = 0;
     EXPECT_FALSE(volatility_from_json(j.dump()).ok());
+}
+
+// observe_turn says when the state a restart needs changed, so that the runtime writes it
+// at once: the order, finer blocks, and the fusion habit both ways; not an ordinary turn.
+TEST(LearnedOrder, ObservingATurnSaysWhenTheOrderBlocksOrFusionHabitChanged) {
+    auto with = [](const std::string & q, const std::string & pin_b = "b0") {
+        auto segs = workspace("v0", pin_b);
+        segs.back().content = q;
+        return segs;
+    };
+    volatility_state st;
+    bool learned = false;
+    turn(st, with("first?"), {}, &learned);
+    EXPECT_TRUE(learned) << "the first order";
+    turn(st, with("second?"), {}, &learned);
+    EXPECT_TRUE(learned) << "a turn that did not carry the question: fusing from now on";
+    EXPECT_TRUE(fusing_habit(st));
+    turn(st, with("third?"), {}, &learned);
+    EXPECT_FALSE(learned) << "nothing a restart would miss";
+    turn(st, with("third?"), {}, &learned);
+    EXPECT_TRUE(learned) << "a retry carried it: the habit is broken";
+    EXPECT_FALSE(fusing_habit(st));
+    turn(st, with("fourth?"), {}, &learned);
+    EXPECT_TRUE(learned) << "and learned again";
+    turn(st, with("fifth?", "edited "), {}, &learned);
+    EXPECT_TRUE(learned) << "pin-b changed: its finer blocks";
+    turn(st, with("sixth?", "edited "), {}, &learned);
+    EXPECT_FALSE(learned);
 }
 
 // With fuse_generation_prompt the prompt's tokens are the same and its last block runs
