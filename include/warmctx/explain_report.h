@@ -84,6 +84,7 @@ struct explain_report {
     bool reordered = false;
     std::string order_note;
     bool generation_prompt_fused = false;  // the last piece took the generation prompt in
+    bool conversation_fused = false;       // the chat messages were one run of class none
     std::vector<segment_explain> segments;
     // Set on the first turn after a pre-warm of this workspace whose cached prefix it
     // reused (a pre-warm's own report leaves it empty).

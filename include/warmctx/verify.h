@@ -96,6 +96,7 @@ struct verify_report {
     uint64_t n_stream_copies = 0, n_branches_parked = 0, n_pool_loads = 0, n_write_backs = 0;
     uint64_t n_padded_decodes = 0;    // decodes padded to 64 rows (engine::pad_rows), warm and cold
     int n_fused_turns = 0;            // warm turns whose generation prompt shared the last piece
+    int n_fused_conversations = 0;    // warm turns whose chat messages were one run (a sliding window)
     double elapsed_ms = 0;
 
     double token_agreement() const;   // 1 when nothing was compared

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -78,22 +79,38 @@ struct segment_volatility {
     double rate(uint32_t window) const;  // changes / observed turns in the window (0 when none)
 };
 
+// Whether turns carry one segment of the turn before forward: its content hash and index
+// in the manifest at the last observed turn, and per observed turn since (bit 0 the
+// latest, at most 64) whether the turn held that segment at the same index again.
+struct carry_watch {
+    hash128 hash;
+    uint32_t index = 0;
+    bool has = false;
+    uint64_t carried_bits = 0;
+    uint32_t observed = 0;
+    // Whether this request holds the watched segment at its index.
+    bool carried_by(std::span<const segment * const> order) const;
+    // The turn's segment at `index` (none: nothing watched from now on).
+    void observe(const manifest & man, std::optional<size_t> index);
+    // The last k_fuse_after_turns - 1 observed turns did not carry it forward.
+    bool habit() const;
+    bool operator==(const carry_watch &) const = default;
+};
+
 // What a workspace remembers.
 struct volatility_state {
     std::vector<std::string> order;  // the stable segments' ids as last assembled ("": the kind order)
     std::map<std::string, segment_volatility> segs;
     uint64_t n_turns = 0;
     // The last segment of the last turn (its question, or a tool result the model
-    // answers): its content hash and index in the manifest. And, per observed turn since
-    // (bit 0 the latest, at most 64), whether the turn held that segment at the same
-    // index again - an agent that appends carries its question forward (and a retry
-    // repeats it); one that slides a window of the last N messages, or asks a new
-    // question over the same context each time, does not.
-    hash128 last_tail_hash;
-    uint32_t last_tail_index = 0;
-    bool has_last_tail = false;
-    uint64_t tail_carried_bits = 0;
-    uint32_t tail_observed = 0;
+    // answers). An agent that appends carries its question forward (and a retry repeats
+    // it); one that slides a window of the last N messages, or asks a new question over
+    // the same context each time, does not.
+    carry_watch tail;
+    // The first chat message of the last turn (the oldest history message it sent, or its
+    // question). An agent that appends or compacts carries it forward; one that slides a
+    // window of the last N messages drops it, and its whole conversation moves.
+    carry_watch head;
 };
 
 // A workspace's state as JSON text (format "warmctx-volatility-v1"), and back: the runtime
@@ -112,7 +129,12 @@ struct assembly_hints {
     // the workspace's turns have not been carrying their last segment forward
     // (k_fuse_after_turns observed turns in a row).
     bool fuse_generation_prompt = false;
-    bool empty() const { return order.empty() && fine.empty() && !fuse_generation_prompt; }
+    // The chat messages are one chunk run, from the first to the last, of class none:
+    // where the workspace's turns have not been carrying their first chat message forward
+    // at its place (a sliding window: every turn moves the whole conversation, so none of
+    // it is ever reused and its message boundaries only cost decode calls).
+    bool fuse_conversation = false;
+    bool empty() const { return order.empty() && fine.empty() && !fuse_generation_prompt && !fuse_conversation; }
     bool operator==(const assembly_hints &) const = default;
 };
 
@@ -134,12 +156,11 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
 // order it was assembled in, and whether it carried the last turn's last segment
 // forward. Segments absent from it are forgotten. Returns whether what a restart would
 // need to assemble the next turn alike changed: the order, a segment's finer blocks, or
-// the habit the generation prompt's fusion follows (worth writing to disk at once).
+// a habit a fusion follows (worth writing to disk at once).
 bool observe_turn(volatility_state & st, const manifest & man);
 
-// Whether the workspace's recent turns (k_fuse_after_turns - 1 of them) did not carry their
-// last segment forward: the next turn fuses its generation prompt unless it carries it.
-bool fusing_habit(const volatility_state & st);
+// The index of a manifest's first chat message (its first history or user segment), if any.
+std::optional<size_t> first_chat_message(const manifest & man);
 
 // Whether a segment takes part in the learned order and finer blocks: a stable one, except
 // the tools (a template writes them in its own place, wherever the segment sits).

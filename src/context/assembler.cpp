@@ -190,6 +190,16 @@ void fuse_generation_prompt(std::vector<piece> & pieces, size_t n_segments) {
     pieces.pop_back();
 }
 
+// From the first chat message on, every piece is of class none (assembly_hints::
+// fuse_conversation): one chunk run, cut only by the chunk size, never kept for another
+// turn. Pieces' segment_index is the segment's index in `order`.
+void fuse_conversation(std::vector<piece> & pieces, std::span<const segment * const> order) {
+    size_t p = 0;
+    while (p < pieces.size() && !(pieces[p].segment_index >= 0 && is_chat_message(*order[(size_t)pieces[p].segment_index])))
+        ++p;
+    for (; p < pieces.size(); ++p) pieces[p].retention = retention_class::none;
+}
+
 result<assembled_prompt> assemble(std::span<const segment> segs, const kind_table & kinds,
                                   const text_model & model, const profile & prof,
                                   std::string_view tenant_salt, uint32_t chunk_tokens,
@@ -289,6 +299,7 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     const auto n_tokens = static_cast<pos_t>(out.tokens.size());
     prompt_manifest.n_tokens = n_tokens;
     if (hints.fuse_generation_prompt) fuse_generation_prompt(pieces, prompt_manifest.segments.size());
+    if (hints.fuse_conversation) fuse_conversation(pieces, order);
     mark_continuing_messages(pieces, order, roles);
     detail::build_blocks(out, pieces, prof, tenant_salt, chunk_tokens);
 

@@ -134,10 +134,10 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
         if (it.changes > 0 || it.fine) d.hints.fine.push_back(it.s->id);
         items.push_back(it);
     }
-    // This request, and the turns before it, did not carry their last segment forward.
-    const bool carried_now = st.has_last_tail && st.last_tail_index < order.size() &&
-                             segment_content_hash(*order[st.last_tail_index]) == st.last_tail_hash;
-    d.hints.fuse_generation_prompt = !carried_now && fusing_habit(st);
+    // This request, and the turns before it, did not carry their last segment (their
+    // first chat message) forward.
+    d.hints.fuse_generation_prompt = !st.tail.carried_by(order) && st.tail.habit();
+    d.hints.fuse_conversation = !st.head.carried_by(order) && st.head.habit();
     std::vector<const item *> cur, cand;
     for (const item & it : items) cur.push_back(&it);
     cand = cur;
@@ -180,17 +180,40 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
     return d;
 }
 
-bool fusing_habit(const volatility_state & st) {
+bool carry_watch::carried_by(std::span<const segment * const> order) const {
+    return has && index < order.size() && segment_content_hash(*order[index]) == hash;
+}
+
+void carry_watch::observe(const manifest & man, std::optional<size_t> at) {
+    if (has) {
+        const bool carried = index < man.segments.size() && man.segments[index].content_hash == hash;
+        carried_bits = (carried_bits << 1) | (carried ? 1 : 0);
+        observed = std::min<uint32_t>(observed + 1, 64);
+    }
+    has = at.has_value() && *at < man.segments.size();
+    if (has) {
+        hash = man.segments[*at].content_hash;
+        index = (uint32_t)*at;
+    }
+}
+
+bool carry_watch::habit() const {
     const uint32_t past = k_fuse_after_turns - 1;
     const uint64_t recent = (uint64_t{1} << past) - 1;
-    return st.tail_observed >= past && (st.tail_carried_bits & recent) == 0;
+    return observed >= past && (carried_bits & recent) == 0;
+}
+
+std::optional<size_t> first_chat_message(const manifest & man) {
+    for (size_t i = 0; i < man.segments.size(); ++i)
+        if (man.segments[i].kind == segment_kind::history || man.segments[i].kind == segment_kind::user) return i;
+    return std::nullopt;
 }
 
 bool observe_turn(volatility_state & st, const manifest & man) {
     const std::vector<std::string> order_before = st.order;
     size_t fine_before = 0, fine_after = 0;
     for (const auto & [id, v] : st.segs) fine_before += v.fine;
-    const bool habit_before = fusing_habit(st);
+    const bool tail_before = st.tail.habit(), head_before = st.head.habit();
     std::map<std::string, segment_volatility> next;
     std::vector<std::string> order;
     for (const manifest_entry & e : man.segments) {
@@ -211,23 +234,45 @@ bool observe_turn(volatility_state & st, const manifest & man) {
     st.segs = std::move(next);
     st.order = std::move(order);
     st.n_turns++;
-    if (st.has_last_tail) {
-        const size_t i = st.last_tail_index;
-        const bool carried = i < man.segments.size() && man.segments[i].content_hash == st.last_tail_hash;
-        st.tail_carried_bits = (st.tail_carried_bits << 1) | (carried ? 1 : 0);
-        st.tail_observed = std::min<uint32_t>(st.tail_observed + 1, 64);
-    }
-    st.has_last_tail = !man.segments.empty();
-    if (st.has_last_tail) {
-        st.last_tail_hash = man.segments.back().content_hash;
-        st.last_tail_index = (uint32_t)(man.segments.size() - 1);
-    }
+    st.tail.observe(man, man.segments.empty() ? std::nullopt : std::optional<size_t>(man.segments.size() - 1));
+    st.head.observe(man, first_chat_message(man));
     for (const auto & [id, v] : st.segs) fine_after += v.fine;
-    return st.order != order_before || fine_after != fine_before || fusing_habit(st) != habit_before;
+    return st.order != order_before || fine_after != fine_before || st.tail.habit() != tail_before ||
+           st.head.habit() != head_before;
 }
 
 namespace {
 constexpr std::string_view k_volatility_format = "warmctx-volatility-v1";
+
+// "<name>_carried_bits", "<name>_observed" and "last_<name>": {"content_hash", "index"}.
+void watch_to_json(nlohmann::json & j, const std::string & name, const carry_watch & w) {
+    j[name + "_carried_bits"] = w.carried_bits;
+    j[name + "_observed"] = w.observed;
+    if (w.has) j["last_" + name] = {{"content_hash", w.hash.hex()}, {"index", w.index}};
+}
+
+status watch_from_json(const nlohmann::json & j, const std::string & name, carry_watch & w) {
+    auto bad = [](const std::string & what) { return invalid_argument("volatility state: " + what); };
+    const std::string bits = name + "_carried_bits", observed = name + "_observed", last = "last_" + name;
+    if (j.contains(bits) || j.contains(observed)) {
+        if (!j.contains(bits) || !j[bits].is_number_unsigned() || !j.contains(observed) || !j[observed].is_number_unsigned())
+            return bad(bits + ", " + observed);
+        w.carried_bits = j[bits].get<uint64_t>();
+        w.observed = (uint32_t)std::min<uint64_t>(j[observed].get<uint64_t>(), 64);
+    }
+    if (j.contains(last)) {
+        const nlohmann::json & t = j[last];
+        if (!t.is_object() || !t.contains("content_hash") || !t["content_hash"].is_string() || !t.contains("index") ||
+            !t["index"].is_number_unsigned() || t["index"].get<uint64_t>() > UINT32_MAX)
+            return bad(last);
+        auto h = parse_hash128(t["content_hash"].get<std::string>());
+        if (!h.ok()) return bad(last + ": content_hash");
+        w.hash = *h;
+        w.index = (uint32_t)t["index"].get<uint64_t>();
+        w.has = true;
+    }
+    return {};
+}
 }  // namespace
 
 std::string volatility_to_json(const volatility_state & st) {
@@ -235,9 +280,9 @@ std::string volatility_to_json(const volatility_state & st) {
     for (const auto & [id, v] : st.segs)
         segs[id] = {{"content_hash", v.content_hash.hex()}, {"content_bytes", v.content_bytes},
                     {"changed_bits", v.changed_bits}, {"n_observed", v.n_observed}, {"fine", v.fine}};
-    nlohmann::json j = {{"format", k_volatility_format}, {"n_turns", st.n_turns}, {"order", st.order}, {"segs", segs},
-                        {"tail_carried_bits", st.tail_carried_bits}, {"tail_observed", st.tail_observed}};
-    if (st.has_last_tail) j["last_tail"] = {{"content_hash", st.last_tail_hash.hex()}, {"index", st.last_tail_index}};
+    nlohmann::json j = {{"format", k_volatility_format}, {"n_turns", st.n_turns}, {"order", st.order}, {"segs", segs}};
+    watch_to_json(j, "tail", st.tail);
+    watch_to_json(j, "head", st.head);
     return dump_json(j);
 }
 
@@ -272,26 +317,10 @@ result<volatility_state> volatility_from_json(std::string_view text) {
         s.fine = v["fine"].get<bool>();
         st.segs[id] = s;
     }
-    // Whether turns carry their last segment forward (absent in files written before it
-    // was kept: nothing learned).
-    if (j.contains("tail_carried_bits") || j.contains("tail_observed")) {
-        if (!j.contains("tail_carried_bits") || !j["tail_carried_bits"].is_number_unsigned() ||
-            !j.contains("tail_observed") || !j["tail_observed"].is_number_unsigned())
-            return bad("tail_carried_bits, tail_observed");
-        st.tail_carried_bits = j["tail_carried_bits"].get<uint64_t>();
-        st.tail_observed = (uint32_t)std::min<uint64_t>(j["tail_observed"].get<uint64_t>(), 64);
-    }
-    if (j.contains("last_tail")) {
-        const nlohmann::json & t = j["last_tail"];
-        if (!t.is_object() || !t.contains("content_hash") || !t["content_hash"].is_string() || !t.contains("index") ||
-            !t["index"].is_number_unsigned() || t["index"].get<uint64_t>() > UINT32_MAX)
-            return bad("last_tail");
-        auto h = parse_hash128(t["content_hash"].get<std::string>());
-        if (!h.ok()) return bad("last_tail: content_hash");
-        st.last_tail_hash = *h;
-        st.last_tail_index = (uint32_t)t["index"].get<uint64_t>();
-        st.has_last_tail = true;
-    }
+    // Whether turns carry their last segment (first chat message) forward; absent in
+    // files written before it was kept: nothing learned.
+    WARMCTX_RETURN_IF_ERROR(watch_from_json(j, "tail", st.tail));
+    WARMCTX_RETURN_IF_ERROR(watch_from_json(j, "head", st.head));
     return st;
 }
 

@@ -72,6 +72,7 @@ explain_report explain_turn(const explain_inputs & in) {
     r.reordered = ap.reordered;
     r.order_note = ap.order_note;
     r.generation_prompt_fused = ap.hints.fuse_generation_prompt;
+    r.conversation_fused = ap.hints.fuse_conversation;
     r.n_cacheable = 0;
     for (const auto & b : ap.blocks) {
         if (b.cls == retention_class::none) break;

@@ -138,6 +138,16 @@ class scenario_runner {
         // unchanged head. Warm equals cold through each.
         WARMCTX_RETURN_IF_ERROR(stable_edit("second edit of '" + edited_id + "'", edited_i, 4));
         WARMCTX_RETURN_IF_ERROR(stable_edit("third edit of '" + edited_id + "'", edited_i, 5));
+        // A sliding window of the last messages: each turn drops the oldest exchange, so
+        // the whole conversation moves; from the second such turn on it is one chunk run
+        // of class none (assembly_hints::fuse_conversation).
+        for (int slide = 1; slide <= 3; ++slide) {
+            drop_oldest_history();
+            add_history();
+            for (auto & seg : segs_)
+                if (seg.kind == segment_kind::user) seg.content = g_.question();
+            WARMCTX_RETURN_IF_ERROR(step("window slide " + std::to_string(slide), at_least(stable_end())));
+        }
         if (rng() % 2 == 0) {
             // Profile drift: a different chunk size computes different KV bits. Sizes
             // repeat every chunk/2 scenarios, so a later scenario may find what all
@@ -188,6 +198,7 @@ class scenario_runner {
         if (!c) return c.error().with_context(ws_ + " " + what + " (cold)");
         ++rep_.turns;
         if (ap->hints.fuse_generation_prompt) ++rep_.n_fused_turns;
+        if (ap->hints.fuse_conversation) ++rep_.n_fused_conversations;
         const comparison cmp = compare(*w, *c);
         rep_.max_logit_diff = std::max(rep_.max_logit_diff, cmp.max_diff);
         rep_.n_tokens_agree += cmp.n_agree;
@@ -233,6 +244,11 @@ class scenario_runner {
         size_t n = 0;
         while (n < ap->blocks.size() && n < blocks.size() && ap->blocks[n].chain == blocks[n].chain) ++n;
         return snap_reuse(*ap, n).n_tokens;
+    }
+    void drop_oldest_history() {
+        auto it = std::find_if(segs_.begin(), segs_.end(), [](const segment & s) { return s.kind == segment_kind::history; });
+        const std::string exchange = it == segs_.end() ? "" : it->id.substr(0, 5);  // "h0001" of "h0001a"
+        std::erase_if(segs_, [&](const segment & s) { return s.kind == segment_kind::history && s.id.starts_with(exchange); });
     }
     void add_history() {
         ++n_hist_;

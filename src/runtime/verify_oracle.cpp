@@ -42,6 +42,7 @@ nlohmann::json verify_report::to_json() const {
         {"backend", backend}, {"stream_copies", stream_copies}, {"n_stream_copies", n_stream_copies},
         {"n_branches_parked", n_branches_parked}, {"n_pool_loads", n_pool_loads}, {"n_write_backs", n_write_backs},
         {"n_padded_decodes", n_padded_decodes}, {"n_fused_turns", n_fused_turns},
+        {"n_fused_conversations", n_fused_conversations},
     };
 }
 

@@ -19,7 +19,8 @@ nlohmann::json explain_json(const explain_report & r) {
         {"common_tokens_with_previous_turn", r.n_common_tokens}, {"snapped_from", r.snapped_from},
         {"predicted_prefill_ms", r.predicted_prefill_ms}, {"stable_prefix_hash", r.stable_prefix_hash}, {"tier", kv_tier_name(r.tier)}, {"in_place", r.in_place},
         {"reordered", r.reordered}, {"order_note", r.order_note},
-        {"generation_prompt_fused", r.generation_prompt_fused}, {"segments", segs},
+        {"generation_prompt_fused", r.generation_prompt_fused}, {"conversation_fused", r.conversation_fused},
+        {"segments", segs},
     };
     j["prewarm"] = prewarm_json(r.prewarm);
     if (r.eviction) {

@@ -275,10 +275,8 @@ TEST(LearnedOrder, TheGenerationPromptIsFusedOnlyWhereTurnsDoNotCarryTheirLastSe
     const std::string text = volatility_to_json(st);
     auto back = volatility_from_json(text);
     ASSERT_TRUE(back.ok()) << back.error().to_string();
-    EXPECT_EQ(back->tail_carried_bits, st.tail_carried_bits);
-    EXPECT_EQ(back->tail_observed, st.tail_observed);
-    EXPECT_EQ(back->last_tail_hash, st.last_tail_hash);
-    EXPECT_EQ(back->last_tail_index, st.last_tail_index);
+    EXPECT_EQ(back->tail, st.tail);
+    EXPECT_EQ(back->head, st.head);
     static const kind_table kinds;
     EXPECT_EQ(decide_order(*back, with_question("x"), kinds, {}).hints,
               decide_order(st, with_question("x"), kinds, {}).hints);
@@ -288,7 +286,7 @@ TEST(LearnedOrder, TheGenerationPromptIsFusedOnlyWhereTurnsDoNotCarryTheirLastSe
     j.erase("last_tail");
     auto old = volatility_from_json(j.dump());
     ASSERT_TRUE(old.ok()) << old.error().to_string();
-    EXPECT_EQ(old->tail_observed, 0u);
+    EXPECT_EQ(old->tail.observed, 0u);
     EXPECT_FALSE(decide_order(*old, with_question("x"), kinds, {}).hints.fuse_generation_prompt);
     j["tail_observed"] = -1;
     j["tail_carried_bits"] = 0;
@@ -309,12 +307,12 @@ TEST(LearnedOrder, ObservingATurnSaysWhenTheOrderBlocksOrFusionHabitChanged) {
     EXPECT_TRUE(learned) << "the first order";
     turn(st, with("second?"), {}, &learned);
     EXPECT_TRUE(learned) << "a turn that did not carry the question: fusing from now on";
-    EXPECT_TRUE(fusing_habit(st));
+    EXPECT_TRUE(st.tail.habit());
     turn(st, with("third?"), {}, &learned);
     EXPECT_FALSE(learned) << "nothing a restart would miss";
     turn(st, with("third?"), {}, &learned);
     EXPECT_TRUE(learned) << "a retry carried it: the habit is broken";
-    EXPECT_FALSE(fusing_habit(st));
+    EXPECT_FALSE(st.tail.habit());
     turn(st, with("fourth?"), {}, &learned);
     EXPECT_TRUE(learned) << "and learned again";
     turn(st, with("fifth?", "edited "), {}, &learned);
@@ -349,6 +347,81 @@ TEST(LearnedOrder, AFusedGenerationPromptSharesTheLastSegmentsBlock) {
         if (b.end <= q) {
             EXPECT_TRUE(ends_at(*fused, b.end)) << b.end;
         }
+}
+
+// A workspace with a conversation: the system prompt and pinned files, the history
+// messages given (user and assistant alternating), and a question.
+std::vector<segment> conversation(int first, int last, const std::string & q) {
+    auto segs = workspace();
+    segs.back().content = q;
+    for (int m = first; m <= last; ++m) {
+        segment h = make_segment("m" + std::to_string(1000 + m), segment_kind::history,
+                                 "message " + std::to_string(m) + std::string(40, 'x'));
+        h.role = m % 2 == 0 ? "user" : "assistant";
+        segs.push_back(h);
+    }
+    return segs;
+}
+
+// An agent that sends the last four messages: once two turns in a row (this request
+// included) did not carry the first message forward at its place, the conversation is
+// fused; an agent that appends (or a request that carries it again) is not.
+TEST(LearnedOrder, ASlidingWindowsConversationIsFusedAndAnAppendedOneIsNot) {
+    volatility_state win, app;
+    for (int t = 0; t < 8; ++t) {
+        const order_decision w = turn(win, conversation(std::max(0, 2 * t - 3), 2 * t, "q" + std::to_string(t)));
+        const order_decision a = turn(app, conversation(0, 2 * t, "q" + std::to_string(t)));
+        // Turns 0-1 append (the window is not full yet); turn 2 is the first that slides.
+        EXPECT_EQ(w.hints.fuse_conversation, t >= 3) << t;
+        EXPECT_FALSE(a.hints.fuse_conversation) << t;
+    }
+    EXPECT_TRUE(win.head.habit());
+    // The window's state survives the JSON.
+    auto back = volatility_from_json(volatility_to_json(win));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(back->head, win.head);
+    // A request that carries the first message again (the agent went back to appending)
+    // is not fused, whatever the habit.
+    EXPECT_FALSE(turn(win, conversation(std::max(0, 2 * 7 - 3), 2 * 8, "q8")).hints.fuse_conversation);
+}
+
+// With fuse_conversation the tokens are the same, the stable prefix is chunked alike, and
+// from the first chat message on the blocks are of class none and end only at chunk cuts.
+TEST(LearnedOrder, AFusedConversationIsOneRunOfClassNone) {
+    const kind_table kinds;
+    fake_text_model model;
+    const auto segs = conversation(3, 9, "why?");
+    assembly_hints h;
+    auto apart = assemble(segs, kinds, model, test_profile(), "s", 16, true, h);
+    h.fuse_conversation = true;
+    h.fuse_generation_prompt = true;
+    auto fused = assemble(segs, kinds, model, test_profile(), "s", 16, true, h);
+    ASSERT_TRUE(apart.ok()) << apart.error().to_string();
+    ASSERT_TRUE(fused.ok()) << fused.error().to_string();
+    EXPECT_EQ(apart->tokens, fused->tokens);
+    pos_t chat = 0;
+    for (const auto & e : fused->man.segments)
+        if (e.kind == segment_kind::history) {
+            chat = e.token_begin;
+            break;
+        }
+    ASSERT_GT(chat, 0);
+    size_t n_apart = 0, n_fused = 0;
+    for (const block & b : apart->blocks) n_apart += b.begin >= chat;
+    for (const block & b : fused->blocks) {
+        if (b.end <= chat) {
+            EXPECT_TRUE(std::any_of(apart->blocks.begin(), apart->blocks.end(),
+                                    [&](const block & x) { return x.chain == b.chain; }))
+                << "the stable prefix's block ending at " << b.end;
+            continue;
+        }
+        ++n_fused;
+        EXPECT_EQ(b.cls, retention_class::none) << b.begin;
+        if (b.end < (pos_t)fused->tokens.size()) {
+            EXPECT_EQ(b.end - b.begin, 16) << "a cut inside the run that is not the chunk size";
+        }
+    }
+    EXPECT_LT(n_fused, n_apart) << "fewer decode calls";
 }
 
 TEST(LearnedOrder, AReorderThatCostsMoreThanItSavesWaitsForAnEditOfTheSegment) {
