@@ -112,9 +112,11 @@ struct verify_report {
 // an upper bound of what the engine and the tiers can serve.
 class cache_model {
   public:
-    // A turn cached `blocks`: those before the first block of class none (what the
-    // prefix cache inserts; the tiers write a leading part of that). Also for what a
-    // tier held before the run (a cache directory from an earlier one).
+    // A turn computed `blocks`: all of them, those of class none included, which the
+    // prefix cache does not insert but the turn's work stream holds until it is given to
+    // another prompt (the next turn of the workspace reuses them in place where their
+    // chain hashes match: a fused conversation, then an agent that appends again). Also
+    // for what a tier held before the run (a cache directory from an earlier one).
     void note_cached(std::span<const block> blocks);
     // The most the cache may reuse of a prompt of `n_tokens` tokens with these blocks:
     // the end of the last block that was ever cached, before the prompt's last token

@@ -49,10 +49,7 @@ nlohmann::json verify_report::to_json() const {
 // ---- the oracle ---------------------------------------------------------------
 
 void cache_model::note_cached(std::span<const block> blocks) {
-    for (const block & b : blocks) {
-        if (b.cls == retention_class::none) break;
-        cached_.insert(b.chain);
-    }
+    for (const block & b : blocks) cached_.insert(b.chain);
 }
 
 pos_t cache_model::max_reuse(std::span<const block> blocks, pos_t n_tokens) const {

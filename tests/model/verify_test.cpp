@@ -30,10 +30,11 @@ std::string failures_of(const verify_report & r) {
 
 // Steps per scenario: cold, new question (in place), another stream, pool restore, disk,
 // history + diff, volatile edit, stable edit, edit undone, a second and a third edit of the
-// same segment (ranked, moved, cut finer: warmctx/volatility.h), and for some a drift.
+// same segment (ranked, moved, cut finer: warmctx/volatility.h), three turns of a sliding
+// history window (the last two with the conversation fused), and for some a drift.
 // passed() holds each step's expectations: the new question reused its work stream in
 // place, the turn in another stream and the pool restore loaded the prefix into theirs.
-constexpr int k_steps_without_drift = 11;
+constexpr int k_steps_without_drift = 14;
 
 TEST(run_verify, ExactModeEqualsColdAndMeetsEveryExpectation) {
     int progress_lines = 0;
@@ -55,6 +56,7 @@ TEST(run_verify, ExactModeEqualsColdAndMeetsEveryExpectation) {
     for (const char * tier : {"engine", "disk"}) EXPECT_GE(r->reuses_by_tier[tier], 3) << tier;
     EXPECT_GE(r->results["full_hit"], 3);
     EXPECT_GE(r->results["segment_changed"], 3);  // the stable edits
+    EXPECT_GE(r->n_fused_conversations, 3 * 2);    // the window's second and third slides
 }
 
 TEST(run_verify, WithoutTiersNoRestoreIsReplayed) {

@@ -31,7 +31,9 @@ TEST(verify_oracle, NothingCachedBoundsReuseAtZero) {
 TEST(verify_oracle, BoundIsTheLongestCachedLeadingRunBeforeTheLastToken) {
     cache_model m;
     m.note_cached(path(1, {10, 20, 30, 40}, 3));  // the last block is the uncacheable question
-    EXPECT_EQ(m.size(), 3u);
+    EXPECT_EQ(m.size(), 4u);
+    // Which the work stream still holds: the next turn that carries it may reuse it.
+    EXPECT_EQ(m.max_reuse(path(1, {10, 20, 30, 40, 50}), 50), 40);
     // Same prefix, another question: everything cacheable may be reused.
     EXPECT_EQ(m.max_reuse(path(1, {10, 20, 30, 45}), 45), 30);
     // The last token is always computed: a prompt that ends inside cached blocks.
@@ -169,9 +171,10 @@ TEST(verify_oracle, ReportJsonKeepsTheCommandsKeys) {
                            "token_agreement", "expectation_failures", "failures", "tokens_reused", "tokens_prefilled",
                            "results", "elapsed_ms", "seed", "policy", "budget_tokens", "evictions_by_class",
                            "whole_holder_evictions", "backend", "stream_copies", "n_stream_copies",
-                           "n_branches_parked", "n_pool_loads", "n_write_backs", "n_padded_decodes", "n_fused_turns"})
+                           "n_branches_parked", "n_pool_loads", "n_write_backs", "n_padded_decodes", "n_fused_turns",
+                           "n_fused_conversations"})
         EXPECT_TRUE(j.contains(k)) << k;
-    EXPECT_EQ(j.size(), 27u);
+    EXPECT_EQ(j.size(), 28u);
     EXPECT_EQ(j["expectation_failures"], 1);
     EXPECT_EQ(j["failures"][0], "scenario-1 profile drift: expected a miss at token 0 (reused 12, why)");
     EXPECT_EQ(j["token_agreement"], 1.0);
