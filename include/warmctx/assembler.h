@@ -52,6 +52,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -121,6 +122,9 @@ struct assembled_prompt {
     assembly_hints hints;
     bool reordered = false;
     std::string order_note;
+    // Per reorderable stable segment, its content_digest (warmctx/volatility.h): the
+    // runtime keeps it for the workspace's next turn to locate an edit.
+    std::map<std::string, std::vector<uint64_t>> content_digests;
 };
 
 // Where a warm run may start reusing: the end of the last of the first `n_blocks`

@@ -32,6 +32,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "warmctx/hash.h"
@@ -75,6 +76,11 @@ struct segment_volatility {
     uint32_t n_observed = 0;      // turns it was seen in after its first (at most 64 counted)
     bool fine = false;            // cut into finer blocks since it first changed (kept even when
                                   // the change leaves the window: going back would be a miss)
+    // Where its finer blocks begin, in content bytes (assembly_hints::fine_from): the
+    // start of the first k_edit_digest_bytes block its first change touched, moved back by
+    // an earlier change. Before it the segment keeps the whole chunks it had.
+    uint64_t fine_from = 0;
+    std::vector<uint64_t> digest;  // content_digest of its content at its last observed turn
     uint32_t n_changes(uint32_t window) const;
     double rate(uint32_t window) const;  // changes / observed turns in the window (0 when none)
 };
@@ -123,6 +129,10 @@ result<volatility_state> volatility_from_json(std::string_view text);
 struct assembly_hints {
     std::vector<std::string> order;  // stable segment ids, in the learned order
     std::vector<std::string> fine;   // stable segment ids cut into finer blocks
+    // Per fine segment, where its finer blocks begin (content bytes; absent: its start).
+    // A segment first cut finer at an edit keeps the whole chunks before the edit's block,
+    // which the turns before computed alike, instead of losing its unchanged head.
+    std::map<std::string, uint64_t> fine_from;
     // The last segment's piece and the generation prompt are one piece: the turn's tail
     // is one decode call instead of two. Its KV is then not kept for a next turn (the
     // generation prompt would begin the next assistant message's run), so only where
@@ -134,7 +144,9 @@ struct assembly_hints {
     // at its place (a sliding window: every turn moves the whole conversation, so none of
     // it is ever reused and its message boundaries only cost decode calls).
     bool fuse_conversation = false;
-    bool empty() const { return order.empty() && fine.empty() && !fuse_generation_prompt && !fuse_conversation; }
+    bool empty() const {
+        return order.empty() && fine.empty() && fine_from.empty() && !fuse_generation_prompt && !fuse_conversation;
+    }
     bool operator==(const assembly_hints &) const = default;
 };
 
@@ -142,8 +154,15 @@ struct assembly_hints {
 // segment forward before the generation prompt is fused into the last piece.
 inline constexpr uint32_t k_fuse_after_turns = 2;
 
+// The granularity at which a segment's edits are located: its content's hash per block of
+// this many bytes (content_digest).
+inline constexpr size_t k_edit_digest_bytes = 1024;
+std::vector<uint64_t> content_digest(std::string_view content);
+
 struct order_decision {
     assembly_hints hints;
+    // Each reorderable stable segment's content_digest, for observe_turn.
+    std::map<std::string, std::vector<uint64_t>> digests;
     bool reordered = false;  // hints.order differs from the state's order
     std::string note;        // why it changed (or why a better order was not taken); "" when nothing to say
 };
@@ -157,7 +176,10 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
 // forward. Segments absent from it are forgotten. Returns whether what a restart would
 // need to assemble the next turn alike changed: the order, a segment's finer blocks, or
 // a habit a fusion follows (worth writing to disk at once).
-bool observe_turn(volatility_state & st, const manifest & man);
+// `hints` and `digests` are the turn's (order_decision): where its fine segments' finer
+// blocks began, and their contents' digests (none: an edit is located at the start).
+bool observe_turn(volatility_state & st, const manifest & man, const assembly_hints & hints = {},
+                  const std::map<std::string, std::vector<uint64_t>> & digests = {});
 
 // The index of a manifest's first chat message (its first history or user segment), if any.
 std::optional<size_t> first_chat_message(const manifest & man);

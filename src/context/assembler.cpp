@@ -233,10 +233,13 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     std::vector<std::vector<size_t>> sub_cuts(order.size());  // pieces inside a segment (a diff's units)
     std::optional<std::vector<token_id>> gen_tokens;  // the conversation path's
     if (model.renders_conversations()) {
-        std::vector<bool> fine(order.size(), false);
+        std::vector<std::optional<size_t>> fine(order.size());
         for (size_t i = 0; i < order.size(); ++i)
-            fine[i] = kinds.policy(order[i]->kind).stab == stability::stable &&
-                      std::find(hints.fine.begin(), hints.fine.end(), order[i]->id) != hints.fine.end();
+            if (kinds.policy(order[i]->kind).stab == stability::stable &&
+                std::find(hints.fine.begin(), hints.fine.end(), order[i]->id) != hints.fine.end()) {
+                auto from = hints.fine_from.find(order[i]->id);
+                fine[i] = from == hints.fine_from.end() ? 0 : (size_t)from->second;
+            }
         auto ct = tokenize_conversation(order, roles, kinds, model, add_generation_prompt, fine);
         if (!ct.ok()) return ct.error();
         seg_tokens = std::move(ct->seg);

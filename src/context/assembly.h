@@ -65,10 +65,10 @@ struct conversation_tokens {
     std::vector<std::vector<size_t>> sub_cuts;
 };
 // `fine[i]`: segment i is cut into finer blocks at line starts (line_block_cuts) where
-// the tokenizer allows it.
+// the tokenizer allows it, from that many bytes of its text on (assembly_hints::fine_from).
 result<conversation_tokens> tokenize_conversation(std::span<const segment * const> order,
                                                   std::span<const std::string> roles, const kind_table & kinds,
                                                   const text_model & model, bool add_generation_prompt,
-                                                  const std::vector<bool> & fine);
+                                                  const std::vector<std::optional<size_t>> & fine);
 
 }  // namespace warmctx::detail

@@ -75,6 +75,7 @@ struct span_of {
                         // (a diff, a chat message): cut at its units
     bool fine = false;  // the piece is one stable segment's alone, cut into finer
                         // blocks at line starts (warmctx/volatility.h)
+    size_t fine_from = 0;  // its input's bytes before the first finer cut
 };
 
 // Pieces: a segment with a cut after it ends a piece; the generation prompt is the
@@ -82,7 +83,7 @@ struct span_of {
 // piece_cls[i] for every segment.
 std::vector<span_of> piece_spans(std::span<const segment * const> order, const kind_table & kinds,
                                  const std::vector<std::optional<size_t>> & cut, size_t f_size,
-                                 bool add_generation_prompt, const std::vector<bool> & fine,
+                                 bool add_generation_prompt, const std::vector<std::optional<size_t>> & fine,
                                  std::vector<retention_class> & piece_cls) {
     const size_t n = order.size();
     std::vector<span_of> spans;
@@ -98,8 +99,9 @@ std::vector<span_of> piece_spans(std::span<const segment * const> order, const k
             // milliseconds whatever its size), and no other prompt reuses a prefix that
             // ends inside a message whose start differs (the chain hash covers all before).
             const segment_kind kind = order[k - 1]->kind;
-            spans.push_back({k - 1, from, to, group == k - 1 && kind == segment_kind::diff,
-                             group == k - 1 && fine[k - 1]});
+            const bool alone = group == k - 1;
+            spans.push_back({k - 1, from, to, alone && kind == segment_kind::diff, alone && fine[k - 1].has_value(),
+                             alone && fine[k - 1] ? *fine[k - 1] : 0});
             for (size_t g = group; g < k; ++g) piece_cls[g] = group_cls;
             from = to;
             group = k;
@@ -130,7 +132,8 @@ std::vector<job> jobs_of(const std::vector<span_of> & spans, const rendered_conv
     std::vector<job> jobs;
     const bool unit_cuts = model.plain_splits_at_lines();
     const bool any_line = unit_cuts && model.plain_splits_at_any_line();
-    for (size_t i = 0; i < spans.size(); ++i)
+    for (size_t i = 0; i < spans.size(); ++i) {
+        size_t input_before = 0;  // the span's input bytes in the runs before this one
         for (const text_run & r : runs_in(f, spans[i].a, spans[i].b)) {
             if (!(unit_cuts && (spans[i].diff || spans[i].fine) && r.input)) {
                 jobs.push_back({i, r, std::nullopt, {}});
@@ -142,11 +145,14 @@ std::vector<job> jobs_of(const std::vector<span_of> & spans, const rendered_conv
             const std::string_view data = std::string_view(f.text).substr(r.begin, r.end - r.begin);
             size_t from_at = r.begin;
             for (size_t c : spans[i].fine ? line_block_cuts(data, k_line_block_bytes, any_line) : diff_unit_cuts(data)) {
+                if (spans[i].fine && input_before + c < spans[i].fine_from) continue;  // whole chunks before it
                 jobs.push_back({i, {from_at, r.begin + c, true}, std::nullopt, {}, from_at != r.begin});
                 from_at = r.begin + c;
             }
             jobs.push_back({i, {from_at, r.end, true}, std::nullopt, {}, from_at != r.begin});
+            input_before += data.size();
         }
+    }
     return jobs;
 }
 
@@ -181,7 +187,8 @@ void tokenize_jobs(std::vector<job> & jobs, std::string_view text, const text_mo
 result<conversation_tokens> detail::tokenize_conversation(std::span<const segment * const> order,
                                                           std::span<const std::string> roles,
                                                           const kind_table & kinds, const text_model & model,
-                                                          bool add_generation_prompt, const std::vector<bool> & fine) {
+                                                          bool add_generation_prompt,
+                                                          const std::vector<std::optional<size_t>> & fine) {
     const conversation_plan cp = plan_conversation(order, roles, kinds);
     const size_t n = order.size();
     auto whole = render_whole(cp, model, add_generation_prompt);

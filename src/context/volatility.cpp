@@ -65,6 +65,7 @@ struct item {
     uint64_t bytes = 0;
     bool changed_now = false;  // its content differs from the workspace's last turn
     bool fine = false;         // cut finer since an earlier change
+    uint64_t fine_from = UINT64_MAX;  // where its finer blocks begin (UINT64_MAX: not fine)
     uint32_t changes = 0;      // in the window, this turn included
     uint32_t observed = 0;     // turns in the window, this turn included
     double rank_rate = 0;      // its rate once it changed min_changes times, else 0
@@ -121,9 +122,16 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
                            kinds.policy(items.back().s->kind).retention == p.retention;
         it.run = items.empty() ? 0 : items.back().run + (joins ? 0 : 1);
         it.bytes = order[i]->content.size() + order[i]->path.size() + 16;
+        std::vector<uint64_t> & digest = d.digests[order[i]->id] = content_digest(order[i]->content);
         if (auto h = st.segs.find(order[i]->id); h != st.segs.end()) {
             segment_volatility v = h->second;
             it.changed_now = v.content_hash != segment_content_hash(*order[i]);
+            it.fine_from = v.fine ? v.fine_from : UINT64_MAX;
+            if (it.changed_now) {  // the edit's first block: finer blocks from there on
+                size_t k = 0;
+                while (k < v.digest.size() && k < digest.size() && v.digest[k] == digest[k]) ++k;
+                it.fine_from = std::min<uint64_t>(it.fine_from, (uint64_t)k * k_edit_digest_bytes);
+            }
             it.fine = v.fine;
             v.changed_bits = (v.changed_bits << 1) | (it.changed_now ? 1 : 0);
             v.n_observed = std::min<uint32_t>(v.n_observed + 1, 64);
@@ -131,7 +139,10 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
             it.observed = std::min(o.window_turns, v.n_observed);
             if (it.changes >= std::max<uint32_t>(o.min_changes, 1)) it.rank_rate = v.rate(o.window_turns);
         }
-        if (it.changes > 0 || it.fine) d.hints.fine.push_back(it.s->id);
+        if (it.changes > 0 || it.fine) {
+            d.hints.fine.push_back(it.s->id);
+            if (it.fine_from > 0 && it.fine_from != UINT64_MAX) d.hints.fine_from[it.s->id] = it.fine_from;
+        }
         items.push_back(it);
     }
     // This request, and the turns before it, did not carry their last segment (their
@@ -209,7 +220,15 @@ std::optional<size_t> first_chat_message(const manifest & man) {
     return std::nullopt;
 }
 
-bool observe_turn(volatility_state & st, const manifest & man) {
+std::vector<uint64_t> content_digest(std::string_view content) {
+    std::vector<uint64_t> out;
+    for (size_t at = 0; at < content.size(); at += k_edit_digest_bytes)
+        out.push_back(hash_bytes(content.data() + at, std::min(k_edit_digest_bytes, content.size() - at)).lo);
+    return out;
+}
+
+bool observe_turn(volatility_state & st, const manifest & man, const assembly_hints & hints,
+                  const std::map<std::string, std::vector<uint64_t>> & digests) {
     const std::vector<std::string> order_before = st.order;
     size_t fine_before = 0, fine_after = 0;
     for (const auto & [id, v] : st.segs) fine_before += v.fine;
@@ -227,6 +246,12 @@ bool observe_turn(volatility_state & st, const manifest & man) {
             v.n_observed = std::min<uint32_t>(v.n_observed + 1, 64);
             v.fine = v.fine || changed;
         }
+        if (v.fine) {
+            auto f = hints.fine_from.find(e.id);
+            v.fine_from = f == hints.fine_from.end() ? 0 : f->second;
+        }
+        auto dg = digests.find(e.id);
+        v.digest = dg == digests.end() ? std::vector<uint64_t>{} : dg->second;
         v.content_hash = e.content_hash;
         v.content_bytes = e.content_bytes;
         next[e.id] = v;
@@ -279,7 +304,8 @@ std::string volatility_to_json(const volatility_state & st) {
     nlohmann::json segs = nlohmann::json::object();
     for (const auto & [id, v] : st.segs)
         segs[id] = {{"content_hash", v.content_hash.hex()}, {"content_bytes", v.content_bytes},
-                    {"changed_bits", v.changed_bits}, {"n_observed", v.n_observed}, {"fine", v.fine}};
+                    {"changed_bits", v.changed_bits}, {"n_observed", v.n_observed}, {"fine", v.fine},
+                    {"fine_from", v.fine_from}, {"digest", v.digest}};
     nlohmann::json j = {{"format", k_volatility_format}, {"n_turns", st.n_turns}, {"order", st.order}, {"segs", segs}};
     watch_to_json(j, "tail", st.tail);
     watch_to_json(j, "head", st.head);
@@ -315,6 +341,19 @@ result<volatility_state> volatility_from_json(std::string_view text) {
         s.changed_bits = v["changed_bits"].get<uint64_t>();
         s.n_observed = (uint32_t)std::min<uint64_t>(v["n_observed"].get<uint64_t>(), 64);
         s.fine = v["fine"].get<bool>();
+        // Absent in files written before they were kept: finer blocks from the start, and
+        // the next edit located at the start.
+        if (v.contains("fine_from")) {
+            if (!v["fine_from"].is_number_unsigned()) return bad("segment '" + id.substr(0, 64) + "': fine_from");
+            s.fine_from = v["fine_from"].get<uint64_t>();
+        }
+        if (v.contains("digest")) {
+            if (!v["digest"].is_array()) return bad("segment '" + id.substr(0, 64) + "': digest");
+            for (const auto & x : v["digest"]) {
+                if (!x.is_number_unsigned()) return bad("segment '" + id.substr(0, 64) + "': digest");
+                s.digest.push_back(x.get<uint64_t>());
+            }
+        }
         st.segs[id] = s;
     }
     // Whether turns carry their last segment (first chat message) forward; absent in

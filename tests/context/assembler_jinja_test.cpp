@@ -674,6 +674,79 @@ TEST_P(AssemblerJinja, AStableSegmentCutFinerKeepsItsUnchangedHeadAtAnEdit) {
     }
 }
 
+// A segment first edited far into it: its finer blocks begin at the edit's
+// k_edit_digest_bytes block, so the whole chunks before it (the turns before computed
+// them alike) are reused, not only what precedes the segment. A later edit after that
+// point reuses up to its line block; an earlier one moves the point back and reuses the
+// whole chunks before it.
+TEST_P(AssemblerJinja, ASegmentFirstCutFinerAtAnEditKeepsTheWholeChunksBeforeIt) {
+    auto file = [](std::vector<int> edited) {
+        std::string t;
+        for (int i = 0; i < 400; ++i)
+            t += std::string(std::find(edited.begin(), edited.end(), i) != edited.end() ? "int edited_" : "int value_") +
+                 std::to_string(i) + " = " + std::to_string(i * 7) + ";\n";
+        return t;
+    };
+    auto with_file = [&](std::vector<int> edited) {
+        auto segs = to_segments(base_chat());
+        segs.push_back(testing::make_segment("pin-a", segment_kind::pinned_file, file(edited), "src/a.cc"));
+        return segs;
+    };
+    jinja_text_model cut(tmpl());
+    cut.splits_at_lines = true;
+    static const kind_table kinds;
+    constexpr uint32_t chunk = 256;
+    volatility_state st;
+    std::optional<assembled_prompt> prev;
+    // One turn as the runtime runs it; returns the tokens it shares with the turn before
+    // (whole blocks) and where its edit begins.
+    auto turn = [&](std::vector<int> edited, const std::string & marker, bool old_rule = false) {
+        order_decision d = decide_order(st, with_file(edited), kinds, {});
+        if (old_rule) d.hints.fine_from.clear();
+        auto ap = assemble(with_file(edited), kinds, cut, test_profile(chunk), k_salt, chunk, true, d.hints);
+        EXPECT_TRUE(ap.ok()) << ap.error().to_string();
+        size_t kept = 0;
+        if (prev)
+            for (size_t i = 0; i < std::min(prev->blocks.size(), ap->blocks.size()) && prev->blocks[i] == ap->blocks[i]; ++i)
+                kept = (size_t)ap->blocks[i].end;
+        const auto at = marker.empty() ? std::nullopt : find_text(ap->tokens, marker);
+        if (!old_rule) {
+            observe_turn(st, ap->man, d.hints, d.digests);
+            prev = *ap;
+        }
+        return std::pair{kept, at ? at->begin : 0, };
+    };
+    auto first = assemble(with_file({}), kinds, cut, test_profile(chunk), k_salt, chunk, true, {});
+    if (!first.ok()) GTEST_SKIP() << GetParam().name << ": " << first.error().to_string();
+    turn({}, "");
+    const pos_t file_begin = entry(*prev, "pin-a").token_begin;
+    if (std::find(prev->boundaries.begin(), prev->boundaries.end(), file_begin) == prev->boundaries.end())
+        GTEST_SKIP() << GetParam().name << ": the file's message has no piece of its own with this template";
+    // The old rule (finer from the segment's start) on the same edit keeps only the whole
+    // chunks of its first line block.
+    const auto [old_kept, old_at] = turn({330}, "int edited_330", true);
+    EXPECT_LE(old_kept, (size_t)file_begin + k_line_block_bytes + 64);
+    // First edit, at line 330 (~7 KB in): the whole chunks before its KiB are kept.
+    const auto [kept1, at1] = turn({330}, "int edited_330");
+    ASSERT_GT(at1, 0u);
+    EXPECT_LE(kept1, at1);
+    EXPECT_GT(kept1 + chunk + k_edit_digest_bytes, at1) << "kept " << kept1 << " of an edit at " << at1;
+    EXPECT_GT(kept1, old_kept + 16 * chunk);
+    ASSERT_TRUE(st.segs.at("pin-a").fine);
+    const uint64_t from1 = st.segs.at("pin-a").fine_from;
+    EXPECT_GT(from1, 0u);
+    // A later edit, after that point: reuse up to its line block.
+    const auto [kept2, at2] = turn({330, 380}, "int edited_380");
+    EXPECT_LE(kept2, at2);
+    EXPECT_GT(kept2 + k_line_block_bytes + 32, at2) << "kept " << kept2 << " of an edit at " << at2;
+    EXPECT_EQ(st.segs.at("pin-a").fine_from, from1);
+    // An earlier one: the point moves back, whole chunks before the edit are kept.
+    const auto [kept3, at3] = turn({100, 330, 380}, "int edited_100");
+    EXPECT_LE(kept3, at3);
+    EXPECT_GT(kept3 + chunk + k_edit_digest_bytes, at3) << "kept " << kept3 << " of an edit at " << at3;
+    EXPECT_LT(st.segs.at("pin-a").fine_from, from1);
+}
+
 TEST_P(AssemblerJinja, NextTurnOfAToolLoopReusesThePreviousPrompt) {
     const template_case & tc = GetParam();
     const chat n = base_chat();
