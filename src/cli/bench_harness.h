@@ -36,6 +36,7 @@ struct turn_timing {
     nlohmann::json phases;     // warmctx: where first_token_ms went (assemble, copy, prefill)
     nlohmann::json timings;    // warmctx: the response's `warmctx.timings` object as it came
                                // (null when the response had none)
+    std::string reason;        // warmctx: the response's `warmctx.reason` (why it reused what it did)
 };
 
 // A server under test, answering one streamed request at a time.

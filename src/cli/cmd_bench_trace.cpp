@@ -252,7 +252,7 @@ result<std::unique_ptr<bench_system>> start_trace_system(const std::string & nam
 struct trace_replay {
     std::vector<double> ttft, warm_ttft, unaccounted;
     json per_turn_ttft = json::array(), per_turn_cached = json::array(), per_turn_prompt = json::array();
-    json per_turn_unaccounted = json::array(), per_turn_timings = json::array();
+    json per_turn_unaccounted = json::array(), per_turn_timings = json::array(), per_turn_reason = json::array();
     std::map<std::string, double> phase_sum;  // every numeric key of warmctx.timings
     uint64_t prompt_total = 0, cached_total = 0;
     int mismatches = 0;
@@ -274,9 +274,11 @@ struct trace_replay {
             unaccounted.push_back(r.ttft_ms - sum);
             per_turn_unaccounted.push_back(r.ttft_ms - sum);
             per_turn_timings.push_back(r.timings);
+            per_turn_reason.push_back(r.reason);
         } else {
             per_turn_unaccounted.push_back(nullptr);
             per_turn_timings.push_back(nullptr);
+            per_turn_reason.push_back(nullptr);
         }
         per_turn_ttft.push_back(r.ttft_ms);
         per_turn_cached.push_back(r.cached_tokens);
@@ -318,6 +320,7 @@ struct trace_replay {
                                 {"min_ms", *std::min_element(unaccounted.begin(), unaccounted.end())}};
             s["per_turn"]["unaccounted_ms"] = per_turn_unaccounted;
             s["per_turn"]["timings"] = per_turn_timings;
+            s["per_turn"]["reason"] = per_turn_reason;
         }
         return s;
     }

@@ -190,6 +190,20 @@ void fuse_generation_prompt(std::vector<piece> & pieces, size_t n_segments) {
     pieces.pop_back();
 }
 
+// Per segment in `order`: cut into finer blocks from that many bytes of its text on
+// (assembly_hints::fine, fine_from), or not.
+std::vector<std::optional<size_t>> fine_segments(std::span<const segment * const> order, const kind_table & kinds,
+                                                 const assembly_hints & hints) {
+    std::vector<std::optional<size_t>> fine(order.size());
+    for (size_t i = 0; i < order.size(); ++i)
+        if (kinds.policy(order[i]->kind).stab == stability::stable &&
+            std::find(hints.fine.begin(), hints.fine.end(), order[i]->id) != hints.fine.end()) {
+            auto from = hints.fine_from.find(order[i]->id);
+            fine[i] = from == hints.fine_from.end() ? 0 : (size_t)from->second;
+        }
+    return fine;
+}
+
 // From the first chat message on, every piece is of class none (assembly_hints::
 // fuse_conversation): one chunk run, cut only by the chunk size, never kept for another
 // turn. Pieces' segment_index is the segment's index in `order`.
@@ -233,14 +247,8 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     std::vector<std::vector<size_t>> sub_cuts(order.size());  // pieces inside a segment (a diff's units)
     std::optional<std::vector<token_id>> gen_tokens;  // the conversation path's
     if (model.renders_conversations()) {
-        std::vector<std::optional<size_t>> fine(order.size());
-        for (size_t i = 0; i < order.size(); ++i)
-            if (kinds.policy(order[i]->kind).stab == stability::stable &&
-                std::find(hints.fine.begin(), hints.fine.end(), order[i]->id) != hints.fine.end()) {
-                auto from = hints.fine_from.find(order[i]->id);
-                fine[i] = from == hints.fine_from.end() ? 0 : (size_t)from->second;
-            }
-        auto ct = tokenize_conversation(order, roles, kinds, model, add_generation_prompt, fine);
+        auto ct = tokenize_conversation(order, roles, kinds, model, add_generation_prompt,
+                                        fine_segments(order, kinds, hints));
         if (!ct.ok()) return ct.error();
         seg_tokens = std::move(ct->seg);
         piece_cls = std::move(ct->piece_cls);
