@@ -156,7 +156,9 @@ inline constexpr uint32_t k_fuse_after_turns = 2;
 
 // The granularity at which a segment's edits are located: its content's hash per block of
 // this many bytes (content_digest).
-inline constexpr size_t k_edit_digest_bytes = 1024;
+// Small against a chunk's ~2 KB of text, so that the whole chunk before an edit's block
+// usually stays whole.
+inline constexpr size_t k_edit_digest_bytes = 256;
 std::vector<uint64_t> content_digest(std::string_view content);
 
 struct order_decision {

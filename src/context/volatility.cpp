@@ -269,6 +269,32 @@ bool observe_turn(volatility_state & st, const manifest & man, const assembly_hi
 namespace {
 constexpr std::string_view k_volatility_format = "warmctx-volatility-v1";
 
+// A digest as 16 lower-case hex digits per block, and back (nullopt: not that).
+std::string digest_hex(const std::vector<uint64_t> & d) {
+    std::string out;
+    char buf[17];
+    for (uint64_t x : d) {
+        std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)x);
+        out += buf;
+    }
+    return out;
+}
+
+std::optional<std::vector<uint64_t>> digest_from_hex(std::string_view s) {
+    if (s.size() % 16 != 0) return std::nullopt;
+    std::vector<uint64_t> out;
+    for (size_t at = 0; at < s.size(); at += 16) {
+        uint64_t x = 0;
+        for (char c : s.substr(at, 16)) {
+            const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            if (v < 0) return std::nullopt;
+            x = x << 4 | (uint64_t)v;
+        }
+        out.push_back(x);
+    }
+    return out;
+}
+
 // "<name>_carried_bits", "<name>_observed" and "last_<name>": {"content_hash", "index"}.
 void watch_to_json(nlohmann::json & j, const std::string & name, const carry_watch & w) {
     j[name + "_carried_bits"] = w.carried_bits;
@@ -305,7 +331,7 @@ std::string volatility_to_json(const volatility_state & st) {
     for (const auto & [id, v] : st.segs)
         segs[id] = {{"content_hash", v.content_hash.hex()}, {"content_bytes", v.content_bytes},
                     {"changed_bits", v.changed_bits}, {"n_observed", v.n_observed}, {"fine", v.fine},
-                    {"fine_from", v.fine_from}, {"digest", v.digest}};
+                    {"fine_from", v.fine_from}, {"digest", digest_hex(v.digest)}};
     nlohmann::json j = {{"format", k_volatility_format}, {"n_turns", st.n_turns}, {"order", st.order}, {"segs", segs}};
     watch_to_json(j, "tail", st.tail);
     watch_to_json(j, "head", st.head);
@@ -348,11 +374,9 @@ result<volatility_state> volatility_from_json(std::string_view text) {
             s.fine_from = v["fine_from"].get<uint64_t>();
         }
         if (v.contains("digest")) {
-            if (!v["digest"].is_array()) return bad("segment '" + id.substr(0, 64) + "': digest");
-            for (const auto & x : v["digest"]) {
-                if (!x.is_number_unsigned()) return bad("segment '" + id.substr(0, 64) + "': digest");
-                s.digest.push_back(x.get<uint64_t>());
-            }
+            auto dg = v["digest"].is_string() ? digest_from_hex(v["digest"].get<std::string>()) : std::nullopt;
+            if (!dg) return bad("segment '" + id.substr(0, 64) + "': digest");
+            s.digest = std::move(*dg);
         }
         st.segs[id] = s;
     }
