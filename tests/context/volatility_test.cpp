@@ -385,6 +385,49 @@ TEST(LearnedOrder, ASlidingWindowsConversationIsFusedAndAnAppendedOneIsNot) {
     EXPECT_FALSE(turn(win, conversation(std::max(0, 2 * 7 - 3), 2 * 8, "q8")).hints.fuse_conversation);
 }
 
+// Where a segment's finer blocks begin and its digest survive the JSON; a digest that is
+// not 16 hex digits per block, or a fine_from that is not a count, is refused; a file
+// written before they were kept reads as finer blocks from the start and no digest.
+TEST(LearnedOrder, FineFromAndTheDigestReadBackFromTheJson) {
+    volatility_state st;
+    std::vector<segment> ws = workspace();
+    order_decision d = decide_order(st, ws, kind_table{}, {});
+    manifest man;
+    for (const segment * sp : ordered_segments(ws, kind_table{}, d.hints.order)) {
+        manifest_entry e;
+        e.id = sp->id;
+        e.kind = sp->kind;
+        e.stab = kind_table{}.policy(sp->kind).stab;
+        e.content_hash = segment_content_hash(*sp);
+        man.segments.push_back(e);
+    }
+    observe_turn(st, man, d.hints, d.digests);
+    ASSERT_EQ(st.segs.at("pin-b").digest, content_digest(ws[3].content));
+    EXPECT_EQ(content_digest(std::string(2 * k_edit_digest_bytes + 1, 'x')).size(), 3u);
+    st.segs.at("pin-b").fine = true;
+    st.segs.at("pin-b").fine_from = 768;
+    auto back = volatility_from_json(volatility_to_json(st));
+    ASSERT_TRUE(back.ok()) << back.error().to_string();
+    EXPECT_EQ(back->segs.at("pin-b").fine_from, 768u);
+    EXPECT_EQ(back->segs.at("pin-b").digest, st.segs.at("pin-b").digest);
+    auto j = nlohmann::json::parse(volatility_to_json(st));
+    for (const char * bad : {"xyz", "0123456789abcde", "0123456789abcdeg"}) {
+        auto k = j;
+        k["segs"]["pin-b"]["digest"] = bad;
+        EXPECT_FALSE(volatility_from_json(k.dump()).ok()) << bad;
+    }
+    auto k = j;
+    k["segs"]["pin-b"]["fine_from"] = -3;
+    EXPECT_FALSE(volatility_from_json(k.dump()).ok());
+    k = j;
+    k["segs"]["pin-b"].erase("fine_from");
+    k["segs"]["pin-b"].erase("digest");
+    auto old = volatility_from_json(k.dump());
+    ASSERT_TRUE(old.ok());
+    EXPECT_EQ(old->segs.at("pin-b").fine_from, 0u);
+    EXPECT_TRUE(old->segs.at("pin-b").digest.empty());
+}
+
 // With fuse_conversation the tokens are the same, the stable prefix is chunked alike, and
 // from the first chat message on the blocks are of class none and end only at chunk cuts.
 TEST(LearnedOrder, AFusedConversationIsOneRunOfClassNone) {
