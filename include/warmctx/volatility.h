@@ -129,7 +129,9 @@ result<volatility_state> volatility_from_json(std::string_view text);
 struct assembly_hints {
     std::vector<std::string> order;  // stable segment ids, in the learned order
     std::vector<std::string> fine;   // stable segment ids cut into finer blocks
-    // Per fine segment, where its finer blocks begin (content bytes; absent: its start).
+    // Per fine segment, where its finer blocks begin (absent: its start): located in content
+    // bytes, applied to the segment's message text, so a header kind's cuts begin that
+    // header's length earlier - the same for every turn, warm or cold.
     // A segment first cut finer at an edit keeps the whole chunks before the edit's block,
     // which the turns before computed alike, instead of losing its unchanged head.
     std::map<std::string, uint64_t> fine_from;

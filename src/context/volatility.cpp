@@ -122,10 +122,14 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
                            kinds.policy(items.back().s->kind).retention == p.retention;
         it.run = items.empty() ? 0 : items.back().run + (joins ? 0 : 1);
         it.bytes = order[i]->content.size() + order[i]->path.size() + 16;
-        std::vector<uint64_t> & digest = d.digests[order[i]->id] = content_digest(order[i]->content);
-        if (auto h = st.segs.find(order[i]->id); h != st.segs.end()) {
+        std::vector<uint64_t> & digest = d.digests[order[i]->id];
+        auto h = st.segs.find(order[i]->id);
+        const bool same = h != st.segs.end() && h->second.content_hash == segment_content_hash(*order[i]);
+        // An unchanged segment's digest is the one kept: hashed again only when it changed.
+        digest = same && !h->second.digest.empty() ? h->second.digest : content_digest(order[i]->content);
+        if (h != st.segs.end()) {
             segment_volatility v = h->second;
-            it.changed_now = v.content_hash != segment_content_hash(*order[i]);
+            it.changed_now = !same;
             it.fine_from = v.fine ? v.fine_from : UINT64_MAX;
             if (it.changed_now) {  // the edit's first block: finer blocks from there on
                 size_t k = 0;
