@@ -125,6 +125,9 @@ struct assembled_prompt {
     // Per reorderable stable segment, its content_digest (warmctx/volatility.h): the
     // runtime keeps it for the workspace's next turn to locate an edit.
     std::map<std::string, std::vector<uint64_t>> content_digests;
+    // The index in man.segments of the first chat message (is_chat_message), if any:
+    // where a fused conversation begins, and what the workspace's head watch follows.
+    std::optional<size_t> first_chat_message;
 };
 
 // Where a warm run may start reusing: the end of the last of the first `n_blocks`
@@ -157,6 +160,11 @@ std::vector<segment> leading_segments(std::span<const segment> segs, const kind_
 // retention class, in the order of `learned` (ids
 // it does not name first, in that order). Depends on `learned` and the segments' ids,
 // never on their input order.
+// A message of the conversation: this turn's question, or a history segment that says
+// whose message it is (the chat APIs' history; a workspace's history segments without
+// a role are each their own run).
+bool is_chat_message(const segment & s);
+
 std::vector<const segment *> ordered_segments(std::span<const segment> segs, const kind_table & kinds,
                                               std::span<const std::string> learned = {});
 

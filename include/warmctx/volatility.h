@@ -180,13 +180,13 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
 // forward. Segments absent from it are forgotten. Returns whether what a restart would
 // need to assemble the next turn alike changed: the order, a segment's finer blocks, or
 // a habit a fusion follows (worth writing to disk at once).
+// `first_chat` is the index in `man` of the turn's first chat message
+// (assembled_prompt::first_chat_message): what the head watch follows.
 // `hints` and `digests` are the turn's (order_decision): where its fine segments' finer
 // blocks began, and their contents' digests (none: an edit is located at the start).
-bool observe_turn(volatility_state & st, const manifest & man, const assembly_hints & hints = {},
+bool observe_turn(volatility_state & st, const manifest & man, std::optional<size_t> first_chat,
+                  const assembly_hints & hints = {},
                   const std::map<std::string, std::vector<uint64_t>> & digests = {});
-
-// The index of a manifest's first chat message (its first history or user segment), if any.
-std::optional<size_t> first_chat_message(const manifest & man);
 
 // Whether a segment takes part in the learned order and finer blocks: a stable one, except
 // the tools (a template writes them in its own place, wherever the segment sits).

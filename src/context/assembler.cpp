@@ -86,14 +86,11 @@ status validate_segments(std::span<const segment> segs, const kind_table & kinds
 
 // ---- assembly -------------------------------------------------------------------
 
-namespace {
-
-// A message of the conversation: this turn's question, or a history segment that says
-// whose message it is (the chat APIs' history; a workspace's history segments without
-// a role are each their own run, as before).
 bool is_chat_message(const segment & s) {
     return s.kind == segment_kind::user || (s.kind == segment_kind::history && !s.role.empty());
 }
+
+namespace {
 
 // A chat message that is not an assistant's, right after a piece of another chat
 // message, shares that piece's chunk run (build_blocks): a run begins at an assistant
@@ -310,6 +307,8 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     const auto n_tokens = static_cast<pos_t>(out.tokens.size());
     prompt_manifest.n_tokens = n_tokens;
     if (hints.fuse_generation_prompt) fuse_generation_prompt(pieces, prompt_manifest.segments.size());
+    for (size_t i = 0; i < order.size() && !out.first_chat_message; ++i)
+        if (is_chat_message(*order[i])) out.first_chat_message = i;
     if (hints.fuse_conversation) fuse_conversation(pieces, order);
     mark_continuing_messages(pieces, order, roles);
     detail::build_blocks(out, pieces, prof, tenant_salt, chunk_tokens);

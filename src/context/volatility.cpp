@@ -152,7 +152,9 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
     // This request, and the turns before it, did not carry their last segment (their
     // first chat message) forward.
     d.hints.fuse_generation_prompt = !st.tail.carried_by(order) && st.tail.habit();
-    d.hints.fuse_conversation = !st.head.carried_by(order) && st.head.habit();
+    // A conversation of one message (a question alone) has no boundary to save.
+    const auto n_chat = std::count_if(order.begin(), order.end(), [](const segment * s) { return is_chat_message(*s); });
+    d.hints.fuse_conversation = n_chat >= 2 && !st.head.carried_by(order) && st.head.habit();
     std::vector<const item *> cur, cand;
     for (const item & it : items) cur.push_back(&it);
     cand = cur;
@@ -218,12 +220,6 @@ bool carry_watch::habit() const {
     return observed >= past && (carried_bits & recent) == 0;
 }
 
-std::optional<size_t> first_chat_message(const manifest & man) {
-    for (size_t i = 0; i < man.segments.size(); ++i)
-        if (man.segments[i].kind == segment_kind::history || man.segments[i].kind == segment_kind::user) return i;
-    return std::nullopt;
-}
-
 std::vector<uint64_t> content_digest(std::string_view content) {
     std::vector<uint64_t> out;
     for (size_t at = 0; at < content.size(); at += k_edit_digest_bytes)
@@ -231,7 +227,8 @@ std::vector<uint64_t> content_digest(std::string_view content) {
     return out;
 }
 
-bool observe_turn(volatility_state & st, const manifest & man, const assembly_hints & hints,
+bool observe_turn(volatility_state & st, const manifest & man, std::optional<size_t> first_chat,
+                  const assembly_hints & hints,
                   const std::map<std::string, std::vector<uint64_t>> & digests) {
     const std::vector<std::string> order_before = st.order;
     size_t fine_before = 0, fine_after = 0;
@@ -264,7 +261,7 @@ bool observe_turn(volatility_state & st, const manifest & man, const assembly_hi
     st.order = std::move(order);
     st.n_turns++;
     st.tail.observe(man, man.segments.empty() ? std::nullopt : std::optional<size_t>(man.segments.size() - 1));
-    st.head.observe(man, first_chat_message(man));
+    st.head.observe(man, first_chat < man.segments.size() ? first_chat : std::nullopt);
     for (const auto & [id, v] : st.segs) fine_after += v.fine;
     return st.order != order_before || fine_after != fine_before || st.tail.habit() != tail_before ||
            st.head.habit() != head_before;

@@ -441,7 +441,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             std::unique_lock lock(p_->volatility_mu);
             volatility_state * st = p_->volatility_of(t.workspace, lock);
             if (!st) st = &p_->volatility[t.workspace];
-            if (observe_turn(*st, t.ap.man, t.ap.hints, t.ap.content_digests) || st->n_turns % impl::k_volatility_save_every == 0)
+            if (observe_turn(*st, t.ap.man, t.ap.first_chat_message, t.ap.hints, t.ap.content_digests) || st->n_turns % impl::k_volatility_save_every == 0)
                 p_->vol_dirty.insert(t.workspace);
         }
         p_->count(t.workspace, t.explain, n_generated);

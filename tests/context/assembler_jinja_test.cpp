@@ -711,7 +711,7 @@ TEST_P(AssemblerJinja, ASegmentFirstCutFinerAtAnEditKeepsTheWholeChunksBeforeIt)
                 kept = (size_t)ap->blocks[i].end;
         const auto at = marker.empty() ? std::nullopt : find_text(ap->tokens, marker);
         if (!old_rule) {
-            observe_turn(st, ap->man, d.hints, d.digests);
+            observe_turn(st, ap->man, ap->first_chat_message, d.hints, d.digests);
             prev = *ap;
         }
         return std::pair{kept, at ? at->begin : 0, };

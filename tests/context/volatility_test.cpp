@@ -44,7 +44,9 @@ order_decision turn(volatility_state & st, const std::vector<segment> & segs, co
     static const kind_table kinds;
     order_decision d = decide_order(st, segs, kinds, o);
     manifest man;
+    std::optional<size_t> first_chat;
     for (const segment * s : ordered_segments(segs, kinds, d.hints.order)) {
+        if (!first_chat && is_chat_message(*s)) first_chat = man.segments.size();
         manifest_entry e;
         e.id = s->id;
         e.kind = s->kind;
@@ -53,7 +55,7 @@ order_decision turn(volatility_state & st, const std::vector<segment> & segs, co
         e.content_bytes = s->content.size();
         man.segments.push_back(e);
     }
-    const bool l = observe_turn(st, man);
+    const bool l = observe_turn(st, man, first_chat);
     if (learned) *learned = l;
     return d;
 }
@@ -385,6 +387,21 @@ TEST(LearnedOrder, ASlidingWindowsConversationIsFusedAndAnAppendedOneIsNot) {
     EXPECT_FALSE(turn(win, conversation(std::max(0, 2 * 7 - 3), 2 * 8, "q8")).hints.fuse_conversation);
 }
 
+// What is not a conversation is never fused: a question alone (each turn's question is
+// new, so nothing is carried, but there is no message boundary to save), and history
+// segments without a role (each its own run in the assembler), however they slide.
+TEST(LearnedOrder, AQuestionAloneOrRolelessHistoryIsNotAFusedConversation) {
+    volatility_state alone, roleless;
+    for (int t = 0; t < 6; ++t) {
+        EXPECT_FALSE(turn(alone, conversation(1, 0, "q" + std::to_string(t))).hints.fuse_conversation) << t;
+        auto segs = conversation(std::max(0, 2 * t - 3), 2 * t, "q" + std::to_string(t));
+        for (segment & s : segs) s.role.clear();
+        EXPECT_FALSE(turn(roleless, segs).hints.fuse_conversation) << t;
+    }
+    // The question alone was watched and never carried: a habit, and yet not fused.
+    EXPECT_TRUE(alone.head.habit());
+}
+
 // Where a segment's finer blocks begin and its digest survive the JSON; a digest that is
 // not 16 hex digits per block, or a fine_from that is not a count, is refused; a file
 // written before they were kept reads as finer blocks from the start and no digest.
@@ -401,7 +418,7 @@ TEST(LearnedOrder, FineFromAndTheDigestReadBackFromTheJson) {
         e.content_hash = segment_content_hash(*sp);
         man.segments.push_back(e);
     }
-    observe_turn(st, man, d.hints, d.digests);
+    observe_turn(st, man, std::nullopt, d.hints, d.digests);
     ASSERT_EQ(st.segs.at("pin-b").digest, content_digest(ws[3].content));
     EXPECT_EQ(content_digest(std::string(2 * k_edit_digest_bytes + 1, 'x')).size(), 3u);
     st.segs.at("pin-b").fine = true;
