@@ -158,11 +158,19 @@ class context_engine {
     status prefill_some(pending_turn & t, pos_t max_tokens, std::vector<float> & logits);
     // Caches the turn's cacheable blocks and records it. A pre-warm may be finished
     // before it is prefilled (preempted): it caches the blocks prefilled so far.
-    // Its disk write-through waits for flush_deferred_writes, which the scheduler calls
-    // once the answer is out; any other call that touches a stream or a tier runs it
-    // first, so it always sees the stream as the turn left it.
+    // Its disk write-through (the copy of the prefix out of its stream) is deferred: it
+    // is made by write_through_idle once the engine has been idle for a while
+    // (context_engine_options::write_through_delay_ms), or by flush_deferred_writes, or first thing by whatever
+    // would change that stream below the prefix (a turn that does not keep it in place,
+    // a clear, a trim) or needs the tiers complete (snapshots, pins, stop). It always
+    // sees the prefix as the turn left it.
     status finish_turn(pending_turn & t, size_t n_generated);
     void flush_deferred_writes();
+    // For an idle engine thread: once no turn has finished for
+    // context_engine_options::write_through_delay_ms, makes one deferred disk
+    // write-through and returns true; else `retry_in` says when to ask again. Also hands
+    // the learned orders that changed to their writer.
+    bool write_through_idle(std::chrono::milliseconds * retry_in = nullptr);
     // For an idle engine thread: when no work stream is free, saves the durable blocks of
     // the one a new workspace's turn would take next (the least recently used idle one)
     // into the pool, unless the pool or another stream holds them, so that the

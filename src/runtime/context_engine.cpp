@@ -257,7 +257,6 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     WARMCTX_RETURN_IF_ERROR(p_->fits(ap));
     if (p_->streams[(size_t)seq].busy)
         return failed_precondition("work sequence " + std::to_string(seq) + " already runs a turn");
-    p_->flush_deferred();  // the last turn's write-through, if its caller has not run it
     t.tick = ++p_->turn_clock;
     auto tw = clock_type::now();
     // Other idle streams holding blocks this prompt starts with: into the pool, so
@@ -269,6 +268,8 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
         const match peeked = p_->best_match(p_->cache->peek(ap.blocks, req.workspace), ap.blocks, seq);
         const reuse_point pat = snap_reuse(ap, peeked.n_blocks);
         const bool would_be_in_place = pat.n_tokens > 0 && peeked.holder == seq;
+        // The stream's deferred disk write, unless the turn keeps all it saves.
+        p_->keep_deferred_of(seq, would_be_in_place ? pat.n_tokens : 0);
         // In place, trimming only the last turn's per-turn blocks (its diff, test
         // output...) loses nothing this workspace will ask for again: no write-back.
         // Trimming more keeps what is worth keeping (save_branch).
@@ -281,6 +282,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     match m = p_->best_match(p_->cache->lookup(ap.blocks, t.tick, req.workspace), ap.blocks, seq);
     reuse_point at = snap_reuse(ap, m.n_blocks);
     bool in_place = at.n_tokens > 0 && m.holder == seq;
+    p_->keep_deferred_of(seq, in_place ? at.n_tokens : 0);
     if (!in_place) p_->clear_stream(seq);
     p_->streams[(size_t)seq].busy = true;
     t.owner_ = this;  // from here on, an early return aborts the turn (clears `seq`)
@@ -363,7 +365,6 @@ status context_engine::prefill_some(pending_turn & t, pos_t max_tokens, std::vec
 
 status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     if (t.owner_ != this) return failed_precondition("finish_turn: the turn is not pending on this engine");
-    p_->flush_deferred();
     t.owner_ = nullptr;
     status result_st;
     work_stream & s = p_->streams[(size_t)t.seq];
@@ -398,15 +399,23 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
         // is about to overwrite them (lazy write-back), unless it holds them already.
         std::span<const block> path(t.ap.blocks.data(), n_keep);
         std::span<const block> kept(t.ap.blocks.data(), n_stream);
+        p_->keep_deferred_of(t.seq, kept.back().end);
         status st = p_->eng->trim_seq(t.seq, kept.back().end);
         if (st.ok()) {
             p_->tiers->forget_recent_loads();
             // A pre-warm stopped early was stopped for a chat, which continues from it in
             // place (and writes through what it ends with) or takes its stream (and puts
             // its blocks in the pool): no disk write of a partial prefix on that chat's way.
-            // The write itself waits until the answer is out (flush_deferred_writes).
-            if (n_keep > 0 && !(t.prewarm && !t.prefilled()) && !p_->tiers->empty())
-                p_->deferred = impl::deferred_write{t.seq, t.workspace, t.ap, n_keep};
+            // The write itself waits until the engine is idle (write_through_idle) or
+            // the stream is about to change below it.
+            if (n_keep > 0 && !(t.prewarm && !t.prefilled()) && !p_->tiers->empty()) {
+                impl::deferred_write d{t.seq, t.workspace, t.ap, n_keep};
+                // One per stream: an earlier one this turn kept in place is covered
+                // unless it reaches further.
+                if (auto old = p_->deferred.find(t.seq); old != p_->deferred.end() && old->second.end() > d.end())
+                    p_->flush_deferred_of(t.seq);
+                p_->deferred[t.seq] = std::move(d);
+            }
             s.blocks.assign(kept.begin(), kept.end());
             s.n_durable = 0;
             for (size_t i = 0; i < path.size(); ++i) {

@@ -59,21 +59,36 @@ struct context_engine::impl {
     std::unique_ptr<kv_pool> pool;
     std::vector<work_stream> streams;  // one per work sequence
     bool stream_copies = false;         // options.stream_copies, resolved
-    // A finished turn's disk write-through, run after its answer is out
-    // (flush_deferred_writes) or before anything touches a stream or the tiers.
+    // A finished turn's disk write-through, per work stream: the copy out of the stream
+    // waits until the engine has been idle for a while (write_through_idle),
+    // so that it never holds the next request in the queue, or until something would
+    // change the stream below the prefix it saves (flush_deferred_of: a turn that does not
+    // keep it in place, a clear, a trim), or a caller needs every write (flush_deferred:
+    // snapshots, pins, stop).
     struct deferred_write {
         seq_id seq = -1;
         std::string workspace;
         assembled_prompt ap;
         size_t n_blocks = 0;
+        pos_t end() const { return n_blocks == 0 ? 0 : ap.blocks[n_blocks - 1].end; }
     };
-    std::optional<deferred_write> deferred;
+    std::map<seq_id, deferred_write> deferred;
     void flush_deferred() {
         save_volatility();
-        if (!deferred) return;
-        deferred_write d = std::move(*deferred);
-        deferred.reset();
+        while (!deferred.empty()) flush_deferred_of(deferred.begin()->first);
+    }
+    void flush_deferred_of(seq_id seq) {
+        auto it = deferred.find(seq);
+        if (it == deferred.end()) return;
+        deferred_write d = std::move(it->second);
+        deferred.erase(it);
         tiers->write_through(*eng, prof, d.seq, d.workspace, d.ap, d.n_blocks);
+    }
+    // A turn on `seq` keeps its first `keep` tokens: the stream's deferred write, if its
+    // prefix reaches past them, is made now.
+    void keep_deferred_of(seq_id seq, pos_t keep) {
+        auto it = deferred.find(seq);
+        if (it != deferred.end() && keep < it->second.end()) flush_deferred_of(seq);
     }
     std::unique_ptr<prefix_cache> cache;
     std::unique_ptr<disk_kv_tier> tiers;

@@ -108,6 +108,7 @@ match context_engine::impl::best_match(match m, std::span<const block> blocks, s
 }
 
 void context_engine::impl::clear_stream(seq_id seq) {
+    flush_deferred_of(seq);  // its disk write-through, while the stream still holds it
     eng->clear_seq(seq);
     work_stream & s = streams[(size_t)seq];
     s.blocks.clear();
@@ -131,9 +132,22 @@ void context_engine::drop_work_streams() {
     }
 }
 
+bool context_engine::write_through_idle(std::chrono::milliseconds * retry_in) {
+    if (retry_in) *retry_in = std::chrono::milliseconds(0);
+    p_->save_volatility();
+    if (p_->deferred.empty()) return false;
+    const auto since = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - p_->last_finished_at);
+    const std::chrono::milliseconds delay(p_->opts.write_through_delay_ms);
+    if (since < delay) {
+        if (retry_in) *retry_in = std::max(std::chrono::milliseconds(1), delay - since);
+        return false;
+    }
+    p_->flush_deferred_of(p_->deferred.begin()->first);
+    return true;
+}
+
 bool context_engine::write_back_ahead(std::chrono::milliseconds * retry_in) {
     if (retry_in) *retry_in = std::chrono::milliseconds(0);
-    p_->flush_deferred();
     seq_id victim = -1;
     uint64_t oldest = 0;
     for (size_t s = 0; s < p_->streams.size(); ++s) {

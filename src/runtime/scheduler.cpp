@@ -153,8 +153,14 @@ void scheduler::impl::loop() {
             }
             bool saved = false;
             if (idle) {
+                // The disk write-through of what turns cached, once no turn came for a
+                // while; then the write-back ahead.
                 try {
-                    saved = ce->write_back_ahead(&retry_ahead);
+                    std::chrono::milliseconds retry_write{0};
+                    saved = ce->write_through_idle(&retry_write);
+                    if (!saved) saved = ce->write_back_ahead(&retry_ahead);
+                    if (retry_write.count() > 0 && (retry_ahead.count() == 0 || retry_write < retry_ahead))
+                        retry_ahead = retry_write;
                 } catch (...) {
                 }
             }

@@ -303,8 +303,6 @@ void scheduler::impl::retire(size_t slot) {
     }
     slots[slot].reset();
     publish_jobs();
-    // The disk write-through of what the turn cached, now that its answer is out.
-    ce->flush_deferred_writes();
     publish();
 }
 

@@ -424,6 +424,80 @@ TEST(Scheduler, AChatDuringItsPrewarmStartsFromWhatThePrewarmHasDone) {
     expect_equals_cold(**s, chat, done);
 }
 
+// Runs one job to its end; the last event.
+completion_event run_one(scheduler & s, const turn_request & r) {
+    collector c;
+    EXPECT_TRUE(s.submit({r, c.sink()}).ok());
+    EXPECT_TRUE(c.wait());
+    return c.last() ? *c.last() : completion_event{};
+}
+
+// A turn's disk write-through (the copy of its prefix out of the stream) is not made
+// while turns keep coming: the workspace's next turn, in place, waits for nothing; a
+// turn that takes the stream for another workspace makes it first, while the stream
+// still holds that prefix; the file then restores into a fresh engine with the cold
+// run's logits.
+TEST(Scheduler, ADiskWriteThroughWaitsUntilTheStreamWouldChange) {
+    char tmpl[] = "/tmp/warmctx-deferred-disk-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    struct rm {
+        std::string d;
+        ~rm() { std::filesystem::remove_all(d); }
+    } cleanup{tmpl};
+    workload_generator g(31, [](const std::string & x) { return x.size() / 3; });
+    const auto segs_a = make_workspace(g, 1200, 1), segs_b = make_workspace(g, 1200, 2);
+    auto o = tiny_scheduler(1);  // one work stream
+    o.engine.tiers.cache_dir = tmpl;
+    o.engine.write_through_delay_ms = 3600 * 1000;  // never idle that long here
+    {
+        auto s = scheduler::start(o);
+        ASSERT_TRUE(s.ok()) << s.error().to_string();
+        ASSERT_EQ(run_one(**s, req("a", segs_a, 2)).what, completion_event::kind::done);
+        auto next = segs_a;
+        next.back().content = "and a second question";
+        const completion_event second = run_one(**s, req("a", next, 2));
+        ASSERT_EQ(second.what, completion_event::kind::done);
+        EXPECT_TRUE(second.explain.in_place);
+        EXPECT_EQ(counters_of(**s).tiers.n_disk_copies_out, 0u) << "nothing copied out between the two turns";
+        ASSERT_EQ(run_one(**s, req("b", segs_b, 2)).what, completion_event::kind::done);
+        EXPECT_EQ(counters_of(**s).tiers.n_disk_copies_out, 1u) << "a's prefix, before b's turn cleared the stream";
+    }  // the stop writes b's
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok());
+    auto third = segs_a;
+    third.back().content = "a third question, after a restart";
+    turn_request r = req("a", third, 3);
+    r.keep_logits = true;
+    const completion_event done = run_one(**s, r);
+    ASSERT_EQ(done.what, completion_event::kind::done);
+    EXPECT_EQ(done.explain.tier, kv_tier::disk);
+    EXPECT_GT(done.explain.n_reused, 1000);
+    expect_equals_cold(**s, r, done);
+}
+
+// Once no turn has come for write_through_delay_ms, the idle engine makes the deferred
+// write on its own.
+TEST(Scheduler, AnIdleEngineMakesTheDeferredDiskWrite) {
+    char tmpl[] = "/tmp/warmctx-idle-disk-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    struct rm {
+        std::string d;
+        ~rm() { std::filesystem::remove_all(d); }
+    } cleanup{tmpl};
+    auto o = tiny_scheduler(1);
+    o.engine.tiers.cache_dir = tmpl;
+    o.engine.write_through_delay_ms = 50;
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok());
+    ASSERT_EQ(run_one(**s, req("a", small_workspace(3), 2)).what, completion_event::kind::done);
+    bool written = false;
+    for (int i = 0; i < 600 && !written; ++i) {
+        written = counters_of(**s).tiers.n_disk_copies_out == 1;
+        if (!written) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_TRUE(written) << "no copy out within 30 s of idleness";
+}
+
 // A pre-warm never slows a generating chat: between the chat's first token and its end
 // no pre-warm chunk runs (on 2 cores one chunk costs several decode steps); the pre-warm
 // goes on when the chat is done, and completes.
