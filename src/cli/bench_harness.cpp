@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -87,11 +88,17 @@ turn_timing stream_post(int port, const std::string & path, const std::string & 
 
 class warmctx_system final : public bench_system {
   public:
-    warmctx_system(std::string name, std::unique_ptr<scheduler> s, std::unique_ptr<http_server> h, json desc)
-        : name_(std::move(name)), sched_(std::move(s)), http_(std::move(h)), desc_(std::move(desc)) {}
+    warmctx_system(std::string name, std::unique_ptr<scheduler> s, std::unique_ptr<http_server> h, json desc,
+                   std::string owned_dir)
+        : name_(std::move(name)), sched_(std::move(s)), http_(std::move(h)), desc_(std::move(desc)),
+          owned_dir_(std::move(owned_dir)) {}
     ~warmctx_system() override {
         http_.reset();
-        sched_.reset();
+        sched_.reset();  // finishes the disk tier's writes
+        if (!owned_dir_.empty()) {
+            std::error_code ec;
+            std::filesystem::remove_all(owned_dir_, ec);
+        }
     }
     std::string name() const override { return name_; }
     int port() const override { return http_->port(); }
@@ -163,6 +170,7 @@ class warmctx_system final : public bench_system {
     std::unique_ptr<scheduler> sched_;
     std::unique_ptr<http_server> http_;
     json desc_;
+    std::string owned_dir_;  // removed when the system stops ("" = none)
 };
 
 class llama_server_system final : public bench_system {
@@ -244,12 +252,30 @@ std::string tail_of_file(const std::string & path, size_t n) {
 result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_options & o) {
     auto eo = o.mf.to_options(o.parallel);
     if (!eo) return eo.error();
+    cache_flags cf = o.cf;
+    std::string owned_dir;
+    if (o.default_disk && cf.cache_dir.empty()) {
+        const char * tmp = std::getenv("TMPDIR");
+        std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/warmctx-bench-disk-XXXXXX";
+        if (!mkdtemp(tmpl.data())) return internal_error("bench: cannot create a disk tier directory " + tmpl);
+        owned_dir = cf.cache_dir = tmpl;
+        if (cf.disk_budget_bytes == 0) cf.disk_budget_bytes = k_default_disk_budget;
+    }
+    struct dir_guard {
+        std::string * d;
+        ~dir_guard() {
+            if (d && !d->empty()) {
+                std::error_code ec;
+                std::filesystem::remove_all(*d, ec);
+            }
+        }
+    } guard{&owned_dir};
     scheduler_options so;
     so.engine.engine = *eo;
     so.engine.engine.n_seq_resident = o.resident_streams;
     so.engine.cold_stream = false;  // as serve: every stream runs turns
     so.engine.n_holders = o.holders;
-    if (status st = o.cf.apply(so.engine); !st.ok()) return st;
+    if (status st = cf.apply(so.engine); !st.ok()) return st;
     so.n_parallel = o.parallel;
     so.max_queue = 16;
     auto s = scheduler::start(so);
@@ -279,8 +305,13 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
                  {"kv_streams_bytes", (*s)->context().kv_streams_bytes},
                  {"kv_allocated_bytes_bound", (*s)->context().kv_streams_bytes + o.cf.budget_bytes},
                  {"flash_attn", eo->flash_attn},
-                 {"backend", (*s)->context().backend}};
-    return std::unique_ptr<bench_system>(new warmctx_system(o.name, std::move(*s), std::move(*h), std::move(desc)));
+                 {"backend", (*s)->context().backend},
+                 {"disk_tier", !cf.cache_dir.empty()},
+                 {"disk_budget_bytes", cf.cache_dir.empty() ? 0 : cf.disk_budget_bytes}};
+    std::unique_ptr<bench_system> sys(
+        new warmctx_system(o.name, std::move(*s), std::move(*h), std::move(desc), owned_dir));
+    guard.d = nullptr;  // the system removes it when it stops
+    return sys;
 }
 
 

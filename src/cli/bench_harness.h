@@ -75,6 +75,9 @@ struct warmctx_system_options {
                                     // fit half the GPU's free memory; none on the CPU)
     cache_flags cf;
     std::string workspace_dir;      // the durable segment store ("" = memory only)
+    // serve's default disk tier (a user's serve writes stable prefixes through to disk):
+    // in a fresh directory with serve's default budget, removed when the system stops.
+    bool default_disk = false;
 };
 result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_options & o);
 

@@ -59,6 +59,8 @@ struct cache_flags {
 // Where serve keeps its disk tier by default, and where `warmctx snapshot` looks:
 // <cache home>/kv (the workspace store beside it, in kv/workspaces).
 inline std::string default_disk_dir() { return cache_home() + "/kv"; }
+// serve's disk tier budget when none is given.
+inline constexpr uint64_t k_default_disk_budget = uint64_t{8} << 30;
 
 // Progress lines go to stderr so that --json output on stdout stays clean.
 void progress(const std::string & line);

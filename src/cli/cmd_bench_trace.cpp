@@ -7,7 +7,8 @@
 //   - llama-server: one slot of the same n_ctx and --cache-ram A - 1 slot (at least
 //     1 MiB; --server-cache-ram-mib overrides).
 // And each system at its own defaults (what a user meets): warmctx-defaults (serve's
-// defaults: automatic n_ctx, the default byte budget) and llama-server-defaults (no -c,
+// defaults: automatic n_ctx, the default byte budget, the device tier on a GPU, and its
+// disk tier, in a fresh directory) and llama-server-defaults (no -c,
 // -np, --cache-ram, batch or KV-type flags).
 // Each turn is sent once, in trace order, by one client; llama-server gets the exact
 // tokens warmctx assembles, so both prefill the same prompt.
@@ -241,6 +242,7 @@ result<std::unique_ptr<bench_system>> start_trace_system(const std::string & nam
         o.cf = cache_flags{};     // the default byte budget
         o.parallel = scheduler_options{}.n_parallel;  // serve's default --parallel
         o.resident_streams = -1;                      // and --resident-streams
+        o.default_disk = true;                        // and its disk tier
     } else {
         o.cf.budget_bytes = b.budget_bytes;
         o.cf.policy = name == "warmctx-lru" ? "lru" : "semantic";

@@ -66,7 +66,6 @@ struct serve_args {
 
 // Out of the box the disk tier and the workspace store live in the user's cache
 // directory, so a restart loses no warm workspace.
-constexpr uint64_t k_default_disk_budget = uint64_t{8} << 30;
 
 // One start-up line: where the model's layers run and why.
 std::string where_the_model_runs(const context_info & ci, const model_info & mi, const model_flags & mf) {
