@@ -175,6 +175,7 @@ result<json> run_edits_system(const std::string & name, const edits_args & a, co
     auto sys = start_edits_system(name, a, mf, bpt);
     if (!sys) return sys.error();
     json prefilled = json::array(), ttft = json::array(), ratio = json::array(), timings = json::array();
+    json reasons = json::array();  // warmctx: why each turn reused what it did
     std::vector<double> edited_ratio, edited_prefilled, edited_ratio_late, edited_ttft;
     for (size_t t = 0; t < turns.size(); ++t) {
         const edit_turn & et = turns[t];
@@ -184,6 +185,7 @@ result<json> run_edits_system(const std::string & name, const edits_args & a, co
         prefilled.push_back(n);
         ttft.push_back(r.ttft_ms);
         timings.push_back(r.timings);  // warmctx: where its first_token_ms went (null for llama-server)
+        reasons.push_back(r.reason.empty() ? json() : json(r.reason));
         const double x = et.edited_tokens > 0 ? (double)n / (double)et.edited_tokens : 0.0;
         ratio.push_back(x);
         if (t > 0) {
@@ -209,7 +211,7 @@ result<json> run_edits_system(const std::string & name, const edits_args & a, co
                 {"prefilled_over_segment_tokens_median_second_half", median(edited_ratio_late)},
                 {"per_turn",
                  {{"prefilled_tokens", prefilled}, {"ttft_ms", ttft}, {"prefilled_over_segment_tokens", ratio},
-                  {"timings", timings}}}};
+                  {"timings", timings}, {"reason", reasons}}}};
 }
 
 json edits_ratios(const json & systems) {

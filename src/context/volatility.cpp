@@ -14,15 +14,26 @@
 
 namespace warmctx {
 
-std::vector<size_t> line_block_cuts(std::string_view t, size_t block_bytes, bool any_line) {
+std::vector<size_t> line_block_cuts(std::string_view t, size_t block_bytes, bool any_line, size_t from) {
     std::vector<size_t> cuts;
     if (block_bytes == 0) block_bytes = 1;
-    size_t last = 0;
-    for (size_t p = block_bytes; p < t.size() && cuts.size() < k_line_block_max_cuts; ++p) {
-        if (p - last < block_bytes || !(any_line ? is_any_line_cut(t, p) : is_line_cut(t, p))) continue;
+    auto is_cut = [&](size_t p) { return any_line ? is_any_line_cut(t, p) : is_line_cut(t, p); };
+    size_t p = block_bytes;  // the earliest the next cut may be
+    if (from >= t.size() && from > 0) return cuts;  // all of it before `from`: one part
+    if (from > 0) {
+        size_t c = from;
+        while (c > 0 && !is_cut(c)) --c;
+        if (c == 0) {
+            p = from;  // no line starts before it: the first part reaches past it
+        } else {
+            cuts.push_back(c);
+            p = c + block_bytes;
+        }
+    }
+    for (; p < t.size() && cuts.size() < k_line_block_max_cuts; ++p) {
+        if (!is_cut(p)) continue;
         cuts.push_back(p);
-        last = p;
-        p = last + block_bytes - 1;  // the loop's ++p lands on last + block_bytes
+        p += block_bytes - 1;  // the loop's ++p lands on the cut + block_bytes
     }
     return cuts;
 }
@@ -103,6 +114,80 @@ std::string describe_moves(const std::vector<const item *> & cur, const std::vec
     return out.empty() ? "rarely changed segments earlier" : out + " later";
 }
 
+// The order this turn is assembled in (d.hints.order, d.reordered, d.note): `cur`, the
+// current one, or a candidate that pays for itself within the horizon.
+void choose_order(order_decision & d, const std::vector<const item *> & cur, const volatility_options & o) {
+    // Within each run, rarely changed first; ties keep the current order.
+    auto sorted_from = [&cur](size_t from) {
+        std::vector<const item *> v = cur;
+        std::stable_sort(v.begin() + (long)std::min(from, v.size()), v.end(), [](const item * a, const item * b) {
+            return a->run != b->run ? a->run < b->run : a->rank_rate < b->rank_rate;
+        });
+        return v;
+    };
+    auto ids = [](const std::vector<const item *> & v) {
+        std::vector<std::string> out;
+        for (const item * it : v) out.push_back(it->s->id);
+        return out;
+    };
+    d.hints.order = ids(cur);
+    // This turn's own edits already re-prefill from the first changed segment on (from
+    // about its middle, with finer blocks): a reorder costs only what lies before that.
+    double forced = 0;
+    size_t first_changed = cur.size();
+    for (size_t i = 0; i < cur.size(); ++i)
+        if (cur[i]->changed_now) {
+            forced = tail_bytes(cur, i) - (double)cur[i]->bytes / 2;
+            first_changed = i;
+            break;
+        }
+    // The candidates: every stable segment sorted; and at an edit, only what this turn
+    // re-prefills anyway sorted - from the edited segment on (its head before the edit
+    // moves too: about half of it), or after it (free). The one that pays best is taken.
+    struct candidate {
+        std::vector<const item *> order;
+        size_t first_diff = 0;
+        double saving = 0, cost = 0;
+    };
+    const double now = expected_cost(cur), total = tail_bytes(cur, 0);
+    auto make = [&](std::vector<const item *> v) {
+        candidate c;
+        c.order = std::move(v);
+        while (c.first_diff < cur.size() && cur[c.first_diff] == c.order[c.first_diff]) ++c.first_diff;
+        c.saving = now - expected_cost(c.order);
+        c.cost = std::max(0.0, tail_bytes(cur, c.first_diff) - forced);
+        return c;
+    };
+    const candidate whole = make(sorted_from(0));
+    if (whole.first_diff == cur.size()) return;
+    std::vector<candidate> cands{whole};
+    if (first_changed < cur.size()) {
+        cands.push_back(make(sorted_from(first_changed)));
+        cands.push_back(make(sorted_from(first_changed + 1)));
+    }
+    const candidate * best = nullptr;
+    for (const candidate & c : cands) {
+        if (c.first_diff == cur.size() || c.saving * o.horizon_turns <= c.cost ||
+            c.saving < o.min_saving_fraction * total)
+            continue;
+        if (!best || c.saving * o.horizon_turns - c.cost > best->saving * o.horizon_turns - best->cost) best = &c;
+    }
+    auto numbers = [&](const candidate & c) {
+        char nums[200];
+        std::snprintf(nums, sizeof nums,
+                      "expected saving %.0f bytes a turn over %u turns against a reorder cost of %.0f bytes this turn",
+                      c.saving, o.horizon_turns, c.cost);
+        return std::string(nums);
+    };
+    if (best) {
+        d.hints.order = ids(best->order);
+        d.reordered = true;
+        d.note = "stable order changed: " + describe_moves(cur, best->order) + "; " + numbers(*best);
+    } else {
+        d.note = "stable order kept: moving " + describe_moves(cur, whole.order) + " would not pay (" + numbers(whole) + ")";
+    }
+}
+
 }  // namespace
 
 order_decision decide_order(const volatility_state & st, std::span<const segment> segs, const kind_table & kinds,
@@ -155,45 +240,9 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
     // A conversation of one message (a question alone) has no boundary to save.
     const auto n_chat = std::count_if(order.begin(), order.end(), [](const segment * s) { return is_chat_message(*s); });
     d.hints.fuse_conversation = n_chat >= 2 && !st.head.carried_by(order) && st.head.habit();
-    std::vector<const item *> cur, cand;
+    std::vector<const item *> cur;
     for (const item & it : items) cur.push_back(&it);
-    cand = cur;
-    // Within each run, rarely changed first; ties keep the current order.
-    std::stable_sort(cand.begin(), cand.end(), [](const item * a, const item * b) {
-        return a->run != b->run ? a->run < b->run : a->rank_rate < b->rank_rate;
-    });
-    size_t first_diff = 0;
-    while (first_diff < cur.size() && cur[first_diff] == cand[first_diff]) ++first_diff;
-    auto ids = [](const std::vector<const item *> & v) {
-        std::vector<std::string> out;
-        for (const item * it : v) out.push_back(it->s->id);
-        return out;
-    };
-    d.hints.order = ids(cur);
-    if (first_diff == cur.size()) return d;
-
-    const double saving = expected_cost(cur) - expected_cost(cand);
-    // This turn's own edits already re-prefill from the first changed segment on (from
-    // about its middle, with finer blocks): the reorder costs only what lies before that.
-    double forced = 0;
-    for (size_t i = 0; i < cur.size(); ++i)
-        if (cur[i]->changed_now) {
-            forced = tail_bytes(cur, i) - (double)cur[i]->bytes / 2;
-            break;
-        }
-    const double cost = std::max(0.0, tail_bytes(cur, first_diff) - forced);
-    const double total = tail_bytes(cur, 0);
-    char nums[200];
-    std::snprintf(nums, sizeof nums,
-                  "expected saving %.0f bytes a turn over %u turns against a reorder cost of %.0f bytes this turn",
-                  saving, o.horizon_turns, cost);
-    if (saving * o.horizon_turns > cost && saving >= o.min_saving_fraction * total) {
-        d.hints.order = ids(cand);
-        d.reordered = true;
-        d.note = "stable order changed: " + describe_moves(cur, cand) + "; " + nums;
-    } else {
-        d.note = "stable order kept: moving " + describe_moves(cur, cand) + " would not pay (" + nums + ")";
-    }
+    choose_order(d, cur, o);
     return d;
 }
 

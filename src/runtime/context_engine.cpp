@@ -408,8 +408,9 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             // its blocks in the pool): no disk write of a partial prefix on that chat's way.
             // The write itself waits until the engine is idle (write_through_idle) or
             // the stream is about to change below it.
-            if (n_keep > 0 && !(t.prewarm && !t.prefilled()) && !p_->tiers->empty()) {
-                impl::deferred_write d{t.seq, t.workspace, t.ap, n_keep};
+            const pos_t save_end = p_->disk_save_end(t.ap, n_keep);
+            if (save_end > 0 && !(t.prewarm && !t.prefilled()) && !p_->tiers->empty()) {
+                impl::deferred_write d{t.seq, t.workspace, t.ap, n_keep, save_end};
                 // One per stream: an earlier one this turn kept in place is covered
                 // unless it reaches further.
                 if (auto old = p_->deferred.find(t.seq); old != p_->deferred.end() && old->second.end() > d.end())

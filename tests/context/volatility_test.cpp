@@ -84,6 +84,37 @@ TEST(LineBlockCuts, CutAtLineStartsEveryBlockAndKeepTheHeadsCutsAfterAnEdit) {
     EXPECT_TRUE(line_block_cuts(std::string(1000, ' ') + "\n  x\n", 10).empty());
 }
 
+// From a point on (fine_from): the text before it is one part ending at the last line
+// start at or before it, so an edit at or after the point is never inside that part;
+// the cuts after it are a block apart from there; an edit after the point keeps them all.
+TEST(LineBlockCuts, FromAPointTheHeadEndsAtTheLastLineStartBeforeIt) {
+    std::string text;
+    for (int i = 0; i < 300; ++i) text += "line_" + std::to_string(i) + " = " + std::to_string(i * 13) + ";\n";
+    const size_t from = 1000;
+    const auto cuts = line_block_cuts(text, 128, false, from);
+    ASSERT_GT(cuts.size(), 5u);
+    EXPECT_LE(cuts[0], from);
+    EXPECT_TRUE(is_line_cut(text, cuts[0]));
+    EXPECT_EQ(text.find('\n', cuts[0]) + 1, text.find('\n', from) + 1) << "the line holding the point starts the cut";
+    for (size_t k = 1; k < cuts.size(); ++k) {
+        EXPECT_GE(cuts[k] - cuts[k - 1], 128u);
+        EXPECT_TRUE(is_line_cut(text, cuts[k]));
+    }
+    // An edit just after the point: the head part and every cut before the edit stay.
+    std::string edited = text;
+    const size_t at = from + 20;
+    edited.insert(edited.find('\n', at) + 1, "inserted_line = 1;\n");
+    const auto cuts2 = line_block_cuts(edited, 128, false, from);
+    for (size_t c : cuts)
+        if (c <= at) {
+            EXPECT_NE(std::find(cuts2.begin(), cuts2.end(), c), cuts2.end()) << c;
+        }
+    // No line starts before the point: one part up to the first cut after it; a point past
+    // the end: one part.
+    EXPECT_GT(line_block_cuts(std::string(300, 'x') + "\nline\n" + text, 128, false, 200).at(0), 200u);
+    EXPECT_TRUE(line_block_cuts(text, 128, false, text.size() + 5).empty());
+}
+
 // Most lines of code are indented: with `any_line` (a tokenizer that allows it) a file
 // made only of indented lines and blank ones is still cut every block, before indented
 // lines and never before a blank one; without it, it is not cut at all.
@@ -385,6 +416,39 @@ TEST(LearnedOrder, ASlidingWindowsConversationIsFusedAndAnAppendedOneIsNot) {
     // A request that carries the first message again (the agent went back to appending)
     // is not fused, whatever the habit.
     EXPECT_FALSE(turn(win, conversation(std::max(0, 2 * 7 - 3), 2 * 8, "q8")).hints.fuse_conversation);
+}
+
+// At an edit, the segments after the edited one are re-prefilled anyway: sorting only them
+// by their rates is free, and taken even where sorting everything (moving a segment from
+// before the edit) would not pay or would pay less.
+TEST(LearnedOrder, AtAnEditWhatFollowsTheEditedSegmentIsSortedForFree) {
+    using enum segment_kind;
+    std::vector<segment> segs;
+    for (int i = 0; i < 5; ++i)
+        segs.push_back(make_segment("p" + std::to_string(i), pinned_file, std::string(2000, char('a' + i)),
+                                    "src/p" + std::to_string(i) + ".cc"));
+    segs.push_back(make_segment("q", user, "why?"));
+    volatility_state st;
+    st.order = {"p0", "p1", "p2", "p3", "p4"};
+    // Changes in the last 32 turns: p0 2 (a habit, barely), p3 16, p4 4; p1 and p2 none.
+    const std::map<std::string, uint64_t> bits = {
+        {"p0", 0x80000001ull}, {"p3", 0x55555555ull}, {"p4", 0x11110000ull}, {"p1", 0}, {"p2", 0}};
+    for (const segment & s : segs) {
+        if (s.kind != pinned_file) continue;
+        segment_volatility v;
+        v.content_hash = segment_content_hash(s);
+        v.content_bytes = s.content.size();
+        v.changed_bits = bits.at(s.id);
+        v.n_observed = 32;
+        v.fine = v.changed_bits != 0;
+        st.segs[s.id] = v;
+    }
+    st.n_turns = 33;
+    segs[2].content[1000] = 'z';  // this turn edits p2, in its middle
+    const order_decision d = decide_order(st, segs, kind_table{}, {});
+    EXPECT_TRUE(d.reordered) << d.note;
+    EXPECT_EQ(d.hints.order, (std::vector<std::string>{"p0", "p1", "p2", "p4", "p3"})) << d.note;
+    EXPECT_NE(d.note.find("cost of 0 bytes"), std::string::npos) << d.note;
 }
 
 // What is not a conversation is never fused: a question alone (each turn's question is

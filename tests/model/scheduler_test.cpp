@@ -433,7 +433,8 @@ completion_event run_one(scheduler & s, const turn_request & r) {
 }
 
 // A turn's disk write-through (the copy of its prefix out of the stream) is not made
-// while turns keep coming: the workspace's next turn, in place, waits for nothing; a
+// while turns keep coming: the workspace's next turn, in place, waits for nothing (also
+// when it replaces the last turn's diff, which the stream held but the disk does not); a
 // turn that takes the stream for another workspace makes it first, while the stream
 // still holds that prefix; the file then restores into a fresh engine with the cold
 // run's logits.
@@ -445,7 +446,10 @@ TEST(Scheduler, ADiskWriteThroughWaitsUntilTheStreamWouldChange) {
         ~rm() { std::filesystem::remove_all(d); }
     } cleanup{tmpl};
     workload_generator g(31, [](const std::string & x) { return x.size() / 3; });
-    const auto segs_a = make_workspace(g, 1200, 1), segs_b = make_workspace(g, 1200, 2);
+    auto segs_a = make_workspace(g, 1200, 1);
+    const auto segs_b = make_workspace(g, 1200, 2);
+    const std::string diff = "diff --git a/src/x.cc b/src/x.cc\n--- a/src/x.cc\n+++ b/src/x.cc\n@@ -1,2 +1,2 @@\n-int a;\n+int b;\n";
+    segs_a.insert(segs_a.end() - 1, segment{"diff", segment_kind::diff, "", "", diff});
     auto o = tiny_scheduler(1);  // one work stream
     o.engine.tiers.cache_dir = tmpl;
     o.engine.write_through_delay_ms = 3600 * 1000;  // never idle that long here
@@ -455,6 +459,7 @@ TEST(Scheduler, ADiskWriteThroughWaitsUntilTheStreamWouldChange) {
         ASSERT_EQ(run_one(**s, req("a", segs_a, 2)).what, completion_event::kind::done);
         auto next = segs_a;
         next.back().content = "and a second question";
+        next[next.size() - 2].content = diff + "@@ -9 +9 @@\n-int c;\n+int d;\n";
         const completion_event second = run_one(**s, req("a", next, 2));
         ASSERT_EQ(second.what, completion_event::kind::done);
         EXPECT_TRUE(second.explain.in_place);
