@@ -432,7 +432,7 @@ TEST(LearnedOrder, AtAnEditWhatFollowsTheEditedSegmentIsSortedForFree) {
     st.order = {"p0", "p1", "p2", "p3", "p4"};
     // Changes in the last 32 turns: p0 2 (a habit, barely), p3 16, p4 4; p1 and p2 none.
     const std::map<std::string, uint64_t> bits = {
-        {"p0", 0x80000001ull}, {"p3", 0x55555555ull}, {"p4", 0x11110000ull}, {"p1", 0}, {"p2", 0}};
+        {"p0", 0x00010001ull}, {"p3", 0x55555555ull}, {"p4", 0x11110000ull}, {"p1", 0}, {"p2", 0}};
     for (const segment & s : segs) {
         if (s.kind != pinned_file) continue;
         segment_volatility v;
