@@ -55,11 +55,8 @@ inline constexpr size_t k_line_block_max_cuts = 1024;
 // point, or with `any_line` an is_any_line_cut point (the parts tokenize to the whole
 // text's tokens where the model allows it: text_model::plain_splits_at_lines,
 // plain_splits_at_any_line). Ascending, in (0, size).
-// `from` > 0 (assembly_hints::fine_from): no cut before it but the last line start at or
-// before it (none if there is none), so that the text before `from` stays one part and
-// an edit at or after `from` never falls into it; the parts after are cut from there.
 std::vector<size_t> line_block_cuts(std::string_view t, size_t block_bytes = k_line_block_bytes,
-                                    bool any_line = false, size_t from = 0);
+                                    bool any_line = false);
 
 struct volatility_options {
     bool enabled = true;          // false: the kind table's order and whole chunks, always

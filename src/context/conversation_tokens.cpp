@@ -144,10 +144,8 @@ std::vector<job> jobs_of(const std::vector<span_of> & spans, const rendered_conv
             // whole text's).
             const std::string_view data = std::string_view(f.text).substr(r.begin, r.end - r.begin);
             size_t from_at = r.begin;
-            // A fine segment's text before fine_from is one part (whole chunks), ending at
-            // the last line start at or before fine_from.
-            const size_t from = spans[i].fine && spans[i].fine_from > input_before ? spans[i].fine_from - input_before : 0;
-            for (size_t c : spans[i].fine ? line_block_cuts(data, k_line_block_bytes, any_line, from) : diff_unit_cuts(data)) {
+            for (size_t c : spans[i].fine ? line_block_cuts(data, k_line_block_bytes, any_line) : diff_unit_cuts(data)) {
+                if (spans[i].fine && input_before + c < spans[i].fine_from) continue;  // whole chunks before it
                 jobs.push_back({i, {from_at, r.begin + c, true}, std::nullopt, {}, from_at != r.begin});
                 from_at = r.begin + c;
             }

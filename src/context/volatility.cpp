@@ -14,26 +14,15 @@
 
 namespace warmctx {
 
-std::vector<size_t> line_block_cuts(std::string_view t, size_t block_bytes, bool any_line, size_t from) {
+std::vector<size_t> line_block_cuts(std::string_view t, size_t block_bytes, bool any_line) {
     std::vector<size_t> cuts;
     if (block_bytes == 0) block_bytes = 1;
-    auto is_cut = [&](size_t p) { return any_line ? is_any_line_cut(t, p) : is_line_cut(t, p); };
-    size_t p = block_bytes;  // the earliest the next cut may be
-    if (from >= t.size() && from > 0) return cuts;  // all of it before `from`: one part
-    if (from > 0) {
-        size_t c = from;
-        while (c > 0 && !is_cut(c)) --c;
-        if (c == 0) {
-            p = from;  // no line starts before it: the first part reaches past it
-        } else {
-            cuts.push_back(c);
-            p = c + block_bytes;
-        }
-    }
-    for (; p < t.size() && cuts.size() < k_line_block_max_cuts; ++p) {
-        if (!is_cut(p)) continue;
+    size_t last = 0;
+    for (size_t p = block_bytes; p < t.size() && cuts.size() < k_line_block_max_cuts; ++p) {
+        if (p - last < block_bytes || !(any_line ? is_any_line_cut(t, p) : is_line_cut(t, p))) continue;
         cuts.push_back(p);
-        p += block_bytes - 1;  // the loop's ++p lands on the cut + block_bytes
+        last = p;
+        p = last + block_bytes - 1;  // the loop's ++p lands on last + block_bytes
     }
     return cuts;
 }

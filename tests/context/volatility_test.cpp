@@ -84,37 +84,6 @@ TEST(LineBlockCuts, CutAtLineStartsEveryBlockAndKeepTheHeadsCutsAfterAnEdit) {
     EXPECT_TRUE(line_block_cuts(std::string(1000, ' ') + "\n  x\n", 10).empty());
 }
 
-// From a point on (fine_from): the text before it is one part ending at the last line
-// start at or before it, so an edit at or after the point is never inside that part;
-// the cuts after it are a block apart from there; an edit after the point keeps them all.
-TEST(LineBlockCuts, FromAPointTheHeadEndsAtTheLastLineStartBeforeIt) {
-    std::string text;
-    for (int i = 0; i < 300; ++i) text += "line_" + std::to_string(i) + " = " + std::to_string(i * 13) + ";\n";
-    const size_t from = 1000;
-    const auto cuts = line_block_cuts(text, 128, false, from);
-    ASSERT_GT(cuts.size(), 5u);
-    EXPECT_LE(cuts[0], from);
-    EXPECT_TRUE(is_line_cut(text, cuts[0]));
-    EXPECT_EQ(text.find('\n', cuts[0]) + 1, text.find('\n', from) + 1) << "the line holding the point starts the cut";
-    for (size_t k = 1; k < cuts.size(); ++k) {
-        EXPECT_GE(cuts[k] - cuts[k - 1], 128u);
-        EXPECT_TRUE(is_line_cut(text, cuts[k]));
-    }
-    // An edit just after the point: the head part and every cut before the edit stay.
-    std::string edited = text;
-    const size_t at = from + 20;
-    edited.insert(edited.find('\n', at) + 1, "inserted_line = 1;\n");
-    const auto cuts2 = line_block_cuts(edited, 128, false, from);
-    for (size_t c : cuts)
-        if (c <= at) {
-            EXPECT_NE(std::find(cuts2.begin(), cuts2.end(), c), cuts2.end()) << c;
-        }
-    // No line starts before the point: one part up to the first cut after it; a point past
-    // the end: one part.
-    EXPECT_GT(line_block_cuts(std::string(300, 'x') + "\nline\n" + text, 128, false, 200).at(0), 200u);
-    EXPECT_TRUE(line_block_cuts(text, 128, false, text.size() + 5).empty());
-}
-
 // Most lines of code are indented: with `any_line` (a tokenizer that allows it) a file
 // made only of indented lines and blank ones is still cut every block, before indented
 // lines and never before a blank one; without it, it is not cut at all.
