@@ -28,6 +28,21 @@ scheduler_options tiny_scheduler(uint32_t n_parallel, size_t max_queue = 64) {
     return o;
 }
 
+// A fresh directory under /tmp, removed with everything in it at the end of the scope
+// ("" when it could not be made).
+struct temp_dir {
+    std::string path;
+    explicit temp_dir(const std::string & prefix) {
+        std::string t = prefix + "-XXXXXX";
+        if (mkdtemp(t.data())) path = t;
+    }
+    ~temp_dir() {
+        if (!path.empty()) std::filesystem::remove_all(path);
+    }
+    temp_dir(const temp_dir &) = delete;
+    temp_dir & operator=(const temp_dir &) = delete;
+};
+
 // Collects one job's events; wait() blocks until its last event.
 struct collector {
     std::mutex mu;
@@ -380,12 +395,8 @@ TEST(Scheduler, APrewarmMakesTheNextChatAFullHitAndAPrewarmOfACachedPrefixDoesNo
 // writes through only the blocks it holds (a snapshot claiming the whole prefix would
 // be restored short).
 TEST(Scheduler, AChatDuringItsPrewarmStartsFromWhatThePrewarmHasDone) {
-    char tmpl[] = "/tmp/warmctx-prewarm-disk-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    struct rm {
-        std::string d;
-        ~rm() { std::filesystem::remove_all(d); }
-    } cleanup{tmpl};
+    temp_dir tmp("/tmp/warmctx-prewarm-disk");
+    ASSERT_FALSE(tmp.path.empty());
     workload_generator g(22, [](const std::string & x) { return x.size() / 3; });
     auto segs = make_workspace(g, 1600, 1);  // about 25 chunks of 64
     turn_request chat = req("pw", segs, 6);
@@ -395,7 +406,7 @@ TEST(Scheduler, AChatDuringItsPrewarmStartsFromWhatThePrewarmHasDone) {
     std::atomic<bool> sent{false};
     scheduler * self = nullptr;
     auto o = tiny_scheduler(2);
-    o.engine.tiers.cache_dir = tmpl;
+    o.engine.tiers.cache_dir = tmp.path;
     o.after_prefill_chunk = [&](const turn_request & r, pos_t) {
         // The pre-warm's third chunk: the chat arrives.
         if (r.prewarm && ++chunks == 3 && !sent.exchange(true)) ASSERT_TRUE(self->submit({chat, c.sink()}).ok());
@@ -439,19 +450,15 @@ completion_event run_one(scheduler & s, const turn_request & r) {
 // still holds that prefix; the file then restores into a fresh engine with the cold
 // run's logits.
 TEST(Scheduler, ADiskWriteThroughWaitsUntilTheStreamWouldChange) {
-    char tmpl[] = "/tmp/warmctx-deferred-disk-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    struct rm {
-        std::string d;
-        ~rm() { std::filesystem::remove_all(d); }
-    } cleanup{tmpl};
+    temp_dir tmp("/tmp/warmctx-deferred-disk");
+    ASSERT_FALSE(tmp.path.empty());
     workload_generator g(31, [](const std::string & x) { return x.size() / 3; });
     auto segs_a = make_workspace(g, 1200, 1);
     const auto segs_b = make_workspace(g, 1200, 2);
     const std::string diff = "diff --git a/src/x.cc b/src/x.cc\n--- a/src/x.cc\n+++ b/src/x.cc\n@@ -1,2 +1,2 @@\n-int a;\n+int b;\n";
     segs_a.insert(segs_a.end() - 1, segment{"diff", segment_kind::diff, "", "", diff});
     auto o = tiny_scheduler(1);  // one work stream
-    o.engine.tiers.cache_dir = tmpl;
+    o.engine.tiers.cache_dir = tmp.path;
     o.engine.write_through_delay_ms = 3600 * 1000;  // never idle that long here
     {
         auto s = scheduler::start(o);
@@ -483,14 +490,10 @@ TEST(Scheduler, ADiskWriteThroughWaitsUntilTheStreamWouldChange) {
 // Once no turn has come for write_through_delay_ms, the idle engine makes the deferred
 // write on its own.
 TEST(Scheduler, AnIdleEngineMakesTheDeferredDiskWrite) {
-    char tmpl[] = "/tmp/warmctx-idle-disk-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    struct rm {
-        std::string d;
-        ~rm() { std::filesystem::remove_all(d); }
-    } cleanup{tmpl};
+    temp_dir tmp("/tmp/warmctx-idle-disk");
+    ASSERT_FALSE(tmp.path.empty());
     auto o = tiny_scheduler(1);
-    o.engine.tiers.cache_dir = tmpl;
+    o.engine.tiers.cache_dir = tmp.path;
     o.engine.write_through_delay_ms = 50;
     auto s = scheduler::start(o);
     ASSERT_TRUE(s.ok());
