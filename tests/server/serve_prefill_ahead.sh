@@ -22,17 +22,21 @@ jq -n --rawfile map "$dir/map.txt" '{max_tokens: 1, temperature: 0,
 
 run() {  # run MODE: starts serve, sends the chat, prints warmctx.prewarm.ahead and cached_tokens
   local mode="$1"
+  # Each run its own log files: the first run's "listening on" line must never be read
+  # for the second's port (the background shell may not have truncated a shared file yet).
+  local out="$dir/out-${mode:-default}" err="$dir/err-${mode:-default}"
+  : >"$out"
   WARMCTX_HOME="$dir/home-$mode" "$bin" serve -m "$model" -c 16384 -t 2 --port 0 -q --no-disk \
-    ${mode:+--prefill-ahead "$mode"} >"$dir/out" 2>"$dir/err" &
+    ${mode:+--prefill-ahead "$mode"} >"$out" 2>"$err" &
   pid=$!
   local port=""
   for _ in $(seq 1 300); do
-    port="$(sed -n 's/^warmctx: listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$dir/out")"
+    port="$(sed -n 's/^warmctx: listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$out")"
     [ -n "$port" ] && break
-    kill -0 "$pid" 2>/dev/null || { echo "serve exited early:"; cat "$dir/err"; exit 1; }
+    kill -0 "$pid" 2>/dev/null || { echo "serve exited early:"; cat "$err"; exit 1; }
     sleep 0.1
   done
-  [ -n "$port" ] || { echo "serve never listened"; cat "$dir/err"; exit 1; }
+  [ -n "$port" ] || { echo "serve never listened"; cat "$err"; exit 1; }
   curl -sS --max-time 240 -H 'Content-Type: application/json' --data-binary @"$dir/body.json" \
     "http://127.0.0.1:$port/v1/chat/completions" >"$dir/reply.json"
   kill -TERM "$pid"; wait "$pid" || true; pid=""
