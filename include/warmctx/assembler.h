@@ -155,16 +155,16 @@ std::vector<segment> leading_segments(std::span<const segment> segs, const kind_
                                       const text_model & model, size_t min_rest_bytes, size_t max_lead_bytes,
                                       std::span<const std::string> learned = {});
 
-// The segments in the order assemble puts them: by (kind order, id, path), then, inside
-// each run of reorderable segments (is_reorderable: stable, not the tools) of one
-// retention class, in the order of `learned` (ids
-// it does not name first, in that order). Depends on `learned` and the segments' ids,
-// never on their input order.
 // A message of the conversation: this turn's question, or a history segment that says
 // whose message it is (the chat APIs' history; a workspace's history segments without
 // a role are each their own run).
 bool is_chat_message(const segment & s);
 
+// The segments in the order assemble puts them: by (kind order, id, path), then, inside
+// each run of reorderable segments (is_reorderable: stable, not the tools) of one
+// retention class, in the order of `learned` (ids
+// it does not name first, in that order). Depends on `learned` and the segments' ids,
+// never on their input order.
 std::vector<const segment *> ordered_segments(std::span<const segment> segs, const kind_table & kinds,
                                               std::span<const std::string> learned = {});
 

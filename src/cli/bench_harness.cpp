@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <utility>
 
 #include "warmctx/clock.h"
 #include "warmctx/context_engine.h"
@@ -86,19 +87,38 @@ turn_timing stream_post(int port, const std::string & path, const std::string & 
     return t;
 }
 
+// A directory removed, with all it holds, when its owner goes ("" = none).
+class owned_dir {
+  public:
+    owned_dir() = default;
+    explicit owned_dir(std::string path) : path_(std::move(path)) {}
+    owned_dir(owned_dir && o) noexcept : path_(std::exchange(o.path_, {})) {}
+    owned_dir & operator=(owned_dir && o) noexcept {
+        if (this != &o) {
+            owned_dir gone(std::move(*this));
+            path_ = std::exchange(o.path_, {});
+        }
+        return *this;
+    }
+    ~owned_dir() {
+        std::error_code ec;
+        if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+    }
+    const std::string & path() const { return path_; }
+
+  private:
+    std::string path_;
+};
+
 class warmctx_system final : public bench_system {
   public:
     warmctx_system(std::string name, std::unique_ptr<scheduler> s, std::unique_ptr<http_server> h, json desc,
-                   std::string owned_dir)
+                   owned_dir dir)
         : name_(std::move(name)), sched_(std::move(s)), http_(std::move(h)), desc_(std::move(desc)),
-          owned_dir_(std::move(owned_dir)) {}
+          dir_(std::move(dir)) {}
     ~warmctx_system() override {
         http_.reset();
-        sched_.reset();  // finishes the disk tier's writes
-        if (!owned_dir_.empty()) {
-            std::error_code ec;
-            std::filesystem::remove_all(owned_dir_, ec);
-        }
+        sched_.reset();  // finishes the disk tier's writes; dir_ goes after
     }
     std::string name() const override { return name_; }
     int port() const override { return http_->port(); }
@@ -170,7 +190,7 @@ class warmctx_system final : public bench_system {
     std::unique_ptr<scheduler> sched_;
     std::unique_ptr<http_server> http_;
     json desc_;
-    std::string owned_dir_;  // removed when the system stops ("" = none)
+    owned_dir dir_;  // its disk tier's, when the bench made one
 };
 
 class llama_server_system final : public bench_system {
@@ -253,23 +273,15 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
     auto eo = o.mf.to_options(o.parallel);
     if (!eo) return eo.error();
     cache_flags cf = o.cf;
-    std::string owned_dir;
+    owned_dir dir;
     if (o.default_disk && cf.cache_dir.empty()) {
         const char * tmp = std::getenv("TMPDIR");
         std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/warmctx-bench-disk-XXXXXX";
-        if (!mkdtemp(tmpl.data())) return internal_error("bench: cannot create a disk tier directory " + tmpl);
-        owned_dir = cf.cache_dir = tmpl;
+        if (!mkdtemp(tmpl.data())) return io_error("bench: cannot create a disk tier directory " + tmpl);
+        dir = owned_dir(tmpl);
+        cf.cache_dir = tmpl;
         if (cf.disk_budget_bytes == 0) cf.disk_budget_bytes = k_default_disk_budget;
     }
-    struct dir_guard {
-        std::string * d;
-        ~dir_guard() {
-            if (d && !d->empty()) {
-                std::error_code ec;
-                std::filesystem::remove_all(*d, ec);
-            }
-        }
-    } guard{&owned_dir};
     scheduler_options so;
     so.engine.engine = *eo;
     so.engine.engine.n_seq_resident = o.resident_streams;
@@ -308,10 +320,8 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
                  {"backend", (*s)->context().backend},
                  {"disk_tier", !cf.cache_dir.empty()},
                  {"disk_budget_bytes", cf.cache_dir.empty() ? 0 : cf.disk_budget_bytes}};
-    std::unique_ptr<bench_system> sys(
-        new warmctx_system(o.name, std::move(*s), std::move(*h), std::move(desc), owned_dir));
-    guard.d = nullptr;  // the system removes it when it stops
-    return sys;
+    return std::unique_ptr<bench_system>(
+        new warmctx_system(o.name, std::move(*s), std::move(*h), std::move(desc), std::move(dir)));
 }
 
 

@@ -408,8 +408,9 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             // its blocks in the pool): no disk write of a partial prefix on that chat's way.
             // The write itself waits until the engine is idle (write_through_idle) or
             // the stream is about to change below it.
-            const pos_t save_end = p_->disk_save_end(t.ap, n_keep);
-            if (save_end > 0 && !(t.prewarm && !t.prefilled()) && !p_->tiers->empty()) {
+            const size_t n_saved = p_->tiers->n_saved_blocks(t.ap, n_keep);
+            if (n_saved > 0 && !(t.prewarm && !t.prefilled())) {
+                const pos_t save_end = t.ap.blocks[n_saved - 1].end;
                 impl::deferred_write d{t.seq, t.workspace, t.ap, n_keep, save_end};
                 // One per stream: an earlier one this turn kept in place is covered
                 // unless it reaches further.

@@ -70,21 +70,10 @@ struct context_engine::impl {
         std::string workspace;
         assembled_prompt ap;
         size_t n_blocks = 0;
-        pos_t save_end = 0;  // the end of what the disk tier would save (disk_save_end)
+        pos_t save_end = 0;  // the end of what the disk tier saves (n_saved_blocks): the
+                             // stream must keep that much; what follows (a diff, history) may go
         pos_t end() const { return save_end; }
     };
-    // The end of the leading run of `ap`'s first `n_blocks` blocks that the disk tier
-    // saves (cacheable, of at least its class): what a deferred write needs the stream to
-    // keep. A turn's per-turn blocks after it (a diff, a history message) may go.
-    pos_t disk_save_end(const assembled_prompt & ap, size_t n_blocks) const {
-        pos_t end = 0;
-        for (size_t i = 0; i < std::min(n_blocks, ap.blocks.size()); ++i) {
-            const block & b = ap.blocks[i];
-            if (b.cls == retention_class::none || b.cls < opts.tiers.disk_min_class) break;
-            end = b.end;
-        }
-        return end;
-    }
     std::map<seq_id, deferred_write> deferred;
     void flush_deferred() {
         save_volatility();

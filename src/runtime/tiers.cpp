@@ -214,14 +214,19 @@ disk_kv_tier::queue_outcome disk_kv_tier::queue_write(snapshot snap) {
     return enqueue(std::move(snap));
 }
 
-void disk_kv_tier::write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
-                             const assembled_prompt & ap, size_t n_blocks_held) {
-    if (!disk_) return;
-    // The leading run of cacheable blocks of at least the tier's class, of those the
-    // sequence holds (a pre-warm stopped early holds fewer than the prompt has).
+size_t disk_kv_tier::n_saved_blocks(const assembled_prompt & ap, size_t n_blocks_held) const {
+    if (!disk_) return 0;
     size_t k = 0;
     const size_t n = std::min(n_blocks_held, ap.blocks.size());
     while (k < n && ap.blocks[k].cls != retention_class::none && ap.blocks[k].cls >= opts_.disk_min_class) ++k;
+    return k;
+}
+
+void disk_kv_tier::write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
+                             const assembled_prompt & ap, size_t n_blocks_held) {
+    // The leading run of cacheable blocks of at least the tier's class, of those the
+    // sequence holds (a pre-warm stopped early holds fewer than the prompt has).
+    const size_t k = n_saved_blocks(ap, n_blocks_held);
     if (k == 0 || e.seq_n_tokens(seq) < ap.blocks[k - 1].end) return;
     std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
     if (holds(path)) return;  // on disk or queued already

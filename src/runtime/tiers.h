@@ -137,6 +137,9 @@ class disk_kv_tier {
     // turn already succeeded.
     void write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
                        const assembled_prompt & ap, size_t n_blocks_held);
+    // How many of the first `n_blocks_held` blocks of `ap` write_through saves: the
+    // leading run of cacheable blocks of at least the tier's class (0: none, or no disk).
+    size_t n_saved_blocks(const assembled_prompt & ap, size_t n_blocks_held) const;
     // What write_through does with its snapshot: queues it for the writer thread unless
     // the disk or the queue holds its prefix already, or the queue is full.
     enum class queue_outcome { queued, held, dropped, no_disk };
