@@ -88,7 +88,7 @@ status measure_s2_system(const std::string & name, bench_system & sys, const s2_
     auto cold = sys.send(ws, p.cold, p.cold_tokens, 1);
     if (!cold.ok) return engine_error(name + ": cold turn failed: " + cold.error);
     std::vector<double> warm_ms, warm_server_ms;
-    json warm_all = json::array(), warm_phases = json::array();
+    json warm_all = json::array(), warm_phases = json::array(), warm_turns = json::array();
     int warm_cached = 0, warm_prompt = 0;
     for (size_t w = 0; w < p.warm.size(); ++w) {
         auto t = sys.send(ws, p.warm[w], p.warm_tokens[w], 1);
@@ -97,6 +97,7 @@ status measure_s2_system(const std::string & name, bench_system & sys, const s2_
         warm_server_ms.push_back(t.server_ms);
         warm_all.push_back(t.ttft_ms);
         if (!t.phases.is_null()) warm_phases.push_back(t.phases);
+        warm_turns.push_back({{"prompt_tokens", t.prompt_tokens}, {"cached_tokens", t.cached_tokens}, {"reason", t.reason}});
         warm_cached = t.cached_tokens;
         warm_prompt = t.prompt_tokens;
     }
@@ -110,6 +111,7 @@ status measure_s2_system(const std::string & name, bench_system & sys, const s2_
                  {"warm_over_cold", cold.ttft_ms > 0 ? warm / cold.ttft_ms : 0.0}};
     if (!cold.phases.is_null()) row[name]["cold_phases"] = cold.phases;
     if (!warm_phases.empty()) row[name]["warm_phases_all"] = warm_phases;
+    row[name]["warm_turns_all"] = warm_turns;  // each warm turn's tokens and, from warmctx, why
     return {};
 }
 
