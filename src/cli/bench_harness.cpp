@@ -174,6 +174,7 @@ class warmctx_system final : public bench_system {
                 if (auto w = j.find("warmctx"); w != j.end() && w->is_object()) {
                     t.server_ms = w->value("first_token_ms", 0.0);
                     if (auto why = w->find("reason"); why != w->end() && why->is_string()) t.reason = *why;
+                    t.common_tokens = w->value("tokens_common_with_previous_turn", -1);
                     if (auto ph = w->find("timings"); ph != w->end() && ph->is_object()) t.phases = t.timings = *ph;
                     if (auto rq = w->find("request_ms"); rq != w->end() && rq->is_number()) t.phases["request_ms"] = *rq;
                 }

@@ -33,6 +33,8 @@ struct turn_timing {
     int prompt_tokens = 0;
     int cached_tokens = 0;     // prompt tokens the system reused
     int completion_tokens = 0;
+    int common_tokens = -1;    // warmctx: prompt tokens shared with the workspace's last turn's
+                               // (`warmctx.tokens_common_with_previous_turn`; -1: none or unknown)
     nlohmann::json phases;     // warmctx: where first_token_ms went (assemble, copy, prefill)
     nlohmann::json timings;    // warmctx: the response's `warmctx.timings` object as it came
                                // (null when the response had none)

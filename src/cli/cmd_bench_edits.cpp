@@ -169,6 +169,20 @@ result<std::unique_ptr<bench_system>> start_edits_system(const std::string & nam
     return start_llama_server(o);
 }
 
+// The tokens a turn must prefill at least when reuse keeps the last turn's prompt up to
+// its first changed token, no further (exact reuse of any kind recomputes every token
+// after a change): warmctx says what its own prompt shares with the last one (its order
+// is its own); another system is sent `et.tokens`, so the bench knows.
+size_t floor_tokens(const edit_turn * prev, const edit_turn & et, const turn_timing & r) {
+    const size_t n = (size_t)std::max(0, r.prompt_tokens);
+    if (r.common_tokens >= 0) return n - std::min(n, (size_t)r.common_tokens);
+    if (!prev) return n;
+    const auto & a = prev->tokens;
+    const auto & b = et.tokens;
+    const size_t common = (size_t)(std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin());
+    return n - std::min(n, common);
+}
+
 // One system through every turn: per turn its prefilled tokens and time to first token.
 result<json> run_edits_system(const std::string & name, const edits_args & a, const model_flags & mf, uint64_t bpt,
                               const std::vector<edit_turn> & turns) {
@@ -176,7 +190,8 @@ result<json> run_edits_system(const std::string & name, const edits_args & a, co
     if (!sys) return sys.error();
     json prefilled = json::array(), ttft = json::array(), ratio = json::array(), timings = json::array();
     json reasons = json::array();  // warmctx: why each turn reused what it did
-    std::vector<double> edited_ratio, edited_prefilled, edited_ratio_late, edited_ttft;
+    json floors = json::array();   // floor_tokens of each turn
+    std::vector<double> edited_ratio, edited_prefilled, edited_ratio_late, edited_ttft, floor_ratio;
     for (size_t t = 0; t < turns.size(); ++t) {
         const edit_turn & et = turns[t];
         auto r = (*sys)->send("edits", et.segs, et.tokens, 1);
@@ -186,9 +201,12 @@ result<json> run_edits_system(const std::string & name, const edits_args & a, co
         ttft.push_back(r.ttft_ms);
         timings.push_back(r.timings);  // warmctx: where its first_token_ms went (null for llama-server)
         reasons.push_back(r.reason.empty() ? json() : json(r.reason));
+        const size_t floor_n = floor_tokens(t > 0 ? &turns[t - 1] : nullptr, et, r);
+        floors.push_back(floor_n);
         const double x = et.edited_tokens > 0 ? (double)n / (double)et.edited_tokens : 0.0;
         ratio.push_back(x);
         if (t > 0) {
+            if (et.edited_tokens > 0) floor_ratio.push_back((double)floor_n / (double)et.edited_tokens);
             edited_ratio.push_back(x);
             edited_prefilled.push_back(n);
             edited_ttft.push_back(r.ttft_ms);
@@ -209,9 +227,12 @@ result<json> run_edits_system(const std::string & name, const edits_args & a, co
                 {"edited_ttft_ms_p95", percentile(edited_ttft, 0.95)},
                 {"prefilled_over_segment_tokens_median", median(edited_ratio)},
                 {"prefilled_over_segment_tokens_median_second_half", median(edited_ratio_late)},
+                // The same for floor_tokens: what reuse exact to the token would have
+                // prefilled in this system's order.
+                {"floor_over_segment_tokens_median", median(floor_ratio)},
                 {"per_turn",
-                 {{"prefilled_tokens", prefilled}, {"ttft_ms", ttft}, {"prefilled_over_segment_tokens", ratio},
-                  {"timings", timings}, {"reason", reasons}}}};
+                 {{"prefilled_tokens", prefilled}, {"floor_tokens", floors}, {"ttft_ms", ttft},
+                  {"prefilled_over_segment_tokens", ratio}, {"timings", timings}, {"reason", reasons}}}};
 }
 
 json edits_ratios(const json & systems) {
@@ -294,13 +315,14 @@ int run_edits(const edits_args & a) {
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
     }
-    std::printf("%-14s %10s %14s %14s %16s %12s\n", "system", "cold", "edited median", "edited total",
-                "median/segment", "ttft p50 ms");
+    std::printf("%-14s %10s %14s %14s %16s %14s %12s\n", "system", "cold", "edited median", "edited total",
+                "median/segment", "floor/segment", "ttft p50 ms");
     for (const auto & s : systems)
-        std::printf("%-14s %10d %14.0f %14.0f %16.3f %12.1f\n", s["name"].get<std::string>().c_str(),
+        std::printf("%-14s %10d %14.0f %14.0f %16.3f %14.3f %12.1f\n", s["name"].get<std::string>().c_str(),
                     s["cold_prefilled_tokens"].get<int>(), s["edited_prefilled_tokens_median"].get<double>(),
                     s["edited_prefilled_tokens_total"].get<double>(),
-                    s["prefilled_over_segment_tokens_median"].get<double>(), s["edited_ttft_ms_median"].get<double>());
+                    s["prefilled_over_segment_tokens_median"].get<double>(),
+                    s["floor_over_segment_tokens_median"].get<double>(), s["edited_ttft_ms_median"].get<double>());
     std::printf("%s\n", out["ratios"].dump().c_str());
     return 0;
 }

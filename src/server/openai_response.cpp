@@ -42,6 +42,9 @@ json warmctx_json(const std::string & workspace, const explain_report & ex, cons
             {"tokens_reused", ex.n_reused},
             {"tokens_prefilled", ex.n_prefilled},
             {"tokens_cacheable", ex.n_cacheable},
+            // The prompt's token prefix shared with the workspace's last turn (-1: none):
+            // what reuse exact to the token could keep at most.
+            {"tokens_common_with_previous_turn", ex.n_common_tokens},
             {"result", miss_kind_name(ex.kind)},
             {"tier", kv_tier_name(ex.tier)},
             {"reason", ex.reason},

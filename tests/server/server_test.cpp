@@ -287,6 +287,12 @@ TEST_F(server_test, cached_tokens_rise_on_second_turn) {
     EXPECT_GT(cached2, 0) << j2["warmctx"];
     EXPECT_GE(cached2, stable_tokens) << j2["warmctx"];
     EXPECT_GT(j2["usage"]["prompt_tokens"].get<int>(), j1["usage"]["prompt_tokens"].get<int>());
+    // The first turn has no previous one; the second shares the first's prompt up to
+    // where the first's question ends, past the stable part.
+    EXPECT_EQ(j1["warmctx"]["tokens_common_with_previous_turn"], -1);
+    const int common2 = j2["warmctx"]["tokens_common_with_previous_turn"];
+    EXPECT_GT(common2, stable_tokens) << j2["warmctx"];
+    EXPECT_LE(common2, j1["usage"]["prompt_tokens"].get<int>()) << j2["warmctx"];
     // Where the time to the first token went: the cold turn copied nothing, the warm one
     // copied the cached prefix. Assembling (and waiting for the answer's grammar) lies
     // within request_ms, on the HTTP thread before the scheduler has the request;
