@@ -214,6 +214,26 @@ json trace_report_head(const trace_args & a, const agent_trace & tr, const trace
     json workspace_of = json::array();
     for (const auto & turn : tr.turns) workspace_of.push_back(turn.workspace);
     out["trace"]["workspace_of_turn"] = workspace_of;
+    // What reuse exact to the token of each workspace's previous prompt (in the kind
+    // table's order, as llama-server is sent it) would prefill: the first turn of a
+    // workspace whole, every later one from its first changed token on. Reuse across
+    // workspaces can go below it; a different order (warmctx's learned one) too.
+    uint64_t floor = 0;
+    json floor_of = json::array();
+    std::map<int, size_t> last_of;
+    for (size_t i = 0; i < tr.turns.size(); ++i) {
+        const auto & t = p.tokens[i];
+        size_t common = 0;
+        if (auto it = last_of.find(tr.turns[i].workspace); it != last_of.end()) {
+            const auto & prev = p.tokens[it->second];
+            common = (size_t)(std::mismatch(prev.begin(), prev.end(), t.begin(), t.end()).first - prev.begin());
+        }
+        last_of[tr.turns[i].workspace] = i;
+        floor += t.size() - common;
+        floor_of.push_back(t.size() - common);
+    }
+    out["trace"]["same_workspace_floor_tokens"] = floor;
+    out["trace"]["same_workspace_floor_tokens_of_turn"] = floor_of;
     out["trace"]["history_messages_of_turn"] = p.history_of_turn;
     out["warm_turn_max_prefilled_tokens"] = k_warm_max_prefill;
     return out;
@@ -257,6 +277,10 @@ struct trace_replay {
     json per_turn_unaccounted = json::array(), per_turn_timings = json::array(), per_turn_reason = json::array();
     std::map<std::string, double> phase_sum;  // every numeric key of warmctx.timings
     uint64_t prompt_total = 0, cached_total = 0;
+    // warmctx: prompt tokens not shared with the workspace's previous prompt, in its own
+    // order (warmctx.tokens_common_with_previous_turn; a workspace's first turn whole).
+    uint64_t own_floor = 0;
+    bool has_own_floor = false;
     int mismatches = 0;
 
     void add(const turn_timing & r) {
@@ -287,6 +311,10 @@ struct trace_replay {
         per_turn_prompt.push_back(r.prompt_tokens);
         prompt_total += (uint64_t)r.prompt_tokens;
         cached_total += (uint64_t)std::max(0, r.cached_tokens);
+        if (r.timings.is_object()) {
+            has_own_floor = true;
+            own_floor += (uint64_t)(r.prompt_tokens - std::clamp(r.common_tokens, 0, r.prompt_tokens));
+        }
     }
 
     json report(const std::string & name, double wall_ms, bench_system & sys) const {
@@ -324,6 +352,7 @@ struct trace_replay {
             s["per_turn"]["timings"] = per_turn_timings;
             s["per_turn"]["reason"] = per_turn_reason;
         }
+        if (has_own_floor) s["own_order_floor_tokens"] = own_floor;
         return s;
     }
 };
