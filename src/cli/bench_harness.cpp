@@ -14,7 +14,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -87,28 +89,28 @@ turn_timing stream_post(int port, const std::string & path, const std::string & 
     return t;
 }
 
-// A directory removed, with all it holds, when its owner goes ("" = none).
-class owned_dir {
-  public:
-    owned_dir() = default;
-    explicit owned_dir(std::string path) : path_(std::move(path)) {}
-    owned_dir(owned_dir && o) noexcept : path_(std::exchange(o.path_, {})) {}
-    owned_dir & operator=(owned_dir && o) noexcept {
-        if (this != &o) {
-            owned_dir gone(std::move(*this));
-            path_ = std::exchange(o.path_, {});
-        }
-        return *this;
-    }
-    ~owned_dir() {
-        std::error_code ec;
-        if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-    }
-    const std::string & path() const { return path_; }
+}  // namespace
 
-  private:
-    std::string path_;
-};
+owned_dir & owned_dir::operator=(owned_dir && o) noexcept {
+    if (this != &o) {
+        owned_dir gone(std::move(*this));
+        path_ = std::exchange(o.path_, {});
+    }
+    return *this;
+}
+
+owned_dir::~owned_dir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+}
+
+result<owned_dir> make_owned_dir(const std::string & parent, const std::string & prefix) {
+    std::string tmpl = parent + "/" + prefix + "-XXXXXX";
+    if (!mkdtemp(tmpl.data())) return io_error("bench: cannot create a directory " + tmpl + ": " + std::strerror(errno));
+    return owned_dir(tmpl);
+}
+
+namespace {
 
 class warmctx_system final : public bench_system {
   public:
@@ -277,10 +279,10 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
     owned_dir dir;
     if (o.default_disk && cf.cache_dir.empty()) {
         const char * tmp = std::getenv("TMPDIR");
-        std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/warmctx-bench-disk-XXXXXX";
-        if (!mkdtemp(tmpl.data())) return io_error("bench: cannot create a disk tier directory " + tmpl);
-        dir = owned_dir(tmpl);
-        cf.cache_dir = tmpl;
+        auto made = make_owned_dir(tmp && *tmp ? tmp : "/tmp", "warmctx-bench-disk");
+        if (!made) return made.error();
+        dir = std::move(*made);
+        cf.cache_dir = dir.path();
         if (cf.disk_budget_bytes == 0) cf.disk_budget_bytes = k_default_disk_budget;
     }
     scheduler_options so;

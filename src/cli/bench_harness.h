@@ -6,6 +6,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli.h"
@@ -67,6 +68,26 @@ class bench_system {
     // called from several threads at once.
     virtual int port() const = 0;
 };
+
+// A directory the bench made (make_owned_dir), removed with all it holds when its owner
+// goes, on every way out ("" = none).
+class owned_dir {
+  public:
+    owned_dir() = default;
+    explicit owned_dir(std::string path) : path_(std::move(path)) {}
+    owned_dir(owned_dir && o) noexcept : path_(std::exchange(o.path_, {})) {}
+    owned_dir & operator=(owned_dir && o) noexcept;
+    owned_dir(const owned_dir &) = delete;
+    owned_dir & operator=(const owned_dir &) = delete;
+    ~owned_dir();
+    const std::string & path() const { return path_; }
+
+  private:
+    std::string path_;
+};
+
+// A new directory `parent`/`prefix`-XXXXXX. Errors: io_error.
+result<owned_dir> make_owned_dir(const std::string & parent, const std::string & prefix);
 
 struct warmctx_system_options {
     std::string name = "warmctx";

@@ -405,13 +405,9 @@ int run_contention(const contention_args & a) {
     mf.n_ctx = (uint32_t)((std::max(cold_tokens, prompts->prewarm_prompt_tokens) + 64 + chunk - 1) / chunk * chunk);
     const size_t n_chunks = (cold_tokens + chunk - 1) / chunk;
 
-    char tmpl[] = "/tmp/warmctx-contention-XXXXXX";
-    if (!mkdtemp(tmpl)) return fail(io_error("cannot create a temporary cache directory"));
-    const std::string cache_dir = tmpl;
-    struct remove_dir {
-        std::string d;
-        ~remove_dir() { std::error_code ec; std::filesystem::remove_all(d, ec); }
-    } cleanup{cache_dir};
+    auto dir = make_owned_dir("/tmp", "warmctx-contention");
+    if (!dir) return fail(dir.error());
+    const std::string cache_dir = dir->path();
     warmctx_system_options warmctx_opts;
 
     json rows = json::array();

@@ -268,18 +268,18 @@ status measure_restore(const restore_args & a, size_t prefix, const std::string 
 int run_restore(restore_args a) {
     nlohmann::json rows = nlohmann::json::array();
     std::string root = a.cache_dir;
-    std::string made;
+    owned_dir made;  // removed on every way out, a failed measurement's too
     if (root.empty()) {
-        char templ[] = "/var/tmp/warmctx-restore-XXXXXX";  // on disk, not tmpfs
-        if (!mkdtemp(templ)) return fail(io_error("cannot create a cache directory"));
-        root = made = templ;
+        auto d = make_owned_dir("/var/tmp", "warmctx-restore");  // on disk, not tmpfs
+        if (!d) return fail(d.error());
+        made = std::move(*d);
+        root = made.path();
     }
     for (size_t prefix : a.prefix_tokens) {
         nlohmann::json row;
         if (status st = measure_restore(a, prefix, root, row); !st.ok()) return fail(st);
         rows.push_back(row);
     }
-    if (!made.empty()) { std::error_code ec; std::filesystem::remove_all(made, ec); }
     nlohmann::json j = {{"model", a.mf.model.empty() ? "default" : a.mf.model}, {"rows", rows},
                         {"page_cache", "dropped per file with posix_fadvise(POSIX_FADV_DONTNEED) after fdatasync"}};
     if (a.json) { std::printf("%s\n", j.dump(2).c_str()); return 0; }

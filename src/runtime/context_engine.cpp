@@ -414,7 +414,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
                 impl::deferred_write d{t.seq, t.workspace, t.ap, n_keep, save_end};
                 // One per stream: an earlier one this turn kept in place is covered
                 // unless it reaches further.
-                if (auto old = p_->deferred.find(t.seq); old != p_->deferred.end() && old->second.end() > d.end())
+                if (auto old = p_->deferred.find(t.seq); old != p_->deferred.end() && old->second.save_end > d.save_end)
                     p_->flush_deferred_of(t.seq);
                 p_->deferred[t.seq] = std::move(d);
             }

@@ -72,7 +72,6 @@ struct context_engine::impl {
         size_t n_blocks = 0;
         pos_t save_end = 0;  // the end of what the disk tier saves (n_saved_blocks): the
                              // stream must keep that much; what follows (a diff, history) may go
-        pos_t end() const { return save_end; }
     };
     std::map<seq_id, deferred_write> deferred;
     void flush_deferred() {
@@ -90,7 +89,7 @@ struct context_engine::impl {
     // prefix reaches past them, is made now.
     void keep_deferred_of(seq_id seq, pos_t keep) {
         auto it = deferred.find(seq);
-        if (it != deferred.end() && keep < it->second.end()) flush_deferred_of(seq);
+        if (it != deferred.end() && keep < it->second.save_end) flush_deferred_of(seq);
     }
     std::unique_ptr<prefix_cache> cache;
     std::unique_ptr<disk_kv_tier> tiers;
