@@ -3,7 +3,8 @@
 //
 // Checks: parse_json never throws or crashes; what it accepts is valid UTF-8, nests at
 // most max_depth levels, and survives a dump and a second read unchanged; what it refuses
-// carries the reason its pre-checks give (invalid UTF-8 first, then depth).
+// carries the reason its pre-checks give (invalid UTF-8 first, then depth). Its fast reader
+// (simdjson) accepts only what nlohmann's parser accepts, and builds the same value.
 #include <cstddef>
 #include <cstdint>
 
@@ -37,6 +38,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
             FUZZ_CHECK_MSG(again.ok(), again.error().message());
             FUZZ_CHECK(*again == *j);
         }
+    }
+
+    if (auto fast = parse_json_fast(text)) {
+        FUZZ_CHECK(j.ok());
+        FUZZ_CHECK(*fast == *j);
+        nlohmann::json slow;
+        try {
+            slow = nlohmann::json::parse(text);  // at most k_max_json_depth deep: the fast reader said so
+        } catch (const std::exception & e) {
+            FUZZ_CHECK_MSG(false, std::string("accepted by simdjson, refused by nlohmann: ") + e.what());
+        }
+        FUZZ_CHECK(*fast == slow);
+        FUZZ_CHECK(dump_json(*fast) == dump_json(slow));
     }
 
     // A lower limit refuses exactly the valid-UTF-8 texts deeper than it, before parsing.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Packs what a machine without Debian's packages or network needs to build warmctx
 # and llama.cpp (scripts/bench-h200.sh): the pinned llama.cpp sources as an archive
-# (with its commit in LLAMA_COMMIT), and the header-only libraries warmctx uses that
-# llama.cpp does not vendor (CLI11, xxHash). Output: .devcarry/ (git-ignored).
+# (with its commit in LLAMA_COMMIT), the header-only libraries warmctx uses that
+# llama.cpp does not vendor (CLI11, xxHash), and Debian's simdjson (its header and its
+# shared library, which needs nothing newer than glibc 2.14). Output: .devcarry/ (git-ignored).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -21,5 +22,9 @@ gzip -6 <"$tmp/src.tar" >.devcarry/llama-src.tar.gz
 cp -r /usr/include/CLI .devcarry/include/
 cp /usr/include/xxhash.h .devcarry/include/
 [ -f /usr/include/xxh3.h ] && cp /usr/include/xxh3.h .devcarry/include/
+cp /usr/include/simdjson.h .devcarry/include/
+mkdir -p .devcarry/lib
+cp -L /usr/lib/x86_64-linux-gnu/libsimdjson.so.14 .devcarry/lib/
+cp -L /usr/lib/x86_64-linux-gnu/libsimdjson.so.14 .devcarry/lib/libsimdjson.so  # a copy: links do not travel
 du -sh .devcarry
 echo "pack-device: llama.cpp $commit packed into .devcarry/"

@@ -16,7 +16,7 @@ jobs="${WARMCTX_JOBS:-$(nproc)}"
 
 # --- Debian packages ---------------------------------------------------------
 pkgs=(build-essential cmake ninja-build ccache git openssl ca-certificates
-      pkg-config libxxhash-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
+      pkg-config libxxhash-dev nlohmann-json3-dev libsimdjson-dev libcli11-dev libgtest-dev libgmock-dev
       libcpp-httplib-dev jq gnuplot-nox haproxy
       clang libclang-rt-dev)  # the libFuzzer harnesses (scripts/fuzz.sh); libFuzzer is in libclang-rt-dev
 command -v npm >/dev/null || pkgs+=(npm)

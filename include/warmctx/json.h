@@ -8,11 +8,14 @@
 //   - nesting deeper than max_depth (the parser and every walk of a value recurse once per
 //     level, so a body of a million '[' must be refused before anything parses it)
 //   - anything that is not exactly one JSON value (trailing garbage, empty text)
-// It never throws. Dumping is the same: dump_json never throws on invalid UTF-8 inside a
+// Texts are read by simdjson and handed on as the nlohmann value nlohmann's own parser
+// would build; what simdjson refuses is read again by nlohmann's parser, whose refusal
+// says where. It never throws. Dumping is the same: dump_json never throws on invalid UTF-8 inside a
 // string (a generated piece that is not text becomes U+FFFD).
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -45,6 +48,13 @@ struct json_read_options {
 // "not valid JSON: ..."). `why`, when given, receives which check failed.
 result<nlohmann::json> parse_json(std::string_view text, const json_read_options & opts = {},
                                   json_error * why = nullptr);
+
+// The fast reader under parse_json (simdjson, then the same value nlohmann's parser
+// builds): the value, or nullopt for anything it does not accept whole - not JSON, invalid
+// UTF-8, deeper than max_depth, integers beyond 64 bits - which parse_json then reads with
+// nlohmann's parser to say why. Exposed so tests and the fuzzer can hold the two readers
+// to the same answers.
+std::optional<nlohmann::json> parse_json_fast(std::string_view text, size_t max_depth = k_max_json_depth);
 
 // ---- typed reads -----------------------------------------------------------------------
 // The strict readers of every JSON format warmctx reads (manifest, profile, kind table,

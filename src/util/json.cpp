@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
+
+#include <simdjson.h>
 
 namespace warmctx {
 
@@ -50,12 +53,77 @@ size_t json_nesting_depth(std::string_view s) {
     return deepest;
 }
 
+namespace {
+
+// simdjson's document as nlohmann's, with nlohmann's own choices: a non-negative integer is
+// unsigned, a repeated key keeps its last value. false: deeper than max_depth.
+bool from_simdjson(simdjson::dom::element e, size_t depth_left, nlohmann::json & out) {
+    using type = simdjson::dom::element_type;
+    switch (e.type()) {
+        case type::OBJECT: {
+            if (depth_left == 0) return false;
+            simdjson::dom::object obj;  // a copy: get_object()'s result is a temporary
+            if (e.get(obj) != simdjson::SUCCESS) return false;
+            out = nlohmann::json::object();
+            for (auto field : obj) {
+                nlohmann::json v;
+                if (!from_simdjson(field.value, depth_left - 1, v)) return false;
+                out[std::string(field.key)] = std::move(v);
+            }
+            return true;
+        }
+        case type::ARRAY: {
+            if (depth_left == 0) return false;
+            simdjson::dom::array arr;
+            if (e.get(arr) != simdjson::SUCCESS) return false;
+            out = nlohmann::json::array();
+            for (auto item : arr) {
+                nlohmann::json v;
+                if (!from_simdjson(item, depth_left - 1, v)) return false;
+                out.push_back(std::move(v));
+            }
+            return true;
+        }
+        case type::STRING: out = std::string(e.get_string().value_unsafe()); return true;
+        case type::INT64: {
+            const int64_t x = e.get_int64().value_unsafe();
+            if (x >= 0) out = static_cast<uint64_t>(x);
+            else out = x;
+            return true;
+        }
+        case type::UINT64: out = e.get_uint64().value_unsafe(); return true;
+        case type::DOUBLE: out = e.get_double().value_unsafe(); return true;
+        case type::BOOL: out = e.get_bool().value_unsafe(); return true;
+        case type::NULL_VALUE: out = nullptr; return true;
+    }
+    return false;
+}
+
+}  // namespace
+
+std::optional<nlohmann::json> parse_json_fast(std::string_view text, size_t max_depth) {
+    try {
+        simdjson::dom::parser parser;  // its buffers last one call: a long-lived one keeps its largest body
+        auto doc = parser.parse(text.data(), text.size());
+        if (doc.error()) return std::nullopt;
+        nlohmann::json out;
+        if (!from_simdjson(doc.value_unsafe(), max_depth, out)) return std::nullopt;
+        return out;
+    } catch (const std::bad_alloc &) {
+        return std::nullopt;
+    }
+}
+
 result<nlohmann::json> parse_json(std::string_view text, const json_read_options & opts, json_error * why) {
     auto fail = [why](json_error e, std::string m) -> result<nlohmann::json> {
         if (why) *why = e;
         return invalid_argument(std::move(m));
     };
     if (why) *why = json_error::none;
+    // What simdjson accepts is valid UTF-8, one JSON value, and here at most max_depth deep:
+    // nothing below would refuse it. What it refuses goes the slow way, whose refusal says
+    // where and why.
+    if (auto fast = parse_json_fast(text, opts.max_depth)) return std::move(*fast);
     if (opts.check_utf8) {
         if (size_t bad = find_invalid_utf8(text); bad != k_utf8_valid)
             return fail(json_error::invalid_utf8, "not valid UTF-8 (byte offset " + std::to_string(bad) + ")");

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "warmctx/json.h"
 
@@ -48,6 +49,43 @@ TEST(Json, RefusesDeepNestingBeforeParsing) {
     EXPECT_FALSE(parse_json("[[[[1]]]]", o).ok());
     // brackets inside strings do not count
     EXPECT_TRUE(parse_json("\"[[[[[[\"", o).ok());
+}
+
+// parse_json reads through simdjson first; whatever that fast reader returns must be what
+// nlohmann's parser builds from the same text - types, numbers, repeated keys - and what
+// it does not accept (beyond 64-bit integers, lone surrogates, depth) it leaves to the
+// slow reader rather than answering differently.
+TEST(Json, FastReaderBuildsWhatNlohmannBuilds) {
+    const std::vector<std::string> same = {
+        R"({"a": [1, -2, 3.5, -0.0, 1e2, true, false, null, "x\u00e9\ud83d\ude00\n"], "b": {}})",
+        R"({"a": 1, "a": 2})",  // the last value of a repeated key
+        "18446744073709551615", "-9223372036854775808", "1e-400", "0", "\"\\u0000\"",
+        R"([[], {}, [[{"k": [""]}]]])", "  [1]  ", "\"\xE2\x82\xAC\""};
+    for (const auto & t : same) {
+        auto fast = parse_json_fast(t);
+        ASSERT_TRUE(fast.has_value()) << t;
+        const auto slow = nlohmann::json::parse(t);
+        EXPECT_EQ(*fast, slow) << t;
+        EXPECT_EQ(fast->dump(), slow.dump()) << t;
+        EXPECT_EQ(fast->type(), slow.type()) << t;
+    }
+    EXPECT_TRUE(parse_json_fast("1")->is_number_unsigned());  // as nlohmann: non-negative is unsigned
+    EXPECT_TRUE(parse_json_fast("-1")->is_number_integer());
+    EXPECT_EQ(*parse_json_fast("-0"), 0);  // nlohmann's is signed, this one unsigned: the same zero
+    // Left to nlohmann's parser: integers past 64 bits (it reads them as floats) ...
+    EXPECT_FALSE(parse_json_fast("18446744073709551616").has_value());
+    auto big = parse_json("18446744073709551616");
+    ASSERT_TRUE(big.ok());
+    EXPECT_TRUE(big->is_number_float());
+    // ... and everything refused, which parse_json refuses with nlohmann's reason.
+    for (const std::string t : {"\"\\ud800\"", "\"\\udc00\"", "[1,]", "01", "1E400", "{\"a\" 1}", "\"\xC0\xAF\""}) {
+        EXPECT_FALSE(parse_json_fast(t).has_value()) << t;
+        EXPECT_FALSE(parse_json(t).ok()) << t;
+    }
+    // The depth limit holds on the fast path too.
+    EXPECT_TRUE(parse_json_fast("[[[1]]]", 3).has_value());
+    EXPECT_FALSE(parse_json_fast("[[[[1]]]]", 3).has_value());
+    EXPECT_FALSE(parse_json_fast(R"({"a": {"b": {"c": {}}}})", 3).has_value());
 }
 
 TEST(Json, DumpNeverThrowsOnInvalidUtf8) {
