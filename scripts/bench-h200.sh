@@ -48,7 +48,7 @@ build() {
   log "build: configuring (CUDA, sm_90)"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARMCTX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DWARMCTX_BUILD_TESTS=OFF -DWARMCTX_VENDORED_DEPS=ON -DXXHASH_INCLUDE="$root/.devcarry/include" \
-        -DSIMDJSON_INCLUDE="$root/.devcarry/include" -DSIMDJSON_LIBRARY="$root/.devcarry/lib/libsimdjson.so" \
+        -DSIMDJSON_INCLUDE="$root/.devcarry/include" -DSIMDJSON_LIBRARY="$root/.devcarry/lib/libsimdjson.so.14" \
         -DCMAKE_CXX_FLAGS="-I$root/.devcarry/include" >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
   log "build: compiling warmctx, warmctx-bench, llama-server, llama-bench"
   cmake --build "$build" -j"$(nproc)" --target warmctx warmctx-bench llama-server llama-bench >"$out/build.log" 2>&1 ||

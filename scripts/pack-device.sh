@@ -25,6 +25,5 @@ cp /usr/include/xxhash.h .devcarry/include/
 cp /usr/include/simdjson.h .devcarry/include/
 mkdir -p .devcarry/lib
 cp -L /usr/lib/x86_64-linux-gnu/libsimdjson.so.14 .devcarry/lib/
-cp -L /usr/lib/x86_64-linux-gnu/libsimdjson.so.14 .devcarry/lib/libsimdjson.so  # a copy: links do not travel
 du -sh .devcarry
 echo "pack-device: llama.cpp $commit packed into .devcarry/"
