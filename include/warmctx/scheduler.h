@@ -82,6 +82,9 @@ using event_sink = std::function<bool(const completion_event &)>;
 struct completion_job {
     turn_request turn;
     event_sink sink;
+    // The generation (sampler, grammar, stop strings) for turn.sampling, made off the
+    // engine thread (make_generation) beside the prompt's assembly; null: made at admission.
+    std::unique_ptr<generation_step> gen;
 };
 
 struct scheduler_options {
@@ -191,6 +194,9 @@ class scheduler {
     // does not fit before the job is queued - one whose text plainly cannot fit before
     // it is tokenized at all (check_plausible); put the result in turn_request::assembled.
     result<assembled_prompt> assemble(const turn_request & req) const;
+    // A generation for `sp` (context_engine::start_generation), on the calling thread: it
+    // reads only the model, so a server thread can build a grammar while the engine works.
+    result<std::unique_ptr<generation_step>> make_generation(const sampling_params & sp) const;
     // The same without the size checks (a manifest, an explain of a prompt too long to run).
     result<assembled_prompt> assemble_unchecked(const turn_request & req) const;
     // The engine's counters as the engine thread last published them (after every

@@ -25,6 +25,9 @@ std::string_view finish_reason_name(finish_reason r) {
 
 struct token_sampler::impl {
     detail::sampler_ptr chain;  // null: greedy
+    // The chain is a lazy grammar and greedy alone, and nothing is sampled yet: a lazy
+    // grammar waits for its trigger, so its first pick is the logits' first maximum.
+    bool first_is_argmax = false;
 };
 
 token_sampler::token_sampler(std::unique_ptr<impl> p) : p_(std::move(p)) {}
@@ -97,6 +100,7 @@ result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params
     }
     if (sp.temperature <= 0) {
         if (p->chain) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_greedy());
+        p->first_is_argmax = p->chain && sp.grammar_lazy && !penalties && bias.empty();
     } else {
         if (sp.top_k > 0) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_top_k(sp.top_k));
         if (sp.top_p < 1.0f) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_top_p(sp.top_p, 1));
@@ -108,6 +112,15 @@ result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params
 
 token_id token_sampler::sample(std::span<const float> l) {
     if (!p_->chain) return (token_id)(std::max_element(l.begin(), l.end()) - l.begin());  // first maximum
+    if (p_->first_is_argmax) {
+        // What the chain would pick (the untriggered grammar leaves the logits alone, greedy
+        // takes the first maximum), without filling n_vocab candidates; the grammar still
+        // sees the token, so its trigger is looked for from the first one on.
+        p_->first_is_argmax = false;
+        const auto t = (llama_token)(std::max_element(l.begin(), l.end()) - l.begin());
+        llama_sampler_accept(p_->chain.get(), t);
+        return t;
+    }
     // One candidate array per thread, kept: every request's sampler would otherwise
     // allocate and fault in n_vocab entries (1.8 MB for a 152k vocabulary) before its
     // first token.

@@ -355,6 +355,10 @@ result<assembled_prompt> scheduler::assemble(const turn_request & req) const {
     return ap;
 }
 
+result<std::unique_ptr<generation_step>> scheduler::make_generation(const sampling_params & sp) const {
+    return p_->ce->start_generation(sp);
+}
+
 result<assembled_prompt> scheduler::assemble_unchecked(const turn_request & req) const {
     return p_->ce->assemble_request(req);
 }

@@ -104,7 +104,9 @@ status scheduler::impl::start(size_t slot, active_job & j) {
     if (opts.before_admit) opts.before_admit(j.q.job.turn);
     j.t_queue_ms = ms_between(j.q.t_submit, clock_type::now());
     j.prewarm = j.q.job.turn.prewarm;
-    if (!j.prewarm) {
+    if (!j.prewarm && j.q.job.gen) {
+        j.gen = std::move(j.q.job.gen);  // made beside the assembly (make_generation)
+    } else if (!j.prewarm) {
         const auto ts = clock_type::now();
         auto gen = ce->start_generation(j.q.job.turn.sampling);
         if (!gen.ok()) return gen.error();

@@ -129,23 +129,6 @@ maybe_error merge_workspace(route_context & ctx, completion_request & cr, const 
 // The tools' (or a JSON schema's) grammar and parser for the answer, built on another
 // thread while this one assembles the prompt (a large tools array's grammar takes
 // milliseconds the first time).
-std::future<result<answer_format>> start_answer_format(const completion_request & cr, const chat_templates * ct,
-                                                       bool with_tools) {
-    return std::async(std::launch::async, [&cr, ct, with_tools]() -> result<answer_format> {
-        if (with_tools && ct) {
-            answer_request ar{cr.tools_json, cr.tool_choice, cr.tool_choice_name, cr.parallel_tool_calls, cr.json_schema};
-            return ct->answer({}, ar);
-        }
-        answer_format af;
-        if (!cr.json_schema.empty()) {
-            auto g = json_schema_grammar(cr.json_schema);
-            if (!g.ok()) return g.error();
-            af.grammar = std::move(*g);
-        }
-        return af;
-    });
-}
-
 void apply_answer_format(answer_format & af, sampling_params & s) {
     s.grammar = std::move(af.grammar);
     s.grammar_lazy = af.grammar_lazy;
@@ -153,6 +136,36 @@ void apply_answer_format(answer_format & af, sampling_params & s) {
     s.grammar_trigger_words = std::move(af.trigger_words);
     s.grammar_prefill = std::move(af.generation_prompt);
     for (auto & st : af.additional_stops) s.stop.push_back(std::move(st));
+}
+
+// The answer's format (tool-call or JSON-schema grammar, its triggers, the parser), the
+// sampling it makes, and that sampling's generation - whose grammar takes a few hundred
+// microseconds to build - all while the prompt assembles on the server thread.
+struct answer_ready {
+    answer_format af;          // the parser (its grammar moved into `sampling`)
+    sampling_params sampling;  // the request's, with the format applied
+    std::unique_ptr<generation_step> gen;  // null: made at admission (which reports its error)
+};
+
+std::future<result<answer_ready>> start_answer_format(const completion_request & cr, const chat_templates * ct,
+                                                      bool with_tools, const scheduler * sched) {
+    return std::async(std::launch::async, [&cr, ct, with_tools, sched]() -> result<answer_ready> {
+        answer_ready out;
+        if (with_tools && ct) {
+            answer_request ar{cr.tools_json, cr.tool_choice, cr.tool_choice_name, cr.parallel_tool_calls, cr.json_schema};
+            auto af = ct->answer({}, ar);
+            if (!af.ok()) return af.error();
+            out.af = std::move(*af);
+        } else if (!cr.json_schema.empty()) {
+            auto g = json_schema_grammar(cr.json_schema);
+            if (!g.ok()) return g.error();
+            out.af.grammar = std::move(*g);
+        }
+        out.sampling = cr.sampling;
+        apply_answer_format(out.af, out.sampling);
+        if (auto gen = sched->make_generation(out.sampling); gen.ok()) out.gen = std::move(*gen);
+        return out;
+    });
 }
 
 // A request made ready for the scheduler: its job (prompt assembled and tokenized here,
@@ -173,8 +186,8 @@ maybe_error prepare(route_context & ctx, completion_request & cr, prepared & out
                            "tool_choice requires a call, which needs the model's Jinja chat template "
                            "(the server runs with --no-jinja, or the template did not load)",
                            "tool_choice");
-    std::future<result<answer_format>> answer;
-    if (with_answer) answer = start_answer_format(cr, ct, with_tools);
+    std::future<result<answer_ready>> answer;
+    if (with_answer) answer = start_answer_format(cr, ct, with_tools, ctx.sched);
 
     completion_job & job = out.job;
     job.turn.workspace = cr.workspace;
@@ -194,8 +207,9 @@ maybe_error prepare(route_context & ctx, completion_request & cr, prepared & out
         auto af = answer.get();
         out.rt.answer_wait_ms = ms_since(t_wait);
         if (!af.ok()) return error_from_status(af.error(), with_tools && ct ? "tool_choice" : "response_format");
-        apply_answer_format(*af, cr.sampling);
-        out.parser = std::move(af->parser);
+        cr.sampling = std::move(af->sampling);
+        out.parser = std::move(af->af.parser);
+        job.gen = std::move(af->gen);
     }
     if (!ap.ok()) return error_from_status(ap.error());
     job.turn.assembled = std::make_shared<const assembled_prompt>(std::move(*ap));

@@ -205,6 +205,34 @@ TEST(Engine, AGrammarConstrainsTheOutput) {
     EXPECT_EQ(e->generate(0, l, bad).error().code(), status_code::invalid_argument);
 }
 
+// A lazy grammar binds from its trigger on. Its first pick is taken as the logits' first
+// maximum (the untriggered grammar leaves them alone) - and the grammar must still see
+// that pick: a trigger picked first binds the second.
+TEST(Engine, ALazyGrammarTriggeredByTheFirstTokenBindsTheNext) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    auto one = [&](const char * text) {
+        auto t = e->tokenize(text, false);
+        EXPECT_TRUE(t.ok() && t->size() == 1u) << text;
+        return t.ok() && !t->empty() ? (*t)[0] : token_id{0};
+    };
+    const token_id trigger = one("hello"), x = one("x"), other = one("abc");
+    sampling_params sp;
+    sp.grammar = R"(root ::= "hello" "x")";
+    sp.grammar_lazy = true;
+    sp.grammar_trigger_words = {"hello"};
+    auto s = token_sampler::make(sp, *e);
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+    std::vector<float> l((size_t)e->model().n_vocab, 0.0f);
+    l[(size_t)trigger] = 10.0f;
+    l[(size_t)other] = 9.0f;
+    EXPECT_EQ((*s)->sample(l), trigger);
+    std::fill(l.begin(), l.end(), 0.0f);
+    l[(size_t)other] = 10.0f;
+    l[(size_t)x] = 5.0f;
+    EXPECT_EQ((*s)->sample(l), x) << "the trigger, picked first, binds the grammar";
+}
+
 TEST(Engine, StopStringEndsGeneration) {
     auto e = open_tiny();
     ASSERT_TRUE(e);
