@@ -75,15 +75,10 @@ result<std::vector<token_id>> tokenize_segment(const segment & s, const kind_pol
 // Below this much content still to tokenize, a prompt is tokenized on the calling
 // thread: starting threads would cost more than they save.
 constexpr size_t k_parallel_tokenize_min_bytes = 64 << 10;
-// A cold 47k-token prompt is ~40 parts of ~4 KiB, and tokenizing it is what a cold turn
-// waits for before its prompt prefills (past what a prefill-ahead hides): as many threads
-// as the machine has cores, up to 16.
-constexpr size_t k_max_tokenize_threads = 16;
 
 // Runs one(i) for every i of `todo`. When the work is large (`todo_bytes` at least
-// k_parallel_tokenize_min_bytes), it is spread over up to k_max_tokenize_threads threads,
-// the largest item first on the least loaded thread; each item is done exactly once either
-// way.
+// k_parallel_tokenize_min_bytes), it is spread over up to 8 threads, the largest item
+// first on the least loaded thread; each item is done exactly once either way.
 template <class Size, class One>
 void run_spread(std::vector<size_t> todo, Size size_of, size_t todo_bytes, One one) {
     // Helper threads of all prompts being assembled at once (several server threads
@@ -91,7 +86,7 @@ void run_spread(std::vector<size_t> todo, Size size_of, size_t todo_bytes, One o
     static std::atomic<int> helpers_in_use{0};
     // (hardware_concurrency reads sysfs on every call: once per process is enough.)
     static const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
-    int want = (int)std::min<size_t>({(size_t)cores, k_max_tokenize_threads, todo.size()}) - 1;
+    int want = (int)std::min<size_t>({(size_t)cores, 8, todo.size()}) - 1;
     if (todo_bytes < k_parallel_tokenize_min_bytes) want = 0;
     int got = want > 0 ? helpers_in_use.fetch_add(want) : cores;
     const int n_helpers = std::clamp(cores - 1 - got, 0, std::max(want, 0));
