@@ -54,6 +54,8 @@ result<nlohmann::json> parse_json(std::string_view text, const json_read_options
 // UTF-8, deeper than max_depth, integers beyond 64 bits - which parse_json then reads with
 // nlohmann's parser to say why. Exposed so tests and the fuzzer can hold the two readers
 // to the same answers.
+// Texts over k_fast_json_max_bytes are left to nlohmann's parser too (memory, not speed).
+inline constexpr size_t k_fast_json_max_bytes = 8u << 20;
 std::optional<nlohmann::json> parse_json_fast(std::string_view text, size_t max_depth = k_max_json_depth);
 
 // ---- typed reads -----------------------------------------------------------------------

@@ -126,9 +126,6 @@ maybe_error merge_workspace(route_context & ctx, completion_request & cr, const 
     return std::nullopt;
 }
 
-// The tools' (or a JSON schema's) grammar and parser for the answer, built on another
-// thread while this one assembles the prompt (a large tools array's grammar takes
-// milliseconds the first time).
 void apply_answer_format(answer_format & af, sampling_params & s) {
     s.grammar = std::move(af.grammar);
     s.grammar_lazy = af.grammar_lazy;
@@ -138,9 +135,10 @@ void apply_answer_format(answer_format & af, sampling_params & s) {
     for (auto & st : af.additional_stops) s.stop.push_back(std::move(st));
 }
 
-// The answer's format (tool-call or JSON-schema grammar, its triggers, the parser), the
-// sampling it makes, and that sampling's generation - whose grammar takes a few hundred
-// microseconds to build - all while the prompt assembles on the server thread.
+// The answer's format (the tools' or a JSON schema's grammar, its triggers, the parser),
+// the sampling it makes, and that sampling's generation, built on another thread while
+// this one assembles the prompt: a large tools array's grammar takes milliseconds the
+// first time, and its sampler a few hundred microseconds every time.
 struct answer_ready {
     answer_format af;          // the parser (its grammar moved into `sampling`)
     sampling_params sampling;  // the request's, with the format applied

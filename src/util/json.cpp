@@ -102,6 +102,10 @@ bool from_simdjson(simdjson::dom::element e, size_t depth_left, nlohmann::json &
 }  // namespace
 
 std::optional<nlohmann::json> parse_json_fast(std::string_view text, size_t max_depth) {
+    // simdjson's buffers and the value built from them live at once: for a text this large
+    // that is more memory than nlohmann's parser alone needs, and its speed matters little
+    // beside what a body this large costs to prefill.
+    if (text.size() > k_fast_json_max_bytes) return std::nullopt;
     try {
         simdjson::dom::parser parser;  // its buffers last one call: a long-lived one keeps its largest body
         auto doc = parser.parse(text.data(), text.size());

@@ -82,6 +82,15 @@ TEST(Json, FastReaderBuildsWhatNlohmannBuilds) {
         EXPECT_FALSE(parse_json_fast(t).has_value()) << t;
         EXPECT_FALSE(parse_json(t).ok()) << t;
     }
+    // A text over k_fast_json_max_bytes (a dense one would hold simdjson's buffers and the
+    // value at once) is read by nlohmann's parser alone.
+    std::string large = "[";
+    while (large.size() <= k_fast_json_max_bytes) large += "1,";
+    large += "1]";
+    EXPECT_FALSE(parse_json_fast(large).has_value());
+    auto read = parse_json(large);
+    ASSERT_TRUE(read.ok());
+    EXPECT_EQ(read->size(), (large.size() - 1) / 2);
     // The depth limit holds on the fast path too.
     EXPECT_TRUE(parse_json_fast("[[[1]]]", 3).has_value());
     EXPECT_FALSE(parse_json_fast("[[[[1]]]]", 3).has_value());
