@@ -5,6 +5,7 @@
 #   bin/warmctx, bin/warmctx-bench
 #   libexec/warmctx/llama-server, llama-bench     (the side-by-side benchmarks run them)
 #   share/warmctx/ggml-vocab-qwen2.gguf           (embedded in generated models)
+#   share/warmctx/*.jinja                         (their chat templates, one per family)
 #   share/doc/warmctx/                            LICENSE, THIRD_PARTY_NOTICES.md, licenses
 #   include/warmctx/*.h, lib/warmctx/*.a, lib/cmake/warmctx/warmctxConfig.cmake
 #
@@ -17,6 +18,9 @@ install(PROGRAMS $<TARGET_FILE:llama-server> $<TARGET_FILE:llama-bench>
         DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/warmctx)
 install(FILES ${PROJECT_BINARY_DIR}/share/warmctx/ggml-vocab-qwen2.gguf
               ${PROJECT_BINARY_DIR}/share/warmctx/qwen2.5-chat-template.jinja
+              ${PROJECT_BINARY_DIR}/share/warmctx/Qwen3.5-4B.jinja
+              ${PROJECT_BINARY_DIR}/share/warmctx/openai-gpt-oss-120b.jinja
+              ${PROJECT_BINARY_DIR}/share/warmctx/Qwen3-Coder.jinja
         DESTINATION ${CMAKE_INSTALL_DATADIR}/warmctx)
 install(FILES ${PROJECT_SOURCE_DIR}/LICENSE ${PROJECT_SOURCE_DIR}/THIRD_PARTY_NOTICES.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR})

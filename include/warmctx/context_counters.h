@@ -66,6 +66,13 @@ struct kv_memory {
     uint64_t n_stream_copies = 0;          // prefixes copied stream to stream (device)
     uint64_t n_branches_parked = 0;        // trimmed blocks kept by a copy into a free stream
     uint64_t n_branches_dropped = 0;       // trimmed blocks of low retention not saved
+    // Checkpoints (engine.h, memory_kind): the streams' windows or recurrent states at
+    // block ends, held in host RAM beside the streams (the pool's are in pool_bytes).
+    uint64_t checkpoint_bytes = 0;
+    uint64_t checkpoint_size_bytes = 0;    // one checkpoint (0: the model needs none)
+    uint64_t n_reuse_refused = 0;          // turns served cold: their prefix could not be taken
+    std::string memory_kind = "plain";     // memory_kind_name of the model (warmctx/engine.h)
+    bool reuse_across_turns = true;        // false: the model's memory is served without reuse
 };
 
 struct prewarm_counters {

@@ -39,6 +39,32 @@ enum class kv_mode { exact, shared };
 std::string_view kv_mode_name(kv_mode m);
 result<kv_mode> parse_kv_mode(std::string_view s);
 
+// What a model's memory is, learned at open. It decides what a cached prefix can be:
+//   plain          - attention KV on every layer: cut back to any position.
+//   sliding_window - some layers attend to the last n_swa tokens only (gpt-oss, Gemma).
+//                    A stream keeps every cell (llama.cpp's full-size window cache), so
+//                    it is cut back like plain KV; a saved state holds only the window at
+//                    its end, so it is cut back to a checkpoint (the window there).
+//   recurrent      - a recurrent state (Mamba, RWKV): cannot be cut back at all, only
+//                    replaced by a checkpoint (the state at an earlier position).
+//   hybrid         - recurrent layers beside attention layers (Qwen3.5, Qwen3-Next):
+//                    attention KV cut back, the recurrent state from a checkpoint.
+//   unsupported    - a memory whose saved state warmctx cannot read (say, a hybrid with
+//                    a sliding window): served, but nothing is reused across turns.
+// Checkpoints are taken by prefill at every canonical chunk end (every block end).
+enum class memory_kind { plain, sliding_window, recurrent, hybrid, unsupported };
+std::string_view memory_kind_name(memory_kind k);
+
+struct memory_info {
+    memory_kind kind = memory_kind::plain;
+    bool reuse = true;               // prefixes are reused across turns (false: every turn cold)
+    bool checkpoints = false;        // reuse below a state's end needs a checkpoint there
+    int32_t n_swa = 0;               // the sliding window in tokens (0: none)
+    uint64_t checkpoint_bytes = 0;   // one checkpoint (the window, or the recurrent state)
+    uint64_t recurrent_bytes = 0;    // the recurrent state one sequence holds (0: none)
+    std::string note;                // one line: what is reused and how
+};
+
 struct engine_options {
     std::string model_path;
     uint32_t n_ctx = 8192;        // context per sequence, tokens; 0 = automatic: the model's
@@ -102,13 +128,14 @@ struct context_info {
     kv_mode mode = kv_mode::exact;
     std::string backend;           // "CPU" or "CUDA"
     int32_t n_threads = 0;
-    uint64_t kv_bytes_per_token = 0;  // K+V, all layers
+    uint64_t kv_bytes_per_token = 0;  // K+V, all attention layers (a sliding window's too)
     uint64_t kv_streams_bytes = 0;    // the KV the context allocated: n_seq_max streams of
                                       // n_ctx_seq cells (exact mode), or one of as many
                                       // (with pads_rows a sequence may fill all but
                                       // k_pad_cells of a stream: n_ctx_seq)
     bool pads_rows = false;           // small batches are padded (engine::pad_rows)
     std::string n_ctx_reason;      // how n_ctx_seq was chosen, for a start-up line
+    memory_info memory;            // what the model's memory is and what can be reused
 };
 
 // One token of one sequence in a batched decode step.
@@ -199,13 +226,21 @@ class engine {
     status decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits);
 
     // Sequence operations (positions are token positions).
-    status copy_seq(seq_id src, seq_id dst);   // dst := src (dst is cleared first)
+    // dst := src (dst is cleared first), its checkpoints included.
+    status copy_seq(seq_id src, seq_id dst);
     // copy_seq, with the data copied before it returns (llama.cpp copies a stream at its
     // next decode: this decodes one token into dst and removes it), so that the source
     // may be changed, or either read or loaded as a state, right away. REQUIRES dst's
     // copy to hold fewer than n_ctx tokens. Errors: those of decoding; dst is then empty.
     status copy_seq_now(seq_id src, seq_id dst);
-    status trim_seq(seq_id seq, pos_t from);   // drop positions [from, end)
+    // Drops positions [from, end). Where the memory has checkpoints
+    // (memory_info::checkpoints) and the cut needs one, the window or recurrent state is
+    // replaced by the checkpoint at `from`. Errors: failed_precondition (no checkpoint at
+    // `from`: the sequence is unchanged), engine_error.
+    status trim_seq(seq_id seq, pos_t from);
+    // The positions a sequence keeps checkpoints at, and the bytes they take.
+    std::vector<pos_t> checkpoints(seq_id seq) const;
+    uint64_t checkpoint_bytes_held() const;
     void clear_seq(seq_id seq);
     void clear_all();
     pos_t seq_n_tokens(seq_id seq) const;      // max pos + 1, 0 if empty
@@ -238,6 +273,9 @@ class engine {
     // a sequence holds here).
     result<std::vector<uint8_t>> portable_state(std::span<const uint8_t> raw) const;
     result<std::vector<uint8_t>> raw_state(std::span<const uint8_t> portable, seq_id seq) const;
+    // truncate_seq_state for this model's states (either form): where the memory has
+    // checkpoints, to a position with a checkpoint only (out_of_range otherwise).
+    status truncate_state(std::vector<uint8_t> & state, pos_t n_tokens) const;
 
   private:
     friend class token_sampler;  // a grammar sampler needs the vocabulary
@@ -253,7 +291,7 @@ result<model_info> read_model_info(const std::string & path);
 std::string_view llama_commit();
 std::string_view backend_name();
 
-// Cuts a sequence state of either form, in place, to the prefix [0, n_tokens): its
+// Cuts a plain model's sequence state of either form, in place, to the prefix [0, n_tokens): its
 // first n_tokens cells, which must hold positions 0..n_tokens-1 in that order (a prefix
 // prefilled or loaded at position 0 of an emptied stream, as every cached prefix is).
 // Rewrites the bytes; no engine call, so no KV stream is needed to cut a copy.

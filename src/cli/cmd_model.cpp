@@ -26,6 +26,9 @@ int run_info(const model_flags & mf, bool json) {
         {"has_chat_template", !m.chat_template.empty()}, {"n_ctx_seq", c.n_ctx_seq},
         {"kv_type", c.kv_type}, {"kv_mode", kv_mode_name(c.mode)}, {"kv_bytes_per_token", c.kv_bytes_per_token},
         {"backend", c.backend}, {"threads", c.n_threads}, {"llama_commit", llama_commit()},
+        {"memory_kind", memory_kind_name(c.memory.kind)}, {"reuse", c.memory.reuse},
+        {"sliding_window", c.memory.n_swa}, {"checkpoint_bytes", c.memory.checkpoint_bytes},
+        {"memory", c.memory.note},
     };
     if (json) { std::printf("%s\n", j.dump(2).c_str()); return 0; }
     for (auto & [k, v] : j.items()) std::printf("%-20s %s\n", k.c_str(), v.is_string() ? v.get<std::string>().c_str() : v.dump().c_str());
@@ -83,10 +86,24 @@ int run_generate(const generate_args & a) {
 
 void register_model_commands(CLI::App & app, int & rc) {
     auto mm = std::make_shared<make_model_args>();
-    auto * c = app.add_subcommand("make-model", "generate a Qwen2-architecture GGUF with the real Qwen2 tokenizer and seeded weights");
+    auto * c = app.add_subcommand("make-model", "generate a GGUF model (Qwen2, Qwen3.5 hybrid, gpt-oss or Qwen3 MoE "
+                                                 "architecture) with the real Qwen2 tokenizer and seeded weights");
     std::string shapes;
-    for (const auto & s : model_shapes()) shapes += (shapes.empty() ? "" : ", ") + s.name;
-    c->add_option("--shape", mm->o.shape, "model shape: " + shapes)->capture_default_str();
+    for (const auto & s : model_shapes()) {
+        const int hd = s.head_dim_or_default();
+        shapes += "\n  " + s.name + " (" + s.arch + ", " + std::to_string(s.n_layer) + " layers, n_embd " + std::to_string(s.n_embd) +
+                  ", " + std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) + " heads of " + std::to_string(hd);
+        if (s.n_expert > 0) shapes += ", " + std::to_string(s.n_expert) + " experts (" + std::to_string(s.n_expert_used) + " used)";
+        if (s.n_swa > 0) shapes += ", window " + std::to_string(s.n_swa) + " every other layer";
+        if (s.full_attn_interval > 0) shapes += ", full attention every " + std::to_string(s.full_attn_interval) + " layers";
+        shapes += std::string(s.for_tests ? "; for tests" : "") + "; template " + s.template_name + ")";
+    }
+    c->footer("Every shape declares a 65,536-token training context and carries the real Qwen2 tokenizer.\n"
+              "Shapes other than qwen2 ones are built in memory by llama.cpp (llama_model_init_from_user)\n"
+              "before being written: they need about as much RAM as the f16 file (gpt-oss-20b: ~42 GB,\n"
+              "qwen3-coder-30b-a3b: ~61 GB, qwen3.5-hybrid: ~9 GB), and the disk for the f16 file and the\n"
+              "output while quantizing.");
+    c->add_option("--shape", mm->o.shape, "model shape:" + shapes)->capture_default_str();
     c->add_option("--type", mm->o.type, "weight type: f16, q8_0, q4_0")->capture_default_str();
     c->add_option("--seed", mm->o.seed, "weight seed (same arguments give a byte-identical file)")->capture_default_str();
     c->add_option("-o,--out", mm->o.out_path, "output GGUF path")->required();

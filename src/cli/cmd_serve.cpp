@@ -202,6 +202,7 @@ void report_start(const serve_args & a, const server_options & sv, const schedul
                  std::to_string(sched.n_parallel()) + " of --parallel (" + ci.resident_reason +
                  "; --resident-streams, --resident-share): a workspace's prefix stays where the model runs between "
                  "its turns");
+    progress("serve: memory: " + std::string(memory_kind_name(ci.memory.kind)) + ": " + ci.memory.note);
     progress("serve: context " + std::to_string(ci.n_ctx_seq) + " tokens per sequence (" + ci.n_ctx_reason +
              (ci.pads_rows ? "; 64 cells of each stream pad small batches on the CPU" : "") +
              "; -c to change); KV streams " + std::to_string(ci.n_seq_max) + " x " +

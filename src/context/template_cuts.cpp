@@ -258,14 +258,42 @@ class cut_finder {
     std::optional<size_t> whole_prefix(size_t k) {
         if (skeleton_) {
             auto sk = model_.render_conversation(msgs_upto(cp_.skel, cp_, k), tools_.upto(k), false);
-            if (!sk.ok() || whole_skel_->text.compare(0, sk->text.size(), sk->text) != 0) return std::nullopt;
+            if (!sk.ok()) {
+                auto c = sentinel_cut(k, cp_.skel, whole_skel_->text);
+                return c ? to_f(*c) : std::nullopt;
+            }
+            if (whole_skel_->text.compare(0, sk->text.size(), sk->text) != 0) return std::nullopt;
             return to_f(sk->text.size());
         }
         // The template changes contents in a way the alignment does not know: render
         // the prefixes with their real contents.
         auto pk = model_.render_conversation(msgs_upto(cp_.msgs, cp_, k), tools_.upto(k), false);
-        if (!pk.ok() || f_.text.compare(0, pk->text.size(), pk->text) != 0) return std::nullopt;
+        if (!pk.ok()) return sentinel_cut(k, cp_.msgs, f_.text);
+        if (f_.text.compare(0, pk->text.size(), pk->text) != 0) return std::nullopt;
         return pk->text.size();
+    }
+
+    // A template that refuses a prefix without a user message (Qwen3.5's: "No user query
+    // found in messages"): [0, k) is rendered with a user message after it, and the cut
+    // is the start of the line where that rendering and the whole part - after the
+    // prefix's last content, before the added message's - or none.
+    std::optional<size_t> sentinel_cut(size_t k, const std::vector<conversation_message> & all, const std::string & whole) {
+        static constexpr std::string_view k_sentinel = "WARMCTXSENTINELQUERY";
+        auto m = msgs_upto(all, cp_, k);
+        if (m.empty()) return std::nullopt;
+        m.push_back({"user", std::string(k_sentinel), "", ""});
+        auto r = model_.render_conversation(m, tools_.upto(k), false);
+        if (!r.ok()) return std::nullopt;
+        const size_t sent = r->text.find(k_sentinel);
+        if (sent == std::string::npos) return std::nullopt;
+        size_t lcp = 0;
+        while (lcp < sent && lcp < whole.size() && r->text[lcp] == whole[lcp]) ++lcp;
+        size_t data_end = 0;  // the end of the prefix's last data (contents, tools)
+        for (size_t i = 0, begin = 0; i < r->runs.size(); begin = r->runs[i].end, ++i)
+            if (r->runs[i].input && r->runs[i].end <= sent && begin < sent) data_end = r->runs[i].end;
+        const size_t nl = lcp == 0 ? std::string::npos : r->text.rfind('\n', lcp - 1);
+        if (nl == std::string::npos || data_end == 0 || nl + 1 < data_end) return std::nullopt;
+        return nl + 1;
     }
 
     // whole_prefix(k) while the budget of whole prefix renders lasts.

@@ -87,6 +87,7 @@ class chat_templates_impl final : public chat_templates {
             by_start_[t.substr(0, 2)].push_back(&t);
             if (control_starts_.find(t[0]) == std::string::npos) control_starts_ += t[0];
         }
+        one_system_ = probe_one_system();
         verbatim_ = probe_verbatim();
     }
 
@@ -150,6 +151,23 @@ class chat_templates_impl final : public chat_templates {
     }
 
   private:
+    // True when the template refuses a second system message but takes one.
+    bool probe_one_system() const {
+        const std::vector<conversation_message> one = {{"system", "a", "", ""}, {"user", "b", "", ""}};
+        const std::vector<conversation_message> two = {{"system", "a", "", ""}, {"system", "c", "", ""}, {"user", "b", "", ""}};
+        try {
+            (void)render_impl(one, "", true);
+        } catch (const std::exception &) {
+            return false;
+        }
+        try {
+            (void)render_impl(two, "", true);
+            return false;
+        } catch (const std::exception &) {
+            return true;
+        }
+    }
+
     bool probe_verbatim() const {
         static const char * const k_probes[] = {
             "plain words", "  padded on both sides  \n", "\n", "a\n\n\nb", "<think>\nr\n</think>\n\nanswer",
@@ -229,6 +247,10 @@ class chat_templates_impl final : public chat_templates {
 
     // The messages as the template's context sees them, with llama.cpp's workarounds
     // for templates that lack a system role or want call arguments as objects.
+    // A template that takes one system message, first (Qwen3.5's raises "System message
+    // must be at the beginning" otherwise), gets the system messages as one: each joined
+    // to the first by a blank line, in their order. (A workspace's system, instructions,
+    // repository map and pinned files are several system messages.)
     common_json messages_json(std::span<const conversation_message> msgs) const {
         const auto & caps = tmpl_.caps;
         common_json arr = common_json::array();
@@ -236,6 +258,20 @@ class chat_templates_impl final : public chat_templates {
         for (const auto & m : msgs) {
             if (!caps.supports_system_role && m.role == "system") {
                 pending_system += (pending_system.empty() ? "" : "\n\n") + m.content;
+                continue;
+            }
+            if (one_system_ && m.role == "system" && !arr.empty() && arr[0]["role"] == "system") {
+                arr[0]["content"] = arr[0]["content"].get<std::string>() + "\n\n" + m.content;
+                continue;
+            }
+            if (one_system_ && m.role == "system" && !arr.empty()) {
+                common_json first = common_json::object();
+                first["role"] = "system";
+                first["content"] = m.content;
+                common_json moved = common_json::array();
+                moved.push_back(first);
+                for (size_t i = 0; i < arr.size(); ++i) moved.push_back(arr[i]);
+                arr = moved;
                 continue;
             }
             common_json j = common_json::object();
@@ -391,6 +427,7 @@ class chat_templates_impl final : public chat_templates {
     chat_template_source src_;
     std::map<std::string, std::vector<const std::string *>> by_start_;  // control texts by their first two bytes
     std::string control_starts_;                                         // their first bytes
+    bool one_system_ = false;  // set before verbatim_ (probe_verbatim renders through it)
     bool verbatim_ = false;
     common_chat_template tmpl_;
     common_chat_templates_ptr common_templates_;

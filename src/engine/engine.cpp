@@ -189,8 +189,12 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
         auto [b, e] = chunks[i];
         const bool last = i + 1 == chunks.size();
         status st = p_->decode(seq, tokens.data() + (b - pos0), e - b, b, last && last_logits != nullptr);
+        // Every chunk end is a block end a later turn may resume from: where the memory
+        // cannot be cut back, its window or recurrent state there is kept.
+        if (st.ok() && p_->cinfo.memory.checkpoints) st = p_->take_checkpoint(seq, e);
         if (!st.ok()) {
-            llama_memory_seq_rm(p_->mem(), seq, pos0, -1);  // leave the sequence as it was
+            // Leave the sequence as it was (or empty, where it cannot be cut back).
+            if (!trim_seq(seq, pos0).ok()) clear_seq(seq);
             return st.with_context("prefill");
         }
     }
@@ -242,183 +246,6 @@ status engine::decode_step(std::span<const step_input> inputs, std::vector<std::
         logits[i].assign(l, l + p_->minfo.n_vocab);
     }
     return {};
-}
-
-status engine::copy_seq(seq_id src, seq_id dst) {
-    WARMCTX_RETURN_IF_ERROR(p_->check_seq(src));
-    WARMCTX_RETURN_IF_ERROR(p_->check_seq(dst));
-    if (src == dst) return {};
-    llama_memory_seq_rm(p_->mem(), dst, -1, -1);
-    llama_memory_seq_cp(p_->mem(), src, dst, -1, -1);
-    return {};
-}
-
-status engine::copy_seq_now(seq_id src, seq_id dst) {
-    WARMCTX_RETURN_IF_ERROR(copy_seq(src, dst));
-    if (src == dst) return {};
-    // llama.cpp copies a stream's data at its next decode: one token decoded into `dst`
-    // after what it holds, then removed, makes it happen now. The token takes the next
-    // free cell and gives it back, so the cells a later prefill takes are the same.
-    const pos_t at = seq_n_tokens(dst);
-    if ((uint64_t)at >= p_->cinfo.n_ctx_seq) {
-        clear_seq(dst);
-        return failed_precondition("copy_seq_now: the stream is full, no cell to decode into");
-    }
-    const token_id t = 0;
-    status st = p_->decode(dst, &t, 1, at, false);
-    llama_memory_seq_rm(p_->mem(), dst, at, -1);
-    if (!st.ok()) clear_seq(dst);
-    return st;
-}
-
-status engine::trim_seq(seq_id seq, pos_t from) {
-    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
-    if (from < 0) return invalid_argument("trim position must not be negative");
-    if (!llama_memory_seq_rm(p_->mem(), seq, from, -1)) return engine_error("llama_memory_seq_rm refused the trim");
-    return {};
-}
-
-void engine::clear_seq(seq_id seq) {
-    if (p_->check_seq(seq).ok()) llama_memory_seq_rm(p_->mem(), seq, -1, -1);
-}
-
-void engine::clear_all() { llama_memory_clear(p_->mem(), true); }
-
-pos_t engine::seq_n_tokens(seq_id seq) const {
-    if (!p_->check_seq(seq).ok()) return 0;
-    return llama_memory_seq_pos_max(p_->mem(), seq) + 1;  // pos_max is -1 when empty
-}
-
-status engine::apply_pending_copies(seq_id scratch) {
-    WARMCTX_RETURN_IF_ERROR(p_->check_seq(scratch));
-    if (seq_n_tokens(scratch) != 0) return failed_precondition("apply_pending_copies: the scratch sequence is not empty");
-    const token_id t = 0;
-    status st = p_->decode(scratch, &t, 1, 0, false);  // llama_decode applies pending copies first
-    llama_memory_seq_rm(p_->mem(), scratch, -1, -1);
-    return st;
-}
-
-result<std::vector<uint8_t>> engine::save_seq(seq_id seq) const {
-    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
-    const size_t n = llama_state_seq_get_size(p_->ctx.get(), seq);
-    if (uint8_t * staged = p_->staging_of(n)) {
-        // Out of the device into page-locked memory at the bus's speed, then one host
-        // copy into the portable form.
-        const size_t w = llama_state_seq_get_data(p_->ctx.get(), staged, n, seq);
-        if (w == 0 && n != 0) return engine_error("llama_state_seq_get_data failed");
-        auto out = portable_state(std::span<const uint8_t>(staged, w));
-        if (!out.ok()) return engine_error("save_seq: " + out.error().message());
-        return out;
-    }
-    auto saved = save_seq_raw(seq);
-    if (!saved.ok()) return saved.error();
-    auto out = portable_state(*saved);
-    if (!out.ok()) return engine_error("save_seq: " + out.error().message());
-    return out;
-}
-
-result<std::vector<uint8_t>> engine::portable_state(std::span<const uint8_t> raw) const {
-    // To the one-stream form (see the layout above read_stream_record).
-    uint32_t id = 0;
-    if (raw.size() >= 8) std::memcpy(&id, raw.data() + 4, 4);
-    auto st = parse_seq_state(raw, (int32_t)id, p_->n_stream);
-    if (!st.ok()) return st.error();
-    std::vector<uint8_t> out;
-    out.reserve(16 + (st->record ? st->record->end - st->record->begin : 0));
-    put_u32(out, k_seq_state_magic);
-    put_u32(out, 0);
-    put_u32(out, 1);
-    if (st->record) append_record(out, raw, *st->record, 0);
-    else put_u32(out, 0);
-    return out;
-}
-
-result<std::vector<uint8_t>> engine::save_seq_raw(seq_id seq) const {
-    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
-    size_t n = llama_state_seq_get_size(p_->ctx.get(), seq);
-    std::vector<uint8_t> raw(n);
-    size_t w = llama_state_seq_get_data(p_->ctx.get(), raw.data(), raw.size(), seq);
-    if (w == 0 && n != 0) return engine_error("llama_state_seq_get_data failed");
-    raw.resize(w);
-    return raw;
-}
-
-status engine::load_seq_raw(seq_id seq, std::span<const uint8_t> bytes) {
-    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
-    if (bytes.empty()) return invalid_argument("load_seq_raw: empty state");
-    llama_memory_seq_rm(p_->mem(), seq, -1, -1);
-    size_t r = llama_state_seq_set_data(p_->ctx.get(), bytes.data(), bytes.size(), seq);
-    if (r == 0) return corrupt("llama_state_seq_set_data rejected the state");
-    return {};
-}
-
-namespace {
-
-// The one record of a portable state, checked to fit a sequence of n_ctx_seq tokens.
-result<std::optional<seq_state::stream_record>> raw_record(std::span<const uint8_t> bytes, uint32_t n_ctx_seq) {
-    auto st = seq_state::parse_seq_state(bytes, 0, 1);  // save_seq's one-stream form only
-    if (!st.ok()) return st.error();
-    // A state made in a context with longer sequences may not fit this one's.
-    if (st->record && ((uint64_t)st->record->n_cells > n_ctx_seq || (uint64_t)st->record->max_pos >= n_ctx_seq))
-        return out_of_range("load_seq: the state holds " + std::to_string(st->record->n_cells) +
-                            " cells up to position " + std::to_string(st->record->max_pos) + " but a sequence holds " +
-                            std::to_string(n_ctx_seq) + " tokens");
-    return st->record;
-}
-
-size_t raw_state_size(const std::optional<seq_state::stream_record> & rec, uint32_t n_stream) {
-    return 12 + (rec ? rec->end - rec->begin : 4) + 4 * (size_t)(n_stream - 1);
-}
-
-// Expanded to a context of n_stream streams: the record (into `seq`'s own stream, whatever
-// its place), then empty streams. `dst` holds raw_state_size(rec, n_stream) bytes.
-void write_raw_state(std::span<const uint8_t> bytes, const std::optional<seq_state::stream_record> & rec, int32_t seq,
-                     uint32_t n_stream, uint8_t * dst) {
-    auto u32 = [&](uint32_t v) {
-        std::memcpy(dst, &v, 4);
-        dst += 4;
-    };
-    u32(seq_state::k_seq_state_magic);
-    u32((uint32_t)seq);
-    u32(n_stream);
-    if (rec) {
-        std::memcpy(dst, bytes.data() + rec->begin, rec->end - rec->begin);
-        seq_state::set_record_seq(dst, *rec, seq);
-        dst += rec->end - rec->begin;
-    } else {
-        u32(0);
-    }
-    for (uint32_t s = 1; s < n_stream; ++s) u32(0);
-}
-
-}  // namespace
-
-status engine::load_seq(seq_id seq, std::span<const uint8_t> bytes) {
-    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
-    if (bytes.empty()) return invalid_argument("load_seq: empty state");
-    auto rec = raw_record(bytes, p_->cinfo.n_ctx_seq);
-    if (!rec.ok()) return rec.error();
-    const size_t n = raw_state_size(*rec, p_->n_stream);
-    std::vector<uint8_t> full;
-    uint8_t * dst = p_->staging_of(n);  // built where the copy into the device reads it: page-locked
-    if (!dst) {
-        full.resize(n);
-        dst = full.data();
-    }
-    write_raw_state(bytes, *rec, seq, p_->n_stream, dst);
-    llama_memory_seq_rm(p_->mem(), seq, -1, -1);
-    size_t r = llama_state_seq_set_data(p_->ctx.get(), dst, n, seq);
-    if (r == 0) return corrupt("llama_state_seq_set_data rejected the state (wrong model, KV type or corrupt bytes)");
-    return {};
-}
-
-result<std::vector<uint8_t>> engine::raw_state(std::span<const uint8_t> bytes, seq_id seq) const {
-    WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
-    auto rec = raw_record(bytes, p_->cinfo.n_ctx_seq);
-    if (!rec.ok()) return rec.error();
-    std::vector<uint8_t> full(raw_state_size(*rec, p_->n_stream));
-    write_raw_state(bytes, *rec, seq, p_->n_stream, full.data());
-    return full;
 }
 
 }  // namespace warmctx

@@ -12,6 +12,8 @@
 
 #include "warmctx/engine.h"
 
+#include "seq_state.h"
+
 #include "ggml-backend.h"
 #include "llama.h"
 
@@ -71,6 +73,25 @@ struct engine::impl {
     }
 
     llama_memory_t mem() const { return llama_get_memory(ctx.get()); }
+
+    // ---- the model's memory and its checkpoints (engine_memory.cpp) ----
+    seq_state::state_layout layout;  // the parts of a saved state (seq_state.h)
+    // A checkpoint: the last part of the sequence's state (the window, or the recurrent
+    // state) when it held [0, n_tokens), in the one-stream form, without magic and seq.
+    struct checkpoint {
+        pos_t n_tokens = 0;
+        std::shared_ptr<const std::vector<uint8_t>> bytes;
+    };
+    std::vector<std::vector<checkpoint>> ckpts;  // per sequence, by n_tokens
+    // Per sequence: positions below this hold filler cells in the window's cache (a
+    // state loaded with only its window); a cut that needs them takes a checkpoint.
+    std::vector<pos_t> window_real_from;
+    // Takes the checkpoint of `seq` at its current end (n_tokens). Errors: engine_error.
+    status take_checkpoint(seq_id seq, pos_t n_tokens);
+    const checkpoint * checkpoint_at(seq_id seq, pos_t n_tokens) const;
+    // Learns the memory's kind, layout and sizes at open (decodes two tokens into
+    // sequence 0 and clears it).
+    status probe_memory(memory_info & mi, uint64_t & kv_bytes_per_token);
 
     // engine::pad_rows's cost model, per query row in femtoseconds: alone (ggml's
     // one-row flash-attention path) a + b * pos, in a 64-row batch (its tiled path)

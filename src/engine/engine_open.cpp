@@ -293,8 +293,13 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
 
     // Small batches are padded (engine::pad_rows) where flash attention runs on the CPU
     // and a batch holds the padded rows.
-    const bool pads = opts.flash_attn && !on_gpu && opts.chunk_tokens >= (uint32_t)k_pad_to;
-    const llama_context_params cp = context_params(opts, n_ctx, n_seq_total, n_threads, *kvt);
+    // Not with a recurrent state: the padded rows would advance it.
+    const bool pads = opts.flash_attn && !on_gpu && opts.chunk_tokens >= (uint32_t)k_pad_to &&
+                      !llama_model_is_recurrent(p->model.get()) && !llama_model_is_hybrid(p->model.get());
+    llama_context_params cp = context_params(opts, n_ctx, n_seq_total, n_threads, *kvt);
+    // A sliding window's cache as large as the rest: a stream keeps every cell at the
+    // cold run's place, so it is cut back like plain KV (engine.h, memory_kind).
+    cp.swa_full = llama_model_n_swa(p->model.get()) > 0;
     p->ctx.reset(llama_init_from_model(p->model.get(), cp));
     if (!p->ctx) return engine_error("llama.cpp could not create a context (n_ctx=" + std::to_string(cp.n_ctx) +
                                      ", KV type " + opts.kv_type + "); try a smaller --n-ctx");
@@ -326,6 +331,16 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     if (pads) p->init_pad_costs();
 
     p->batch = llama_batch_init((int32_t)opts.chunk_tokens, 0, 1);
+    p->ckpts.resize(n_seq_total);
+    p->window_real_from.assign(n_seq_total, 0);
+    WARMCTX_RETURN_IF_ERROR(p->probe_memory(p->cinfo.memory, p->cinfo.kv_bytes_per_token));
+    if (p->cinfo.memory.kind != memory_kind::plain) {
+        if (opts.mode == kv_mode::shared)
+            return invalid_argument("--kv-mode shared supports plain attention models only; this model's memory is " +
+                                    std::string(memory_kind_name(p->cinfo.memory.kind)) + " (use --kv-mode exact)");
+        p->cinfo.kv_streams_bytes = cells * p->cinfo.kv_bytes_per_token +
+                                    (uint64_t)n_seq_total * p->cinfo.memory.recurrent_bytes;
+    }
     if (on_gpu) p->staging_buft = gpu_host_buffer_type();  // the KV is on the device (offload_kqv)
     return std::unique_ptr<engine>(new engine(std::move(p)));
 }

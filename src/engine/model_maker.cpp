@@ -1,8 +1,10 @@
-// Generates GGUF models: Qwen2 tensors with seeded pseudo-random weights, the real
-// Qwen2 tokenizer metadata copied from llama.cpp's vocab file, and quantization
-// through llama.cpp's own llama_model_quantize.
+// Generates GGUF models: the shapes, Qwen2 tensors with seeded pseudo-random weights
+// (the other architectures: model_maker_archs.cpp), the real Qwen2 tokenizer metadata
+// copied from llama.cpp's vocab file, and quantization through llama.cpp's own
+// llama_model_quantize.
 #include "warmctx/model_maker.h"
 #include "warmctx/resources.h"
+#include "model_maker_internal.h"
 
 #include <fstream>
 #include <sstream>
@@ -20,21 +22,60 @@
 #include "llama.h"
 
 constexpr const char * k_default_vocab_name = "ggml-vocab-qwen2.gguf";
-constexpr const char * k_generated_template_name = "qwen2.5-chat-template.jinja";
 
 namespace fs = std::filesystem;
 
 namespace warmctx {
 
 const std::vector<model_shape> & model_shapes() {
-    // Real Qwen2.5 dimensions; training context raised to 65536 so that a 47k-token
-    // prompt fits one slot of llama-server as well as ours.
+    // Published dimensions; every training context declared 65536 so that a 47k-token
+    // prompt fits one slot of llama-server as well as ours (no rope scaling).
     static const std::vector<model_shape> k_shapes = {
-        {"tiny", 2, 64, 4, 2, 128, 65536, 1000000.0f, 1e-6f},
-        {"qwen2.5-0.5b", 24, 896, 14, 2, 4864, 65536, 1000000.0f, 1e-6f},
-        {"qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 65536, 1000000.0f, 1e-6f},
+        // Tiny shapes for tests: fast on a 2-core CPU, the real 151,936-token vocabulary.
+        {.name = "tiny", .n_layer = 2, .n_embd = 64, .n_head = 4, .n_head_kv = 2, .n_ff = 128, .for_tests = true},
+        // Qwen3.5 hybrid: Gated DeltaNet layers, full attention every 2nd layer (1 and 3),
+        // tied embeddings.
+        {.name = "tiny-hybrid", .arch = "qwen35", .template_name = "Qwen3.5-4B.jinja", .n_layer = 4, .n_embd = 64,
+         .n_head = 4, .n_head_kv = 2, .n_ff = 128, .rope_freq_base = 10000000.0f, .head_dim = 64, .n_rot = 16,
+         .full_attn_interval = 2, .ssm_d_state = 32, .ssm_n_group = 2, .ssm_dt_rank = 4, .ssm_d_conv = 4,
+         .for_tests = true},
+        // gpt-oss: a 64-token sliding window on every other layer, 4 experts (2 used), sinks.
+        {.name = "tiny-swa", .arch = "gpt-oss", .template_name = "openai-gpt-oss-120b.jinja", .n_layer = 4,
+         .n_embd = 64, .n_head = 4, .n_head_kv = 2, .n_ff = 64, .rope_freq_base = 150000.0f, .rms_eps = 1e-5f,
+         .head_dim = 64, .tied_embd = false, .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 64, .n_swa = 64,
+         .for_tests = true},
+        // Qwen3 MoE: 8 experts, 2 used, a separate output matrix.
+        {.name = "tiny-moe", .arch = "qwen3moe", .template_name = "Qwen3-Coder.jinja", .n_layer = 2, .n_embd = 64,
+         .n_head = 4, .n_head_kv = 2, .n_ff = 128, .rope_freq_base = 10000000.0f, .head_dim = 64, .tied_embd = false,
+         .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 64, .for_tests = true},
+        // Benchmarks: Qwen2.5 0.5B, 1.5B (tied embeddings) and 7B (a separate output matrix).
+        {.name = "qwen2.5-0.5b", .n_layer = 24, .n_embd = 896, .n_head = 14, .n_head_kv = 2, .n_ff = 4864},
+        {.name = "qwen2.5-1.5b", .n_layer = 28, .n_embd = 1536, .n_head = 12, .n_head_kv = 2, .n_ff = 8960},
+        {.name = "qwen2.5-7b", .n_layer = 28, .n_embd = 3584, .n_head = 28, .n_head_kv = 4, .n_ff = 18944,
+         .tied_embd = false},
+        // Qwen3.5-4B: 32 layers (8 full attention, 24 Gated DeltaNet), head 256 (64 rotary),
+        // linear attention 16 key / 32 value heads of 128.
+        {.name = "qwen3.5-hybrid", .arch = "qwen35", .template_name = "Qwen3.5-4B.jinja", .n_layer = 32,
+         .n_embd = 2560, .n_head = 16, .n_head_kv = 4, .n_ff = 9216, .rope_freq_base = 10000000.0f,
+         .head_dim = 256, .n_rot = 64, .full_attn_interval = 4, .ssm_d_state = 128, .ssm_n_group = 16,
+         .ssm_dt_rank = 32, .ssm_d_conv = 4},
+        // gpt-oss-20b: 24 layers, 32 experts (4 used) of 2880, 128-token window.
+        {.name = "gpt-oss-20b", .arch = "gpt-oss", .template_name = "openai-gpt-oss-120b.jinja", .n_layer = 24,
+         .n_embd = 2880, .n_head = 64, .n_head_kv = 8, .n_ff = 2880, .rope_freq_base = 150000.0f,
+         .rms_eps = 1e-5f, .head_dim = 64, .tied_embd = false, .n_expert = 32, .n_expert_used = 4,
+         .n_ff_exp = 2880, .n_swa = 128},
+        // Qwen3-Coder-30B-A3B: 48 layers, 128 experts (8 used) of 768.
+        {.name = "qwen3-coder-30b-a3b", .arch = "qwen3moe", .template_name = "Qwen3-Coder.jinja", .n_layer = 48,
+         .n_embd = 2048, .n_head = 32, .n_head_kv = 4, .n_ff = 6144, .rope_freq_base = 10000000.0f,
+         .head_dim = 128, .tied_embd = false, .n_expert = 128, .n_expert_used = 8, .n_ff_exp = 768},
     };
     return k_shapes;
+}
+
+const model_shape * find_model_shape(const std::string & name) {
+    for (const auto & s : model_shapes())
+        if (s.name == name) return &s;
+    return nullptr;
 }
 
 std::string default_vocab_path() {
@@ -44,17 +85,61 @@ std::string default_vocab_path() {
     return p.ok() ? *p : data_file_candidates(k_default_vocab_name).front();
 }
 
-// The chat template generated models carry: Qwen2.5's (the shapes are Qwen2.5's), with
-// its tool format, shipped beside the binary like the vocabulary. "" when not found (the
-// vocabulary's own template stays).
-std::string generated_model_template() {
-    auto p = find_data_file(k_generated_template_name);
+namespace mm_detail {
+
+// The chat template a shape's models carry (Qwen2.5's for the qwen2 shapes, with its
+// tool format; the family's own for the others), shipped beside the binary like the
+// vocabulary. "" when not found (the vocabulary's own template stays).
+std::string shape_chat_template(const model_shape & shape) {
+    auto p = find_data_file(shape.template_name);
     if (!p.ok()) return {};
     std::ifstream f(*p, std::ios::binary);
     std::stringstream ss;
     ss << f.rdbuf();
     return ss.str();
 }
+
+uint64_t splitmix64(uint64_t & s) {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+uint64_t fnv1a(const std::string & s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char c : s) { h ^= c; h *= 0x100000001b3ull; }
+    return h;
+}
+
+status copy_tokenizer(gguf_context * out, const std::string & vocab_path, const std::string & tmpl, int64_t * n_vocab) {
+    gguf_init_params vp{/*no_alloc=*/true, nullptr};
+    gguf_context * vocab = gguf_init_from_file(vocab_path.c_str(), vp);
+    if (!vocab) return invalid_argument("cannot read vocab file '" + vocab_path + "' as GGUF");
+    const int64_t tok_id = gguf_find_key(vocab, "tokenizer.ggml.tokens");
+    if (tok_id < 0) {
+        gguf_free(vocab);
+        return invalid_argument("vocab file '" + vocab_path + "' has no tokenizer.ggml.tokens");
+    }
+    if (n_vocab) *n_vocab = (int64_t)gguf_get_arr_n(vocab, tok_id);
+    // The real tokenizer: every tokenizer.* key of the vocab file. gguf_set_kv copies
+    // all keys, so copy into a scratch context, drop the rest.
+    gguf_context * all = gguf_init_empty();
+    gguf_set_kv(all, vocab);
+    gguf_free(vocab);
+    for (int64_t i = gguf_get_n_kv(all) - 1; i >= 0; --i) {
+        const char * key = gguf_get_key(all, i);
+        if (std::strncmp(key, "tokenizer.", 10) != 0) gguf_remove_key(all, key);
+    }
+    gguf_set_kv(out, all);
+    gguf_free(all);
+    if (!tmpl.empty()) gguf_set_val_str(out, "tokenizer.chat_template", tmpl.c_str());
+    return {};
+}
+
+}  // namespace mm_detail
+
+using namespace mm_detail;
 
 std::string cache_home() {
     if (const char * h = std::getenv("WARMCTX_HOME"); h && *h) return h;
@@ -81,19 +166,6 @@ struct gguf_deleter { void operator()(gguf_context * g) const { gguf_free(g); } 
 struct ggml_deleter { void operator()(ggml_context * g) const { ggml_free(g); } };
 struct file_closer { void operator()(FILE * f) const { std::fclose(f); } };
 
-uint64_t splitmix64(uint64_t & s) {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-uint64_t fnv1a(const std::string & s) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (unsigned char c : s) { h ^= c; h *= 0x100000001b3ull; }
-    return h;
-}
-
 enum class init_kind { ones, uniform };
 
 struct tensor_spec {
@@ -109,9 +181,10 @@ std::vector<tensor_spec> qwen2_tensors(const model_shape & s, int64_t n_vocab) {
     const float w_in = std::sqrt(3.0f / (float)s.n_embd);   // uniform with variance 1/fan_in
     const float w_ff = std::sqrt(3.0f / (float)s.n_ff);
     std::vector<tensor_spec> t;
-    // Tied embeddings, as Qwen2.5-0.5B/1.5B: no separate output.weight.
+    // Tied embeddings, as Qwen2.5-0.5B/1.5B: no separate output.weight (7B has one).
     t.push_back({"token_embd.weight", s.n_embd, n_vocab, init_kind::uniform, 1.0f});
     t.push_back({"output_norm.weight", s.n_embd, 1, init_kind::ones, 0});
+    if (!s.tied_embd) t.push_back({"output.weight", s.n_embd, n_vocab, init_kind::uniform, w_in});
     for (int i = 0; i < s.n_layer; ++i) {
         const std::string p = "blk." + std::to_string(i) + ".";
         t.push_back({p + "attn_norm.weight", s.n_embd, 1, init_kind::ones, 0});
@@ -147,13 +220,6 @@ void fill(const tensor_spec & t, uint64_t seed, std::vector<float> & out) {
 
 status write_f16_model(const model_shape & shape, uint64_t seed, const std::string & vocab_path,
                        const std::string & out_path, const std::function<void(const std::string &)> & progress) {
-    gguf_init_params vp{/*no_alloc=*/true, nullptr};
-    std::unique_ptr<gguf_context, gguf_deleter> vocab(gguf_init_from_file(vocab_path.c_str(), vp));
-    if (!vocab) return invalid_argument("cannot read vocab file '" + vocab_path + "' as GGUF");
-    int64_t tok_id = gguf_find_key(vocab.get(), "tokenizer.ggml.tokens");
-    if (tok_id < 0) return invalid_argument("vocab file '" + vocab_path + "' has no tokenizer.ggml.tokens");
-    const int64_t n_vocab = (int64_t)gguf_get_arr_n(vocab.get(), tok_id);
-
     std::unique_ptr<gguf_context, gguf_deleter> out(gguf_init_empty());
     gguf_set_val_str(out.get(), "general.architecture", "qwen2");
     gguf_set_val_str(out.get(), "general.name", ("warmctx " + shape.name + " seed " + std::to_string(seed)).c_str());
@@ -166,19 +232,9 @@ status write_f16_model(const model_shape & shape, uint64_t seed, const std::stri
     gguf_set_val_u32(out.get(), "qwen2.attention.head_count_kv", (uint32_t)shape.n_head_kv);
     gguf_set_val_f32(out.get(), "qwen2.rope.freq_base", shape.rope_freq_base);
     gguf_set_val_f32(out.get(), "qwen2.attention.layer_norm_rms_epsilon", shape.rms_eps);
-    {
-        // The real tokenizer and chat template: every tokenizer.* key of the vocab file.
-        // gguf_set_kv copies all keys, so copy into a scratch context, drop the rest.
-        std::unique_ptr<gguf_context, gguf_deleter> all(gguf_init_empty());
-        gguf_set_kv(all.get(), vocab.get());
-        for (int64_t i = gguf_get_n_kv(all.get()) - 1; i >= 0; --i) {
-            const char * key = gguf_get_key(all.get(), i);
-            if (std::strncmp(key, "tokenizer.", 10) != 0) gguf_remove_key(all.get(), key);
-        }
-        gguf_set_kv(out.get(), all.get());
-        if (const std::string t = generated_model_template(); !t.empty())
-            gguf_set_val_str(out.get(), "tokenizer.chat_template", t.c_str());
-    }
+    // The real tokenizer, and the shape's chat template.
+    int64_t n_vocab = 0;
+    WARMCTX_RETURN_IF_ERROR(copy_tokenizer(out.get(), vocab_path, shape_chat_template(shape), &n_vocab));
 
     const auto specs = qwen2_tensors(shape, n_vocab);
     ggml_init_params ip{ggml_tensor_overhead() * (specs.size() + 8), nullptr, /*no_alloc=*/true};
@@ -224,14 +280,51 @@ status write_f16_model(const model_shape & shape, uint64_t seed, const std::stri
 
 }  // namespace
 
-status make_model(const make_model_options & opts) {
-    const model_shape * shape = nullptr;
-    std::string names;
-    for (const auto & s : model_shapes()) {
-        if (s.name == opts.shape) shape = &s;
-        names += (names.empty() ? "" : ", ") + s.name;
+namespace {
+
+status quantize(const std::string & in, const std::string & out, llama_ftype ftype, int32_t n_threads) {
+    llama_model_quantize_params qp = llama_model_quantize_default_params();
+    qp.ftype = ftype;
+    qp.nthread = n_threads;
+    if (llama_model_quantize(in.c_str(), out.c_str(), &qp) != 0) return engine_error("llama_model_quantize failed");
+    return {};
+}
+
+// Writes the model at tmp_out through scratch files named from it.
+// qwen2: the f16 file written here, quantized unless f16. Other architectures: the f16
+// file llama.cpp writes, quantized (f16 too: that sets the file type), then its
+// tokenizer keys made the vocab file's and its chat template the family's.
+status build_model(const model_shape & shape, llama_ftype ftype, const make_model_options & opts,
+                   const std::string & vocab, const std::string & tmp_out) {
+    std::error_code ec;
+    const std::string tmp_f16 = tmp_out + ".f16", tmp_q = tmp_out + ".q";
+    struct scratch { std::vector<std::string> p; ~scratch() { std::error_code e; for (auto & f : p) fs::remove(f, e); } };
+    scratch tmp{{tmp_f16, tmp_q}};
+    const std::string type = opts.type;
+    if (shape.arch == "qwen2") {
+        const bool f16 = ftype == LLAMA_FTYPE_MOSTLY_F16;
+        WARMCTX_RETURN_IF_ERROR(write_f16_model(shape, opts.seed, vocab, f16 ? tmp_out : tmp_f16, opts.progress));
+        if (f16) return {};
+        if (opts.progress) opts.progress("quantizing to " + type + " with llama_model_quantize");
+        return quantize(tmp_f16, tmp_out, ftype, opts.n_threads).with_context("type " + type);
     }
-    if (!shape) return invalid_argument("unknown shape '" + opts.shape + "' (expected one of " + names + ")");
+    if (opts.progress) opts.progress("  building the " + shape.arch + " tensors with llama_model_init_from_user");
+    WARMCTX_RETURN_IF_ERROR(write_arch_model(shape, opts.seed, vocab, tmp_f16, opts.progress));
+    if (opts.progress) opts.progress("quantizing to " + type + " with llama_model_quantize");
+    WARMCTX_RETURN_IF_ERROR(quantize(tmp_f16, tmp_q, ftype, opts.n_threads).with_context("type " + type));
+    fs::remove(tmp_f16, ec);
+    return finish_arch_model(tmp_q, shape, opts.seed, vocab, tmp_out);
+}
+
+}  // namespace
+
+status make_model(const make_model_options & opts) {
+    const model_shape * shape = find_model_shape(opts.shape);
+    if (!shape) {
+        std::string names;
+        for (const auto & s : model_shapes()) names += (names.empty() ? "" : ", ") + s.name;
+        return invalid_argument("unknown shape '" + opts.shape + "' (expected one of " + names + ")");
+    }
     llama_ftype ftype;
     if (opts.type == "f16") ftype = LLAMA_FTYPE_MOSTLY_F16;
     else if (opts.type == "q8_0") ftype = LLAMA_FTYPE_MOSTLY_Q8_0;
@@ -249,28 +342,13 @@ status make_model(const make_model_options & opts) {
         if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
     }, nullptr);
 
-    const std::string pid = std::to_string(getpid());
-    const std::string tmp_f16 = opts.out_path + ".f16." + pid + ".tmp";
-    const std::string tmp_out = opts.out_path + "." + pid + ".tmp";
-    auto cleanup = [&] { fs::remove(tmp_f16, ec); fs::remove(tmp_out, ec); };
-    if (opts.progress) opts.progress("generating " + shape->name + " (" + std::to_string(shape->n_layer) + " layers, n_embd " +
-                                     std::to_string(shape->n_embd) + ") seed " + std::to_string(opts.seed));
-    const std::string & f16_path = ftype == LLAMA_FTYPE_MOSTLY_F16 ? tmp_out : tmp_f16;
-    status st = write_f16_model(*shape, opts.seed, vocab, f16_path, opts.progress);
-    if (!st.ok()) { cleanup(); return st; }
-    if (ftype != LLAMA_FTYPE_MOSTLY_F16) {
-        if (opts.progress) opts.progress("quantizing to " + opts.type + " with llama_model_quantize");
-        llama_model_quantize_params qp = llama_model_quantize_default_params();
-        qp.ftype = ftype;
-        qp.nthread = opts.n_threads;
-        if (llama_model_quantize(tmp_f16.c_str(), tmp_out.c_str(), &qp) != 0) {
-            cleanup();
-            return engine_error("llama_model_quantize failed for type " + opts.type);
-        }
-        fs::remove(tmp_f16, ec);
-    }
-    fs::rename(tmp_out, opts.out_path, ec);
-    if (ec) { cleanup(); return io_error("cannot rename into '" + opts.out_path + "': " + ec.message()); }
+    const std::string tmp_out = opts.out_path + "." + std::to_string(getpid()) + ".tmp";
+    if (opts.progress) opts.progress("generating " + shape->name + " (" + shape->arch + ", " + std::to_string(shape->n_layer) +
+                                     " layers, n_embd " + std::to_string(shape->n_embd) + ") seed " + std::to_string(opts.seed));
+    status st = build_model(*shape, ftype, opts, vocab, tmp_out);
+    if (st.ok()) fs::rename(tmp_out, opts.out_path, ec);
+    if (st.ok() && ec) st = io_error("cannot rename into '" + opts.out_path + "': " + ec.message());
+    if (!st.ok()) { fs::remove(tmp_out, ec); return st; }
     if (opts.progress) opts.progress("wrote " + opts.out_path + " (" + std::to_string(fs::file_size(opts.out_path, ec)) + " bytes)");
     return {};
 }
@@ -279,9 +357,10 @@ result<std::string> ensure_model(const std::string & shape, const std::string & 
                                  const std::function<void(const std::string &)> & progress) {
     const std::string path = cache_home() + "/models/" + shape + "-" + type + "-seed" + std::to_string(seed) + ".gguf";
     std::error_code ec;
-    if (fs::exists(path, ec)) {
+    const model_shape * ms = find_model_shape(shape);
+    if (ms && fs::exists(path, ec)) {
         // A model generated by an older warmctx carries another chat template: made again.
-        const std::string want = generated_model_template();
+        const std::string want = shape_chat_template(*ms);
         if (want.empty() || model_chat_template(path) == want) return path;
         if (progress) progress("the cached " + shape + " " + type + " model has an older chat template; generating it again");
     }

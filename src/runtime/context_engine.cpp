@@ -314,12 +314,19 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     if (in_place) p_->ctr.memory.n_in_place_turns++;
     if (tier == kv_tier::engine) {
         auto tc = clock_type::now();
-        if (in_place) {
-            status st = p_->eng->trim_seq(seq, at.n_tokens);
-            if (!st.ok()) return st;  // aborts the turn
-        } else {
-            WARMCTX_RETURN_IF_ERROR(p_->copy_from_holder(m.holder, seq, at.n_tokens));
-            if (p_->is_stream(m.holder)) p_->ctr.memory.n_stream_copies++;
+        status st = in_place ? p_->eng->trim_seq(seq, at.n_tokens) : p_->copy_from_holder(m.holder, seq, at.n_tokens);
+        if (st.ok() && !in_place && p_->is_stream(m.holder)) p_->ctr.memory.n_stream_copies++;
+        if (!st.ok()) {
+            // The prefix could not be taken (a model state with no checkpoint there, an
+            // engine error): the turn is served cold, never refused, and says why.
+            p_->eng->clear_seq(seq);
+            p_->ctr.memory.n_reuse_refused++;
+            const std::string why = st.message();
+            t.explain = p_->explain(req.workspace, ap, match{}, 0, kv_tier::none);
+            t.explain.reason = "the cached prefix of " + std::to_string(at.n_tokens) +
+                               " tokens could not be reused (" + why + "); prefilled cold";
+            at = reuse_point{};
+            in_place = false;
         }
         t.t_copy_ms = ms_between(tc, clock_type::now());
     }

@@ -189,7 +189,7 @@ status context_engine::snapshot_workspace(const std::string & workspace) {
     // (another workspace's longer path through the same blocks): cut the copy.
     result<std::vector<uint8_t>> kv = from_stream ? e.save_seq(m.holder) : e.portable_state(*p_->pool->state(m.holder));
     if (!kv.ok()) return kv.error();
-    WARMCTX_RETURN_IF_ERROR(truncate_seq_state(*kv, path.back().end));
+    WARMCTX_RETURN_IF_ERROR(e.truncate_state(*kv, path.back().end));
     return p_->tiers->put_disk(
         make_snapshot(p_->prof, workspace, ws->last_manifest, std::move(path), ws->last_tokens, std::move(kv.value())));
 }
@@ -217,7 +217,7 @@ status context_engine::resume_workspace(const std::string & workspace) {
     auto [h, snap] = p_->tiers->fetch(p_->prof, ap, 0);
     if (!snap) return not_found("no tier holds a prefix of workspace '" + workspace + "'");
     auto raw = p_->eng->raw_state(snap->kv, 0);
-    status st = raw.ok() ? truncate_seq_state(*raw, h.at.n_tokens) : raw.error();
+    status st = raw.ok() ? p_->eng->truncate_state(*raw, h.at.n_tokens) : raw.error();
     if (!st.ok()) return st.with_context("resume '" + workspace + "'");
     std::vector<block> path(ws->last_blocks.begin(), ws->last_blocks.begin() + (long)h.at.n_blocks);
     p_->pool->stage(std::move(raw.value()), h.at.n_tokens);
@@ -263,8 +263,12 @@ context_counters context_engine::counters() const {
     m.pool_bytes = pc.used_bytes;
     m.pool_allocated_bytes = pc.allocated_bytes;
     m.pool_entries = pc.n_entries;
-    m.allocated_bytes = m.streams_allocated_bytes + m.pool_allocated_bytes;
-    m.used_bytes = m.streams_used_bytes + m.pool_bytes;
+    m.memory_kind = std::string(memory_kind_name(ci.memory.kind));
+    m.reuse_across_turns = ci.memory.reuse;
+    m.checkpoint_bytes = p_->eng->checkpoint_bytes_held();
+    m.checkpoint_size_bytes = ci.memory.checkpoints ? ci.memory.checkpoint_bytes : 0;
+    m.allocated_bytes = m.streams_allocated_bytes + m.pool_allocated_bytes + m.checkpoint_bytes;
+    m.used_bytes = m.streams_used_bytes + m.pool_bytes + m.checkpoint_bytes;
     m.n_pool_loads = pc.n_loads;
     m.pool_loaded_bytes = pc.loaded_bytes;
     m.pool_load_ms = pc.load_ms;

@@ -85,7 +85,7 @@ status kv_pool::trim_seq(seq_id seq, pos_t from) {
         return {};
     }
     // Cut in RAM: the first `from` cells are positions 0..from-1 (kv_pool.h).
-    status st = truncate_seq_state(it->second.bytes, from);
+    status st = e_.truncate_state(it->second.bytes, from);
     if (!st.ok()) {
         entries_.erase(it);  // an unexpected layout: a miss later, never a wrong prefix
         return st;

@@ -239,7 +239,7 @@ void disk_kv_tier::write_through(engine & e, const profile & prof, seq_id seq, c
     if (!kv.ok()) return write_failed(kv.error());
     if (e.seq_n_tokens(seq) > path.back().end) {
         // The sequence holds more (it stays as it is, for in-place reuse): cut the copy.
-        status st = truncate_seq_state(*kv, path.back().end);
+        status st = e.truncate_state(*kv, path.back().end);
         if (!st.ok()) return write_failed(st);
     }
     // The file is the writer thread's.

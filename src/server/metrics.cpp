@@ -241,6 +241,20 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
     scalar(out, "warmctx_stream_copies_total", "counter",
            "Prefixes copied stream to stream (device to device on a GPU) instead of through the RAM pool.",
            static_cast<double>(m.n_stream_copies));
+    header(out, "warmctx_model_memory", "gauge",
+           "The model's memory (plain, sliding_window, recurrent, hybrid, unsupported) and whether prefixes are "
+           "reused across turns with it: always 1.");
+    sample(out, "warmctx_model_memory",
+           "kind=\"" + m.memory_kind + "\",reuse=\"" + (m.reuse_across_turns ? "true" : "false") + "\"", 1.0);
+    scalar(out, "warmctx_checkpoint_bytes", "gauge",
+           "Checkpoints the work streams hold in RAM (a sliding window's or a recurrent state at block ends).",
+           static_cast<double>(m.checkpoint_bytes));
+    scalar(out, "warmctx_checkpoint_size_bytes", "gauge",
+           "Bytes of one checkpoint of this model (0: its memory is cut back without any).",
+           static_cast<double>(m.checkpoint_size_bytes));
+    scalar(out, "warmctx_reuse_refused_total", "counter",
+           "Turns served cold because their cached prefix could not be taken (say, no checkpoint there).",
+           static_cast<double>(m.n_reuse_refused));
     scalar(out, "warmctx_branches_parked_total", "counter",
            "Blocks a turn trimmed away, kept by copying the stream into a free one.", static_cast<double>(m.n_branches_parked));
     scalar(out, "warmctx_branches_dropped_total", "counter",

@@ -291,7 +291,14 @@ router::router(route_context & ctx) : ctx_(ctx) {
                                send_json(res, 503, {{"status", "loading"}});
                                res.headers.emplace_back("Retry-After", "1");
                            } else {
-                               send_json(res, 200, {{"status", "ok"}});
+                               nlohmann::json j = {{"status", "ok"}};
+                               if (c->sched) {
+                                   // What the model's memory lets warmctx reuse (engine.h, memory_kind).
+                                   const memory_info & mi = c->sched->context().memory;
+                                   j["memory"] = {{"kind", memory_kind_name(mi.kind)}, {"reuse", mi.reuse},
+                                                  {"checkpoint_bytes", mi.checkpoint_bytes}, {"note", mi.note}};
+                               }
+                               send_json(res, 200, j);
                            }
                        }});
     routes_.push_back({"GET", "/metrics", "/metrics", true, [c](const http_request &, http_response & res, auto &) {

@@ -10,6 +10,7 @@ cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 mv "$tmp/prefix" "$tmp/moved"      # relocated: no path of the install step is valid now
 p="$tmp/moved"
 for f in bin/warmctx bin/warmctx-bench libexec/warmctx/llama-server libexec/warmctx/llama-bench share/warmctx/ggml-vocab-qwen2.gguf \
+         share/warmctx/qwen2.5-chat-template.jinja share/warmctx/Qwen3.5-4B.jinja share/warmctx/openai-gpt-oss-120b.jinja share/warmctx/Qwen3-Coder.jinja \
          share/doc/warmctx/THIRD_PARTY_NOTICES.md share/doc/warmctx/LICENSE share/doc/warmctx/licenses/llama.cpp.LICENSE \
          include/warmctx/engine.h lib/warmctx/libwarmctx_runtime.a lib/warmctx/libllama.a lib/cmake/warmctx/warmctxConfig.cmake; do
   [ -e "$p/$f" ] || { echo "missing after install: $f"; exit 1; }
