@@ -141,6 +141,12 @@ struct reuse_point {
 };
 reuse_point snap_reuse(const assembled_prompt & ap, size_t n_blocks);
 
+// The block spacing (profile::checkpoint_tokens) for a model whose memory keeps a
+// checkpoint of `checkpoint_bytes` at every block end, beside `kv_bytes_per_token` of
+// attention KV: the fewest whole chunks whose attention KV outweighs one checkpoint, so
+// checkpoints at most double the memory; 0 (every chunk end) when one chunk does.
+uint32_t checkpoint_spacing(uint64_t checkpoint_bytes, uint64_t kv_bytes_per_token, uint32_t chunk_tokens);
+
 // The leading segments of a prompt whose rest still has much to tokenize, so that they
 // can be prefilled while the rest tokenizes (scheduler::prefill_ahead): the longest run
 // of `segs` in the prompt's canonical order, of classes above `none`, whose contents not

@@ -90,6 +90,10 @@ class chat_templates {
     // to look into (surrounding whitespace, <think>, <tool_response>, [TOOL_CALLS], ...)
     // render exactly as their skeletons with the contents put in.
     virtual bool contents_verbatim() const = 0;
+    // The template takes one system message, first (as probed at load: it refuses a
+    // second), so the system messages are rendered as one, joined by blank lines
+    // (Qwen3.5's, Mistral's): a system segment after the first has no message of its own.
+    virtual bool joins_system_messages() const { return false; }
 };
 
 // A JSON schema (JSON text) as a GBNF grammar, by llama.cpp's json-schema-to-grammar.

@@ -181,9 +181,11 @@ class engine {
     //         out_of_range (pos0 + n > n_ctx_seq), engine_error.
     // `chunk_tokens` 0 means the context's chunk_tokens; a smaller value is allowed
     // (it is part of the cache profile: KV made with one chunk size never serves another).
+    // Where the memory needs checkpoints (memory_info::checkpoints), one is taken at every
+    // chunk end in `checkpoint_ends` (sorted; empty: at every chunk end).
     status prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
                    std::span<const pos_t> boundaries, std::vector<float> * last_logits = nullptr,
-                   int32_t chunk_tokens = 0);
+                   int32_t chunk_tokens = 0, std::span<const pos_t> checkpoint_ends = {});
 
     // One llama_decode call of `tokens` at positions [pos, pos + n) of `seq` (n at most
     // chunk_tokens), the last token's logits requested, timed two ways: until

@@ -51,6 +51,12 @@ struct profile {
     // change its last bits like a backend change does.
     bool flash_attn = false;
     int32_t n_gpu_layers = 0;          // layers offloaded (-1 = all)
+    // Not a field of its own (not fingerprinted, not in the JSON): the spacing of block
+    // ends, in tokens, for a model whose memory needs a checkpoint at each (engine.h,
+    // memory_kind); 0 = every canonical chunk end is a block end. It is a pure function
+    // of fields above (the model, its KV type, the chunk size: checkpoint_spacing), so
+    // equal fingerprints always mean equal block grids.
+    uint32_t checkpoint_tokens = 0;
 
     // (name, canonical value) of every field, in declaration order - the single
     // source of the fingerprint, the drift report and the JSON field names.

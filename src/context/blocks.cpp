@@ -1,4 +1,7 @@
 // Block hashing: the chain hashes that name a prompt's KV, and the blocks they name.
+#include <algorithm>
+#include <optional>
+
 #include "assembly.h"
 
 #include <algorithm>
@@ -76,16 +79,38 @@ void detail::build_blocks(assembled_prompt & out, std::span<const detail::piece>
     // by the chain hash of everything up to its end. A block that spans several pieces
     // has the lowest class of theirs (chat messages of one run; pieces after a `none`
     // one) and is named after the piece it starts in.
+    //
+    // Where a model's memory needs a checkpoint at every block end (a recurrent state, a
+    // sliding window: engine.h, memory_kind), the chunks inside a piece are merged into
+    // blocks of at least prof.checkpoint_tokens (its cost model: checkpoint_spacing):
+    // block ends stay at every piece boundary and at the prompt's end.
     out.root_hash = root_hash(prof, tenant_salt);
     hash128 h = out.root_hash;
     size_t at = 0;
+    pos_t begin = 0;
+    std::optional<size_t> first_piece;
+    retention_class cls = retention_class::highest;
     for (auto [b, e] : plan_chunks(0, n_tokens, out.boundaries, static_cast<int32_t>(chunk_tokens))) {
         while (pieces[at].end <= b) ++at;
-        retention_class cls = pieces[at].retention;
-        for (size_t k = at + 1; k < pieces.size() && pieces[k].begin < e; ++k) cls = std::min(cls, pieces[k].retention);
-        h = chain_hash(h, std::span(out.tokens).subspan(b, e - b));
-        out.blocks.push_back({h, b, e, cls, pieces[at].segment_index});
+        if (!first_piece) first_piece = at, cls = pieces[at].retention;
+        for (size_t k = at; k < pieces.size() && pieces[k].begin < e; ++k) cls = std::min(cls, pieces[k].retention);
+        const bool piece_end = e == n_tokens || std::binary_search(out.boundaries.begin(), out.boundaries.end(), e);
+        if (!piece_end && prof.checkpoint_tokens > 0 && e - begin < (pos_t)prof.checkpoint_tokens) continue;
+        h = chain_hash(h, std::span(out.tokens).subspan(begin, e - begin));
+        out.blocks.push_back({h, begin, e, cls, pieces[*first_piece].segment_index});
+        begin = e;
+        first_piece.reset();
     }
+}
+
+uint32_t checkpoint_spacing(uint64_t checkpoint_bytes, uint64_t kv_bytes_per_token, uint32_t chunk_tokens) {
+    // A checkpoint costs no more than the attention KV of the tokens it spans: at most
+    // twice the memory of plain KV, and a resume prefills less than one spacing again.
+    if (checkpoint_bytes == 0 || chunk_tokens == 0) return 0;
+    const uint64_t per_token = std::max<uint64_t>(kv_bytes_per_token, 1);
+    const uint64_t tokens = (checkpoint_bytes + per_token - 1) / per_token;
+    const uint64_t chunks = std::max<uint64_t>(1, (tokens + chunk_tokens - 1) / chunk_tokens);
+    return chunks <= 1 ? 0 : (uint32_t)std::min<uint64_t>(chunks * chunk_tokens, 1u << 20);
 }
 
 reuse_point snap_reuse(const assembled_prompt & ap, size_t n_blocks) {

@@ -259,7 +259,7 @@ class cut_finder {
         if (skeleton_) {
             auto sk = model_.render_conversation(msgs_upto(cp_.skel, cp_, k), tools_.upto(k), false);
             if (!sk.ok()) {
-                auto c = sentinel_cut(k, cp_.skel, whole_skel_->text);
+                auto c = wants_user_query(sk.error()) ? sentinel_cut(k, cp_.skel, whole_skel_->text) : std::nullopt;
                 return c ? to_f(*c) : std::nullopt;
             }
             if (whole_skel_->text.compare(0, sk->text.size(), sk->text) != 0) return std::nullopt;
@@ -268,15 +268,22 @@ class cut_finder {
         // The template changes contents in a way the alignment does not know: render
         // the prefixes with their real contents.
         auto pk = model_.render_conversation(msgs_upto(cp_.msgs, cp_, k), tools_.upto(k), false);
-        if (!pk.ok()) return sentinel_cut(k, cp_.msgs, f_.text);
+        if (!pk.ok()) return wants_user_query(pk.error()) ? sentinel_cut(k, cp_.msgs, f_.text) : std::nullopt;
         if (f_.text.compare(0, pk->text.size(), pk->text) != 0) return std::nullopt;
         return pk->text.size();
     }
 
-    // A template that refuses a prefix without a user message (Qwen3.5's: "No user query
-    // found in messages"): [0, k) is rendered with a user message after it, and the cut
-    // is the start of the line where that rendering and the whole part - after the
-    // prefix's last content, before the added message's - or none.
+    // The Qwen3 family's templates (Qwen3, Qwen3.5, Qwen3-Coder) refuse a conversation
+    // with no user query in it ("No user query found in messages"), so no prefix of
+    // system messages renders alone. Other refusals (Llama 3.1's tools that need a first
+    // user message, roles that must alternate) mean the prefix is no message boundary.
+    static bool wants_user_query(const status & refused) {
+        return refused.message().find("No user query found") != std::string::npos;
+    }
+
+    // For such a template, [0, k) is rendered with a user query after it, and the cut is
+    // the end of the first line after the prefix's last data (its last message's
+    // closing), where that rendering and the whole still agree; or none.
     std::optional<size_t> sentinel_cut(size_t k, const std::vector<conversation_message> & all, const std::string & whole) {
         static constexpr std::string_view k_sentinel = "WARMCTXSENTINELQUERY";
         auto m = msgs_upto(all, cp_, k);
@@ -288,11 +295,13 @@ class cut_finder {
         if (sent == std::string::npos) return std::nullopt;
         size_t lcp = 0;
         while (lcp < sent && lcp < whole.size() && r->text[lcp] == whole[lcp]) ++lcp;
-        size_t data_end = 0;  // the end of the prefix's last data (contents, tools)
-        for (size_t i = 0, begin = 0; i < r->runs.size(); begin = r->runs[i].end, ++i)
-            if (r->runs[i].input && r->runs[i].end <= sent && begin < sent) data_end = r->runs[i].end;
-        const size_t nl = lcp == 0 ? std::string::npos : r->text.rfind('\n', lcp - 1);
-        if (nl == std::string::npos || data_end == 0 || nl + 1 < data_end) return std::nullopt;
+        // The end of the prefix's last content in that rendering (a template may trim it).
+        const std::string last = strip_ws(m[m.size() - 2].content);
+        const size_t last_at = last.empty() ? std::string::npos : r->text.rfind(last, sent);
+        const size_t data_end = last_at == std::string::npos ? 0 : last_at + last.size();
+        // The first line end after the prefix's last data closes its last message.
+        const size_t nl = data_end == 0 ? std::string::npos : r->text.find('\n', data_end);
+        if (nl == std::string::npos || nl + 1 > lcp) return std::nullopt;
         return nl + 1;
     }
 

@@ -92,6 +92,7 @@ class chat_templates_impl final : public chat_templates {
     }
 
     bool contents_verbatim() const override { return verbatim_; }
+    bool joins_system_messages() const override { return one_system_; }
 
     const std::string & source() const override { return src_.source; }
 

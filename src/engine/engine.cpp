@@ -166,7 +166,7 @@ uint64_t engine::padded_decodes() const { return p_->n_padded.load(std::memory_o
 
 status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
                        std::span<const pos_t> boundaries, std::vector<float> * last_logits,
-                       int32_t chunk_tokens) {
+                       int32_t chunk_tokens, std::span<const pos_t> checkpoint_ends) {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
     if (chunk_tokens == 0) chunk_tokens = (int32_t)p_->cinfo.chunk_tokens;
     if (chunk_tokens < 1 || chunk_tokens > (int32_t)p_->cinfo.chunk_tokens)
@@ -191,7 +191,9 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
         status st = p_->decode(seq, tokens.data() + (b - pos0), e - b, b, last && last_logits != nullptr);
         // Every chunk end is a block end a later turn may resume from: where the memory
         // cannot be cut back, its window or recurrent state there is kept.
-        if (st.ok() && p_->cinfo.memory.checkpoints) st = p_->take_checkpoint(seq, e);
+        if (st.ok() && p_->cinfo.memory.checkpoints &&
+            (checkpoint_ends.empty() || std::binary_search(checkpoint_ends.begin(), checkpoint_ends.end(), e)))
+            st = p_->take_checkpoint(seq, e);
         if (!st.ok()) {
             // Leave the sequence as it was (or empty, where it cannot be cut back).
             if (!trim_seq(seq, pos0).ok()) clear_seq(seq);

@@ -1,6 +1,7 @@
 // The engine behind the seam of the layers below it, text_model (the assembler), and the
 // profile of the KV it computes.
 #include "warmctx/engine_adapters.h"
+#include "warmctx/assembler.h"
 
 #include <list>
 #include <mutex>
@@ -269,6 +270,8 @@ result<profile> engine_profile(const engine & e, const engine_options & opts) {
     p.kv_mode = std::string(kv_mode_name(ci.mode));
     p.flash_attn = opts.flash_attn;
     p.n_gpu_layers = opts.n_gpu_layers;
+    if (ci.memory.checkpoints)
+        p.checkpoint_tokens = checkpoint_spacing(ci.memory.checkpoint_bytes, ci.kv_bytes_per_token, ci.chunk_tokens);
     return p;
 }
 

@@ -124,13 +124,24 @@ explain_report context_engine::impl::explain(const std::string & ws, const assem
     return r;
 }
 
+namespace {
+// Where a model with checkpoints keeps them: its prompt's block ends.
+std::vector<pos_t> block_ends(const assembled_prompt & ap) {
+    std::vector<pos_t> ends;
+    ends.reserve(ap.blocks.size());
+    for (const block & b : ap.blocks) ends.push_back(b.end);
+    return ends;
+}
+}  // namespace
+
 status context_engine::impl::prefill(seq_id seq, const assembled_prompt & ap, pos_t from, pos_t end, std::vector<float> & logits,
                double & ms) {
     auto tp = clock_type::now();
     std::span<const token_id> part(ap.tokens.data() + from, (size_t)(end - from));
     const bool last = (size_t)end == ap.tokens.size();
     WARMCTX_RETURN_IF_ERROR(
-        eng->prefill(seq, part, from, ap.boundaries, last ? &logits : nullptr, (int32_t)prof.chunk_tokens));
+        eng->prefill(seq, part, from, ap.boundaries, last ? &logits : nullptr, (int32_t)prof.chunk_tokens,
+                     prof.checkpoint_tokens > 0 ? block_ends(ap) : std::vector<pos_t>{}));
     const double took = ms_between(tp, clock_type::now());
     ms += took;
     note_prefill_rate((pos_t)part.size(), took);
@@ -562,6 +573,8 @@ status context_engine::set_chunk_tokens(uint32_t n) {
     if (n < 1 || n > p_->eng->context().chunk_tokens)
         return invalid_argument("chunk_tokens must be in [1, " + std::to_string(p_->eng->context().chunk_tokens) + "]");
     p_->prof.chunk_tokens = n;
+    const context_info & ci = p_->eng->context();
+    if (ci.memory.checkpoints) p_->prof.checkpoint_tokens = checkpoint_spacing(ci.memory.checkpoint_bytes, ci.kv_bytes_per_token, n);
     return {};
 }
 

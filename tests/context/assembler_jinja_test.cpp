@@ -638,6 +638,8 @@ TEST_P(AssemblerJinja, AStableSegmentCutFinerKeepsItsUnchangedHeadAtAnEdit) {
         fine.fine = {"pin-a"};
         auto whole = run(-1, {});
         if (!whole.ok()) GTEST_SKIP() << GetParam().name << ": " << whole.error().to_string();
+        if (tmpl().joins_system_messages())
+            GTEST_SKIP() << GetParam().name << ": the file's system message is joined to the first";
         auto a = run(-1, fine);
         auto b = run(90, fine);
         auto b_whole = run(90, {});
@@ -718,6 +720,8 @@ TEST_P(AssemblerJinja, ASegmentFirstCutFinerAtAnEditKeepsTheWholeChunksBeforeIt)
     };
     auto first = assemble(with_file({}), kinds, cut, test_profile(chunk), k_salt, chunk, true, {});
     if (!first.ok()) GTEST_SKIP() << GetParam().name << ": " << first.error().to_string();
+    if (tmpl().joins_system_messages())
+        GTEST_SKIP() << GetParam().name << ": the file's system message is joined to the first";
     turn({}, "");
     const pos_t file_begin = entry(*prev, "pin-a").token_begin;
     if (std::find(prev->boundaries.begin(), prev->boundaries.end(), file_begin) == prev->boundaries.end())
@@ -1075,6 +1079,39 @@ TEST(AssemblerJinjaNemo, RolesThatDoNotAlternateAreAnError) {
     auto r = try_assemble(to_segments(c), m);
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.error().to_string().find("alternate"), std::string::npos) << r.error().to_string();
+}
+
+// Qwen3.5's template (the hybrid models') takes one system message, first, and refuses a
+// conversation with no user query in it. A workspace's system segments render as one
+// system message, and the system block still ends a piece of its own - the stable prefix
+// a later turn reuses - found through a user query added to the prefix's rendering.
+TEST(AssemblerJinjaQwen35, SystemSegmentsShareOneMessageAndEndAStablePiece) {
+    template_case tc;
+    tc.name = "Qwen35";
+    tc.file = "Qwen3.5-4B.jinja";
+    tc.eos = "<|im_end|>";
+    const chat_templates & t = templates_of(tc);
+    EXPECT_TRUE(t.joins_system_messages());
+    jinja_text_model m(t);
+    chat c = base_chat();
+    auto segs = to_segments(c);
+    segs.push_back(testing::make_segment("rules", segment_kind::instructions, "Four spaces. No secrets."));
+    segs.push_back(testing::make_segment("map", segment_kind::repo_map, "src/parse.cc: int parse(const char *s);\n"));
+    auto r = try_assemble(segs, m);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    const std::string text = detokenize(r->tokens);
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\0'), 0);
+    size_t n_system = 0;
+    for (size_t at = text.find("<|im_start|>system"); at != std::string::npos; at = text.find("<|im_start|>system", at + 1))
+        ++n_system;
+    EXPECT_EQ(n_system, 1u) << text;
+    EXPECT_NE(text.find("Four spaces. No secrets."), std::string::npos);
+    // The stable prefix ends where the system block does, before the first user message.
+    EXPECT_GT(r->stable_end, 0);
+    EXPECT_EQ(r->stable_end, entry(*r, "map").token_end);
+    EXPECT_EQ(detokenize(std::span(r->tokens).first(r->stable_end)).rfind("<|im_end|>\n"),
+              detokenize(std::span(r->tokens).first(r->stable_end)).size() - 11);
+    EXPECT_EQ(entry(*r, "h0000").token_begin, r->stable_end);
 }
 
 }  // namespace
