@@ -83,6 +83,10 @@ struct explain_report {
     // better one was not taken ("" when there was nothing to weigh).
     bool reordered = false;
     std::string order_note;
+    // The model's memory (warmctx/engine.h, memory_kind) and what it lets a turn reuse:
+    // "plain", or e.g. "hybrid: ... checkpoint at every block end ..." ("" when unknown).
+    std::string memory_kind;
+    std::string memory_note;
     bool generation_prompt_fused = false;  // the last piece took the generation prompt in
     bool conversation_fused = false;       // the chat messages were one run of class none
     std::vector<segment_explain> segments;

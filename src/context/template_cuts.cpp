@@ -2,6 +2,7 @@
 // into one piece per segment (template_cuts.h says how).
 #include "template_cuts.h"
 
+#include <algorithm>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -258,19 +259,41 @@ class cut_finder {
     std::optional<size_t> whole_prefix(size_t k) {
         if (skeleton_) {
             auto sk = model_.render_conversation(msgs_upto(cp_.skel, cp_, k), tools_.upto(k), false);
-            if (!sk.ok()) {
-                auto c = wants_user_query(sk.error()) ? sentinel_cut(k, cp_.skel, whole_skel_->text) : std::nullopt;
+            if (!sk.ok() || whole_skel_->text.compare(0, sk->text.size(), sk->text) != 0) {
+                auto c = asks_for_query(sk, k, cp_.skel, whole_skel_->text) ? sentinel_cut(k, cp_.skel, whole_skel_->text)
+                                                                            : std::nullopt;
                 return c ? to_f(*c) : std::nullopt;
             }
-            if (whole_skel_->text.compare(0, sk->text.size(), sk->text) != 0) return std::nullopt;
             return to_f(sk->text.size());
         }
         // The template changes contents in a way the alignment does not know: render
         // the prefixes with their real contents.
         auto pk = model_.render_conversation(msgs_upto(cp_.msgs, cp_, k), tools_.upto(k), false);
-        if (!pk.ok()) return wants_user_query(pk.error()) ? sentinel_cut(k, cp_.msgs, f_.text) : std::nullopt;
-        if (f_.text.compare(0, pk->text.size(), pk->text) != 0) return std::nullopt;
+        if (!pk.ok() || f_.text.compare(0, pk->text.size(), pk->text) != 0)
+            return asks_for_query(pk, k, cp_.msgs, f_.text) ? sentinel_cut(k, cp_.msgs, f_.text) : std::nullopt;
         return pk->text.size();
+    }
+
+    // Whether [0, k) may render as it does in the whole only with a user query after it:
+    // refused for want of one, or ending with an assistant message while its rendering
+    // agrees with the whole through its last user message (the Qwen3 family renders the
+    // answers after the last user query with their reasoning, earlier ones without;
+    // Mistral's, which writes the system text into the last user message, differs before
+    // that, and is not asked again).
+    bool asks_for_query(const result<rendered_conversation> & prefix, size_t k,
+                        const std::vector<conversation_message> & all, const std::string & whole) const {
+        if (!prefix.ok()) return wants_user_query(prefix.error());
+        const auto m = msgs_upto(all, cp_, k);
+        if (m.size() < 2 || m.back().role != "assistant") return false;
+        auto user = std::find_if(m.rbegin(), m.rend(), [](const conversation_message & x) { return x.role == "user"; });
+        if (user == m.rend()) return false;
+        const std::string content = strip_ws(user->content);
+        const std::string & text = prefix->text;
+        const size_t at = content.empty() ? std::string::npos : text.rfind(content);
+        if (at == std::string::npos) return false;
+        size_t lcp = 0;
+        while (lcp < text.size() && lcp < whole.size() && text[lcp] == whole[lcp]) ++lcp;
+        return lcp >= at + content.size();
     }
 
     // The Qwen3 family's templates (Qwen3, Qwen3.5, Qwen3-Coder) refuse a conversation
@@ -281,9 +304,8 @@ class cut_finder {
         return refused.message().find("No user query found") != std::string::npos;
     }
 
-    // For such a template, [0, k) is rendered with a user query after it, and the cut is
-    // the end of the first line after the prefix's last data (its last message's
-    // closing), where that rendering and the whole still agree; or none.
+    // For such a template, [0, k) is rendered with a user query after it, and cut where
+    // its last message closes (below); or not at all.
     std::optional<size_t> sentinel_cut(size_t k, const std::vector<conversation_message> & all, const std::string & whole) {
         static constexpr std::string_view k_sentinel = "WARMCTXSENTINELQUERY";
         auto m = msgs_upto(all, cp_, k);
@@ -299,10 +321,23 @@ class cut_finder {
         const std::string last = strip_ws(m[m.size() - 2].content);
         const size_t last_at = last.empty() ? std::string::npos : r->text.rfind(last, sent);
         const size_t data_end = last_at == std::string::npos ? 0 : last_at + last.size();
-        // The first line end after the prefix's last data closes its last message.
-        const size_t nl = data_end == 0 ? std::string::npos : r->text.find('\n', data_end);
-        if (nl == std::string::npos || nl + 1 > lcp) return std::nullopt;
-        return nl + 1;
+        // The template's own text right after the prefix's last data closes its last
+        // message (and opens the next): the cut is its first line end, or else its end,
+        // where that rendering and the whole still agree. Data there (Mistral's template
+        // writes the system text into the next user message) means no cut.
+        if (data_end == 0) return std::nullopt;
+        size_t run_end = std::string::npos;
+        for (size_t i = 0, begin = 0; i < r->runs.size(); begin = r->runs[i].end, ++i)
+            if (r->runs[i].end > data_end) {
+                if (r->runs[i].input || begin > data_end) return std::nullopt;
+                run_end = r->runs[i].end;
+                break;
+            }
+        if (run_end == std::string::npos) return std::nullopt;
+        const size_t nl = r->text.find('\n', data_end);
+        const size_t cut = nl != std::string::npos && nl < run_end ? nl + 1 : run_end;
+        if (cut > lcp || cut > sent) return std::nullopt;
+        return cut;
     }
 
     // whole_prefix(k) while the budget of whole prefix renders lasts.

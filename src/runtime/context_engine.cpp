@@ -121,6 +121,10 @@ explain_report context_engine::impl::explain(const std::string & ws, const assem
     explain_report r = explain_turn({ws, ap, m, reuse, h, prof, *cache, prefill_tokens_per_ms,
                                      h && h->has_turn ? std::nullopt : tiers->newest_profile(ws)});
     r.tier = tier;
+    const memory_info & mi = eng->context().memory;
+    r.memory_kind = std::string(memory_kind_name(mi.kind));
+    r.memory_note = mi.note;
+    if (!mi.reuse && r.n_reused == 0) r.reason = "this model's memory is served without reuse: " + mi.note;
     return r;
 }
 
@@ -255,7 +259,9 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     pending_turn t;
     t.workspace = req.workspace;
     t.seq = seq;
-    t.cache = req.cache;
+    // A model whose memory warmctx cannot save and cut keeps nothing across turns.
+    const bool reusable = p_->eng->context().memory.reuse;
+    t.cache = req.cache && reusable;
     if (req.assembled && req.assembled->root_hash == root_hash(p_->prof, p_->salt_of(req))) {
         t.ap = *req.assembled;  // assembled off the engine thread, under this profile
     } else {
@@ -351,7 +357,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     if (req.prewarm) {
         const size_t n = impl::n_cacheable_blocks(ap);
         t.prefill_end = std::max(at.n_tokens, n > 0 ? ap.blocks[n - 1].end : 0);
-        t.cache = true;
+        t.cache = reusable;
     }
     return t;
 }

@@ -19,6 +19,7 @@ nlohmann::json explain_json(const explain_report & r) {
         {"common_tokens_with_previous_turn", r.n_common_tokens}, {"snapped_from", r.snapped_from},
         {"predicted_prefill_ms", r.predicted_prefill_ms}, {"stable_prefix_hash", r.stable_prefix_hash}, {"tier", kv_tier_name(r.tier)}, {"in_place", r.in_place},
         {"reordered", r.reordered}, {"order_note", r.order_note},
+        {"memory", {{"kind", r.memory_kind}, {"note", r.memory_note}}},
         {"generation_prompt_fused", r.generation_prompt_fused}, {"conversation_fused", r.conversation_fused},
         {"segments", segs},
     };
@@ -65,6 +66,7 @@ std::string explain_text(const explain_report & r) {
         o << line;
     }
     if (!r.order_note.empty() && !r.reordered) o << "  order: " << r.order_note << "\n";
+    if (!r.memory_kind.empty() && r.memory_kind != "plain") o << "  memory: " << r.memory_note << "\n";
     o << "  stable prefix hash: " << r.stable_prefix_hash << "\n";
     std::snprintf(line, sizeof line, "  %-28s %-13s %-8s %13s %8s %10s\n", "segment", "kind", "class", "tokens", "reused",
                   "prefilled");

@@ -1112,6 +1112,11 @@ TEST(AssemblerJinjaQwen35, SystemSegmentsShareOneMessageAndEndAStablePiece) {
     EXPECT_EQ(detokenize(std::span(r->tokens).first(r->stable_end)).rfind("<|im_end|>\n"),
               detokenize(std::span(r->tokens).first(r->stable_end)).size() - 11);
     EXPECT_EQ(entry(*r, "h0000").token_begin, r->stable_end);
+    // An answer before the last user query is rendered without its reasoning, as a prefix
+    // ending with it would not be: it still gets a piece of its own, so the next turn of
+    // an agent reuses through it.
+    EXPECT_GT(entry(*r, "h0003").n_tokens(), 0);
+    EXPECT_EQ(entry(*r, "h0003").token_end, entry(*r, "user").token_begin);
 }
 
 }  // namespace
