@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The models that are not plain attention on a GPU (docs/benchmarks.md, "Models that are
+# not plain attention"): after `scripts/bench-h200.sh build`, generates the Qwen3.5 hybrid
+# shape (real dimensions, q4_0) and the tiny test shapes, then runs a stage:
+#   traces  the 12-workspace trace with ~13k-token workspaces and a window of 4 messages,
+#           on the hybrid shape and on the plain qwen2.5-0.5b shape (the default model),
+#           warmctx and llama-server each at its defaults
+#   verify  warm against cold on CUDA for tiny-hybrid and tiny-swa (VERIFY_SCENARIOS each)
+# usage: bench/gpu-memory-kinds.sh STAGE...     results: $OUT (default bench/results/gpu-run)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+out="${OUT:-$root/bench/results/gpu-run}"
+mkdir -p "$out"
+build="$root/build-cuda"
+models="${WARMCTX_MODELS:-/tmp/warmctx-models}"
+export WARMCTX_HOME="$root/.warmctx-home"
+mkdir -p "$models"
+log() { echo "[$(date +%T) +${SECONDS}s] $*"; }
+gpu=(--gpu-layers -1 --flash-attn)
+
+model() {  # shape type -> path (made once)
+  local m="$models/$1-$2.gguf"
+  [ -f "$m" ] || "$build/warmctx" make-model --shape "$1" --type "$2" --seed 0 -t "$(nproc)" -o "$m" >"$out/make-$1.log" 2>&1
+  echo "$m"
+}
+
+for stage in "$@"; do
+  case "$stage" in
+    models)
+      log "models"; model qwen3.5-hybrid q4_0 >/dev/null; model tiny-hybrid q8_0 >/dev/null; model tiny-swa q8_0 >/dev/null
+      "$build/warmctx" info -m "$(model qwen3.5-hybrid q4_0)" "${gpu[@]}" -c 16384 --json >"$out/info-qwen3.5-hybrid.json" 2>&1 || true
+      log "models done" ;;
+    traces)
+      for m in "$(model qwen3.5-hybrid q4_0)" default; do
+        name="$(basename "${m%.gguf}")"; margs=(); [ "$m" = default ] || margs=(-m "$m")
+        log "trace $name"
+        "$build/warmctx-bench" trace "${margs[@]}" "${gpu[@]}" --workspaces 12 --turns 60 --stable-tokens 13000 \
+          --tail-tokens 600 --history-window 4 --messages plain --systems warmctx-defaults,llama-server-defaults \
+          --llama-server "$build/bin/llama-server" --json >"$out/trace-window4-13k-$name.json" 2>"$out/trace-$name.log" ||
+          { tail -5 "$out/trace-$name.log"; }
+      done ;;
+    verify)
+      for s in tiny-hybrid tiny-swa; do
+        log "verify $s"
+        "$build/warmctx" verify -m "$(model $s q8_0)" "${gpu[@]}" --scenarios "${VERIFY_SCENARIOS:-300}" --json \
+          >"$out/verify-$s-cuda.json" 2>"$out/verify-$s.log" || tail -3 "$out/verify-$s.log"
+      done ;;
+    *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
+log "done"
