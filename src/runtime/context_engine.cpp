@@ -198,6 +198,13 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     // sequence id llama.cpp's saved state carries.
     const uint64_t bpt = p->eng->context().kv_bytes_per_token;
     p->opts.budget.bytes_per_token = bpt > 0 ? bpt + k_pool_bytes_per_cell_meta : 0;
+    if (const memory_info & mi = p->eng->context().memory; mi.checkpoints && bpt > 0) {
+        // And its checkpoints (a window or a recurrent state at every block end): their
+        // bytes spread over the tokens of a block.
+        const uint32_t chunk = p->eng->context().chunk_tokens;
+        const uint64_t block = std::max<uint64_t>(chunk, checkpoint_spacing(mi.checkpoint_bytes, bpt, chunk));
+        p->opts.budget.bytes_per_token += (mi.checkpoint_bytes + block - 1) / block;
+    }
     if (opts.workspace_max_bytes > 0 && p->opts.budget.bytes_per_token > 0) {
         const uint64_t t = opts.workspace_max_bytes / p->opts.budget.bytes_per_token;
         if (t == 0) return invalid_argument("the per-workspace byte budget holds less than one token of KV");
