@@ -195,15 +195,22 @@ void walk_tensors(std::span<const uint8_t> src, const stream_record & rec, Heade
     }
 }
 
-// Appends the first k cells of `rec` (which must hold positions 0..k-1 first, in order).
-status append_cut_record(std::vector<uint8_t> & out, std::span<const uint8_t> src, const stream_record & rec,
-                         uint32_t k) {
+// The first k cells of `rec` hold positions 0..k-1, in order.
+status check_positions(std::span<const uint8_t> src, const stream_record & rec, uint32_t k) {
     const size_t cells = rec.begin + 4;
     for (uint32_t i = 0; i < k; ++i) {
         uint32_t pos = 0;
         std::memcpy(&pos, src.data() + cells + (size_t)i * rec.cell_bytes, 4);
         if ((pos_t)pos != (pos_t)i) return bad_state("cell " + std::to_string(i) + " holds position " + std::to_string(pos));
     }
+    return {};
+}
+
+// Appends the first k cells of `rec` (which must hold positions 0..k-1 first, in order).
+status append_cut_record(std::vector<uint8_t> & out, std::span<const uint8_t> src, const stream_record & rec,
+                         uint32_t k) {
+    WARMCTX_RETURN_IF_ERROR(check_positions(src, rec, k));
+    const size_t cells = rec.begin + 4;
     put_u32(out, k);
     if (k == 0) return {};
     put_bytes(out, src.data() + cells, (size_t)k * rec.cell_bytes);
@@ -332,11 +339,15 @@ status truncate_state(std::vector<uint8_t> & state, pos_t n_keep, const state_la
     if (state.size() >= 8) std::memcpy(&id, state.data() + 4, 4);
     auto parsed = parse_seq_state(state, id, 0, layout);
     if (!parsed.ok()) return parsed.error();
-    const pos_t n = parsed->n_tokens();
+    // Its tokens: the first KV part's cells (the recurrent cell's position, for a model
+    // with no attention), which must be positions 0..n-1 in order.
+    const state_part & first = parsed->parts.front();
+    const pos_t n = first.recurrent ? parsed->n_tokens() : (first.record ? (pos_t)first.record->n_cells : 0);
     if (n_keep > n)
         return out_of_range("truncate_seq_state: the state holds " + std::to_string(n) + " tokens, not " +
                             std::to_string(n_keep));
     const std::span<const uint8_t> src(state);
+    if (!first.recurrent && first.record) WARMCTX_RETURN_IF_ERROR(check_positions(src, *first.record, (uint32_t)n_keep));
     const checkpoint_ref * ckpt = nullptr;
     if (layout.has_partial() && n_keep < n) {
         for (const auto & c : parsed->checkpoints)
