@@ -313,7 +313,7 @@ class cut_finder {
         m.push_back({"user", std::string(k_sentinel), "", ""});
         auto r = model_.render_conversation(m, tools_.upto(k), false);
         if (!r.ok()) return std::nullopt;
-        const size_t sent = r->text.find(k_sentinel);
+        const size_t sent = r->text.rfind(k_sentinel);  // the added message is the last
         if (sent == std::string::npos) return std::nullopt;
         size_t lcp = 0;
         while (lcp < sent && lcp < whole.size() && r->text[lcp] == whole[lcp]) ++lcp;

@@ -189,8 +189,8 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
         auto [b, e] = chunks[i];
         const bool last = i + 1 == chunks.size();
         status st = p_->decode(seq, tokens.data() + (b - pos0), e - b, b, last && last_logits != nullptr);
-        // Every chunk end is a block end a later turn may resume from: where the memory
-        // cannot be cut back, its window or recurrent state there is kept.
+        // A block end a later turn may resume from: where the memory cannot be cut back,
+        // its window or recurrent state there is kept.
         if (st.ok() && p_->cinfo.memory.checkpoints &&
             (checkpoint_ends.empty() || std::binary_search(checkpoint_ends.begin(), checkpoint_ends.end(), e)))
             st = p_->take_checkpoint(seq, e);

@@ -385,10 +385,16 @@ status engine::load_seq_raw(seq_id seq, std::span<const uint8_t> bytes) {
     auto ps = parse_seq_state(bytes, (int32_t)id, 0, p_->layout);
     if (!ps.ok()) return ps.error();
     WARMCTX_RETURN_IF_ERROR(check_fits(*ps, p_->cinfo.n_ctx_seq));
-    // The window goes in padded, so its cells sit where a cold run's do.
-    const auto full = convert_state(bytes, *ps, p_->layout, p_->n_stream, seq, true, false);
+    // A window goes in padded, so its cells sit where a cold run's do; without one,
+    // llama.cpp reads its own bytes as they are (the trailer left out), with no copy.
+    std::vector<uint8_t> padded;
+    std::span<const uint8_t> llama_bytes = bytes.first(ps->llama_end);
+    if (p_->layout.window_last) {
+        padded = convert_state(bytes, *ps, p_->layout, p_->n_stream, seq, true, false);
+        llama_bytes = padded;
+    }
     clear_seq(seq);
-    if (llama_state_seq_set_data(p_->ctx.get(), full.data(), full.size(), seq) == 0)
+    if (llama_state_seq_set_data(p_->ctx.get(), llama_bytes.data(), llama_bytes.size(), seq) == 0)
         return corrupt("llama_state_seq_set_data rejected the state (wrong model, KV type or corrupt bytes)");
     // Its checkpoints, and its own last part as the checkpoint at its end.
     auto & list = p_->ckpts[(size_t)seq];
