@@ -317,6 +317,7 @@ class cut_finder {
         if (sent == std::string::npos) return std::nullopt;
         size_t lcp = 0;
         while (lcp < sent && lcp < whole.size() && r->text[lcp] == whole[lcp]) ++lcp;
+        if (auto c = joined_system_cut(k, m[m.size() - 2], all, whole, lcp)) return c;
         // The end of the prefix's last content in that rendering (a template may trim it).
         const std::string last = strip_ws(m[m.size() - 2].content);
         const size_t last_at = last.empty() ? std::string::npos : r->text.rfind(last, sent);
@@ -338,6 +339,25 @@ class cut_finder {
         const size_t cut = nl != std::string::npos && nl < run_end ? nl + 1 : run_end;
         if (cut > lcp || cut > sent) return std::nullopt;
         return cut;
+    }
+
+    // A template that joins the system messages into one (Qwen3.5's): in the whole, the
+    // prefix's last system content goes on with the join's blank line and the next
+    // system segment's content, in the same message. The cut is at that content's start
+    // (a segment end a later turn may resume from: another session's attribution line,
+    // say), where the tokenizer splits plain text at a line start; else none.
+    std::optional<size_t> joined_system_cut(size_t k, const conversation_message & last,
+                                            const std::vector<conversation_message> & all, const std::string & whole,
+                                            size_t lcp) const {
+        if (k >= n_ || cp_.msg_of[k] < 0 || last.role != "system") return std::nullopt;
+        const conversation_message & next = all[(size_t)cp_.msg_of[k]];
+        if (next.role != "system" || next.content.empty()) return std::nullopt;
+        if (whole.compare(lcp, 2, "\n\n") != 0 || whole.compare(lcp + 2, next.content.size(), next.content) != 0)
+            return std::nullopt;
+        const std::string t = "\n\n" + cp_.msgs[(size_t)cp_.msg_of[k]].content;  // the real text's first line
+        const bool splits = model_.plain_splits_at_any_line() ? is_any_line_cut(t, 2)
+                                                              : model_.plain_splits_at_lines() && is_line_cut(t, 2);
+        return splits ? std::optional<size_t>(lcp + 2) : std::nullopt;
     }
 
     // whole_prefix(k) while the budget of whole prefix renders lasts.
