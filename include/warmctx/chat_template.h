@@ -54,6 +54,12 @@ struct answer_format {
     std::string generation_prompt;              // the grammar's start, already in the prompt
     std::shared_ptr<const chat_output_parser> parser;
     std::string format_name;                    // the template's format, for logs
+    // The answer's reasoning block: the text that opens it and those that close it
+    // (Qwen's "<think>" and "</think>"), when the template's format has one; "" = none.
+    std::string reasoning_start;
+    std::vector<std::string> reasoning_ends;
+    // Control tokens the parser reads (gpt-oss's "<|channel|>"): the answer keeps their text.
+    std::vector<std::string> preserved_tokens;
 };
 
 struct answer_request {
@@ -94,6 +100,9 @@ class chat_templates {
     // second), so the system messages are rendered as one, joined by blank lines
     // (Qwen3.5's, Mistral's): a system segment after the first has no message of its own.
     virtual bool joins_system_messages() const { return false; }
+    // The template's answers open with a reasoning block (answer({}, {}) names its tags):
+    // every chat answer is parsed, so reasoning is not returned as content.
+    virtual bool reasons() const { return false; }
 };
 
 // A JSON schema (JSON text) as a GBNF grammar, by llama.cpp's json-schema-to-grammar.

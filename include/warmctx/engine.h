@@ -161,7 +161,8 @@ class engine {
     // Text -> tokens. `parse_special` lets "<|im_start|>" become one control token.
     result<std::vector<token_id>> tokenize(std::string_view text, bool parse_special = true) const;
     result<std::string> detokenize(std::span<const token_id> tokens) const;
-    std::string token_piece(token_id t) const;
+    // A token's text; a control token's ("<|channel|>") only when `special`, else "".
+    std::string token_piece(token_id t, bool special = false) const;
     // The fill-in-the-middle tokens (prefix, suffix, middle), when the vocabulary has all three.
     std::optional<std::array<token_id, 3>> fim_tokens() const;
     // The text of every token that tokenize(text, true) parses as one special token

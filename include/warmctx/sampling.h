@@ -49,6 +49,20 @@ struct sampling_params {
     // template's generation prompt, which tool-call grammars start with: fed to the
     // grammar before the first token is sampled.
     std::string grammar_prefill;
+    // A budget of reasoning tokens (llama-server's reasoning_budget_tokens): -1 none, 0 ends
+    // the reasoning at once. Reasoning opens with reasoning_start, in the prompt's last text
+    // (reasoning_prompt: a generation prompt that opens it) or in the answer, and closes with
+    // any of reasoning_ends; after `reasoning_budget` tokens inside it (and the UTF-8
+    // character it is in) the first of reasoning_ends is forced, token by token, through
+    // the grammar. A model that never closes its reasoning then still answers, or calls
+    // the tool a grammar requires.
+    int32_t reasoning_budget = -1;
+    std::string reasoning_start;
+    std::vector<std::string> reasoning_ends;
+    std::string reasoning_prompt;
+    // Control tokens whose text the answer keeps (a template's format markers that its
+    // parser reads, as gpt-oss's "<|channel|>"); other control tokens have no text.
+    std::vector<std::string> preserved_tokens;
 };
 
 // One generated token's log-probability (natural log, over the whole vocabulary).
@@ -86,6 +100,8 @@ class token_sampler {
     static result<std::unique_ptr<token_sampler>> make(const sampling_params & sp, const engine & e);
     ~token_sampler();
     token_id sample(std::span<const float> logits);
+    // The next token is `t`, chosen without sampling: the grammar and penalties see it.
+    void accept(token_id t);
 
   private:
     struct impl;
@@ -102,6 +118,7 @@ class token_sampler {
 //   4. max_tokens reached with this token        -> length
 //   5. the sequence has no room for this token   -> context_full
 //   otherwise the token is to be decoded at the sequence's next position.
+// A reasoning budget spent picks the closing tokens instead of the sampler (rule 2 on).
 class generation_step {
   public:
     struct decision {
@@ -111,6 +128,7 @@ class generation_step {
         bool finished = false;
         finish_reason finish = finish_reason::length;  // when finished
         std::optional<token_logprobs> logprobs;        // sp.n_logprobs >= 0 and a token was sampled
+        bool forced = false;  // the token closes reasoning over its budget (not sampled)
     };
     // Errors: those of token_sampler::make.
     static result<std::unique_ptr<generation_step>> make(const engine & e, const sampling_params & sp);
@@ -123,6 +141,7 @@ class generation_step {
     int32_t n_generated() const;
     const std::vector<token_id> & tokens() const;
     const std::string & text() const;   // the whole text so far, cut before a stop string
+    int32_t n_forced() const;           // tokens forced to end reasoning over its budget
 
   private:
     struct impl;

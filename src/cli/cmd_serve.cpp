@@ -48,6 +48,7 @@ struct serve_args {
     std::string allowed_hosts;
     int sse_keep_alive_ms = 3000;
     int32_t default_max_tokens = 0;
+    int32_t reasoning_budget = -1;
     std::string model_name;
     request_bounds bounds;
     bool quiet = false;
@@ -175,6 +176,7 @@ server_options server_options_of(const serve_args & a, const cache_flags & cf, c
     sv.allowed_hosts = a.allowed_hosts;
     sv.sse_keep_alive_ms = a.sse_keep_alive_ms;
     sv.default_max_tokens = a.default_max_tokens;
+    sv.reasoning_budget = a.reasoning_budget;
     sv.model_name = a.model_name;
     sv.bounds = a.bounds;
     sv.log_requests = !a.quiet;
@@ -368,6 +370,11 @@ void register_serve_command(CLI::App & app, int & rc) {
                   "max_tokens of a request that names none (0 = to the end of the context, as OpenAI and llama-server)")
         ->capture_default_str()
         ->check(CLI::Range(0, 1 << 20));
+    c->add_option("--reasoning-budget", a->reasoning_budget,
+                  "reasoning tokens an answer may spend before its reasoning block is closed for it, when the "
+                  "request names no reasoning_budget_tokens (-1 = no budget, 0 = close it at once; as llama-server)")
+        ->capture_default_str()
+        ->check(CLI::Range(-1, 1 << 20));
     c->add_option("--model-name", a->model_name, "model id in /v1/models and responses (default: the model file's name)");
     c->add_flag("-q,--quiet", a->quiet, "no per-request log lines on stderr");
     c->add_flag("--no-disk", a->no_disk,

@@ -57,14 +57,92 @@ std::vector<common_chat_tool> parse_tools(std::string_view tools_json, const std
 }
 
 // A required call comes first: llama.cpp's grammars for tool_choice "required" let the
-// model write text before its calls (the root rule's optional "until-N?" element, text
-// up to the call's opening marker). warmctx drops that element, so a required answer
-// is its calls alone; a grammar without it is returned as it is.
+// model write text before its calls (the root rule's "until-N" element, optional or not,
+// text up to the call's opening marker). warmctx drops that element, so a required answer
+// is its calls alone (after the reasoning a format opens with, Qwen3.5's: a reasoning
+// block is not text before the calls); a grammar without it is returned as it is.
 std::string calls_first(const std::string & grammar) {
     static const std::regex k_root(R"((^|\n)(root ::= [^\n]*?) until-[0-9]+\? ([^\n]*))");
+    static const std::regex k_root_before_call(R"((^|\n)(root ::= [^\n]*?) until-[0-9]+ ((space )?tool-call[^\n]*))");
     std::smatch m;
-    if (!std::regex_search(grammar, m, k_root)) return grammar;
-    return m.prefix().str() + m[1].str() + m[2].str() + " " + m[3].str() + m.suffix().str();
+    if (std::regex_search(grammar, m, k_root) || std::regex_search(grammar, m, k_root_before_call))
+        return m.prefix().str() + m[1].str() + m[2].str() + " " + m[3].str() + m.suffix().str();
+    return grammar;
+}
+
+// gpt-oss: the messages before a required call or a schema's answer are analysis
+// (reasoning) or commentary (a preamble to the user, text), any number of them: the
+// preambles go, one analysis stays (a reasoning budget then bounds what comes first).
+std::string one_reasoning_block(const std::string & grammar) {
+    static const std::regex k_blocks(
+        R"((^|\n)root ::= \(start (any|analysis)\)\* start (tool-call|response-format)(\n|$))");
+    const bool has_analysis = grammar.rfind("analysis ::= ", 0) == 0 || grammar.find("\nanalysis ::= ") != std::string::npos;
+    std::smatch m;
+    if (!has_analysis || !std::regex_search(grammar, m, k_blocks)) return grammar;
+    return m.prefix().str() + m[1].str() + "root ::= (start analysis)? start " + m[3].str() + m[4].str() + m.suffix().str();
+}
+
+// The grammar's rule-name form of a name (llama.cpp's: runs of other characters as "-").
+std::string rule_name(const std::string & s) {
+    std::string out;
+    for (char c : s) {
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+        if (ok) out += c;
+        else if (out.empty() || out.back() != '-') out += '-';
+    }
+    return out;
+}
+
+std::string gbnf_literal(const std::string & s) {
+    std::string out = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        if (c == '\n') out += "\\n";
+        else if (c == '\r') out += "\\r";
+        else if (c == '\t') out += "\\t";
+        else out += c;
+    }
+    return out + "\"";
+}
+
+// Arguments held to what their schemas allow where llama.cpp's grammar lets any text
+// through. A format that writes each argument as XML text (Qwen3.5's "<parameter=city>\n
+// Paris\n</parameter>") gets any text up to the closing tag, even for a string with an
+// `enum`: such an argument is held to the enum's values, as the JSON formats' grammars
+// hold it. gpt-oss's call header names a content type ("<|constrain|>json") of any
+// length: at most 32 characters.
+std::string schema_bound_args(const std::string & grammar, const std::vector<common_chat_tool> & tools) {
+    std::string out = grammar;
+    static const std::string k_type_run = "[A-Za-z0-9_-]+)?";
+    for (size_t at = out.find(k_type_run); at != std::string::npos; at = out.find(k_type_run, at))
+        out.replace(at, k_type_run.size(), "[A-Za-z0-9_-]{1,32})?");
+    if (out.find(" xml-arg-string") == std::string::npos) return out;
+    for (const auto & t : tools) {
+        common_json params = common_json::parse_no_throw(t.parameters.empty() ? std::string("{}") : t.parameters);
+        if (params.is_discarded() || !params.is_object() || !params.contains("properties") ||
+            !params["properties"].is_object())
+            continue;
+        for (const auto & [name, schema] : params["properties"].items()) {
+            if (!schema.is_object() || !schema.contains("enum") || !schema["enum"].is_array() || schema["enum"].empty())
+                continue;
+            std::string alts;
+            bool strings = true;
+            for (const auto & v : schema["enum"]) {
+                if (!v.is_string()) strings = false;
+                else alts += (alts.empty() ? "" : " | ") + gbnf_literal(v.get<std::string>());
+            }
+            if (!strings) continue;
+            const std::string head = "\ntool-" + rule_name(t.name) + "-arg-" + rule_name(name) + " ::= ";
+            const size_t r = out.find(head);
+            if (r == std::string::npos) continue;
+            const size_t eol = out.find('\n', r + 1);
+            const size_t line_end = eol == std::string::npos ? out.size() : eol;
+            static const std::string k_any = " xml-arg-string";
+            if (line_end < k_any.size() || out.compare(line_end - k_any.size(), k_any.size(), k_any) != 0) continue;
+            out.replace(line_end - k_any.size(), k_any.size(), " (" + alts + ") \"\\n</parameter>\\n\"");
+        }
+    }
+    return out;
 }
 
 // One call only (parallel_tool_calls false): llama.cpp's grammars for formats that wrap
@@ -89,7 +167,15 @@ class chat_templates_impl final : public chat_templates {
         }
         one_system_ = probe_one_system();
         verbatim_ = probe_verbatim();
+        try {
+            const answer_format plain = answer_impl({}, answer_request{});
+            reasons_ = !plain.reasoning_start.empty() && !plain.reasoning_ends.empty();
+        } catch (const std::exception &) {
+            reasons_ = false;
+        }
     }
+
+    bool reasons() const override { return reasons_; }
 
     bool contents_verbatim() const override { return verbatim_; }
     bool joins_system_messages() const override { return one_system_; }
@@ -398,6 +484,7 @@ class chat_templates_impl final : public chat_templates {
         answer_format f;
         f.grammar = p.grammar;
         if (in.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED) f.grammar = calls_first(f.grammar);
+        f.grammar = one_reasoning_block(schema_bound_args(f.grammar, in.tools));
         if (!in.parallel_tool_calls) f.grammar = one_call(f.grammar);
         f.grammar_lazy = p.grammar_lazy;
         for (const auto & t : p.grammar_triggers) {
@@ -416,6 +503,11 @@ class chat_templates_impl final : public chat_templates {
         }
         f.additional_stops = p.additional_stops;
         f.generation_prompt = p.generation_prompt;
+        if (p.supports_thinking) {
+            f.reasoning_start = p.thinking_start_tag;
+            f.reasoning_ends = p.thinking_end_tags;
+        }
+        f.preserved_tokens = p.preserved_tokens;
         f.format_name = common_chat_format_name(p.format);
         common_chat_parser_params pp(p);
         pp.reasoning_format = COMMON_REASONING_FORMAT_AUTO;
@@ -430,6 +522,7 @@ class chat_templates_impl final : public chat_templates {
     std::string control_starts_;                                         // their first bytes
     bool one_system_ = false;  // set before verbatim_ (probe_verbatim renders through it)
     bool verbatim_ = false;
+    bool reasons_ = false;
     common_chat_template tmpl_;
     common_chat_templates_ptr common_templates_;
     mutable std::mutex mu_;

@@ -97,12 +97,12 @@ std::optional<std::array<token_id, 3>> engine::fim_tokens() const {
     return std::array<token_id, 3>{pre, suf, mid};
 }
 
-std::string engine::token_piece(token_id t) const {
+std::string engine::token_piece(token_id t, bool special) const {
     char buf[256];
-    int32_t n = llama_token_to_piece(p_->vocab, t, buf, sizeof buf, 0, false);
+    int32_t n = llama_token_to_piece(p_->vocab, t, buf, sizeof buf, 0, special);
     if (n < 0) {
         std::string s((size_t)-n, '\0');
-        n = llama_token_to_piece(p_->vocab, t, s.data(), (int32_t)s.size(), 0, false);
+        n = llama_token_to_piece(p_->vocab, t, s.data(), (int32_t)s.size(), 0, special);
         return n < 0 ? std::string() : s.substr(0, (size_t)n);
     }
     return std::string(buf, (size_t)n);

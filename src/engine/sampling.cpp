@@ -134,12 +134,113 @@ token_id token_sampler::sample(std::span<const float> l) {
     return t;
 }
 
+void token_sampler::accept(token_id t) {
+    p_->first_is_argmax = false;
+    if (p_->chain) llama_sampler_accept(p_->chain.get(), t);
+}
+
+// A reasoning budget (sampling_params::reasoning_budget) over the text of the prompt's end
+// and the answer: idle until reasoning opens, counting its tokens until it closes or the
+// budget is spent, then forcing the first closing text's tokens, then idle again (a format
+// may open another block: gpt-oss's analysis before each call), each block its budget.
+struct reasoning_budget {
+    enum class state { off, idle, counting, forcing, done };
+    state st = state::off;
+    std::string seen;       // the prompt's last text and the answer's pieces since
+    size_t from = 0;        // where the next search for an open or close starts
+    int32_t budget = -1;
+    int32_t in_reasoning = 0;
+    std::string start;
+    std::vector<std::string> ends;
+    std::vector<token_id> forced;
+    size_t next_forced = 0;
+
+    void init(const sampling_params & sp) {
+        if (sp.reasoning_budget < 0 || sp.reasoning_start.empty() || sp.reasoning_ends.empty()) return;
+        st = state::idle;
+        budget = sp.reasoning_budget;
+        start = sp.reasoning_start;
+        ends = sp.reasoning_ends;
+        seen = sp.reasoning_prompt;
+        look();
+    }
+    size_t longest() const {
+        size_t n = start.size();
+        for (const auto & e : ends) n = std::max(n, e.size());
+        return n;
+    }
+    // Moves on by what `seen` now holds: an open, then a close.
+    void look() {
+        if (from > 4096) {  // what is behind the search is not looked at again
+            seen.erase(0, from);
+            from = 0;
+        }
+        if (st == state::idle) {
+            const size_t at = seen.find(start, from);
+            if (at == std::string::npos) {
+                from = seen.size() > longest() ? seen.size() - longest() : 0;
+                return;
+            }
+            st = state::counting;
+            in_reasoning = 0;
+            from = at + start.size();
+        }
+        if (st == state::counting) {
+            size_t first = std::string::npos;
+            for (const auto & e : ends) first = std::min(first, seen.find(e, from));
+            if (first != std::string::npos) {
+                st = state::idle;
+                from = first;
+                look();
+                return;
+            }
+            from = seen.size() > longest() ? std::max(from, seen.size() - longest()) : from;
+        }
+    }
+    // The piece of a token the answer just took (not a forced one).
+    void took(std::string_view piece) {
+        if (st != state::idle && st != state::counting) return;
+        const bool counting = st == state::counting;
+        seen.append(piece);
+        look();
+        if (counting && st == state::counting) ++in_reasoning;
+    }
+    // Whether the budget is spent now; the closing text's tokens are made then.
+    bool must_force(const engine & e, std::string_view text) {
+        if (st != state::counting || in_reasoning < budget) return false;
+        if (ends_inside_utf8(text)) return false;  // the character first
+        auto t = e.tokenize(ends.front(), true);
+        if (!t.ok() || t->empty()) {
+            st = state::done;
+            return false;
+        }
+        forced = std::move(*t);
+        next_forced = 0;
+        st = state::forcing;
+        return true;
+    }
+    static bool ends_inside_utf8(std::string_view s) {
+        // The last lead byte's sequence length against the bytes after it.
+        for (size_t k = 1; k <= std::min<size_t>(4, s.size()); ++k) {
+            const auto c = static_cast<unsigned char>(s[s.size() - k]);
+            if ((c & 0xC0) == 0x80) continue;  // continuation byte
+            const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+            return need > k;
+        }
+        return false;
+    }
+};
+
 struct generation_step::impl {
     const engine * e = nullptr;
     sampling_params sp;
     std::unique_ptr<token_sampler> sampler;
     text_stream text;
     std::vector<token_id> tokens;
+    reasoning_budget reasoning;
+    std::vector<token_id> preserved;  // sorted
+    int32_t n_forced = 0;
+    std::string raw;  // the last bytes taken while reasoning (a UTF-8 character's end)
     explicit impl(std::vector<std::string> stop) : text(std::move(stop)) {}
 };
 
@@ -176,6 +277,12 @@ result<std::unique_ptr<generation_step>> generation_step::make(const engine & e,
     p->e = &e;
     p->sp = sp;
     p->sampler = std::move(sampler.value());
+    p->reasoning.init(sp);
+    for (const std::string & t : sp.preserved_tokens) {
+        auto toks = e.tokenize(t, true);
+        if (toks.ok() && toks->size() == 1) p->preserved.push_back((*toks)[0]);
+    }
+    std::sort(p->preserved.begin(), p->preserved.end());
     return std::unique_ptr<generation_step>(new generation_step(std::move(p)));
 }
 
@@ -187,11 +294,32 @@ generation_step::decision generation_step::next(std::span<const float> logits, p
         return d;
     };
     if ((int32_t)p_->tokens.size() >= p_->sp.max_tokens) return end(finish_reason::length);
-    d.token = p_->sampler->sample(logits);
+    reasoning_budget & rb = p_->reasoning;
+    if (rb.st == reasoning_budget::state::forcing || rb.must_force(*p_->e, p_->raw)) {
+        d.token = rb.forced[rb.next_forced++];
+        d.forced = true;
+        ++p_->n_forced;
+        p_->sampler->accept(d.token);
+    } else {
+        d.token = p_->sampler->sample(logits);
+    }
     if (p_->sp.n_logprobs >= 0) d.logprobs = logprobs_of(*p_->e, logits, d.token, p_->sp.n_logprobs);
     if (p_->e->is_end_of_generation(d.token)) return end(finish_reason::eos);
     p_->tokens.push_back(d.token);
-    d.delta = p_->text.push(p_->e->token_piece(d.token));
+    const std::string piece =
+        p_->e->token_piece(d.token, std::binary_search(p_->preserved.begin(), p_->preserved.end(), d.token));
+    if (rb.st != reasoning_budget::state::off && rb.st != reasoning_budget::state::done) {
+        p_->raw += piece;
+        if (p_->raw.size() > 8) p_->raw.erase(0, p_->raw.size() - 8);
+        if (!d.forced) {
+            rb.took(piece);
+        } else if (rb.next_forced == rb.forced.size()) {  // closed: watch for the next block
+            rb.seen.append(piece);
+            rb.st = reasoning_budget::state::idle;
+            rb.from = rb.seen.size();
+        }
+    }
+    d.delta = p_->text.push(piece);
     if (p_->text.stopped()) return end(finish_reason::stop);
     if ((int32_t)p_->tokens.size() >= p_->sp.max_tokens) return end(finish_reason::length);
     if ((uint32_t)n_in_seq + 1 > p_->e->context().n_ctx_seq) return end(finish_reason::context_full);
@@ -202,6 +330,7 @@ std::string generation_step::finish() { return p_->text.finish(); }
 int32_t generation_step::n_generated() const { return (int32_t)p_->tokens.size(); }
 const std::vector<token_id> & generation_step::tokens() const { return p_->tokens; }
 const std::string & generation_step::text() const { return p_->text.text(); }
+int32_t generation_step::n_forced() const { return p_->n_forced; }
 
 result<generation> engine::generate(seq_id seq, std::vector<float> logits, const sampling_params & sp,
                                     std::vector<float> * logits_out) {

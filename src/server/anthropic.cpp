@@ -214,6 +214,20 @@ maybe_error translate_sampling(const json & body, int32_t max_tokens_cap, json &
         }
         if (!ss->empty()) chat_body["stop"] = *ss;
     }
+    // thinking {type: "enabled", budget_tokens}: the reasoning budget (as llama-server reads it).
+    if (const json * th = field(body, "thinking")) {
+        if (!th->is_object()) return wrong_type("thinking", "an object", *th);
+        std::optional<std::string> type;
+        if (auto e = get_string(*th, "type", "thinking.type", type)) return e;
+        if (type && *type == "enabled") {
+            std::optional<int64_t> budget;
+            if (auto e = get_int(*th, "budget_tokens", "thinking.budget_tokens", budget)) return e;
+            if (budget && (*budget < 0 || *budget > std::numeric_limits<int32_t>::max()))
+                return bad_request("invalid_value", "thinking.budget_tokens must be a number of tokens",
+                                   "thinking.budget_tokens");
+            if (budget) chat_body["thinking_budget_tokens"] = *budget;
+        }
+    }
     std::optional<bool> stream;
     if (auto e = get_bool(body, "stream", "stream", stream)) return e;
     info.stream = stream.value_or(false);

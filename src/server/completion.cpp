@@ -131,6 +131,10 @@ void apply_answer_format(answer_format & af, sampling_params & s) {
     s.grammar_lazy = af.grammar_lazy;
     s.grammar_trigger_patterns = std::move(af.trigger_patterns);
     s.grammar_trigger_words = std::move(af.trigger_words);
+    s.reasoning_start = af.reasoning_start;
+    s.reasoning_ends = af.reasoning_ends;
+    s.reasoning_prompt = af.generation_prompt;
+    s.preserved_tokens = af.preserved_tokens;
     s.grammar_prefill = std::move(af.generation_prompt);
     for (auto & st : af.additional_stops) s.stop.push_back(std::move(st));
 }
@@ -149,8 +153,9 @@ std::future<result<answer_ready>> start_answer_format(const completion_request &
                                                       bool with_tools, const scheduler * sched) {
     return std::async(std::launch::async, [&cr, ct, with_tools, sched]() -> result<answer_ready> {
         answer_ready out;
-        if (with_tools && ct) {
-            answer_request ar{cr.tools_json, cr.tool_choice, cr.tool_choice_name, cr.parallel_tool_calls, cr.json_schema};
+        if (ct && (with_tools || ct->reasons())) {
+            answer_request ar{with_tools ? cr.tools_json : std::string(), with_tools ? cr.tool_choice : tool_choice_mode::none,
+                              with_tools ? cr.tool_choice_name : std::string(), cr.parallel_tool_calls, cr.json_schema};
             auto af = ct->answer({}, ar);
             if (!af.ok()) return af.error();
             out.af = std::move(*af);
@@ -177,8 +182,11 @@ struct prepared {
 
 maybe_error prepare(route_context & ctx, completion_request & cr, prepared & out) {
     const bool with_tools = !cr.tools_json.empty() && cr.tool_choice != tool_choice_mode::none;
-    const bool with_answer = cr.shape == api_shape::chat && (with_tools || !cr.json_schema.empty());
     const chat_templates * ct = ctx.sched->chat_template();
+    // A template whose answers reason has every chat answer parsed (the reasoning apart
+    // from the content) and its reasoning budget kept.
+    const bool with_answer =
+        cr.shape == api_shape::chat && (with_tools || !cr.json_schema.empty() || (ct && ct->reasons()));
     if (with_answer && with_tools && cr.tool_choice == tool_choice_mode::required && !ct)
         return bad_request("unsupported_parameter",
                            "tool_choice requires a call, which needs the model's Jinja chat template "

@@ -43,6 +43,7 @@ inline constexpr size_t k_max_request_segments = 4096;
 struct request_limits {
     int32_t max_tokens_cap = 8192;      // the context per sequence: more can never fit
     int32_t default_max_tokens = 0;     // a request without max_tokens: 0 = to the end of the context
+    int32_t default_reasoning_budget = -1;  // a request without reasoning_budget_tokens (-1: none)
     int32_t n_vocab = 0;                // logit_bias token ids are below it (0: not checked)
     request_bounds bounds;              // messages, tools, schemas (warmctx/server.h)
 };

@@ -205,6 +205,15 @@ maybe_error parse_sampling(const json & body, const request_limits & limits, sam
         return bad_request("invalid_value", "frequency_penalty must be in [-2, 2]", "frequency_penalty");
     sp.presence_penalty = static_cast<float>(presence.value_or(0));
     sp.frequency_penalty = static_cast<float>(frequency.value_or(0));
+
+    // llama-server's names for a reasoning budget (-1: none, 0: end reasoning at once).
+    std::optional<int64_t> budget;
+    const char * budget_name = field(body, "reasoning_budget_tokens") ? "reasoning_budget_tokens" : "thinking_budget_tokens";
+    if (auto e = get_int(body, budget_name, budget_name, budget)) return e;
+    if (budget && (*budget < -1 || *budget > std::numeric_limits<int32_t>::max()))
+        return bad_request("invalid_value", std::string(budget_name) + " must be -1 (no budget) or a number of tokens",
+                           budget_name);
+    sp.reasoning_budget = budget && *budget >= 0 ? static_cast<int32_t>(*budget) : limits.default_reasoning_budget;
     return parse_logit_bias(body, limits, sp);
 }
 

@@ -66,6 +66,7 @@ route_context::route_context(server_options o)
             store_persistence{opts.workspace_dir.empty() ? nullptr : &posix_fs(), opts.workspace_dir,
                               [this](uint64_t bytes) { return make_disk_room(bytes); }, opts.shared_workspace_dir}) {
     limits.default_max_tokens = std::max(0, opts.default_max_tokens);  // 0: to the end of the context
+    limits.default_reasoning_budget = std::max(-1, opts.reasoning_budget);
     model_name = !opts.model_name.empty() ? opts.model_name : "warmctx";
     t_created = static_cast<int64_t>(std::time(nullptr));
     id_salt_ = std::random_device{}();

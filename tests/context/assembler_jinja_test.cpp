@@ -1119,5 +1119,101 @@ TEST(AssemblerJinjaQwen35, SystemSegmentsShareOneMessageAndEndAStablePiece) {
     EXPECT_EQ(entry(*r, "h0003").token_end, entry(*r, "user").token_begin);
 }
 
+// Each system segment still ends a piece of its own inside the one system message: the
+// next segment's content starts after the join's blank line, at a line start, so a turn
+// whose later system segment differs (another session's attribution line) resumes from
+// the end of the one before it. Without the cut the two segments shared one piece.
+TEST(AssemblerJinjaQwen35, EachJoinedSystemSegmentEndsAPiece) {
+    template_case tc;
+    tc.name = "Qwen35";
+    tc.file = "Qwen3.5-4B.jinja";
+    tc.eos = "<|im_end|>";
+    jinja_text_model m(templates_of(tc));
+    m.splits_at_any_line = true;  // as Qwen's tokenizer (a byte tokenizer splits anywhere)
+    auto segs = to_segments(base_chat());
+    segs.push_back(testing::make_segment("rules", segment_kind::instructions, "Four spaces. No secrets."));
+    segs.push_back(testing::make_segment("map", segment_kind::repo_map, "src/parse.cc: int parse(const char *s);\n"));
+    auto r = try_assemble(segs, m);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    const auto & rules = entry(*r, "rules");
+    const auto & map = entry(*r, "map");
+    ASSERT_GT(rules.n_tokens(), 0);
+    ASSERT_GT(map.n_tokens(), 0);
+    EXPECT_EQ(rules.token_end, map.token_begin);
+    const std::string upto = detokenize(std::span(r->tokens).first(rules.token_end));
+    EXPECT_EQ(upto.substr(upto.size() - 26), "Four spaces. No secrets.\n\n") << upto;
+    const std::string map_text = detokenize(std::span(r->tokens).subspan(map.token_begin, map.n_tokens()));
+    EXPECT_EQ(map_text.find("src/parse.cc"), map_text.find('\n') + 1) << map_text;  // its header line, then it
+    // A tokenizer that may join a line break to the next line gets no cut there.
+    jinja_text_model joins(templates_of(tc));
+    auto r2 = try_assemble(segs, joins);
+    ASSERT_TRUE(r2.ok()) << r2.error().to_string();
+    EXPECT_EQ(entry(*r2, "rules").n_tokens(), 0);
+    EXPECT_EQ(r2->tokens, r->tokens);
+}
+
+// The answer formats of the reasoning families, as warmctx tightens llama.cpp's grammars
+// for them: the reasoning tags a budget needs, a required call after the reasoning with
+// no text before it, an XML argument held to its enum, gpt-oss's single analysis block
+// and bounded content type, and the control tokens its parser reads.
+const std::string k_enum_tool =
+    R"([{"type":"function","function":{"name":"get_weather","description":"w","parameters":{"type":"object",)"
+    R"("properties":{"city":{"type":"string","enum":["Paris","Rome"]},"celsius":{"type":"boolean"}},)"
+    R"("required":["city","celsius"],"additionalProperties":false}}}])";
+
+TEST(ChatTemplateAnswer, Qwen35RequiredCallIsReasoningThenTheCall) {
+    template_case tc;
+    tc.file = "Qwen3.5-4B.jinja";
+    tc.eos = "<|im_end|>";
+    const chat_templates & t = templates_of(tc);
+    EXPECT_TRUE(t.reasons());
+    answer_request req;
+    req.tools_json = k_enum_tool;
+    req.choice = tool_choice_mode::required;
+    auto a = t.answer({}, req);
+    ASSERT_TRUE(a.ok()) << a.error().to_string();
+    EXPECT_EQ(a->reasoning_start, "<think>");
+    ASSERT_FALSE(a->reasoning_ends.empty());
+    EXPECT_EQ(a->reasoning_ends.front(), "</think>");
+    const size_t root = a->grammar.find("\nroot ::= ");
+    ASSERT_NE(root, std::string::npos) << a->grammar;
+    const std::string root_line = a->grammar.substr(root + 1, a->grammar.find('\n', root + 1) - root - 1);
+    // The reasoning block's text stays; none after it.
+    EXPECT_EQ(root_line.find("until-"), root_line.rfind("until-")) << root_line;
+    EXPECT_NE(root_line.find("\"</think>\""), std::string::npos) << root_line;
+    EXPECT_NE(a->grammar.find(R"(tool-get-weather-arg-city ::= ("<parameter=" "city" ">\n") ("Paris" | "Rome") "\n</parameter>\n")"),
+              std::string::npos)
+        << a->grammar;
+}
+
+TEST(ChatTemplateAnswer, GptOssRequiredCallIsOneAnalysisThenTheCall) {
+    template_case tc;
+    tc.file = "openai-gpt-oss-120b.jinja";
+    tc.eos = "<|return|>";
+    const chat_templates & t = templates_of(tc);
+    EXPECT_TRUE(t.reasons());
+    answer_request req;
+    req.tools_json = k_enum_tool;
+    req.choice = tool_choice_mode::required;
+    auto a = t.answer({}, req);
+    ASSERT_TRUE(a.ok()) << a.error().to_string();
+    EXPECT_EQ(a->reasoning_start, "<|channel|>analysis<|message|>");
+    EXPECT_NE(a->grammar.find("\nroot ::= (start analysis)? start tool-call\n"), std::string::npos) << a->grammar;
+    EXPECT_EQ(a->grammar.find("[A-Za-z0-9_-]+"), std::string::npos) << a->grammar;
+    EXPECT_NE(a->grammar.find("[A-Za-z0-9_-]{1,32}"), std::string::npos);
+    EXPECT_NE(std::find(a->preserved_tokens.begin(), a->preserved_tokens.end(), "<|channel|>"), a->preserved_tokens.end());
+    // An answer in a schema's format: one analysis, then the final message.
+    answer_request schema;
+    schema.choice = tool_choice_mode::none;
+    schema.json_schema = R"({"type":"object","properties":{"a":{"type":"boolean"}},"required":["a"]})";
+    auto s = t.answer({}, schema);
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+    EXPECT_NE(s->grammar.find("\nroot ::= (start analysis)? start response-format\n"), std::string::npos) << s->grammar;
+}
+
+TEST(ChatTemplateAnswer, APlainTemplateDoesNotReason) {
+    EXPECT_FALSE(templates_of(cases()[0]).reasons());
+}
+
 }  // namespace
 }  // namespace warmctx

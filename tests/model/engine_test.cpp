@@ -233,6 +233,48 @@ TEST(Engine, ALazyGrammarTriggeredByTheFirstTokenBindsTheNext) {
     EXPECT_EQ((*s)->sample(l), x) << "the trigger, picked first, binds the grammar";
 }
 
+// A reasoning budget: once the reasoning the prompt opened has taken its budget of
+// tokens, the closing text is forced, token by token, and the rest is sampled again.
+// Reasoning that never opened is left alone; with no budget nothing is forced.
+TEST(Engine, AReasoningBudgetClosesTheReasoningForTheModel) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    auto p = random_tokens(24, 29, e->model().n_vocab);
+    auto run = [&](const sampling_params & sp) {
+        std::vector<float> l;
+        e->clear_seq(0);
+        EXPECT_TRUE(e->prefill(0, p, 0, {}, &l).ok());
+        auto g = e->generate(0, l, sp);
+        EXPECT_TRUE(g.ok()) << (g.ok() ? "" : g.error().to_string());
+        return g.ok() ? *g : generation{};
+    };
+    sampling_params base;
+    base.max_tokens = 12;
+    const generation free = run(base);
+    ASSERT_EQ(free.tokens.size(), 12u);
+    auto close = e->tokenize("</think>", true);
+    ASSERT_TRUE(close.ok());
+
+    sampling_params sp = base;
+    sp.reasoning_budget = 3;
+    sp.reasoning_start = "<think>";
+    sp.reasoning_ends = {"</think>"};
+    sp.reasoning_prompt = "<|im_start|>assistant\n<think>\n";
+    const generation g = run(sp);
+    ASSERT_GE(g.tokens.size(), 3 + close->size());
+    EXPECT_TRUE(std::equal(g.tokens.begin(), g.tokens.begin() + 3, free.tokens.begin()));
+    EXPECT_TRUE(std::equal(close->begin(), close->end(), g.tokens.begin() + 3));
+    EXPECT_NE(g.text.find("</think>"), std::string::npos) << g.text;
+
+    sampling_params closed = sp;  // the prompt's reasoning is closed already
+    closed.reasoning_prompt = "<think>\nr\n</think>\n\n";
+    closed.reasoning_budget = 0;
+    EXPECT_EQ(run(closed).tokens, free.tokens);
+    sampling_params none = sp;  // no budget
+    none.reasoning_budget = -1;
+    EXPECT_EQ(run(none).tokens, free.tokens);
+}
+
 TEST(Engine, StopStringEndsGeneration) {
     auto e = open_tiny();
     ASSERT_TRUE(e);

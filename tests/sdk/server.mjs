@@ -1,5 +1,6 @@
 // Starts `warmctx serve` on the tiny model for one test file and stops it at the end.
-// The binary and the model come from the environment: WARMCTX_BIN, WARMCTX_TINY_MODEL.
+// The binary and the model come from the environment: WARMCTX_BIN, WARMCTX_TINY_MODEL,
+// and WARMCTX_SDK_SERVE_ARGS (more serve options).
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 
@@ -11,7 +12,10 @@ export async function startServer({ args = [], startTimeoutMs = 60_000 } = {}) {
   // One thread: the tiny model gains nothing from more, and on a busy machine llama.cpp's
   // threads waiting for each other slow every token down many times over.
   const threads = process.env.WARMCTX_SDK_THREADS ?? '1';
-  const argv = ['serve', '-m', model, '--port', '0', '--no-disk', '--no-prewarm', '-c', '4096', '-t', threads, ...args];
+  // WARMCTX_SDK_SERVE_ARGS: more `serve` options for every test file, space-separated
+  // (a reasoning model's runs: --reasoning-budget N).
+  const extra = (process.env.WARMCTX_SDK_SERVE_ARGS ?? '').split(/\s+/).filter((a) => a.length > 0);
+  const argv = ['serve', '-m', model, '--port', '0', '--no-disk', '--no-prewarm', '-c', '4096', '-t', threads, ...extra, ...args];
   const child = spawn(bin, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
   let stdout = '';
   let stderr = '';
