@@ -3,8 +3,9 @@
 # not plain attention"): after `scripts/bench-h200.sh build`, generates the Qwen3.5 hybrid
 # shape (real dimensions, q4_0) and the tiny test shapes, then runs a stage:
 #   traces  the 12-workspace trace with ~13k-token workspaces and a window of 4 messages,
-#           on the hybrid shape and on the plain qwen2.5-0.5b shape (the default model),
-#           warmctx and llama-server each at its defaults
+#           on each of TRACE_SHAPES (default: the hybrid shape and qwen3.5-plain, its
+#           dimensions with every layer full attention; "default" is the qwen2.5-0.5b
+#           shape), warmctx and llama-server each at its defaults
 #   verify  warm against cold on CUDA for tiny-hybrid and tiny-swa (VERIFY_SCENARIOS each)
 # usage: bench/gpu-memory-kinds.sh STAGE...     results: $OUT (default bench/results/gpu-run)
 set -euo pipefail
@@ -28,11 +29,13 @@ model() {  # shape type -> path (made once)
 for stage in "$@"; do
   case "$stage" in
     models)
-      log "models"; model qwen3.5-hybrid q4_0 >/dev/null; model tiny-hybrid q8_0 >/dev/null; model tiny-swa q8_0 >/dev/null
+      log "models"; model qwen3.5-hybrid q4_0 >/dev/null; model qwen3.5-plain q4_0 >/dev/null
+      model tiny-hybrid q8_0 >/dev/null; model tiny-swa q8_0 >/dev/null
       "$build/warmctx" info -m "$(model qwen3.5-hybrid q4_0)" "${gpu[@]}" -c 16384 --json >"$out/info-qwen3.5-hybrid.json" 2>&1 || true
       log "models done" ;;
     traces)
-      for m in "$(model qwen3.5-hybrid q4_0)" default; do
+      for shape in ${TRACE_SHAPES:-qwen3.5-hybrid qwen3.5-plain}; do
+        m=default; [ "$shape" = default ] || m="$(model "$shape" q4_0)"
         name="$(basename "${m%.gguf}")"; margs=(); [ "$m" = default ] || margs=(-m "$m")
         log "trace $name"
         "$build/warmctx-bench" trace "${margs[@]}" "${gpu[@]}" --workspaces 12 --turns 60 --stable-tokens 13000 \

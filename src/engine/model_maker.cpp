@@ -59,6 +59,11 @@ const std::vector<model_shape> & model_shapes() {
          .n_embd = 2560, .n_head = 16, .n_head_kv = 4, .n_ff = 9216, .rope_freq_base = 10000000.0f,
          .head_dim = 256, .n_rot = 64, .full_attn_interval = 4, .ssm_d_state = 128, .ssm_n_group = 16,
          .ssm_dt_rank = 32, .ssm_d_conv = 4},
+        // The same dimensions with every layer full attention (Qwen3's dense architecture,
+        // the same template): the plain model the hybrid is compared with at the same depth.
+        {.name = "qwen3.5-plain", .arch = "qwen3", .template_name = "Qwen3.5-4B.jinja", .n_layer = 32,
+         .n_embd = 2560, .n_head = 16, .n_head_kv = 4, .n_ff = 9216, .rope_freq_base = 10000000.0f,
+         .head_dim = 256},
         // gpt-oss-20b: 24 layers, 32 experts (4 used) of 2880, 128-token window.
         {.name = "gpt-oss-20b", .arch = "gpt-oss", .template_name = "openai-gpt-oss-120b.jinja", .n_layer = 24,
          .n_embd = 2880, .n_head = 64, .n_head_kv = 8, .n_ff = 2880, .rope_freq_base = 150000.0f,
