@@ -240,6 +240,7 @@ struct answer_parse {
     bool parallel = true;     // parallel_tool_calls: else only the first call is sent
     std::string raw;
     size_t content_sent = 0;
+    size_t reasoning_sent = 0;
     std::vector<size_t> args_sent;
     bool any_call = false;
 
@@ -249,6 +250,10 @@ struct answer_parse {
     answer_delta advance(parsed_answer now, const std::string & response_id) {
         name_calls(now, response_id);
         answer_delta d;
+        if (now.reasoning.size() > reasoning_sent) {
+            d.reasoning = now.reasoning.substr(reasoning_sent);
+            reasoning_sent = now.reasoning.size();
+        }
         if (now.content.size() > content_sent) {
             d.text = now.content.substr(content_sent);
             content_sent = now.content.size();

@@ -42,6 +42,7 @@ struct call_fragment {
 // answer's bytes before this text).
 struct answer_delta {
     std::string text;
+    std::string reasoning;  // new reasoning text (a template whose answers reason)
     const std::vector<token_logprobs> * logprobs = nullptr;
     size_t text_offset = 0;
     std::vector<call_fragment> calls;

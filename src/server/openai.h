@@ -179,6 +179,8 @@ nlohmann::json completion_response(const response_meta & m, const std::string & 
 // A parsed call in OpenAI's shape: {"id","type":"function","function":{"name","arguments"}}
 // (`index` added for a streamed delta when index >= 0).
 nlohmann::json tool_call_json(const parsed_tool_call & c, int index = -1);
+// A chunk of reasoning (delta.reasoning_content, as llama-server streams a thinking model's).
+nlohmann::json chunk_reasoning(const response_meta & m, const std::string & text, bool include_usage);
 // A streamed chat delta of tool-call fragments: {"tool_calls":[{index, id?, type?,
 // function:{name?, arguments}}]} - `calls` already in that shape.
 nlohmann::json chunk_tool_calls(const response_meta & m, nlohmann::json calls, bool include_usage);

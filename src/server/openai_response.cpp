@@ -176,6 +176,13 @@ json chunk_delta(const response_meta & m, const std::string & text, bool include
     return j;
 }
 
+json chunk_reasoning(const response_meta & m, const std::string & text, bool include_usage) {
+    json j = chunk_base(m);
+    j["choices"] = json::array({{{"index", 0}, {"delta", {{"reasoning_content", text}}}, {"finish_reason", nullptr}}});
+    if (include_usage) j["usage"] = nullptr;
+    return j;
+}
+
 json chunk_tool_calls(const response_meta & m, json calls, bool include_usage) {
     json j = chunk_base(m);
     j["choices"] = json::array({{{"index", 0}, {"delta", {{"tool_calls", std::move(calls)}}}, {"finish_reason", nullptr}}});

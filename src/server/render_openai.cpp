@@ -30,6 +30,9 @@ class openai_renderer final : public renderer {
 
     std::string delta(const answer_delta & d) override {
         std::string out;
+        // Reasoning as llama-server streams it: delta.reasoning_content.
+        if (!d.reasoning.empty() && meta_.shape == api_shape::chat)
+            out += sse(chunk_reasoning(meta_, d.reasoning, include_usage_));
         if (!d.text.empty())
             out += sse(chunk_delta(meta_, d.text, include_usage_,
                                    d.logprobs ? logprobs_json(meta_.shape, *d.logprobs, d.text_offset) : json(nullptr)));

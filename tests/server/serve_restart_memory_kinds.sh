@@ -44,6 +44,16 @@ curl -sf "localhost:$port/metrics" | grep -q "warmctx_model_memory{kind=\"$kind\
   fail "/metrics does not say $kind"
 first="$(chat "first question")" || fail "the first chat failed"
 echo "$first" | grep -q '"cached_tokens":0' || fail "the first chat reused something: $first"
+# Qwen3.5's generation prompt opens a reasoning block (<think>): the answer's reasoning is
+# returned apart, and streamed as delta.reasoning_content as it grows. (gpt-oss's opens
+# only when the model writes its analysis channel.)
+if [ "$kind" = hybrid ]; then
+  echo "$first" | grep -q '"reasoning_content":"' || fail "the answer's reasoning is not apart: $first"
+  streamed="$(curl -sfN "localhost:$port/v1/chat/completions" -H 'Content-Type: application/json' -d \
+    '{"max_tokens":3,"stream":true,"reasoning_budget_tokens":-1,"messages":[{"role":"user","content":"stream"}]}')" ||
+    fail "the streamed chat failed"
+  [ "$(echo "$streamed" | grep -c '"reasoning_content":"')" -ge 1 ] || fail "no reasoning was streamed: $streamed"
+fi
 stop
 
 start
