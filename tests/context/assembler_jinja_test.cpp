@@ -1161,16 +1161,21 @@ const std::string k_enum_tool =
     R"("properties":{"city":{"type":"string","enum":["Paris","Rome"]},"celsius":{"type":"boolean"}},)"
     R"("required":["city","celsius"],"additionalProperties":false}}}])";
 
-TEST(ChatTemplateAnswer, Qwen35RequiredCallIsReasoningThenTheCall) {
+// A template's answer to a required call of k_enum_tool; the template reasons.
+result<answer_format> required_call(const char * file, const char * eos) {
     template_case tc;
-    tc.file = "Qwen3.5-4B.jinja";
-    tc.eos = "<|im_end|>";
+    tc.file = file;
+    tc.eos = eos;
     const chat_templates & t = templates_of(tc);
-    EXPECT_TRUE(t.reasons());
+    EXPECT_TRUE(t.reasons()) << file;
     answer_request req;
     req.tools_json = k_enum_tool;
     req.choice = tool_choice_mode::required;
-    auto a = t.answer({}, req);
+    return t.answer({}, req);
+}
+
+TEST(ChatTemplateAnswer, Qwen35RequiredCallIsReasoningThenTheCall) {
+    auto a = required_call("Qwen3.5-4B.jinja", "<|im_end|>");
     ASSERT_TRUE(a.ok()) << a.error().to_string();
     EXPECT_EQ(a->reasoning_start, "<think>");
     ASSERT_FALSE(a->reasoning_ends.empty());
@@ -1187,15 +1192,7 @@ TEST(ChatTemplateAnswer, Qwen35RequiredCallIsReasoningThenTheCall) {
 }
 
 TEST(ChatTemplateAnswer, GptOssRequiredCallIsOneAnalysisThenTheCall) {
-    template_case tc;
-    tc.file = "openai-gpt-oss-120b.jinja";
-    tc.eos = "<|return|>";
-    const chat_templates & t = templates_of(tc);
-    EXPECT_TRUE(t.reasons());
-    answer_request req;
-    req.tools_json = k_enum_tool;
-    req.choice = tool_choice_mode::required;
-    auto a = t.answer({}, req);
+    auto a = required_call("openai-gpt-oss-120b.jinja", "<|return|>");
     ASSERT_TRUE(a.ok()) << a.error().to_string();
     EXPECT_EQ(a->reasoning_start, "<|channel|>analysis<|message|>");
     EXPECT_NE(a->grammar.find("\nroot ::= (start analysis)? start tool-call\n"), std::string::npos) << a->grammar;
@@ -1206,7 +1203,9 @@ TEST(ChatTemplateAnswer, GptOssRequiredCallIsOneAnalysisThenTheCall) {
     answer_request schema;
     schema.choice = tool_choice_mode::none;
     schema.json_schema = R"({"type":"object","properties":{"a":{"type":"boolean"}},"required":["a"]})";
-    auto s = t.answer({}, schema);
+    template_case tc;
+    tc.file = "openai-gpt-oss-120b.jinja";
+    auto s = templates_of(tc).answer({}, schema);
     ASSERT_TRUE(s.ok()) << s.error().to_string();
     EXPECT_NE(s->grammar.find("\nroot ::= (start analysis)? start response-format\n"), std::string::npos) << s->grammar;
 }
