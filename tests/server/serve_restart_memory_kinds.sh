@@ -40,8 +40,10 @@ chat() {
 start
 health="$(curl -sf "localhost:$port/health")"
 echo "$health" | grep -q "\"kind\":\"$kind\"" || fail "/health does not say $kind: $health"
-curl -sf "localhost:$port/metrics" | grep -q "warmctx_model_memory{kind=\"$kind\",reuse=\"true\"} 1" ||
-  fail "/metrics does not say $kind"
+# Read whole first: grep -q stops at its match, and under pipefail curl's broken pipe
+# would fail the check.
+metrics="$(curl -sf "localhost:$port/metrics")" || fail "/metrics did not answer"
+grep -q "warmctx_model_memory{kind=\"$kind\",reuse=\"true\"} 1" <<<"$metrics" || fail "/metrics does not say $kind"
 first="$(chat "first question")" || fail "the first chat failed"
 echo "$first" | grep -q '"cached_tokens":0' || fail "the first chat reused something: $first"
 # Qwen3.5's generation prompt opens a reasoning block (<think>): the answer's reasoning is
