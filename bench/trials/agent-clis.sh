@@ -7,7 +7,8 @@
 # Environment: WARMCTX (./build/warmctx), PORT (18400), WORK (/tmp/agent-clis), TIMEOUT (420 s a run),
 # MAX_TOKENS (32: --default-max-tokens; Codex sends no max_output_tokens, and a random-weight model
 # rarely ends on its own, so without it every answer runs to the end of the context),
-# CLIS ("codex codex-no-hosted-tools pi opencode qwen"), SKIP_INSTALL=1, SUMMARY_ONLY=1 (only print
+# CLIS ("codex codex-no-hosted-tools pi opencode qwen"), SERVE_ARGS (more `serve` options: another
+# model, `-m build/test-models/tiny-hybrid-q8_0-seed1.gguf --reasoning-budget 16`), SKIP_INSTALL=1, SUMMARY_ONLY=1 (only print
 # the summary of what $WORK holds from an earlier run),
 # IDLE_MS (1800000: Codex's stream_idle_timeout_ms; its default, 300 s, counts only SSE events,
 # not the server's keep-alive comments, and a cold 6k-token Codex prompt on a small CPU takes longer).
@@ -77,7 +78,8 @@ EOF
 
 # ---- server ----
 log "starting $WARMCTX serve --port $PORT --no-prewarm --no-disk --default-max-tokens $MAX_TOKENS"
-"$WARMCTX" serve --port "$PORT" --no-prewarm --no-disk --default-max-tokens "$MAX_TOKENS" > "$WORK/server.out" 2> "$WORK/server.log" &
+# shellcheck disable=SC2086
+"$WARMCTX" serve --port "$PORT" --no-prewarm --no-disk --default-max-tokens "$MAX_TOKENS" ${SERVE_ARGS:-} > "$WORK/server.out" 2> "$WORK/server.log" &
 SERVER_PID=$!
 PIDS=("$SERVER_PID")
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; }
