@@ -39,6 +39,11 @@ const std::vector<model_shape> & model_shapes() {
          .n_head = 4, .n_head_kv = 2, .n_ff = 128, .rope_freq_base = 10000000.0f, .head_dim = 64, .n_rot = 16,
          .full_attn_interval = 2, .ssm_d_state = 32, .ssm_n_group = 2, .ssm_dt_rank = 4, .ssm_d_conv = 4,
          .for_tests = true},
+        // tiny-hybrid's dimensions and template with every layer full attention (Qwen3's
+        // dense architecture): the plain model a tiny hybrid is compared with.
+        {.name = "tiny-plain", .arch = "qwen3", .template_name = "Qwen3.5-4B.jinja", .n_layer = 4, .n_embd = 64,
+         .n_head = 4, .n_head_kv = 2, .n_ff = 128, .rope_freq_base = 10000000.0f, .head_dim = 64,
+         .for_tests = true},
         // gpt-oss: a 64-token sliding window on every other layer, 4 experts (2 used), sinks.
         {.name = "tiny-swa", .arch = "gpt-oss", .template_name = "openai-gpt-oss-120b.jinja", .n_layer = 4,
          .n_embd = 64, .n_head = 4, .n_head_kv = 2, .n_ff = 64, .rope_freq_base = 150000.0f, .rms_eps = 1e-5f,
