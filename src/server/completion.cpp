@@ -153,7 +153,7 @@ std::future<result<answer_ready>> start_answer_format(const completion_request &
                                                       bool with_tools, const scheduler * sched) {
     return std::async(std::launch::async, [&cr, ct, with_tools, sched]() -> result<answer_ready> {
         answer_ready out;
-        if (ct && (with_tools || ct->reasons())) {
+        if (ct && (with_tools || (ct->reasons() && cr.sampling.n_logprobs < 0))) {
             answer_request ar{with_tools ? cr.tools_json : std::string(), with_tools ? cr.tool_choice : tool_choice_mode::none,
                               with_tools ? cr.tool_choice_name : std::string(), cr.parallel_tool_calls, cr.json_schema};
             auto af = ct->answer({}, ar);
@@ -184,9 +184,10 @@ maybe_error prepare(route_context & ctx, completion_request & cr, prepared & out
     const bool with_tools = !cr.tools_json.empty() && cr.tool_choice != tool_choice_mode::none;
     const chat_templates * ct = ctx.sched->chat_template();
     // A template whose answers reason has every chat answer parsed (the reasoning apart
-    // from the content) and its reasoning budget kept.
-    const bool with_answer =
-        cr.shape == api_shape::chat && (with_tools || !cr.json_schema.empty() || (ct && ct->reasons()));
+    // from the content) and its reasoning budget kept - unless the request asks for
+    // log-probabilities, which are reported per token of the text as generated.
+    const bool reasoning = ct && ct->reasons() && cr.sampling.n_logprobs < 0;
+    const bool with_answer = cr.shape == api_shape::chat && (with_tools || !cr.json_schema.empty() || reasoning);
     if (with_answer && with_tools && cr.tool_choice == tool_choice_mode::required && !ct)
         return bad_request("unsupported_parameter",
                            "tool_choice requires a call, which needs the model's Jinja chat template "

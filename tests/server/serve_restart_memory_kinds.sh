@@ -55,6 +55,11 @@ if [ "$kind" = hybrid ]; then
     '{"max_tokens":3,"stream":true,"reasoning_budget_tokens":-1,"messages":[{"role":"user","content":"stream"}]}')" ||
     fail "the streamed chat failed"
   [ "$(echo "$streamed" | grep -c '"reasoning_content":"')" -ge 1 ] || fail "no reasoning was streamed: $streamed"
+  # Log-probabilities are per token of the text as generated: such a request is not parsed.
+  lp="$(curl -sfN "localhost:$port/v1/chat/completions" -H 'Content-Type: application/json' -d \
+    '{"max_tokens":3,"stream":true,"logprobs":true,"messages":[{"role":"user","content":"stream"}]}')" ||
+    fail "the streamed chat with logprobs failed"
+  [ "$(echo "$lp" | grep -c '"logprobs":{"content":\[{')" -ge 1 ] || fail "no logprobs were streamed: $lp"
 fi
 stop
 
