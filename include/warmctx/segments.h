@@ -49,6 +49,10 @@ struct segment {
     // the call a `tool` message answers ("" = none). Part of the segment's identity.
     std::string tool_calls;
     std::string tool_call_id;
+    // false: the content as sent, without its kind's header line ("# system: <id>") - a
+    // chat message (an OpenAI system message, an Anthropic system block) reaches the
+    // model exactly as the template renders it. Part of the segment's identity.
+    bool header = true;
 };
 
 }  // namespace warmctx

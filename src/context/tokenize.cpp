@@ -22,7 +22,7 @@ constexpr std::string_view k_content_sentinel = "\x1e\x1fwarmctx-content\x1f\x1e
 }  // namespace
 
 std::string detail::message_text(const segment & s, const kind_policy & p) {
-    if (!p.header) return s.content;
+    if (!p.header || !s.header) return s.content;
     std::string c = "# ";
     c += segment_kind_name(s.kind);
     c += ": ";

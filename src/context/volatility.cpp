@@ -32,8 +32,8 @@ bool is_reorderable(const segment & s, const kind_table & kinds) {
 }
 
 hash128 segment_content_hash(const segment & s) {
-    if (s.tool_calls.empty() && s.tool_call_id.empty()) return hash_string(s.content);
-    std::string all = s.content;
+    if (s.tool_calls.empty() && s.tool_call_id.empty() && s.header) return hash_string(s.content);
+    std::string all = s.header ? s.content : "\x1dno-header\x1d" + s.content;
     all += '\x1f';
     all += s.tool_calls;
     all += '\x1f';

@@ -270,8 +270,11 @@ maybe_error map_messages(const json & messages, const json * tools, std::vector<
         segment s;
         if (role == "system" || role == "developer") {
             s.kind = segment_kind::system;
+            s.header = false;  // as sent
+            // Five digits: ids order the system messages, and a request holds at most
+            // 10,000 messages (request_bounds::max_messages).
             char buf[32];
-            std::snprintf(buf, sizeof buf, "system-%03zu", n_system++);
+            std::snprintf(buf, sizeof buf, "system-%05zu", n_system++);
             s.id = buf;
         } else if (role == "user" || role == "assistant" || role == "tool") {
             if (role == "assistant") {
@@ -399,6 +402,11 @@ maybe_error parse_segments(const json & arr, std::string_view param, std::vector
         if (!id->is_string()) return wrong_type(p + ".id", "a string", *id);
         segment s;
         if (auto e = parse_segment_body(o, id->get<std::string>(), p, s)) return e;
+        // A body's segment may ask for no header line (the Anthropic attribution block is
+        // such a segment): stored segments keep theirs.
+        std::optional<bool> header;
+        if (auto e = get_bool(o, "header", p + ".header", header)) return e;
+        s.header = header.value_or(true);
         out.push_back(std::move(s));
     }
     return std::nullopt;

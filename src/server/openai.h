@@ -4,7 +4,7 @@
 // How a plain chat request becomes segments (also in docs/api.md):
 //
 //   messages[i].role        segment
-//   system | developer      kind system, id "system-000", "system-001", ... (in order)
+//   system | developer      kind system, id "system-00000", "system-00001", ... (in order), no header line
 //   the LAST message, if    kind user, id "user"
 //     its role is user
 //   every other message     kind history, id "h0000", "h0001", ... in conversation

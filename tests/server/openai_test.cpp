@@ -2,6 +2,8 @@
 // workspace store, the error table and the metrics text. No model, no sockets.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <sstream>
 
 #include <limits>
@@ -49,9 +51,9 @@ TEST(openai_mapping, messages_become_segments) {
                  {"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"a", 1}}}}})}};
     completion_request cr = parse_ok(body);
     ASSERT_EQ(cr.segments.size(), 6u);
-    EXPECT_EQ(cr.segments[0].id, "system-000");
+    EXPECT_EQ(cr.segments[0].id, "system-00000");
     EXPECT_EQ(cr.segments[0].kind, segment_kind::system);
-    EXPECT_EQ(cr.segments[1].id, "system-001");
+    EXPECT_EQ(cr.segments[1].id, "system-00001");
     EXPECT_EQ(cr.segments[1].content, "sys B");
     EXPECT_EQ(cr.segments[2].id, "h0000");
     EXPECT_EQ(cr.segments[2].kind, segment_kind::history);
@@ -596,4 +598,18 @@ TEST(request_bounds, refs_must_resolve_inside_the_schema) {
 }
 
 }  // namespace
+// More than a thousand system messages keep their order: their ids order them, and sort
+// as text in the order they came.
+TEST(OpenAiParse, ThousandsOfSystemMessagesKeepTheirOrder) {
+    json msgs = json::array();
+    for (int i = 0; i < 1002; ++i) msgs.push_back({{"role", "system"}, {"content", "s" + std::to_string(i)}});
+    msgs.push_back({{"role", "user"}, {"content", "q"}});
+    completion_request cr = parse_ok({{"messages", msgs}});
+    std::vector<std::string> ids;
+    for (const segment & s : cr.segments)
+        if (s.kind == segment_kind::system) ids.push_back(s.id);
+    ASSERT_EQ(ids.size(), 1002u);
+    EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end())) << ids[100] << " " << ids[1000];
+}
+
 }  // namespace warmctx::server_detail

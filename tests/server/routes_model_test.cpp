@@ -261,6 +261,36 @@ TEST_F(routes_model_test, completions_take_the_prompt_as_given) {
     EXPECT_NE(f.body.find("no fill-in-the-middle tokens"), std::string::npos) << f.body;
 }
 
+// A chat's messages reach the model as its template renders them (the tiny model's is
+// Qwen2.5's ChatML): no header line before a system message's text, so the prompt is the
+// tokens llama.cpp's own rendering gives - two system messages, an Anthropic-style
+// attribution segment without a header.
+TEST_F(routes_model_test, system_messages_reach_the_model_as_sent) {
+    const std::string sys_a = "You are a careful coding agent.", sys_b = "Answer briefly.", user = "Why does parse fail?";
+    http_response r = post("/v1/chat/completions", {{"messages", {{{"role", "system"}, {"content", sys_a}},
+                                                                  {{"role", "system"}, {"content", sys_b}},
+                                                                  {{"role", "user"}, {"content", user}}}},
+                                                     {"max_tokens", 1},
+                                                     {"temperature", 0}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    const std::string chatml = "<|im_start|>system\n" + sys_a + "<|im_end|>\n<|im_start|>system\n" + sys_b +
+                               "<|im_end|>\n<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
+    size_t n = 0;
+    ASSERT_TRUE(sched_->call([&](context_engine & ce) { n = ce.tokenize(chatml)->size(); }).ok());
+    EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"].get<size_t>(), n) << r.body;
+    // A body segment that asks for no header is its content alone, too.
+    http_response h = post("/v1/chat/completions",
+                           {{"messages", {{{"role", "user"}, {"content", user}}}},
+                            {"segments", {{{"id", "note"}, {"kind", "task_summary"}, {"content", sys_b}, {"header", false}}}},
+                            {"max_tokens", 1},
+                            {"temperature", 0}});
+    ASSERT_EQ(h.status, 200) << h.body;
+    const std::string with_note = "<|im_start|>system\n" + sys_b + "<|im_end|>\n<|im_start|>user\n" + user +
+                                  "<|im_end|>\n<|im_start|>assistant\n";
+    ASSERT_TRUE(sched_->call([&](context_engine & ce) { n = ce.tokenize(with_note)->size(); }).ok());
+    EXPECT_EQ(json::parse(h.body)["usage"]["prompt_tokens"].get<size_t>(), n) << h.body;
+}
+
 // logprobs: the chosen token's log-probability and the most likely alternatives, per
 // generated token, in OpenAI's shapes (chat, streamed chat, completions). Greedy: the
 // chosen token is the most likely one.
