@@ -135,6 +135,10 @@ result<nlohmann::json> parse_json(std::string_view text, const json_read_options
     if (json_nesting_depth(text) > opts.max_depth)
         return fail(json_error::too_deep,
                     "nests arrays/objects deeper than " + std::to_string(opts.max_depth) + " levels");
+    // nlohmann's reader ends the input at a NUL byte ("{...}\0junk" would read as one
+    // value); no JSON text holds one (a string's control characters are escaped).
+    if (size_t nul = text.find('\0'); nul != std::string_view::npos)
+        return fail(json_error::syntax, "not valid JSON: a NUL byte at offset " + std::to_string(nul));
     try {
         return nlohmann::json::parse(text.begin(), text.end());
     } catch (const nlohmann::json::exception & e) {

@@ -22,6 +22,16 @@ TEST(Json, RefusesTrailingGarbageAndEmptyText) {
     EXPECT_FALSE(parse_json("   ").ok());
 }
 
+// A NUL byte ends nothing: text after it, or a NUL first, is not one JSON value.
+TEST(Json, RefusesANulByteAnywhere) {
+    using namespace std::string_view_literals;
+    for (std::string_view t : {"{\"x\":1}\0garbage"sv, "\0{\"x\":1}"sv, "[1,\0 2]"sv, "{\"x\":1}\0"sv}) {
+        auto r = parse_json(t);
+        ASSERT_FALSE(r.ok()) << "accepted a text with a NUL byte, size " << t.size();
+        EXPECT_NE(r.error().message().find("NUL"), std::string::npos) << r.error().message();
+    }
+}
+
 TEST(Json, RefusesInvalidUtf8WithItsOffset) {
     json_error why = json_error::none;
     const std::string text = "{\"a\": \"x\xC0\xAFy\"}";  // an overlong '/'
