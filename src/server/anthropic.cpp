@@ -117,7 +117,10 @@ maybe_error translate_message(const json & m, size_t i, json & messages, std::ve
 maybe_error translate_system(const json & sys, json & messages, json & segments, std::vector<std::string> & sources) {
     auto add = [&](const std::string & text, const std::string & source) {
         if (text.rfind(k_attribution_prefix, 0) == 0) {
-            segments.push_back({{"id", "attribution"}, {"kind", "task_summary"}, {"content", text}});
+            // Each its own segment, in order ("attribution", "attribution-2", ...): a
+            // client may send more than one.
+            const std::string id = segments.empty() ? "attribution" : "attribution-" + std::to_string(segments.size() + 1);
+            segments.push_back({{"id", id}, {"kind", "task_summary"}, {"content", text}, {"header", false}});
             return;
         }
         messages.push_back({{"role", "system"}, {"content", text}});

@@ -95,6 +95,30 @@ TEST(Anthropic, TheAttributionBlockIsAVolatileSegmentNotSystemText) {
     EXPECT_EQ(n_attr, 1);
 }
 
+// Two attribution blocks (a client may send such a shape) are two segments, each its
+// text as sent (no header line), not a duplicate id.
+TEST(Anthropic, TwoAttributionBlocksAreTwoSegments) {
+    json body = base_body();
+    json sys = json::array();
+    sys.push_back({{"type", "text"}, {"text", "x-anthropic-billing-header: cc_version=1; cc_entrypoint=cli;"}});
+    sys.push_back({{"type", "text"}, {"text", "x-anthropic-billing-header: cc_version=2; cc_entrypoint=sdk;"}});
+    sys.push_back({{"type", "text"}, {"text", "You are a coding agent."}});
+    body["system"] = sys;
+    json chat;
+    anthropic_request_info info;
+    ASSERT_FALSE(anthropic_to_chat(body, "", 8192, chat, info));
+    completion_request cr;
+    auto e = parse_completion_request(chat, body_mode::chat, request_limits{}, cr);
+    ASSERT_FALSE(e) << e->message;
+    std::vector<std::string> attr;
+    for (const segment & s : cr.segments)
+        if (s.kind == segment_kind::task_summary) {
+            attr.push_back(s.id);
+            EXPECT_FALSE(s.header);
+        }
+    EXPECT_EQ(attr, (std::vector<std::string>{"attribution", "attribution-2"}));
+}
+
 TEST(Anthropic, SessionNamesTheWorkspaceAndMaxTokensIsClamped) {
     json body = base_body();
     body["max_tokens"] = 32000;
