@@ -136,6 +136,7 @@ head_verdict check_request_head(std::string_view b, size_t scan_from) {
             return refuse("unsupported Transfer-Encoding \"" + shown(te) + "\" (only \"chunked\")");
     }
     if (n_host > 1) return refuse("more than one Host header");
+    if (n_host == 0 && version == "HTTP/1.1") return refuse("an HTTP/1.1 request without a Host header (RFC 9112, 3.2)");
 
     head_verdict v;
     v.kind = head_verdict::complete;

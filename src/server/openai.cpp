@@ -341,8 +341,13 @@ maybe_error map_messages(const json & messages, const json * tools, std::vector<
                 if (!name || !name->is_string() || name->get<std::string>().empty())
                     return bad_request("missing_field", tp + ".function.name must be a non-empty string",
                                        tp + ".function.name");
-                if (const json * params = field(*fn, "parameters"))
+                if (const json * params = field(*fn, "parameters")) {
+                    // A schema is an object: anything else would fail later, when the
+                    // answer's grammar is built, and be blamed on tool_choice.
+                    if (!params->is_object() && !params->is_null())
+                        return wrong_type(tp + ".function.parameters", "an object (a JSON schema)", *params);
                     if (auto e = check_schema_bounds(*params, tp + ".function.parameters", bounds, tally)) return e;
+                }
             }
             s.content = dump_json(*tools);
             if (auto e = check_tools_bytes(s.content.size(), "tools", bounds)) return e;

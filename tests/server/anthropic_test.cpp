@@ -95,6 +95,21 @@ TEST(Anthropic, TheAttributionBlockIsAVolatileSegmentNotSystemText) {
     EXPECT_EQ(n_attr, 1);
 }
 
+// An input_schema that is not an object is refused by name, not blamed on tool_choice.
+TEST(Anthropic, AnInputSchemaThatIsNotAnObjectIsNamed) {
+    json body = base_body();
+    body["tools"] = json::array({{{"name", "ls"}, {"description", "d"}, {"input_schema", "a string"}}});
+    json chat;
+    anthropic_request_info info;
+    ASSERT_FALSE(anthropic_to_chat(body, "", 8192, chat, info));
+    completion_request cr;
+    auto e = parse_completion_request(chat, body_mode::chat, request_limits{}, cr);
+    ASSERT_TRUE(e);
+    api_error err = *e;
+    chat_error_to_anthropic(err, info);
+    EXPECT_EQ(err.param, "tools[0].input_schema") << err.message;
+}
+
 // Two attribution blocks (a client may send such a shape) are two segments, each its
 // text as sent (no header line), not a duplicate id.
 TEST(Anthropic, TwoAttributionBlocksAreTwoSegments) {

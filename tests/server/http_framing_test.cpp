@@ -17,7 +17,7 @@ TEST(http_framing, accepts_ordinary_heads) {
                                 "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length:  12 \r\n"
                                 "Content-Type: application/json\r\n\r\n",
                                 "PUT /v1/workspaces/w/segments/s HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n",
-                                "GET /v1/workspaces?x=%20 HTTP/1.1\r\nX-Empty:\r\nX-Tab:\tv\r\n\r\n"}) {
+                                "GET /v1/workspaces?x=%20 HTTP/1.1\r\nHost: x\r\nX-Empty:\r\nX-Tab:\tv\r\n\r\n"}) {
         SCOPED_TRACE(h);
         const head_verdict v = check(h + "trailing body bytes");
         EXPECT_EQ(v.kind, head_verdict::complete) << v.reason;
@@ -31,8 +31,16 @@ TEST(http_framing, waits_for_the_blank_line) {
     EXPECT_EQ(check("GET /health HTTP/1.1\r\nHost: x\r\n").kind, head_verdict::incomplete);
     EXPECT_EQ(check("GET /health HTTP/1.1\r\nHost: x\r\n\r").kind, head_verdict::incomplete);
     // An incremental scan finds the end across calls.
-    const std::string h = "GET / HTTP/1.1\r\n\r\n";
+    const std::string h = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
     EXPECT_EQ(check_request_head(h, h.size() - 1).kind, head_verdict::complete);
+}
+
+// RFC 9112, 3.2: an HTTP/1.1 request without a Host header is a 400; HTTP/1.0 needs none.
+TEST(http_framing, an_http11_request_needs_a_host) {
+    const head_verdict v = check("GET /health HTTP/1.1\r\nAccept: */*\r\n\r\n");
+    EXPECT_EQ(v.kind, head_verdict::refused);
+    EXPECT_NE(v.reason.find("Host"), std::string::npos) << v.reason;
+    EXPECT_EQ(check("GET /health HTTP/1.0\r\n\r\n").kind, head_verdict::complete);
 }
 
 TEST(http_framing, refuses_ambiguous_or_malformed_framing) {
