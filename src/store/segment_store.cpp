@@ -258,10 +258,15 @@ void segment_store::refresh_locked(const std::string & ws) const {
     for (const auto & [name, version] : now) {  // new, or replaced by another process
         auto k = known.find(name);
         if (k != known.end() && k->second.version == version) continue;
-        auto bytes = fs.read_file(ws_dir(ws) + "/" + name);
-        if (!bytes.ok()) continue;  // gone meanwhile: the next refresh sees it
         seen_file sf{version, ""};
-        auto body = unseal_store_file(*bytes);
+        // Larger than any segment the store takes (load()'s check): not read at all - a
+        // huge or sparse file would cost every request of the workspace its size in memory.
+        const bool too_large = version.size > limits_.max_segment_bytes * 7 + 4096;
+        result<std::vector<uint8_t>> bytes =
+            too_large ? result<std::vector<uint8_t>>(invalid_argument("larger than any segment the store takes"))
+                      : fs.read_file(ws_dir(ws) + "/" + name);
+        if (!bytes.ok() && !too_large) continue;  // gone meanwhile: the next refresh sees it
+        auto body = bytes.ok() ? unseal_store_file(*bytes) : result<std::string>(bytes.error());
         auto seg = body.ok() ? read_segment_body(*body, ws) : result<segment>(body.error());
         const segment * old = nullptr;
         store_refusal why = store_refusal::none;

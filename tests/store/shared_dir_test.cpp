@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 
+#include "../runtime/gated_fs.h"
 #include "store_test_util.h"
 #include "warmctx/segment_store.h"
 #include "warmctx/snapshot_store.h"
@@ -173,6 +174,46 @@ TEST(shared_dir, a_workspace_store_sees_another_stores_puts_replacements_and_era
     ASSERT_EQ(*a.drop("ws"), 1u);
     EXPECT_FALSE(b.list("ws"));
     EXPECT_EQ(b.n_bytes(), 0u);
+}
+
+// A segment file larger than any segment the store takes, planted in the shared
+// directory, is not read by another store's refresh (the start-up load's size check holds
+// there too): a 20 GB sparse file cost every request of the workspace a bad_alloc.
+TEST(shared_dir, a_refresh_does_not_read_a_file_larger_than_any_segment) {
+    mem_fs mem;
+    testing::gated_fs counting(mem);
+    store_limits lim;
+    lim.max_segment_bytes = 1024;
+    store_persistence sp{&counting, "/shared/workspaces"};
+    sp.shared = true;
+    segment_store a(lim, sp), b(lim, sp);
+    auto any_id = [](std::string_view) { return true; };
+    ASSERT_TRUE(a.load(kind_table{}, any_id).ok());
+    ASSERT_TRUE(b.load(kind_table{}, any_id).ok());
+    bool created = false;
+    ASSERT_TRUE(a.put("ws", seg_of("map", "v1"), created).ok());
+    ASSERT_TRUE(b.get("ws", "map"));
+    std::string file;
+    auto dirs = mem.list_dir("/shared/workspaces");
+    ASSERT_TRUE(dirs.ok());
+    for (const std::string & d : *dirs) {
+        auto names = mem.list_dir("/shared/workspaces/" + d);
+        if (!names.ok()) continue;
+        for (const std::string & n : *names)
+            if (n.size() > 6 && n.compare(n.size() - 6, 6, ".wcseg") == 0) file = "/shared/workspaces/" + d + "/" + n;
+    }
+    ASSERT_FALSE(file.empty());
+    auto w = mem.create_file(file);
+    ASSERT_TRUE(w.ok());
+    const std::vector<uint8_t> big(1 << 20, 'x');
+    ASSERT_TRUE((*w)->append(big).ok());
+    ASSERT_TRUE((*w)->close().ok());
+    const uint64_t before = counting.n_opens_for_read();
+    EXPECT_FALSE(b.get("ws", "map")) << "a file the store refuses leaves the view";
+    EXPECT_EQ(counting.n_opens_for_read(), before) << "the refresh read a file larger than any segment";
+    bool created_again = false;
+    EXPECT_TRUE(b.put("ws", seg_of("map", "v2"), created_again).ok());
+    EXPECT_EQ(a.get("ws", "map")->content, "v2");
 }
 
 TEST(shared_dir, without_shared_a_store_keeps_its_own_view) {
