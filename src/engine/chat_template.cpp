@@ -113,9 +113,10 @@ std::string gbnf_literal(const std::string & s) {
 // length: at most 32 characters.
 std::string schema_bound_args(const std::string & grammar, const std::vector<common_chat_tool> & tools) {
     std::string out = grammar;
-    static const std::string k_type_run = "[A-Za-z0-9_-]+)?";
+    // Only that run, after "<|constrain|>": a user's schema may have a pattern like it.
+    static const std::string k_type_run = "\"<|constrain|>\"? [A-Za-z0-9_-]+)?";
     for (size_t at = out.find(k_type_run); at != std::string::npos; at = out.find(k_type_run, at))
-        out.replace(at, k_type_run.size(), "[A-Za-z0-9_-]{1,32})?");
+        out.replace(at, k_type_run.size(), "\"<|constrain|>\"? [A-Za-z0-9_-]{1,32})?");
     if (out.find(" xml-arg-string") == std::string::npos) return out;
     for (const auto & t : tools) {
         common_json params = common_json::parse_no_throw(t.parameters.empty() ? std::string("{}") : t.parameters);
