@@ -147,6 +147,18 @@ reuse_point snap_reuse(const assembled_prompt & ap, size_t n_blocks);
 // checkpoints at most double the memory; 0 (every chunk end) when one chunk does.
 uint32_t checkpoint_spacing(uint64_t checkpoint_bytes, uint64_t kv_bytes_per_token, uint32_t chunk_tokens);
 
+// The span of a conversation's chunk runs (profile::span_tokens): the call size from
+// which a decode call at depth costs about what its tokens do rather than what a call
+// does (docs/benchmarks.md, "A conversation in calls of the engine's size"). On a GPU,
+// 128 (a call's fixed cost, ~3 ms at 16k cells, is ~110 tokens' worth). On the CPU,
+// flash attention splits a call's rows times heads into 4 pieces per thread and computes
+// each in tiles of 64 rows, a whole tile's work however few rows it holds: the fewest
+// rows that fill those tiles, 256 * n_threads / n_head, in whole tiles, at least 64. At
+// most chunk_tokens. The span only places block ends, which name their tokens' range
+// (a block's chain hash), so a span that differs between two runs (other threads) makes
+// other blocks, never a false hit.
+uint32_t conversation_span(std::string_view backend, uint32_t chunk_tokens, uint32_t n_threads, int32_t n_head);
+
 // The leading segments of a prompt whose rest still has much to tokenize, so that they
 // can be prefilled while the rest tokenizes (scheduler::prefill_ahead): the longest run
 // of `segs` in the prompt's canonical order, of classes above `none`, whose contents not

@@ -31,4 +31,8 @@ const chat_templates * engine_chat_templates(const text_model & tm);
 // Errors: those of file_digest on the model file.
 result<profile> engine_profile(const engine & e, const engine_options & opts);
 
+// Sets the profile's block grid (checkpoint_tokens, span_tokens) from its chunk size and
+// the engine's model and context: the one place both are derived.
+void set_block_grid(profile & p, const engine & e);
+
 }  // namespace warmctx

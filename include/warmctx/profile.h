@@ -57,6 +57,12 @@ struct profile {
     // of fields above (the model, its KV type, the chunk size: checkpoint_spacing), so
     // equal fingerprints always mean equal block grids.
     uint32_t checkpoint_tokens = 0;
+    // Not a field of its own either: the fewest tokens a chunk run of chat messages
+    // holds before the next assistant message may start another (build_blocks), so that a
+    // conversation of many short messages prefills in calls of at least this size; 0 =
+    // every assistant message starts a run. A pure function of the backend and the chunk
+    // size (conversation_span).
+    uint32_t span_tokens = 0;
 
     // (name, canonical value) of every field, in declaration order - the single
     // source of the fingerprint, the drift report and the JSON field names.

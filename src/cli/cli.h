@@ -103,6 +103,7 @@ void register_s3_bench(CLI::App & bench, int & rc);
 void register_calls_bench(CLI::App & bench, int & rc);
 void register_soak_bench(CLI::App & bench, int & rc);
 void register_edits_bench(CLI::App & bench, int & rc);
+void register_conversation_bench(CLI::App & bench, int & rc);
 
 // Sizes synthetic workloads with the model's own tokenizer (a rough estimate on error).
 inline token_counter counter_for(const context_engine & ce) {

@@ -100,8 +100,8 @@ void mark_continuing_messages(std::vector<detail::piece> & pieces, std::span<con
     for (size_t p = 1; p < pieces.size(); ++p) {
         const int i = pieces[p].segment_index, before = pieces[p - 1].segment_index;
         if (i < 0 || before < 0 || before == i) continue;  // the generation prompt, or inside a segment
-        pieces[p].continues = is_chat_message(*order[(size_t)i]) && roles[(size_t)i] != "assistant" &&
-                              is_chat_message(*order[(size_t)before]);
+        pieces[p].after_message = is_chat_message(*order[(size_t)i]) && is_chat_message(*order[(size_t)before]);
+        pieces[p].continues = pieces[p].after_message && roles[(size_t)i] != "assistant";
     }
 }
 

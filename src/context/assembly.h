@@ -27,6 +27,9 @@ struct piece {
     // of the message before it, which began at the last assistant message (or at the
     // first message of the run). See build_blocks.
     bool continues = false;
+    // A chat message (of any role) right after another: where an assistant message is,
+    // it starts a run only once the run before it holds profile::span_tokens.
+    bool after_message = false;
 };
 
 // Fills out.boundaries, out.blocks and out.root_hash from the prompt's pieces, which

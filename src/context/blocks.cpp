@@ -63,11 +63,32 @@ void detail::build_blocks(assembled_prompt & out, std::span<const detail::piece>
     // appends an assistant message and what answers it, so what it reuses ends where an
     // assistant message begins, and its new messages are one decode call (with the
     // generation prompt, two) rather than one per message.
+    // Runs of short messages are packed into spans of about prof.span_tokens
+    // (conversation_span), so that a conversation of many short messages prefills in
+    // calls of the engine's size rather than one small call per exchange, each paying a
+    // call's cost at depth: an assistant message joins the span before it while that
+    // span, with the assistant's whole run (its message and the messages that continue
+    // it), still fits in span_tokens, or while the span holds less than half of it.
+    // Where a span ends depends only on the messages up to it, so an appended turn cuts
+    // its shared history as the turn before did and resumes from the last span's start,
+    // prefilling again at most one span of what that turn computed (docs/architecture.md,
+    // "Chunk runs").
     std::vector<bool> starts_run(pieces.size(), true);
-    for (size_t i = 1; i < pieces.size(); ++i)
-        starts_run[i] = (pieces[i - 1].retention != retention_class::none && !pieces[i].continues) ||
-                        pieces[i].segment_index == k_generation_prompt_index ||
-                        (pieces[i].segment_index >= 0 && pieces[i].segment_index == pieces[i - 1].segment_index);
+    const auto span = (pos_t)prof.span_tokens;
+    pos_t run_begin = 0;
+    for (size_t i = 1; i < pieces.size(); ++i) {
+        const bool part = pieces[i].segment_index >= 0 && pieces[i].segment_index == pieces[i - 1].segment_index;
+        const bool gen = pieces[i].segment_index == k_generation_prompt_index;
+        starts_run[i] = (pieces[i - 1].retention != retention_class::none && !pieces[i].continues) || gen || part;
+        if (starts_run[i] && !gen && !part && pieces[i].after_message && span > 0) {
+            size_t j = i + 1;
+            while (j < pieces.size() && pieces[j].continues) ++j;
+            const pos_t held = pieces[i].begin - run_begin;
+            const pos_t run_end = j < pieces.size() ? pieces[j].begin : pieces.back().end;
+            if (held < span / 2 || run_end - run_begin <= span) starts_run[i] = false;
+        }
+        if (starts_run[i]) run_begin = pieces[i].begin;
+    }
     for (size_t i = 0; i < pieces.size(); ++i) {
         const detail::piece & pc = pieces[i];
         if (starts_run[i] && pc.begin > 0 && pc.begin < n_tokens &&
@@ -111,6 +132,15 @@ uint32_t checkpoint_spacing(uint64_t checkpoint_bytes, uint64_t kv_bytes_per_tok
     const uint64_t tokens = (checkpoint_bytes + per_token - 1) / per_token;
     const uint64_t chunks = std::max<uint64_t>(1, (tokens + chunk_tokens - 1) / chunk_tokens);
     return chunks <= 1 ? 0 : (uint32_t)std::min<uint64_t>(chunks * chunk_tokens, 1u << 20);
+}
+
+uint32_t conversation_span(std::string_view backend, uint32_t chunk_tokens, uint32_t n_threads, int32_t n_head) {
+    uint32_t span = 128;
+    if (backend == "CPU") {
+        const uint32_t rows = 256 * std::max<uint32_t>(n_threads, 1) / (uint32_t)std::max<int32_t>(n_head, 1);
+        span = std::clamp<uint32_t>((rows + 63) / 64 * 64, 64, 1024);
+    }
+    return std::min(span, chunk_tokens);
 }
 
 reuse_point snap_reuse(const assembled_prompt & ap, size_t n_blocks) {

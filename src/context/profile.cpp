@@ -59,7 +59,9 @@ const field_desc k_fields[] = {
 //     punctuation-led lines where the tokenizer allows it (text_model::plain_splits_at_any_line).
 // v6: with flash attention on the CPU, a chunk of fewer than 64 tokens deep in a sequence
 //     is decoded padded to 64 rows (engine::pad_rows): the same chunk's KV differs.
-constexpr std::string_view k_profile_format = "warmctx-profile-v6";
+// v7: a run of chat messages goes on through assistant messages until it holds
+//     profile::span_tokens (conversation_span): fewer, larger chunks of a conversation.
+constexpr std::string_view k_profile_format = "warmctx-profile-v7";
 
 // Shortest decimal that reads back as the same float: exact and readable.
 std::string float_text(float f) {

@@ -270,9 +270,16 @@ result<profile> engine_profile(const engine & e, const engine_options & opts) {
     p.kv_mode = std::string(kv_mode_name(ci.mode));
     p.flash_attn = opts.flash_attn;
     p.n_gpu_layers = opts.n_gpu_layers;
-    if (ci.memory.checkpoints)
-        p.checkpoint_tokens = checkpoint_spacing(ci.memory.checkpoint_bytes, ci.kv_bytes_per_token, ci.chunk_tokens);
+    set_block_grid(p, e);
     return p;
+}
+
+void set_block_grid(profile & p, const engine & e) {
+    const context_info & ci = e.context();
+    p.checkpoint_tokens = ci.memory.checkpoints
+                              ? checkpoint_spacing(ci.memory.checkpoint_bytes, ci.kv_bytes_per_token, p.chunk_tokens)
+                              : 0;
+    p.span_tokens = conversation_span(p.backend, p.chunk_tokens, ci.n_threads, e.model().n_head);
 }
 
 }  // namespace warmctx

@@ -586,8 +586,7 @@ status context_engine::set_chunk_tokens(uint32_t n) {
     if (n < 1 || n > p_->eng->context().chunk_tokens)
         return invalid_argument("chunk_tokens must be in [1, " + std::to_string(p_->eng->context().chunk_tokens) + "]");
     p_->prof.chunk_tokens = n;
-    const context_info & ci = p_->eng->context();
-    if (ci.memory.checkpoints) p_->prof.checkpoint_tokens = checkpoint_spacing(ci.memory.checkpoint_bytes, ci.kv_bytes_per_token, n);
+    set_block_grid(p_->prof, *p_->eng);
     return {};
 }
 

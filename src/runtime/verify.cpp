@@ -148,6 +148,17 @@ class scenario_runner {
                 if (seg.kind == segment_kind::user) seg.content = g_.question();
             WARMCTX_RETURN_IF_ERROR(step("window slide " + std::to_string(slide), at_least(stable_end())));
         }
+        // A long conversation of short messages (packed into spans: profile::span_tokens),
+        // then turns that each append an exchange: each reuses what the turn before
+        // computed but its last span, warm equal to cold.
+        std::erase_if(segs_, [](const segment & s) { return s.kind == segment_kind::history; });
+        for (int i = 0; i < 40; ++i) add_history(true);
+        WARMCTX_RETURN_IF_ERROR(step("long conversation", at_least(stable_end())));
+        for (int turn = 1; turn <= 2; ++turn) {
+            add_history(true);
+            WARMCTX_RETURN_IF_ERROR(step("conversation appended " + std::to_string(turn),
+                                         at_least(shared_block_end(prev_blocks_), "engine")));
+        }
         if (rng() % 2 == 0) {
             // Profile drift: a different chunk size computes different KV bits. Sizes
             // repeat every chunk/2 scenarios, so a later scenario may find what all
@@ -250,12 +261,16 @@ class scenario_runner {
         const std::string exchange = it == segs_.end() ? "" : it->id.substr(0, 5);  // "h0001" of "h0001a"
         std::erase_if(segs_, [&](const segment & s) { return s.kind == segment_kind::history && s.id.starts_with(exchange); });
     }
-    void add_history() {
+    // An exchange: a question and an answer (`brief`: a few words each, as an agent's
+    // small tool calls and results are).
+    void add_history(bool brief = false) {
         ++n_hist_;
         char id[32];
         std::snprintf(id, sizeof id, "h%04d", n_hist_);
-        segs_.push_back({std::string(id) + "a", segment_kind::history, "", "user", g_.question()});
-        segs_.push_back({std::string(id) + "b", segment_kind::history, "", "assistant", g_.terminal_log(2)});
+        const std::string n = std::to_string(n_hist_);
+        segs_.push_back({std::string(id) + "a", segment_kind::history, "", "user", brief ? "ok, step " + n : g_.question()});
+        segs_.push_back({std::string(id) + "b", segment_kind::history, "", "assistant",
+                         brief ? "ran tool " + n + ": exit 0" : g_.terminal_log(2)});
     }
 
     context_engine & ce_;
@@ -278,7 +293,7 @@ result<verify_report> run_verify(const verify_options & opts, const verify_progr
     if (opts.stable_tokens_max < 200) return invalid_argument("verify's largest stable prefix must be at least 200 tokens");
     context_engine_options co = opts.engine;
     co.n_work_seqs = std::max<uint32_t>(co.n_work_seqs, 2);  // a step runs in another stream
-    const uint32_t need = (uint32_t)opts.stable_tokens_max + 2048;
+    const uint32_t need = (uint32_t)opts.stable_tokens_max + 4096;  // and the long conversation
     if (co.engine.n_ctx < need) co.engine.n_ctx = need;
     // Scenarios also go through disk restores (a private directory unless the options
     // name one).

@@ -498,6 +498,71 @@ TEST(Assembler, BlocksAreTheCanonicalChunksOfThePrompt) {
     }
 }
 
+// A conversation of many short messages, with a span (profile::span_tokens): runs are
+// packed into spans, so there are far fewer chunks than exchanges; a span holds at most
+// span_tokens unless one assistant's run alone is longer, and at least half of it unless
+// it is the conversation's last; and where spans start depends only on the messages
+// before, so the next turn (an answer and a new message appended) cuts the shared
+// history as this one did and reuses all of it but the last span.
+std::vector<segment> short_conversation(int n) {
+    std::vector<segment> segs = {make_segment("sys", segment_kind::system, "You are a coding agent.")};
+    for (int i = 0; i < n; ++i) {
+        segment m = make_segment("h" + std::to_string(10000 + i), segment_kind::history,
+                                 i % 2 ? "done: step " + std::to_string(i) : "run tool " + std::to_string(i) + " now");
+        m.role = i % 2 ? "assistant" : "user";
+        segs.push_back(m);
+    }
+    return segs;
+}
+
+TEST(Assembler, ShortMessagesArePackedIntoSpansThatAnAppendedTurnKeeps) {
+    constexpr uint32_t k_span = 160;  // an exchange is ~50 tokens of the fake model
+    profile prof = test_profile(k_chunk);
+    prof.span_tokens = k_span;
+    auto build = [&](const std::vector<segment> & segs) {
+        auto r = assemble(segs, kind_table{}, fake_text_model{}, prof, k_salt, k_chunk, true);
+        EXPECT_TRUE(r.ok()) << r.error().to_string();
+        return r.ok() ? std::move(r).value() : assembled_prompt{};
+    };
+    auto segs = short_conversation(201);  // ends with a user's message
+    const auto p = build(segs);
+    const auto unpacked = must_assemble(segs);
+    // Without a span every assistant message starts a run: 100 of them.
+    ASSERT_GE(unpacked.boundaries.size(), 100u);
+    EXPECT_LT(p.boundaries.size() * 2, unpacked.boundaries.size());
+    // Each span within the conversation: at most k_span (or one assistant's run), at least
+    // half of it unless it is the last before the generation prompt.
+    const pos_t conv = entry(p, "h10000").token_begin;
+    std::vector<pos_t> starts;
+    for (pos_t b : p.boundaries)
+        if (b >= conv) starts.push_back(b);
+    ASSERT_GE(starts.size(), 3u);
+    ASSERT_EQ(starts.back(), p.man.generation_prompt_begin);
+    for (size_t i = 0; i + 1 < starts.size(); ++i) {
+        const pos_t len = starts[i + 1] - starts[i];
+        EXPECT_LE(len, (pos_t)k_span) << "span " << i;
+        if (i + 2 < starts.size()) EXPECT_GE(len, (pos_t)k_span / 2) << "span " << i;
+    }
+    // An appended turn: every block of this turn but those of the last span (and the
+    // generation prompt) is the next turn's, and less than one span is computed again.
+    segs.push_back(make_segment("h20000", segment_kind::history, "done: read the file"));
+    segs.back().role = "assistant";
+    segs.push_back(make_segment("h20001", segment_kind::history, "ok, now run the tests"));
+    segs.back().role = "user";
+    const auto next = build(segs);
+    size_t shared = 0;
+    while (shared < p.blocks.size() && shared < next.blocks.size() && p.blocks[shared].chain == next.blocks[shared].chain)
+        ++shared;
+    ASSERT_GT(shared, 0u);
+    const pos_t reused = p.blocks[shared - 1].end;
+    const pos_t history_end = p.man.generation_prompt_begin;
+    EXPECT_LT(history_end - reused, (pos_t)k_span);
+    // the last span's start, or the whole history where the new answer starts a span
+    EXPECT_TRUE(reused == starts[starts.size() - 2] || reused == history_end) << reused;
+    for (pos_t b : p.boundaries)
+        if (b <= reused) EXPECT_EQ(std::count(next.boundaries.begin(), next.boundaries.end(), b), 1) << b;
+}
+
 TEST(Assembler, BlocksCarryTheirSegmentsClass) {
     const auto p = must_assemble(typical_workspace());
     for (const block & b : p.blocks) {
