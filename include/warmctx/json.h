@@ -49,6 +49,13 @@ struct json_read_options {
 result<nlohmann::json> parse_json(std::string_view text, const json_read_options & opts = {},
                                   json_error * why = nullptr);
 
+// What `text` may become in memory as parsed values (nlohmann::json, the larger of the
+// two readers' results), in bytes, estimated in one pass that allocates nothing, from the
+// sizes glibc's allocator gives each kind of value (json.cpp). Within a factor of two of
+// what the value takes, for the shapes that cost the most per byte of text and for plain
+// ones (tests/unit/json_test.cpp): `[{},{},...]` takes ~30 bytes per byte of text.
+uint64_t json_parsed_bytes_estimate(std::string_view text);
+
 // The fast reader under parse_json (simdjson, then the same value nlohmann's parser
 // builds): the value, or nullopt for anything it does not accept whole - not JSON, invalid
 // UTF-8, deeper than max_depth, integers beyond 64 bits - which parse_json then reads with

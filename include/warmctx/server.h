@@ -72,6 +72,12 @@ struct server_options {
     std::string api_key;                   // non-empty: every route but /health needs
                                            // "Authorization: Bearer <api_key>"
     size_t max_body_bytes = 8u << 20;      // larger request bodies get 413
+    // What request bodies may become as parsed JSON (json_parsed_bytes_estimate, checked
+    // before parsing): one body (more: 413), and all bodies being read or held at once
+    // (more: 503 with Retry-After), so that many large bodies at once cannot take the
+    // process's memory.
+    uint64_t max_body_json_bytes = uint64_t{128} << 20;
+    uint64_t max_json_bytes_in_flight = uint64_t{1} << 30;
     // HTTP threads (each connection holds one while it is open). The scheduler's
     // queue, not the thread pool, must say 429: every job the scheduler holds
     // (n_parallel decoding + max_queue waiting) needs its thread, plus headroom for

@@ -22,8 +22,9 @@ namespace {
 // The body as a completion_request, with what the renderer needs to know of it.
 maybe_error map_messages_request(route_context & ctx, const http_request & req, bool counting, completion_request & cr,
                                  anthropic_request_info & info) {
+    json_budget::ticket held;
     json body;
-    if (auto e = parse_body(req, body)) return e;
+    if (auto e = parse_body(ctx, req, body, held, 2)) return e;
     // count_tokens takes no max_tokens: any will do to count the prompt.
     if (counting && body.is_object() && !body.contains("max_tokens")) body["max_tokens"] = 1;
     json chat_body;

@@ -13,12 +13,15 @@ using json = nlohmann::json;
 // The chat and text completion routes, and /v1/workspaces/{id}/chat/completions.
 void run_completion(route_context & ctx, const http_request & req, http_response & res,
                     const std::shared_ptr<request_log> & log, body_mode mode, const std::string * path_ws) {
+    json_budget::ticket held;
     json body;
-    if (auto e = parse_body(req, body)) return respond_error(res, *log, *e);
+    if (auto e = parse_body(ctx, req, body, held)) return respond_error(res, *log, *e);
     completion_request cr;
     request_limits limits = ctx.limits;
     limits.bounds = ctx.opts.bounds;  // the server's bounds (warmctx/server.h): checked while parsing
     if (auto e = parse_completion_request(body, mode, limits, cr)) return respond_error(res, *log, *e);
+    body = json();  // what the request means is in cr now
+    held.release();
     serve_completion(ctx, req, res, log, std::move(cr), path_ws, make_openai_renderer());
 }
 
@@ -29,8 +32,9 @@ namespace {
 // the Responses shapes.
 void run_responses(route_context & ctx, const http_request & req, http_response & res,
                    const std::shared_ptr<request_log> & log) {
+    json_budget::ticket held;
     json body;
-    if (auto e = parse_body(req, body)) return respond_error(res, *log, *e);
+    if (auto e = parse_body(ctx, req, body, held, 2)) return respond_error(res, *log, *e);
     json chat_body;
     auto info = std::make_shared<responses_request_info>();
     if (auto e = responses_to_chat(body, chat_body, *info)) return respond_error(res, *log, *e);
@@ -42,6 +46,9 @@ void run_responses(route_context & ctx, const http_request & req, http_response 
         chat_error_to_responses(*e, *info);
         return respond_error(res, *log, *e);
     }
+    body = json();
+    chat_body = json();
+    held.release();
     serve_completion(ctx, req, res, log, std::move(cr), nullptr, make_responses_renderer(info));
 }
 

@@ -114,6 +114,52 @@ struct request_log {
 inline constexpr int k_status_client_closed = 499;
 
 // The state the routes share. One per server (or per test).
+// The memory request bodies take as parsed JSON, all at once (estimated before parsing:
+// json_parsed_bytes_estimate). A body is parsed only with a ticket for its share, held as
+// long as its parsed value lives.
+class json_budget {
+  public:
+    explicit json_budget(uint64_t limit) : limit_(limit) {}
+    class ticket {
+      public:
+        ticket() = default;
+        ticket(ticket && o) noexcept : b_(std::exchange(o.b_, nullptr)), n_(o.n_) {}
+        ticket & operator=(ticket && o) noexcept {
+            if (this != &o) release(), b_ = std::exchange(o.b_, nullptr), n_ = o.n_;
+            return *this;
+        }
+        ticket(const ticket &) = delete;
+        ticket & operator=(const ticket &) = delete;
+        ~ticket() { release(); }
+        void release() noexcept {
+            if (b_) b_->used_.fetch_sub(n_, std::memory_order_relaxed);
+            b_ = nullptr;
+        }
+
+      private:
+        friend class json_budget;
+        json_budget * b_ = nullptr;
+        uint64_t n_ = 0;
+    };
+    // A share of n bytes into t (releasing what t held), or false when it would pass the limit.
+    bool take(uint64_t n, ticket & t) {
+        t.release();
+        uint64_t used = used_.load(std::memory_order_relaxed);
+        do {
+            if (n > limit_ || used > limit_ - n) return false;
+        } while (!used_.compare_exchange_weak(used, used + n, std::memory_order_relaxed));
+        t.b_ = this;
+        t.n_ = n;
+        return true;
+    }
+    uint64_t used() const { return used_.load(std::memory_order_relaxed); }
+    uint64_t limit() const { return limit_; }
+
+  private:
+    const uint64_t limit_;
+    std::atomic<uint64_t> used_{0};
+};
+
 class route_context {
   public:
     // Serving at once. `sched` is null only in tests of routes that need no engine:
@@ -146,6 +192,7 @@ class route_context {
     int64_t t_created = 0;
     workspace_store store;
     server_metrics metrics;
+    json_budget json_memory{opts.max_json_bytes_in_flight};  // parse_body's shares
     std::atomic<bool> stopping{false};
     // Background pre-warm (null until attach(), or when opts.prewarm is off).
     std::unique_ptr<prewarmer> prewarm;
@@ -203,8 +250,12 @@ void respond_anthropic_error(http_response & res, request_log & log, const api_e
 
 // The request body as JSON, through warmctx::parse_json (UTF-8, nesting depth, exactly
 // one value): 400 invalid_utf8 or invalid_json otherwise. Every route that reads a body
-// reads it here.
-maybe_error parse_body(const http_request & req, nlohmann::json & out);
+// reads it here. Before it is parsed, what it would take in memory is taken from
+// ctx.json_memory into `held` (more than opts.max_body_json_bytes alone: 413; more than is
+// left: 503 with Retry-After), times `copies` for a route that converts the body into
+// another JSON value of its size; `held` must outlive `out` (declare it first).
+maybe_error parse_body(route_context & ctx, const http_request & req, nlohmann::json & out, json_budget::ticket & held,
+                       unsigned copies = 1);
 
 // ---- the route table -------------------------------------------------------------------
 

@@ -256,7 +256,18 @@ void respond_error(http_response & res, request_log & log, const api_error & e) 
     log.error_code = e.code;
 }
 
-maybe_error parse_body(const http_request & req, json & out) {
+maybe_error parse_body(route_context & ctx, const http_request & req, json & out, json_budget::ticket & held,
+                       unsigned copies) {
+    const uint64_t one = json_parsed_bytes_estimate(req.body), need = one * std::max(copies, 1u);
+    auto mib = [](uint64_t b) { return std::to_string((b + (1u << 20) - 1) >> 20) + " MiB"; };
+    if (one > ctx.opts.max_body_json_bytes)
+        return payload_too_large("request body would take about " + mib(one) + " as parsed JSON (" +
+                                 std::to_string(req.body.size()) + " bytes of text); at most " +
+                                 mib(ctx.opts.max_body_json_bytes));
+    if (!ctx.json_memory.take(need, held))
+        return unavailable("the server is reading other large request bodies (" + mib(ctx.json_memory.used()) +
+                               " of " + mib(ctx.json_memory.limit()) + " as parsed JSON); retry",
+                           1);
     json_error why = json_error::none;
     auto parsed = parse_json(req.body, json_read_options{}, &why);
     if (!parsed.ok()) {

@@ -142,8 +142,9 @@ json jobs_json(const route_context & c, const std::string & ws) {
 // PUT /v1/workspaces/{id}/segments/{segment}: stores a segment; a change of a stable one
 // starts a pre-warm.
 reply put_segment(route_context * c, ws_call & call) {
+    json_budget::ticket held;
     json body;
-    if (auto e = parse_body(call.req, body)) return *e;
+    if (auto e = parse_body(*c, call.req, body, held)) return *e;
     segment seg;
     if (auto e = parse_segment_body(body, call.segment, "", seg)) return *e;
     canonicalize_stored_tools(seg);
@@ -222,8 +223,9 @@ reply get_explain(route_context * c, ws_call & call) {
 // POST /v1/workspaces/{id}/branch {"to": id}: a new workspace from this one's last turn
 // and stored segments.
 reply branch_workspace(route_context * c, ws_call & call) {
+    json_budget::ticket held;
     json body;
-    if (auto e = parse_body(call.req, body)) return *e;
+    if (auto e = parse_body(*c, call.req, body, held)) return *e;
     if (!body.is_object() || !body.contains("to") || !body["to"].is_string())
         return bad_request("invalid_request", "body must be {\"to\": \"<workspace id>\"}", "to");
     const std::string to = body["to"].get<std::string>();

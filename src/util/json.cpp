@@ -53,6 +53,56 @@ size_t json_nesting_depth(std::string_view s) {
     return deepest;
 }
 
+uint64_t json_parsed_bytes_estimate(std::string_view s) {
+    // What glibc's allocator hands out for nlohmann's values (64-bit): a value is 16 bytes
+    // in its parent; an array its vector (32) and slots that grow by doubling (24 each on
+    // average); an object its map (64) and a tree node per member (96, the key inside it
+    // up to 15 bytes); a string 48 and its bytes.
+    constexpr uint64_t k_value = 16, k_array = 32 + 24, k_slot = 24, k_object = 64, k_member = 96, k_string = 48;
+    uint64_t bytes = k_value;
+    uint64_t is_object[2] = {0, 0};  // per nesting level (deeper levels are refused anyway)
+    size_t depth = 0;
+    bool in_string = false, escaped = false, expect_key = false;
+    auto in_object = [&] { return depth > 0 && depth <= 128 && ((is_object[(depth - 1) / 64] >> ((depth - 1) % 64)) & 1); };
+    for (char c : s) {
+        if (in_string) {
+            if (escaped) escaped = false;
+            else if (c == '\\') escaped = true;
+            else if (c == '"') in_string = false;
+            else ++bytes;
+            continue;
+        }
+        switch (c) {
+            case '"':
+                in_string = true;
+                bytes += expect_key ? k_member : k_string;
+                expect_key = false;
+                break;
+            case '[':
+            case '{':
+                bytes += c == '[' ? k_array : k_object;
+                if (++depth <= 128) {
+                    uint64_t & w = is_object[(depth - 1) / 64];
+                    const uint64_t bit = uint64_t{1} << ((depth - 1) % 64);
+                    w = c == '{' ? (w | bit) : (w & ~bit);
+                }
+                expect_key = c == '{';
+                break;
+            case ']':
+            case '}':
+                if (depth > 0) --depth;
+                expect_key = false;
+                break;
+            case ',':
+                if (in_object()) expect_key = true;
+                else bytes += k_slot;
+                break;
+            default: break;
+        }
+    }
+    return bytes;
+}
+
 namespace {
 
 // simdjson's document as nlohmann's, with nlohmann's own choices: a non-negative integer is

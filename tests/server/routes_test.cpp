@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "warmctx/json.h"
 #include "server/json_util.h"
 #include "server/router.h"
 #include "server/workspace_store.h"
@@ -250,6 +251,53 @@ TEST_F(routes_test, workspace_chat_checks_before_the_engine) {
 // The server's request bounds (server_options::bounds) hold on every chat route, before
 // the engine: a request over one is a 400 naming it, one within them reaches for the
 // engine (503 here, with none).
+// What bodies become as parsed JSON is bounded across all requests at once: a body that
+// would take more than max_body_json_bytes alone is 413 before it is parsed; one that
+// would pass what is left of max_json_bytes_in_flight (others' bodies still held) is 503
+// with Retry-After; once they are gone it is read. 24 bodies of [{},{},...] at once
+// aborted the server (std::bad_alloc inside the JSON value's destructor).
+TEST(routes_bounds_test, parsed_bodies_are_bounded_across_requests) {
+    server_options o;
+    o.log_requests = false;
+    o.max_body_json_bytes = 4u << 20;
+    o.max_json_bytes_in_flight = 6u << 20;
+    route_context ctx(nullptr, o);
+    router r(ctx);
+    auto body_of = [](int n) {  // a chat with an unknown field of n empty objects
+        std::string b = R"({"messages":[{"role":"user","content":"hi"}],"junk":[)";
+        for (int i = 0; i < n; ++i) b += i ? ",{}" : "{}";
+        return b + "]}";
+    };
+    const std::string empties = body_of(40000), bigger = body_of(80000);
+    ASSERT_LT(json_parsed_bytes_estimate(empties), o.max_body_json_bytes);
+    ASSERT_GT(json_parsed_bytes_estimate(empties), 3u << 20);
+    ASSERT_GT(json_parsed_bytes_estimate(bigger), o.max_body_json_bytes);
+
+    http_response too_big = r.handle(request("POST", "/v1/chat/completions", bigger));
+    EXPECT_EQ(too_big.status, 413) << too_big.body;
+    EXPECT_NE(json::parse(too_big.body)["error"]["message"].get<std::string>().find("as parsed JSON"), std::string::npos);
+    {
+        // Another request's body is held: what is left does not hold this one.
+        json_budget::ticket other;
+        ASSERT_TRUE(ctx.json_memory.take(3u << 20, other));
+        http_response busy = r.handle(request("POST", "/v1/chat/completions", empties));
+        EXPECT_EQ(busy.status, 503) << busy.body;
+        bool retry_after = false;
+        for (const auto & [k, v] : busy.headers) retry_after |= k == "Retry-After";
+        EXPECT_TRUE(retry_after);
+        // Every route that reads a body takes its share (the Messages route too).
+        http_response messages = r.handle(request("POST", "/v1/messages", empties));
+        EXPECT_EQ(messages.status, 503) << messages.body;
+    }
+    // The other body is gone: read (then 503 only because this test has no engine), and
+    // its share is given back once answered.
+    http_response read = r.handle(request("POST", "/v1/chat/completions", empties));
+    EXPECT_EQ(read.status, 503);
+    EXPECT_EQ(json::parse(read.body)["error"]["message"].get<std::string>().find("large request bodies"), std::string::npos)
+        << read.body;
+    EXPECT_EQ(ctx.json_memory.used(), 0u);
+}
+
 TEST(routes_bounds_test, the_servers_bounds_hold_on_every_chat_route_before_the_engine) {
     server_options o;
     o.log_requests = false;

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <malloc.h>
+
 #include <string>
 #include <vector>
 
@@ -29,6 +31,35 @@ TEST(Json, RefusesANulByteAnywhere) {
         auto r = parse_json(t);
         ASSERT_FALSE(r.ok()) << "accepted a text with a NUL byte, size " << t.size();
         EXPECT_NE(r.error().message().find("NUL"), std::string::npos) << r.error().message();
+    }
+}
+
+// What the server charges a body before parsing it (server_options::max_body_json_bytes)
+// is within a factor of two of what its parsed value takes from the allocator, for the
+// shapes that cost the most memory per byte of text and for plain ones.
+TEST(Json, TheParsedSizeEstimateIsWithinTwiceWhatTheValueTakes) {
+    auto heap = [] {
+        const struct mallinfo2 m = mallinfo2();
+        return m.uordblks + m.hblkhd;
+    };
+    auto repeat = [](const std::string & open, const std::string & item, const std::string & close) {
+        std::string s = open;
+        for (int i = 0; s.size() < (1u << 20); ++i) s += (i ? "," : "") + item;
+        return s + close;
+    };
+    std::string keys = "{";
+    for (int i = 0; keys.size() < (1u << 20); ++i) keys += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":{}";
+    keys += "}";
+    const std::vector<std::string> texts = {
+        repeat("[", "{}", "]"), repeat("[", "[]", "]"), repeat("[", "1", "]"), repeat("[", "{\"a\":{}}", "]"),
+        keys, repeat("[", "\"" + std::string(1000, 'x') + "\"", "]"), repeat("{\"m\":[", "{\"role\":\"user\",\"content\":\"hello there\"}", "]}")};
+    for (const auto & t : texts) {
+        const size_t before = heap();
+        auto j = parse_json(t);
+        ASSERT_TRUE(j.ok()) << t.substr(0, 40);
+        const double took = (double)(heap() - before), est = (double)json_parsed_bytes_estimate(t);
+        EXPECT_GE(est, took / 2) << t.substr(0, 40) << ": took " << took << ", estimated " << est;
+        EXPECT_LE(est, took * 2) << t.substr(0, 40) << ": took " << took << ", estimated " << est;
     }
 }
 
