@@ -62,6 +62,14 @@ struct request_bounds {
     size_t max_tools_bytes = 512u << 10; // the tools array as canonical JSON (keys sorted, no spaces)
     size_t max_enum_values = 256;        // enum values over every schema of the request (tools' parameters, response_format):
                                          // each costs a check of every candidate token per sampled token, on the engine thread
+    // Optional properties of one object schema: llama.cpp's converter writes a rule for
+    // every suffix of their order, so its time grows with their square (3,000 took 53 s,
+    // 300 0.6 s on 2 cores, off the engine thread but holding a core and the request).
+    size_t max_optional_properties = 128;
+    // anyOf/oneOf alternatives over every schema of the request: each is a grammar stack
+    // every candidate token is checked against, per sampled token, on the engine thread
+    // (3,000 took 19 s for 4 tokens, every other request waiting).
+    size_t max_schema_alternatives = 256;
     size_t max_pattern_bytes = 1024;     // one `pattern` of a schema
     size_t max_pattern_nesting = 32;     // parentheses (and brackets) open at once in one `pattern`
 };

@@ -346,6 +346,12 @@ void register_serve_command(CLI::App & app, int & rc) {
     c->add_option("--max-enum-values", a->bounds.max_enum_values,
                   "enum values over a request's schemas (more get 400 too_many_enum_values)")
         ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1000000}));
+    c->add_option("--max-optional-properties", a->bounds.max_optional_properties,
+                  "properties not required in one object schema (more get 400 too_many_optional_properties)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{100000}));
+    c->add_option("--max-schema-alternatives", a->bounds.max_schema_alternatives,
+                  "anyOf/oneOf alternatives over a request's schemas (more get 400 too_many_alternatives)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1000000}));
     c->add_option("--max-pattern-bytes", a->bounds.max_pattern_bytes,
                   "one schema pattern's length, bytes (longer get 400 pattern_too_long)")
         ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 20));

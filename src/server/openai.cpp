@@ -180,6 +180,25 @@ maybe_error check_schema_bounds(const json & schema, std::string_view param, con
                 continue;  // values, not schemas
             }
             if (key == "const") continue;
+            if ((key == "anyOf" || key == "oneOf") && v.is_array()) {
+                tally.alternatives += v.size();
+                if (tally.alternatives > b.max_schema_alternatives)
+                    return refuse("too_many_alternatives",
+                                  "the request's schemas have more than " + with_commas(b.max_schema_alternatives) +
+                                      " anyOf/oneOf alternatives in all (the server's --max-schema-alternatives)");
+            }
+            if (key == "properties" && v.is_object()) {
+                size_t required = 0;
+                if (auto r = n->find("required"); r != n->end() && r->is_array())
+                    for (const json & name : *r)
+                        if (name.is_string() && v.contains(name.get_ref<const std::string &>())) ++required;
+                if (const size_t optional = v.size() - std::min(required, v.size()); optional > b.max_optional_properties)
+                    return refuse("too_many_optional_properties",
+                                  "an object schema with " + with_commas(optional) + " optional properties; at most " +
+                                      with_commas(b.max_optional_properties) +
+                                      " are allowed (the server's --max-optional-properties; list the others in "
+                                      "\"required\")");
+            }
             if (key == "pattern" && v.is_string()) {
                 const std::string & pat = v.get_ref<const std::string &>();
                 if (pat.size() > b.max_pattern_bytes)

@@ -99,11 +99,14 @@ maybe_error map_messages(const nlohmann::json & messages, const nlohmann::json *
 // A JSON schema (a tool's parameters, response_format's schema) against the bounds,
 // before llama.cpp's converter sees it: enum values (counted into `tally`, over every
 // schema of a request) at most bounds.max_enum_values, each pattern at most
-// max_pattern_bytes long and max_pattern_nesting deep, and each $ref a pointer into the
+// max_pattern_bytes long and max_pattern_nesting deep, anyOf/oneOf alternatives (counted
+// into `tally`) at most max_schema_alternatives, each object at most
+// max_optional_properties properties not `required`, and each $ref a pointer into the
 // schema itself that resolves (a remote one, or a chain of references that comes back to
 // itself, would be converted to "any value"). A 400 naming `param` and the bound.
 struct schema_tally {
     size_t enum_values = 0;
+    size_t alternatives = 0;  // anyOf / oneOf
 };
 maybe_error check_schema_bounds(const nlohmann::json & schema, std::string_view param, const request_bounds & bounds,
                                 schema_tally & tally);

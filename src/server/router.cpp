@@ -258,7 +258,9 @@ void respond_error(http_response & res, request_log & log, const api_error & e) 
 
 maybe_error parse_body(route_context & ctx, const http_request & req, json & out, json_budget::ticket & held,
                        unsigned copies) {
-    const uint64_t one = json_parsed_bytes_estimate(req.body), need = one * std::max(copies, 1u);
+    // A text nested too deep is refused below before anything is built: no share needed.
+    const bool too_deep = json_nesting_depth(req.body) > k_max_json_depth;
+    const uint64_t one = too_deep ? 0 : json_parsed_bytes_estimate(req.body), need = one * std::max(copies, 1u);
     auto mib = [](uint64_t b) { return std::to_string((b + (1u << 20) - 1) >> 20) + " MiB"; };
     if (one > ctx.opts.max_body_json_bytes)
         return payload_too_large("request body would take about " + mib(one) + " as parsed JSON (" +

@@ -298,6 +298,39 @@ TEST(routes_bounds_test, parsed_bodies_are_bounded_across_requests) {
     EXPECT_EQ(ctx.json_memory.used(), 0u);
 }
 
+// Schemas that cost the converter or the sampler without bound: an object with more
+// optional properties than max_optional_properties (3,000 took 53 s to convert), more
+// anyOf/oneOf alternatives than max_schema_alternatives over the request (3,000 took
+// 19 s for four tokens on the engine thread). Refused before the grammar is built.
+TEST(routes_bounds_test, schemas_the_grammar_cannot_afford_are_refused) {
+    server_options o;
+    o.log_requests = false;
+    o.bounds.max_optional_properties = 4;
+    o.bounds.max_schema_alternatives = 3;
+    route_context ctx(nullptr, o);
+    router r(ctx);
+    auto post = [&](const json & schema) {
+        json body = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                     {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}}}}}};
+        return r.handle(request("POST", "/v1/chat/completions", body.dump()));
+    };
+    auto code = [](const http_response & res) { return json::parse(res.body)["error"]["code"].get<std::string>(); };
+    json props = json::object();
+    for (int i = 0; i < 6; ++i) props["p" + std::to_string(i)] = {{"type", "string"}};
+    http_response optional = post({{"type", "object"}, {"properties", props}});
+    EXPECT_EQ(optional.status, 400) << optional.body;
+    EXPECT_EQ(code(optional), "too_many_optional_properties");
+    // Required ones cost the converter nothing more: 6 properties, 2 optional.
+    http_response required = post({{"type", "object"}, {"properties", props}, {"required", {"p0", "p1", "p2", "p3"}}});
+    EXPECT_EQ(required.status, 503) << required.body;  // past the bounds: no engine here
+    json alts = json::array();
+    for (int i = 0; i < 2; ++i) alts.push_back({{"type", "integer"}});
+    http_response two = post({{"anyOf", alts}, {"properties", {{"a", {{"oneOf", alts}}}}}, {"required", {"a"}}});
+    EXPECT_EQ(two.status, 400) << two.body;  // 2 + 2 alternatives over the request
+    EXPECT_EQ(code(two), "too_many_alternatives");
+    EXPECT_EQ(post({{"anyOf", alts}}).status, 503);
+}
+
 TEST(routes_bounds_test, the_servers_bounds_hold_on_every_chat_route_before_the_engine) {
     server_options o;
     o.log_requests = false;
