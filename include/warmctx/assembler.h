@@ -150,14 +150,17 @@ uint32_t checkpoint_spacing(uint64_t checkpoint_bytes, uint64_t kv_bytes_per_tok
 // The span of a conversation's chunk runs (profile::span_tokens): the call size from
 // which a decode call at depth costs about what its tokens do rather than what a call
 // does (docs/benchmarks.md, "A conversation in calls of the engine's size"). On a GPU,
-// 128 (a call's fixed cost, ~3 ms at 16k cells, is ~110 tokens' worth). On the CPU,
-// flash attention splits a call's rows times heads into 4 pieces per thread and computes
-// each in tiles of 64 rows, a whole tile's work however few rows it holds: the fewest
-// rows that fill those tiles, 256 * n_threads / n_head, in whole tiles, at least 64. At
-// most chunk_tokens. The span only places block ends, which name their tokens' range
-// (a block's chain hash), so a span that differs between two runs (other threads) makes
+// 128 (a call's fixed cost, ~3 ms at 16k cells, is ~110 tokens' worth). On the CPU, the
+// larger of: the fewest rows that fill flash attention's tiles (it splits a call's rows
+// times heads into 4 pieces per thread, each computed as whole 64-row tiles: 256 *
+// n_threads / n_head), and the rows whose weights (`weights_per_row`: the parameters a
+// row is multiplied through, the embedding table's aside) make a call's own ~5 ms a third
+// of it; in whole tiles, 64 to 256 (the tiny shapes 256, a 0.5B shape 64). At most
+// chunk_tokens. The span only places block ends, which name their tokens' range (a
+// block's chain hash), so a span that differs between two runs (other threads) makes
 // other blocks, never a false hit.
-uint32_t conversation_span(std::string_view backend, uint32_t chunk_tokens, uint32_t n_threads, int32_t n_head);
+uint32_t conversation_span(std::string_view backend, uint32_t chunk_tokens, uint32_t n_threads, int32_t n_head,
+                           uint64_t weights_per_row);
 
 // The leading segments of a prompt whose rest still has much to tokenize, so that they
 // can be prefilled while the rest tokenizes (scheduler::prefill_ahead): the longest run

@@ -89,6 +89,13 @@ class file_system {
     virtual status create_dirs(const std::string & dir) = 0;
     // fsync of a directory: makes its entries' creates, renames and removes durable.
     virtual status sync_dir(const std::string & dir) = 0;
+    // Whether `path` itself is a symbolic link (not followed); false when it does not
+    // exist. A store refuses to write, read or remove through a link inside its own
+    // directory (it could lead anywhere). File systems without links answer false.
+    virtual result<bool> is_link(const std::string & path) {
+        (void)path;
+        return false;
+    }
 
     // Helpers over the calls above.
     result<std::vector<uint8_t>> read_file(const std::string & path);
@@ -204,6 +211,7 @@ class faulty_fs final : public file_system {
     result<std::vector<std::string>> list_dir(const std::string & dir) override;
     status create_dirs(const std::string & dir) override;
     status sync_dir(const std::string & dir) override;
+    result<bool> is_link(const std::string & path) override { return base_.is_link(path); }
 
     struct state;  // opaque; shared with the open file handles
 

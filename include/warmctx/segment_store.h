@@ -141,6 +141,9 @@ class segment_store {
     void load_file(const std::string & ws, const std::string & name, const kind_table & kinds,
                    const std::string & stamp, store_load_report & rep);
     std::string ws_dir(const std::string & ws) const { return persist_.dir + "/" + ws; }
+    // A workspace directory that is a symbolic link is not the store's: nothing is read,
+    // written or removed through it (failed_precondition; false when it is not a link).
+    status check_not_link(const std::string & dir) const;
     std::string seg_path(const std::string & ws, const std::string & id) const;
     status write_sealed(const std::string & dir, const std::string & name, const std::string & body);
     void quarantine(const std::string & path, const std::string & name, const std::string & why, store_load_report & rep);

@@ -18,6 +18,7 @@ struct conversation_args {
     model_flags mf;
     std::vector<int> counts = {1000, 2000};
     int warm_turns = 3;
+    int reps = 1;
     int max_tokens = 1;
     std::vector<std::string> systems = {"warmctx-defaults", "llama-server-defaults"};
     std::string llama_server = default_tool("llama-server");
@@ -80,6 +81,9 @@ result<json> run_system(const std::string & name, const conversation_args & a, p
     json rows = json::array();
     int nonce = 0;
     for (int n : a.counts) {
+      json reps = json::array();
+      std::vector<double> colds, warms;
+      for (int rep = 0; rep < a.reps; ++rep) {
         json msgs = conversation(n, ++nonce);
         auto send = [&](const json & m) -> result<turn_timing> {
             auto segs = chat_segments(m);
@@ -90,23 +94,26 @@ result<json> run_system(const std::string & name, const conversation_args & a, p
             if (!t.ok) return io_error(name + ": " + t.error);
             return t;
         };
-        progress(name + ": " + std::to_string(n) + " messages, cold");
+        progress(name + ": " + std::to_string(n) + " messages, cold (rep " + std::to_string(rep + 1) + ")");
         auto cold = send(msgs);
         if (!cold) return cold.error();
         json warm = json::array();
-        std::vector<double> warm_ttft;
         for (int k = 0; k < a.warm_turns; ++k) {
             msgs.push_back({{"role", "assistant"}, {"content", short_message(n + 2 * k, true)}});
             msgs.push_back({{"role", "user"}, {"content", short_message(n + 2 * k + 1, false)}});
             auto w = send(msgs);
             if (!w) return w.error();
-            warm_ttft.push_back(w->ttft_ms);
+            warms.push_back(w->ttft_ms);
             warm.push_back(timing_json(*w));
         }
+        colds.push_back(cold->total_ms);
         progress(name + ": " + std::to_string(n) + " messages: cold " + std::to_string((int)cold->total_ms) + " ms, " +
                  std::to_string(cold->prompt_tokens) + " tokens");
-        rows.push_back({{"messages", n}, {"cold", timing_json(*cold)}, {"warm", warm},
-                        {"warm_ttft_p50_ms", warm_ttft.empty() ? 0.0 : median(warm_ttft)}});
+        reps.push_back({{"cold", timing_json(*cold)}, {"warm", warm}});
+      }
+      rows.push_back({{"messages", n}, {"reps", reps}, {"cold_total_ms_median", median(colds)},
+                      {"cold_prompt_tokens", reps[0]["cold"]["prompt_tokens"]},
+                      {"warm_ttft_p50_ms", warms.empty() ? 0.0 : median(warms)}});
     }
     return json{{"name", name}, {"describe", (*sys)->describe()}, {"rows", rows}};
 }
@@ -136,9 +143,9 @@ int run_conversation(const conversation_args & a) {
         for (size_t i = 0; i < a.counts.size(); ++i) {
             const json & w = systems[0]["rows"][i];
             const json & l = systems[1]["rows"][i];
-            const double lc = l["cold"]["total_ms"].get<double>(), lw = l["warm_ttft_p50_ms"].get<double>();
+            const double lc = l["cold_total_ms_median"].get<double>(), lw = l["warm_ttft_p50_ms"].get<double>();
             ratios.push_back({{"messages", a.counts[i]},
-                              {"cold_total", lc > 0 ? w["cold"]["total_ms"].get<double>() / lc : 0.0},
+                              {"cold_total", lc > 0 ? w["cold_total_ms_median"].get<double>() / lc : 0.0},
                               {"warm_ttft_p50", lw > 0 ? w["warm_ttft_p50_ms"].get<double>() / lw : 0.0}});
         }
         out["ratios"] = ratios;
@@ -148,9 +155,9 @@ int run_conversation(const conversation_args & a) {
     } else {
         for (const auto & s : systems)
             for (const auto & r : s["rows"])
-                std::printf("%-22s %6d messages: cold %9.1f ms (%d tokens), warm TTFT p50 %8.1f ms\n",
+                std::printf("%-22s %6d messages: cold %9.1f ms (median, %d tokens), warm TTFT p50 %8.1f ms\n",
                             s["name"].get<std::string>().c_str(), r["messages"].get<int>(),
-                            r["cold"]["total_ms"].get<double>(), r["cold"]["prompt_tokens"].get<int>(),
+                            r["cold_total_ms_median"].get<double>(), r["cold_prompt_tokens"].get<int>(),
                             r["warm_ttft_p50_ms"].get<double>());
     }
     return 0;
@@ -166,10 +173,11 @@ void register_conversation_bench(CLI::App & bench, int & rc) {
     a->mf.add_to(*c);
     c->add_option("--counts", a->counts, "messages in the conversation, one run each")->delimiter(',')->capture_default_str();
     c->add_option("--warm-turns", a->warm_turns, "appended turns after each cold request")->check(CLI::Range(0, 100))->capture_default_str();
+    c->add_option("--reps", a->reps, "conversations of each count (each new, cold everywhere); the median is reported")->check(CLI::Range(1, 100))->capture_default_str();
     c->add_option("--max-tokens", a->max_tokens, "tokens each request writes")->check(CLI::Range(1, 4096))->capture_default_str();
     c->add_option("--systems", a->systems, "systems: warmctx-defaults, llama-server-defaults")->delimiter(',')->capture_default_str();
     c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
-    c->add_flag("--json", a->json_out, "print JSON (per system and count: the cold request and each warm turn)");
+    c->add_flag("--json", a->json_out, "print JSON (per system and count: each rep's cold request and warm turns, the medians)");
     on_run(c, rc, [a] { return run_conversation(*a); });
 }
 

@@ -69,10 +69,14 @@ void detail::build_blocks(assembled_prompt & out, std::span<const detail::piece>
     // call's cost at depth: an assistant message joins the span before it while that
     // span, with the assistant's whole run (its message and the messages that continue
     // it), still fits in span_tokens, or while the span holds less than half of it.
-    // Where a span ends depends only on the messages up to it, so an appended turn cuts
-    // its shared history as the turn before did and resumes from the last span's start,
-    // prefilling again at most one span of what that turn computed (docs/architecture.md,
-    // "Chunk runs").
+    // Where a span ends depends only on the messages up to it (and their positions), so an
+    // appended turn cuts its shared history as the turn before did and resumes from the
+    // last span's start, prefilling again at most one span of what that turn computed
+    // (docs/architecture.md, "Chunk runs").
+    // Spans start k_spans_from spans deep: there a call costs most (attention over all
+    // before it), and what an appended turn prefills again is at most 1/8 of what it
+    // reuses; a short conversation keeps every exchange a run of its own.
+    constexpr pos_t k_spans_from = 8;
     std::vector<bool> starts_run(pieces.size(), true);
     const auto span = (pos_t)prof.span_tokens;
     pos_t run_begin = 0;
@@ -80,7 +84,8 @@ void detail::build_blocks(assembled_prompt & out, std::span<const detail::piece>
         const bool part = pieces[i].segment_index >= 0 && pieces[i].segment_index == pieces[i - 1].segment_index;
         const bool gen = pieces[i].segment_index == k_generation_prompt_index;
         starts_run[i] = (pieces[i - 1].retention != retention_class::none && !pieces[i].continues) || gen || part;
-        if (starts_run[i] && !gen && !part && pieces[i].after_message && span > 0) {
+        if (starts_run[i] && !gen && !part && pieces[i].after_message && span > 0 &&
+            pieces[i].begin >= k_spans_from * span) {
             size_t j = i + 1;
             while (j < pieces.size() && pieces[j].continues) ++j;
             const pos_t held = pieces[i].begin - run_begin;
@@ -134,11 +139,19 @@ uint32_t checkpoint_spacing(uint64_t checkpoint_bytes, uint64_t kv_bytes_per_tok
     return chunks <= 1 ? 0 : (uint32_t)std::min<uint64_t>(chunks * chunk_tokens, 1u << 20);
 }
 
-uint32_t conversation_span(std::string_view backend, uint32_t chunk_tokens, uint32_t n_threads, int32_t n_head) {
+uint32_t conversation_span(std::string_view backend, uint32_t chunk_tokens, uint32_t n_threads, int32_t n_head,
+                           uint64_t weights_per_row) {
     uint32_t span = 128;
     if (backend == "CPU") {
-        const uint32_t rows = 256 * std::max<uint32_t>(n_threads, 1) / (uint32_t)std::max<int32_t>(n_head, 1);
-        span = std::clamp<uint32_t>((rows + 63) / 64 * 64, 64, 1024);
+        const uint64_t threads = std::max<uint32_t>(n_threads, 1);
+        // The fewest rows that fill flash attention's tiles ...
+        uint64_t rows = 256 * threads / (uint64_t)std::max<int32_t>(n_head, 1);
+        // ... or, where a row costs little beside a call's own ~5 ms (graph, a barrier per
+        // op, the mask over every cell), the rows that make that a third of the call: a
+        // row at ~2 FLOPs per weight and a nominal 20 GFLOP/s a thread.
+        const double row_ms = 2.0 * (double)weights_per_row / (20e9 * (double)threads) * 1e3;
+        if (row_ms > 0) rows = std::max<uint64_t>(rows, (uint64_t)std::min(1e6, 3 * 5.0 / row_ms));
+        span = (uint32_t)std::clamp<uint64_t>((rows + 63) / 64 * 64, 64, 256);
     }
     return std::min(span, chunk_tokens);
 }

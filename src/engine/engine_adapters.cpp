@@ -279,7 +279,10 @@ void set_block_grid(profile & p, const engine & e) {
     p.checkpoint_tokens = ci.memory.checkpoints
                               ? checkpoint_spacing(ci.memory.checkpoint_bytes, ci.kv_bytes_per_token, p.chunk_tokens)
                               : 0;
-    p.span_tokens = conversation_span(p.backend, p.chunk_tokens, ci.n_threads, e.model().n_head);
+    const model_info & mi = e.model();
+    const uint64_t embedding = (uint64_t)mi.n_vocab * (uint64_t)std::max(mi.n_embd, 0);
+    const uint64_t per_row = mi.n_params > embedding ? mi.n_params - embedding : mi.n_params;
+    p.span_tokens = conversation_span(p.backend, p.chunk_tokens, ci.n_threads, mi.n_head, per_row);
 }
 
 }  // namespace warmctx

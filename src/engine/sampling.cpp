@@ -25,9 +25,6 @@ std::string_view finish_reason_name(finish_reason r) {
 
 struct token_sampler::impl {
     detail::sampler_ptr chain;  // null: greedy
-    // The chain is a lazy grammar and greedy alone, and nothing is sampled yet: a lazy
-    // grammar waits for its trigger, so its first pick is the logits' first maximum.
-    bool first_is_argmax = false;
     // Greedy under a grammar: `chain` holds the logit bias and penalties (or is null), and
     // the grammar is apart. The first maximum is checked against the grammar alone; only
     // when the grammar refuses it are all candidates checked. Greedy's pick is the same
@@ -120,6 +117,16 @@ result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params
 }
 
 namespace {
+// The logits as llama.cpp's candidates. One array per thread, kept: every request's
+// sampler would otherwise allocate and fault in n_vocab entries (1.8 MB for a 152k
+// vocabulary) before its first token.
+llama_token_data_array candidates(std::span<const float> l) {
+    thread_local std::vector<llama_token_data> cand;
+    cand.resize(l.size());
+    for (size_t i = 0; i < l.size(); ++i) cand[i] = {(llama_token)i, l[i], 0.0f};
+    return {cand.data(), cand.size(), -1, false};
+}
+
 size_t first_max(const llama_token_data_array & a) {
     size_t best = 0;
     for (size_t i = 1; i < a.size; ++i)
@@ -130,10 +137,7 @@ size_t first_max(const llama_token_data_array & a) {
 
 token_id token_sampler::sample(std::span<const float> l) {
     if (p_->grammar) {
-        thread_local std::vector<llama_token_data> cand;
-        cand.resize(l.size());
-        for (size_t i = 0; i < l.size(); ++i) cand[i] = {(llama_token)i, l[i], 0.0f};
-        llama_token_data_array arr{cand.data(), cand.size(), -1, false};
+        llama_token_data_array arr = candidates(l);
         if (p_->chain) llama_sampler_apply(p_->chain.get(), &arr);  // bias, penalties
         llama_token_data one = arr.data[first_max(arr)];
         llama_token_data_array single{&one, 1, -1, false};
@@ -147,22 +151,7 @@ token_id token_sampler::sample(std::span<const float> l) {
         return t;
     }
     if (!p_->chain) return (token_id)(std::max_element(l.begin(), l.end()) - l.begin());  // first maximum
-    if (p_->first_is_argmax) {
-        // What the chain would pick (the untriggered grammar leaves the logits alone, greedy
-        // takes the first maximum), without filling n_vocab candidates; the grammar still
-        // sees the token, so its trigger is looked for from the first one on.
-        p_->first_is_argmax = false;
-        const auto t = (llama_token)(std::max_element(l.begin(), l.end()) - l.begin());
-        llama_sampler_accept(p_->chain.get(), t);
-        return t;
-    }
-    // One candidate array per thread, kept: every request's sampler would otherwise
-    // allocate and fault in n_vocab entries (1.8 MB for a 152k vocabulary) before its
-    // first token.
-    thread_local std::vector<llama_token_data> cand;
-    cand.resize(l.size());
-    for (size_t i = 0; i < l.size(); ++i) cand[i] = {(llama_token)i, l[i], 0.0f};
-    llama_token_data_array arr{cand.data(), cand.size(), -1, false};
+    llama_token_data_array arr = candidates(l);
     llama_sampler_apply(p_->chain.get(), &arr);
     const llama_token t = arr.data[arr.selected].id;
     llama_sampler_accept(p_->chain.get(), t);  // the penalties count it from now on
@@ -170,7 +159,6 @@ token_id token_sampler::sample(std::span<const float> l) {
 }
 
 void token_sampler::accept(token_id t) {
-    p_->first_is_argmax = false;
     if (p_->chain) llama_sampler_accept(p_->chain.get(), t);
     if (p_->grammar) llama_sampler_accept(p_->grammar.get(), t);
 }

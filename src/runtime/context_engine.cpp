@@ -221,7 +221,11 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     if (!opts.tiers.cache_dir.empty() && opts.volatility.enabled) {
         p->vol_fs = opts.tiers.disk_fs ? opts.tiers.disk_fs : &posix_fs();
         const std::string dir = opts.tiers.cache_dir + "/volatility";
-        if (p->vol_fs->create_dirs(dir).ok()) {  // else memory only, as without a directory
+        // A link there could lead anywhere: memory only, as without a directory.
+        if (auto link = p->vol_fs->is_link(dir); link.ok() && *link) {
+            std::fprintf(stderr, "warmctx: %s is a symbolic link; the learned order is kept in memory only\n",
+                         dir.c_str());
+        } else if (p->vol_fs->create_dirs(dir).ok()) {  // else memory only, as without a directory
             p->vol_dir = dir;
             p->vol_writer = std::make_unique<impl::volatility_writer>(*p->vol_fs);
         }

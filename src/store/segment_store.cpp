@@ -100,8 +100,18 @@ std::string segment_store::seg_path(const std::string & ws, const std::string & 
     return ws_dir(ws) + "/" + hash_string(id).hex() + k_seg_ext;
 }
 
+status segment_store::check_not_link(const std::string & dir) const {
+    auto link = persist_.fs->is_link(dir);
+    if (!link.ok()) return link.error();
+    if (*link)
+        return failed_precondition(dir + " is a symbolic link: the workspace store does not follow links out of its "
+                                          "directory");
+    return {};
+}
+
 status segment_store::write_sealed(const std::string & dir, const std::string & name, const std::string & body) {
     file_system & fs = *persist_.fs;
+    if (dir != persist_.dir) WARMCTX_RETURN_IF_ERROR(check_not_link(dir));
     WARMCTX_RETURN_IF_ERROR(fs.create_dirs(dir));
     const std::string sealed = seal_store_file(body);
     const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t *>(sealed.data()), sealed.size());
@@ -145,6 +155,10 @@ result<store_load_report> segment_store::load(const kind_table & kinds,
         if (ws == k_quarantine_dir) continue;
         if (!is_workspace_id(ws)) {
             rep.problems.push_back(persist_.dir + "/" + ws + ": not a workspace id, left alone");
+            continue;
+        }
+        if (status st = check_not_link(ws_dir(ws)); !st.ok()) {
+            rep.problems.push_back(st.message() + "; left alone");
             continue;
         }
         auto files = fs.list_dir(ws_dir(ws));
@@ -238,7 +252,9 @@ void segment_store::refresh_locked(const std::string & ws) const {
     if (!durable() || !persist_.shared) return;
     file_system & fs = *persist_.fs;
     std::map<std::string, file_version> now;
-    auto files = fs.list_dir(ws_dir(ws));
+    // A link where the workspace's directory was holds nothing of the store's.
+    auto files = check_not_link(ws_dir(ws)).ok() ? fs.list_dir(ws_dir(ws))
+                                                  : result<std::vector<std::string>>(not_found("a link"));
     // A directory that cannot be read (the shared filesystem is away) keeps the view as it
     // is; one that does not exist holds nothing.
     if (!files.ok() && files.error().code() != status_code::not_found) return;
@@ -397,6 +413,7 @@ result<bool> segment_store::erase(const std::string & ws, const std::string & id
     auto sit = wit->second.find(id);
     if (sit == wit->second.end()) return false;
     if (durable()) {
+        if (status st = check_not_link(ws_dir(ws)); !st.ok()) return st;
         status st = persist_.fs->remove_file(seg_path(ws, id));
         if (st.ok() || st.code() == status_code::not_found) st = persist_.fs->sync_dir(ws_dir(ws));
         if (!st.ok()) {
@@ -427,6 +444,7 @@ result<size_t> segment_store::drop(const std::string & ws) {
     if (wit == ws_.end()) return size_t{0};
     if (durable()) {
         file_system & fs = *persist_.fs;
+        WARMCTX_RETURN_IF_ERROR(check_not_link(ws_dir(ws)));
         for (const auto & [id, sg] : wit->second) {
             status st = fs.remove_file(seg_path(ws, id));
             if (!st.ok() && st.code() != status_code::not_found) {

@@ -169,6 +169,15 @@ class posix_file_system final : public file_system {
         return {};
     }
 
+    result<bool> is_link(const std::string & path) override {
+        struct stat st;
+        if (::lstat(path.c_str(), &st) != 0) {
+            if (errno == ENOENT || errno == ENOTDIR) return false;
+            return errno_status("stat", path, errno);
+        }
+        return S_ISLNK(st.st_mode);
+    }
+
     result<std::vector<std::string>> list_dir(const std::string & dir) override {
         DIR * d = ::opendir(dir.c_str());
         if (!d) return errno_status("list", dir, errno);

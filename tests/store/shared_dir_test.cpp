@@ -216,6 +216,52 @@ TEST(shared_dir, a_refresh_does_not_read_a_file_larger_than_any_segment) {
     EXPECT_EQ(a.get("ws", "map")->content, "v2");
 }
 
+// A workspace directory that is a symbolic link (planted in a shared directory, pointing
+// out of it) is not followed: not loaded, not refreshed into a view, nothing written or
+// removed through it; the directory it points to keeps its files. It was written, read
+// and deleted there.
+TEST(shared_dir, a_workspace_directory_that_is_a_link_is_not_followed) {
+    namespace sfs = std::filesystem;
+    std::string tmpl = (sfs::temp_directory_path() / "warmctx-link-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    const sfs::path top = tmpl, root = top / "workspaces", outside = top / "outside";
+    store_persistence sp{&posix_fs(), root.string()};
+    sp.shared = true;
+    auto any_id = [](std::string_view) { return true; };
+    bool created = false;
+    {
+        segment_store a(store_limits{}, sp);
+        ASSERT_TRUE(a.load(kind_table{}, any_id).ok());
+        ASSERT_TRUE(a.put("ws", seg_of("map", "v1"), created).ok());
+    }
+    // Outside the directory: a copy of that workspace's files; inside, "evil" links there.
+    sfs::copy(root / "ws", outside, sfs::copy_options::recursive);
+    sfs::create_directory_symlink(outside, root / "evil");
+    auto outside_files = [&] {
+        std::map<std::string, uintmax_t> m;
+        for (const auto & e : sfs::directory_iterator(outside)) m[e.path().filename().string()] = e.file_size();
+        return m;
+    };
+    const auto before = outside_files();
+    ASSERT_FALSE(before.empty());
+
+    segment_store b(store_limits{}, sp);
+    auto rep = b.load(kind_table{}, any_id);
+    ASSERT_TRUE(rep.ok());
+    bool named = false;
+    for (const auto & p : rep->problems) named |= p.find("symbolic link") != std::string::npos;
+    EXPECT_TRUE(named) << "the load names the link";
+    EXPECT_FALSE(b.get("evil", "map")) << "read through the link";
+    EXPECT_TRUE(b.get("ws", "map")) << "the real workspace is read";
+    EXPECT_FALSE(b.put("evil", seg_of("map", "v2"), created).ok()) << "written through the link";
+    EXPECT_FALSE(b.put("evil", seg_of("other", "x"), created).ok());
+    auto dropped = b.drop("evil");
+    EXPECT_TRUE(!dropped.ok() || *dropped == 0);
+    EXPECT_EQ(outside_files(), before) << "the directory the link points to changed";
+    std::error_code ec;
+    sfs::remove_all(top, ec);
+}
+
 TEST(shared_dir, without_shared_a_store_keeps_its_own_view) {
     mem_fs mem;
     segment_store a(store_limits{}, store_persistence{&mem, "/ws"}), b(store_limits{}, store_persistence{&mem, "/ws"});
