@@ -106,6 +106,11 @@ struct snapshot_store_options {
     bool shared = false;
     uint64_t shared_refresh_ms = 250;
     uint64_t shared_temp_grace_ms = 10 * 60 * 1000;
+    // The most KV bytes a snapshot of these blocks and tokens can hold (the engine's
+    // bytes per token and per checkpoint, with room to spare); empty or 0: unchecked. A
+    // head that declares more is rejected from its head alone, before any KV is read: a
+    // checksummed head declaring 6 GB for 350 tokens was read whole on the engine thread.
+    std::function<uint64_t(const snapshot_meta &)> max_kv_bytes;
     // Called (no lock held) with the name of each file the budget evicted. For tests.
     std::function<void(const std::string &)> on_evict;
     // Called (on the caller's thread, no lock held) when a load joins another caller's
@@ -256,6 +261,8 @@ class snapshot_store {
     void index_add(entry_state st);
     void index_remove(const std::string & file_name);
     // REQUIRES commit_mu_ (not mu_). Moves a bad file aside (or deletes it); records it.
+    // Why a head's KV is more than opts_.max_kv_bytes allows ("" = it is not).
+    std::string implausible_kv(const snapshot_header & h) const;
     void reject(const std::string & file_name, snapshot_defect d, const std::string & reason, bool in_index,
                 uint64_t generation);
     // REQUIRES commit_mu_ (not mu_). Deletes quarantined files, oldest first, while there

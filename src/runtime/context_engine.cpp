@@ -215,7 +215,17 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     // Every held prefix is its own copy of its cells, whatever the KV mode.
     p->cache = std::make_unique<prefix_cache>(*p->pool, p->pool->holder_ids(), p->opts.budget, opts.policy,
                                               kv_accounting::per_holder);
-    auto tiers = disk_kv_tier::open(opts.tiers, opts.policy, (pos_t)p->eng->context().n_ctx_seq);
+    // What a saved prefix of n tokens can hold: its cells (K, V and their position and
+    // sequence), a checkpoint per block where the memory keeps them, twice over, and 1 MiB
+    // of llama.cpp's own framing. A file's head that declares more is not read further.
+    const memory_info & mem = p->eng->context().memory;
+    auto max_kv = [bpt = p->eng->context().kv_bytes_per_token, ckpt = mem.checkpoints ? mem.checkpoint_bytes : 0](
+                      const snapshot_meta & m) -> uint64_t {
+        if (bpt == 0) return 0;
+        return 2 * ((uint64_t)m.n_tokens() * (bpt + k_pool_bytes_per_cell_meta) + (uint64_t)m.blocks.size() * ckpt) +
+               (uint64_t{1} << 20);
+    };
+    auto tiers = disk_kv_tier::open(opts.tiers, opts.policy, (pos_t)p->eng->context().n_ctx_seq, {}, max_kv);
     if (!tiers.ok()) return tiers.error();
     p->tiers = std::move(tiers.value());
     if (!opts.tiers.cache_dir.empty() && opts.volatility.enabled) {

@@ -22,7 +22,8 @@ snapshot make_snapshot(const profile & prof, const std::string & workspace, cons
 }
 
 result<std::unique_ptr<disk_kv_tier>> disk_kv_tier::open(const tier_options & opts, eviction_policy policy,
-                                                  pos_t max_file_tokens, write_queue_options wq) {
+                                                  pos_t max_file_tokens, write_queue_options wq,
+                                                  std::function<uint64_t(const snapshot_meta &)> max_kv_bytes) {
     std::unique_ptr<disk_kv_tier> t(new disk_kv_tier());
     t->opts_ = opts;
     t->wq_opts_ = std::move(wq);
@@ -34,6 +35,7 @@ result<std::unique_ptr<disk_kv_tier>> disk_kv_tier::open(const tier_options & op
         so.budget_bytes = opts.disk_budget_bytes;
         so.policy = policy;
         so.shared = opts.shared_dir;
+        so.max_kv_bytes = std::move(max_kv_bytes);
         auto d = snapshot_store::open(so);  // indexes the directory (headers only, no KV)
         if (!d.ok()) return d.error().with_context("disk tier '" + opts.cache_dir + "'");
         t->disk_ = std::move(d.value());

@@ -76,7 +76,8 @@ class disk_kv_tier {
     // more (made with a larger context) is never looked up nor loaded: a miss.
     // Errors: those of snapshot_store::open, with the tier named.
     static result<std::unique_ptr<disk_kv_tier>> open(const tier_options & opts, eviction_policy policy,
-                                                  pos_t max_file_tokens = 0, write_queue_options wq = {});
+                                                  pos_t max_file_tokens = 0, write_queue_options wq = {},
+                                                  std::function<uint64_t(const snapshot_meta &)> max_kv_bytes = {});
     // Finishes every queued write (none is lost), then joins the writer thread.
     ~disk_kv_tier();
     disk_kv_tier(const disk_kv_tier &) = delete;

@@ -148,12 +148,12 @@ class scenario_runner {
                 if (seg.kind == segment_kind::user) seg.content = g_.question();
             WARMCTX_RETURN_IF_ERROR(step("window slide " + std::to_string(slide), at_least(stable_end())));
         }
-        // A long conversation of short messages (200 exchanges, ~5k tokens: packed into
+        // A long conversation of short messages (150 exchanges, 4k-8k tokens: packed into
         // spans from 8 spans deep, profile::span_tokens), then turns that each append an
         // exchange: each reuses what the turn before computed but its last span, warm
         // equal to cold.
         std::erase_if(segs_, [](const segment & s) { return s.kind == segment_kind::history; });
-        for (int i = 0; i < 200; ++i) add_history(true);
+        for (int i = 0; i < 150; ++i) add_history(true);
         WARMCTX_RETURN_IF_ERROR(step("long conversation", at_least(stable_end())));
         for (int turn = 1; turn <= 2; ++turn) {
             add_history(true);
@@ -294,7 +294,7 @@ result<verify_report> run_verify(const verify_options & opts, const verify_progr
     if (opts.stable_tokens_max < 200) return invalid_argument("verify's largest stable prefix must be at least 200 tokens");
     context_engine_options co = opts.engine;
     co.n_work_seqs = std::max<uint32_t>(co.n_work_seqs, 2);  // a step runs in another stream
-    const uint32_t need = (uint32_t)opts.stable_tokens_max + 8192;  // and the long conversation
+    const uint32_t need = (uint32_t)opts.stable_tokens_max + 12288;  // and the long conversation
     if (co.engine.n_ctx < need) co.engine.n_ctx = need;
     // Scenarios also go through disk restores (a private directory unless the options
     // name one).

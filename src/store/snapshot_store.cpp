@@ -456,6 +456,14 @@ result<std::shared_ptr<const snapshot>> snapshot_store::load(const snapshot_key 
         auto f = fs_.open_readable(path_of(name));
         if (!f) return f.error().with_context("loading snapshot");
         n_bytes = (*f)->size();
+        // The head first: a file replaced behind the index may declare more KV than its
+        // tokens can hold, and is then not read further.
+        auto h = read_snapshot_header(**f, &defect);
+        if (!h) return h.error().with_context("snapshot " + name);
+        if (std::string why_not = implausible_kv(*h); !why_not.empty()) {
+            defect = snapshot_defect::bad_layout;
+            return corrupt("snapshot " + name + ": " + why_not);
+        }
         auto s = read_snapshot(**f, &defect);
         if (!s) return s.error().with_context("snapshot " + name);
         if (s->meta.key() != key.chain || s->meta.workspace != key.workspace) {
@@ -486,6 +494,13 @@ result<std::shared_ptr<const snapshot>> snapshot_store::load(const snapshot_key 
             if (auto it = entries_.find(name); it != entries_.end()) it->second.e.t_last_used_ms = now_ms();
     }
     return finish(r, defect);
+}
+
+std::string snapshot_store::implausible_kv(const snapshot_header & h) const {
+    const uint64_t most = opts_.max_kv_bytes ? opts_.max_kv_bytes(h.meta) : 0;
+    if (most == 0 || h.kv_bytes <= most) return {};
+    return "its head declares " + std::to_string(h.kv_bytes) + " bytes of KV for " + std::to_string(h.meta.n_tokens()) +
+           " tokens; this model's KV for them is at most " + std::to_string(most);
 }
 
 // ---- removal, pins ------------------------------------------------------------------------

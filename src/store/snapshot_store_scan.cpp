@@ -120,6 +120,10 @@ status snapshot_store::scan_locked() {
             else record_io_error(name, h.error());
             continue;
         }
+        if (std::string why_not = implausible_kv(*h); !why_not.empty()) {
+            reject(name, snapshot_defect::bad_layout, why_not, false, 0);
+            continue;
+        }
         std::string expected_name = snapshot_file_name(h->meta.key(), h->meta.workspace);
         if (name != expected_name) {
             reject(name, snapshot_defect::misnamed, "misnamed: its header names the file " + expected_name, false, 0);

@@ -31,10 +31,12 @@ std::string failures_of(const verify_report & r) {
 // Steps per scenario: cold, new question (in place), another stream, pool restore, disk,
 // history + diff, volatile edit, stable edit, edit undone, a second and a third edit of the
 // same segment (ranked, moved, cut finer: warmctx/volatility.h), three turns of a sliding
-// history window (the last two with the conversation fused), and for some a drift.
+// history window (the last two with the conversation fused), a long conversation of short
+// messages and two turns appended to it (packed into spans: profile::span_tokens), and for
+// some a drift.
 // passed() holds each step's expectations: the new question reused its work stream in
 // place, the turn in another stream and the pool restore loaded the prefix into theirs.
-constexpr int k_steps_without_drift = 14;
+constexpr int k_steps_without_drift = 17;
 
 TEST(run_verify, ExactModeEqualsColdAndMeetsEveryExpectation) {
     int progress_lines = 0;
