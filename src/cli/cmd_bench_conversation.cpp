@@ -115,7 +115,9 @@ result<json> run_system(const std::string & name, const conversation_args & a, p
                       {"cold_prompt_tokens", reps[0]["cold"]["prompt_tokens"]},
                       {"warm_ttft_p50_ms", warms.empty() ? 0.0 : median(warms)}});
     }
-    return json{{"name", name}, {"describe", (*sys)->describe()}, {"rows", rows}};
+    // What each allocated: `describe` (llama-server at its defaults: its slots' KV as it
+    // chose them), `state` (warmctx: its KV streams, pool and tiers after the run).
+    return json{{"name", name}, {"describe", (*sys)->describe()}, {"state", (*sys)->state()}, {"rows", rows}};
 }
 
 int run_conversation(const conversation_args & a) {

@@ -258,15 +258,16 @@ void respond_error(http_response & res, request_log & log, const api_error & e) 
 
 maybe_error parse_body(route_context & ctx, const http_request & req, json & out, json_budget::ticket & held,
                        unsigned copies) {
-    // A text nested too deep is refused below before anything is built: no share needed.
-    const bool too_deep = json_nesting_depth(req.body) > k_max_json_depth;
-    const uint64_t one = too_deep ? 0 : json_parsed_bytes_estimate(req.body), need = one * std::max(copies, 1u);
+    const uint64_t one = json_parsed_bytes_estimate(req.body), need = one * std::max(copies, 1u);
     auto mib = [](uint64_t b) { return std::to_string((b + (1u << 20) - 1) >> 20) + " MiB"; };
-    if (one > ctx.opts.max_body_json_bytes)
+    // A text nested too deep is refused below before anything is built (400, which says
+    // why better than a size would): its depth is counted only where a size refuses it.
+    auto refusable = [&] { return json_nesting_depth(req.body) <= k_max_json_depth; };
+    if (one > ctx.opts.max_body_json_bytes && refusable())
         return payload_too_large("request body would take about " + mib(one) + " as parsed JSON (" +
                                  std::to_string(req.body.size()) + " bytes of text); at most " +
                                  mib(ctx.opts.max_body_json_bytes));
-    if (!ctx.json_memory.take(need, held))
+    if (one <= ctx.opts.max_body_json_bytes && !ctx.json_memory.take(need, held) && refusable())
         return unavailable("the server is reading other large request bodies (" + mib(ctx.json_memory.used()) +
                                " of " + mib(ctx.json_memory.limit()) + " as parsed JSON); retry",
                            1);
