@@ -104,8 +104,8 @@ status segment_store::check_not_link(const std::string & dir) const {
     auto link = persist_.fs->is_link(dir);
     if (!link.ok()) return link.error();
     if (*link)
-        return failed_precondition(dir + " is a symbolic link: the workspace store does not follow links out of its "
-                                          "directory");
+        return failed_precondition("'" + dir + "' is a symbolic link: the workspace store does not follow links out of "
+                                               "its directory");
     return {};
 }
 
