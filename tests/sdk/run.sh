@@ -20,7 +20,12 @@ major="$(node -p 'process.versions.node.split(".")[0]')"
 [ -f "$WARMCTX_TINY_MODEL" ] || { echo "sdk tests: WARMCTX_TINY_MODEL '$WARMCTX_TINY_MODEL' is missing"; exit 1; }
 
 # npm writes node_modules/.package-lock.json on every install: it stands for node_modules.
+# ctest runs the three SDK tests (one per model shape) side by side, and `npm ci` first
+# removes node_modules: one install at a time, and the others wait for it (a lock file
+# beside the lock file) instead of deleting what a running test loads.
 stamp="$here/node_modules/.package-lock.json"
+exec 9>"$here/.install.lock"
+flock 9
 if [ ! -f "$stamp" ] || [ "$here/package-lock.json" -nt "$stamp" ]; then
   cache="${WARMCTX_HOME:-$HOME/.cache/warmctx}/npm-cache"
   echo "sdk tests: installing the pinned packages (npm ci, cache $cache)"
@@ -31,6 +36,7 @@ if [ ! -f "$stamp" ] || [ "$here/package-lock.json" -nt "$stamp" ]; then
   fi
   touch "$stamp"
 fi
+flock -u 9
 
 cd "$here"
 exec node --test --test-concurrency=1 "$@" ./*.test.mjs
