@@ -21,6 +21,7 @@ install(FILES ${PROJECT_BINARY_DIR}/share/warmctx/ggml-vocab-qwen2.gguf
               ${PROJECT_BINARY_DIR}/share/warmctx/Qwen3.5-4B.jinja
               ${PROJECT_BINARY_DIR}/share/warmctx/openai-gpt-oss-120b.jinja
               ${PROJECT_BINARY_DIR}/share/warmctx/Qwen3-Coder.jinja
+              ${PROJECT_BINARY_DIR}/share/warmctx/LFM2.5-Instruct.jinja
         DESTINATION ${CMAKE_INSTALL_DATADIR}/warmctx)
 install(FILES ${PROJECT_SOURCE_DIR}/LICENSE ${PROJECT_SOURCE_DIR}/THIRD_PARTY_NOTICES.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR})

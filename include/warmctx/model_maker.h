@@ -52,7 +52,7 @@ struct model_shape {
     int32_t head_dim_or_default() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
 };
 
-// The shapes: tiny ones for tests (tiny, tiny-hybrid, tiny-swa, tiny-moe) and ones with
+// The shapes: tiny ones for tests (tiny, tiny-hybrid, tiny-swa, tiny-moe, tiny-unsupported) and ones with
 // published dimensions for benchmarks (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b,
 // qwen3.5-hybrid, gpt-oss-20b, qwen3-coder-30b-a3b).
 const std::vector<model_shape> & model_shapes();

@@ -92,6 +92,7 @@ struct verify_report {
     // second stream, and an edit's trimmed blocks are parked in a free one), and through
     // the RAM pool.
     std::string backend;              // CPU | CUDA
+    std::string memory;               // the model's memory kind (memory_kind_name); "unsupported": no reuse is expected
     bool stream_copies = false;
     uint64_t n_stream_copies = 0, n_branches_parked = 0, n_pool_loads = 0, n_write_backs = 0;
     uint64_t n_padded_decodes = 0;    // decodes padded to 64 rows (engine::pad_rows), warm and cold

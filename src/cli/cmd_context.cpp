@@ -153,9 +153,9 @@ int run_verify(const verify_args & a) {
     if (a.json) {
         std::printf("%s\n", r.to_json().dump(2).c_str());
     } else {
-        std::printf("mode %s: %d scenarios, %d turns, %d mismatching scenarios (%zu turns), max |logit diff| %g, "
-                    "token agreement %.4f, %zu expectation failures, %.1f s\n",
-                    r.mode.c_str(), r.scenarios, r.turns, r.mismatched_scenarios, r.mismatches.size(), r.max_logit_diff,
+        std::printf("mode %s, %s memory%s: %d scenarios, %d turns, %d mismatching scenarios (%zu turns), "
+                    "max |logit diff| %g, token agreement %.4f, %zu expectation failures, %.1f s\n",
+                    r.mode.c_str(), r.memory.c_str(), r.memory == "unsupported" ? " (no reuse expected)" : "", r.scenarios, r.turns, r.mismatched_scenarios, r.mismatches.size(), r.max_logit_diff,
                     r.token_agreement(), r.failures.size(), r.elapsed_ms / 1000);
         for (const auto & f : r.failures) std::printf("  expectation failed: %s\n", f.to_string().c_str());
     }

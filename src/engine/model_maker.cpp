@@ -53,6 +53,12 @@ const std::vector<model_shape> & model_shapes() {
         {.name = "tiny-moe", .arch = "qwen3moe", .template_name = "Qwen3-Coder.jinja", .n_layer = 2, .n_embd = 64,
          .n_head = 4, .n_head_kv = 2, .n_ff = 128, .rope_freq_base = 10000000.0f, .head_dim = 64, .tied_embd = false,
          .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 64, .for_tests = true},
+        // LFM2 with a 64-token window on its attention layers (0 and 2; 1 and 3 short
+        // convolutions): a hybrid with a sliding window, a memory warmctx does not cut, so
+        // served without reuse across turns (memory_kind::unsupported).
+        {.name = "tiny-unsupported", .arch = "lfm2", .template_name = "LFM2.5-Instruct.jinja", .n_layer = 4,
+         .n_embd = 64, .n_head = 4, .n_head_kv = 2, .n_ff = 128, .rope_freq_base = 1000000.0f, .rms_eps = 1e-5f,
+         .head_dim = 16, .n_swa = 64, .full_attn_interval = 2, .ssm_d_conv = 3, .for_tests = true},
         // Benchmarks: Qwen2.5 0.5B, 1.5B (tied embeddings) and 7B (a separate output matrix).
         {.name = "qwen2.5-0.5b", .n_layer = 24, .n_embd = 896, .n_head = 14, .n_head_kv = 2, .n_ff = 4864},
         {.name = "qwen2.5-1.5b", .n_layer = 28, .n_embd = 1536, .n_head = 12, .n_head_kv = 2, .n_ff = 8960},

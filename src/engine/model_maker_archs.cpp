@@ -1,4 +1,4 @@
-// Generates GGUF models of architectures other than qwen2 (qwen35, gpt-oss, qwen3moe)
+// Generates GGUF models of architectures other than qwen2 (qwen35, gpt-oss, qwen3moe, lfm2)
 // through llama.cpp's public model builder: llama_model_init_from_user creates every
 // tensor the architecture needs from metadata keys alone and calls back to fill each,
 // llama_model_save_to_file writes the model. The keys are the plain GGUF names of
@@ -74,6 +74,20 @@ void set_arch_kvs(gguf_context * g, const model_shape & s, uint64_t seed) {
         const auto sec = qwen35_rope_sections(n_rot);
         gguf_set_arr_data(g, (a + "rope.dimension_sections").c_str(), GGUF_TYPE_INT32, sec.data(), sec.size());
     }
+    if (s.arch == "lfm2") {
+        // LFM2: short-convolution layers (no KV heads) beside attention every
+        // full_attn_interval-th layer; with a sliding window on the attention layers,
+        // llama.cpp keeps it as a hybrid of a recurrent state and a windowed KV.
+        std::vector<uint32_t> heads, heads_kv;
+        for (int32_t il = 0; il < s.n_layer; ++il) {
+            const bool attn = il % std::max(1, s.full_attn_interval) == 0;  // llama.cpp reads the head size from layer 0
+            heads.push_back(attn ? (uint32_t)s.n_head : 0);
+            heads_kv.push_back(attn ? (uint32_t)s.n_head_kv : 0);
+        }
+        gguf_set_arr_data(g, (a + "attention.head_count").c_str(), GGUF_TYPE_UINT32, heads.data(), heads.size());
+        gguf_set_arr_data(g, (a + "attention.head_count_kv").c_str(), GGUF_TYPE_UINT32, heads_kv.data(), heads_kv.size());
+        u32("shortconv.l_cache", s.ssm_d_conv);
+    }
 }
 
 // A shape of the same architecture and tensor names with every width small: the names
@@ -105,7 +119,7 @@ bool ends_with(const std::string & s, const char * suffix) {
 // converted files.
 bool stored_f16(const std::string & name, int n_dims) {
     return n_dims >= 2 && !ends_with(name, ".bias") && name.find("ssm_conv1d") == std::string::npos &&
-           name.find("ffn_gate_inp") == std::string::npos;
+           name.find("shortconv.conv.") == std::string::npos && name.find("ffn_gate_inp") == std::string::npos;
 }
 
 struct tensor_name { std::string name; int n_dims; };

@@ -124,7 +124,7 @@ explain_report context_engine::impl::explain(const std::string & ws, const assem
     const memory_info & mi = eng->context().memory;
     r.memory_kind = std::string(memory_kind_name(mi.kind));
     r.memory_note = mi.note;
-    if (!mi.reuse && r.n_reused == 0) r.reason = "this model's memory is served without reuse: " + mi.note;
+    if (!mi.reuse && r.n_reused == 0) r.reason = mi.note;  // says it is served without reuse, and why
     return r;
 }
 

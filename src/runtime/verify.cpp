@@ -203,6 +203,11 @@ class scenario_runner {
         // What the cache may hold for this prompt, before the turn adds to it.
         auto ap = ce_.assemble_request(req);
         if (!ap) return ap.error().with_context(ws_ + " " + what);
+        if (!ce_.context().memory.reuse) {
+            // A memory warmctx does not cut is served without reuse: any reuse is wrong.
+            want = turn_expectation{};
+            want.max_reuse = 0;
+        }
         want.max_cached = cm_.max_reuse(ap->blocks, (pos_t)ap->tokens.size());
         auto w = ce_.run_turn(req, seq);
         if (!w) return w.error().with_context(ws_ + " " + what);
@@ -342,6 +347,7 @@ result<verify_report> run_verify(const verify_options & opts, const verify_progr
     rep.whole_holder_evictions = c.n_whole_holder_evictions;
     const kv_memory m = ce.counters().memory;
     rep.backend = ce.context().backend;
+    rep.memory = std::string(memory_kind_name(ce.context().memory.kind));
     rep.stream_copies = co.stream_copies == context_engine_options::stream_copy_mode::on ||
                         (co.stream_copies == context_engine_options::stream_copy_mode::automatic &&
                          ce.context().n_gpu_layers > 0);

@@ -39,7 +39,7 @@ nlohmann::json verify_report::to_json() const {
         {"elapsed_ms", elapsed_ms}, {"seed", seed}, {"policy", policy},
         {"budget_tokens", budget_tokens}, {"evictions_by_class", evictions_by_class},
         {"whole_holder_evictions", whole_holder_evictions},
-        {"backend", backend}, {"stream_copies", stream_copies}, {"n_stream_copies", n_stream_copies},
+        {"backend", backend}, {"memory", memory}, {"stream_copies", stream_copies}, {"n_stream_copies", n_stream_copies},
         {"n_branches_parked", n_branches_parked}, {"n_pool_loads", n_pool_loads}, {"n_write_backs", n_write_backs},
         {"n_padded_decodes", n_padded_decodes}, {"n_fused_turns", n_fused_turns},
         {"n_fused_conversations", n_fused_conversations},
