@@ -4,7 +4,8 @@
 # no Debian packages and no network: it builds from what scripts/pack-device.sh put
 # in .devcarry/ (run that first, on a machine that has them).
 #
-# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace window s3 calls contention verify render restore replay (default: build s2 trace s3)
+# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace window s3 calls contention verify render restore replay floor
+#                                             (default: build s2 trace s3)
 # environment:
 #   OUT                 where results go (default: bench/results/h200-run)
 #   WARMCTX_DEADLINE_S  start no bench stage after this many seconds (default: none)
@@ -13,6 +14,15 @@
 #   WINDOW_TAIL         the window stage's mean diff + test output per turn, tokens (default 60)
 #   REPLAY_CAPTURE      the replay stage's recorded requests (default: .devcarry/claude-capture, from
 #                       TRIAL_CAPTURE=... scripts/trial-claude-code.sh)
+#   REPLAY_SHAPES       the replay stage's model shapes, each made once as $WARMCTX_HOME/models/<shape>-q4_0-seed0.gguf
+#                       (default: qwen2.5-0.5b, written as replay-h200.json; any other shape as replay-<shape>-h200.json)
+#   REPLAY_SYSTEMS      the systems replayed (scripts/replay-messages.sh; default: "warmctx llama-server"; llama-server
+#                       answers 500 to these requests with the Qwen3.5 template: use warmctx for qwen3.5-*)
+#   REPLAY_LOG_DIR      keep the servers' logs in REPLAY_LOG_DIR/<shape>/ (default: not kept)
+#   FLOOR_SHAPES        the floor stage's shapes: llama-bench prefill (-n 0, flash attention, all layers on the GPU)
+#                       into floor-<shape>-h200.json (default: qwen3.5-hybrid qwen3.5-plain)
+#   FLOOR_SIZES         the floor stage's prompt sizes (default: 512,4096,16384)
+# e.g. REPLAY_SHAPES="qwen3.5-hybrid qwen3.5-plain" REPLAY_SYSTEMS=warmctx scripts/bench-h200.sh build replay floor
 # Every stage writes <stage>-h200.json and a log; the build is skipped when present.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -71,6 +81,19 @@ run_bench_as() {  # result name, bench name, args...
   fi
 }
 
+shape_model() {  # shape -> the path of its q4_0 seed-0 model, made once
+  local shape="$1" model="$WARMCTX_HOME/models/$1-q4_0-seed0.gguf" mlog="$out/make-$1.log"
+  [ "$shape" = qwen2.5-0.5b ] && mlog="$out/make-0.5b.log"
+  if [ ! -f "$model" ]; then
+    mkdir -p "$WARMCTX_HOME/models"
+    log "make-model: $shape q4_0" >&2
+    "$build/warmctx" make-model --shape "$shape" --type q4_0 --seed 0 -t "$(nproc)" -o "$model" >"$mlog" 2>&1 ||
+      { log "make-model: $shape FAILED" >&2; tail -20 "$mlog" >&2; return 1; }
+    log "make-model: $shape done" >&2
+  fi
+  echo "$model"
+}
+
 gpu=(--gpu-layers -1 --flash-attn)
 machine
 for s in "${stages[@]}"; do
@@ -102,14 +125,26 @@ for s in "${stages[@]}"; do
       run_bench_as calls-serve calls -m "$model" "${gpu[@]}" "${sizes[@]}" --streams 4 --resident -1 --cells 65536 --no-llama-bench ;;
     render) run_bench render --size 47000 --turns 30 ;;  # CPU work: the host's cores
     restore) run_bench restore "${gpu[@]}" --prefix-tokens 2048,13000 ;;  # pool loads into device KV
-    replay)  # recorded Claude Code requests against serve and llama-server, each at its defaults, on the 0.5B shape
-      model="$WARMCTX_HOME/models/qwen2.5-0.5b-q4_0-seed0.gguf"
-      [ -f "$model" ] || "$build/warmctx" make-model --shape qwen2.5-0.5b --type q4_0 --seed 0 -o "$model" >"$out/make-0.5b.log" 2>&1
-      log "replay: scripts/replay-messages.sh ${REPLAY_CAPTURE:-.devcarry/claude-capture}"
-      if MODEL="$model" WARMCTX_BIN="$build/warmctx" LLAMA_SERVER_BIN="$build/bin/llama-server" \
-           bash scripts/replay-messages.sh "${REPLAY_CAPTURE:-$root/.devcarry/claude-capture}" \
-           >"$out/replay-h200.json" 2>"$out/replay-h200.log"; then log "replay: done"; else log "replay: FAILED"; tail -20 "$out/replay-h200.log"; fi ;;
-    *) echo "unknown stage $s (build s2 trace window s3 calls contention verify render restore replay)" >&2; exit 2 ;;
+    replay)  # recorded Claude Code requests against serve (and llama-server), each at its defaults, shape by shape
+      for shape in ${REPLAY_SHAPES:-qwen2.5-0.5b}; do
+        name="replay-$shape-h200"; [ "$shape" = qwen2.5-0.5b ] && name=replay-h200
+        model="$(shape_model "$shape")" || { log "replay $shape: no model"; continue; }
+        log "replay $shape: scripts/replay-messages.sh ${REPLAY_CAPTURE:-.devcarry/claude-capture} (${REPLAY_SYSTEMS:-warmctx llama-server})"
+        if MODEL="$model" WARMCTX_BIN="$build/warmctx" LLAMA_SERVER_BIN="$build/bin/llama-server" \
+             REPLAY_LOG_DIR="${REPLAY_LOG_DIR:+$REPLAY_LOG_DIR/$shape}" \
+             bash scripts/replay-messages.sh "${REPLAY_CAPTURE:-$root/.devcarry/claude-capture}" \
+             >"$out/$name.json" 2>"$out/$name.log"; then log "replay $shape: done"; else log "replay $shape: FAILED"; tail -20 "$out/$name.log"; fi
+      done ;;
+    floor)  # llama.cpp's own prefill rate on the same models: the floor serve's cold prompts are compared with
+      for shape in ${FLOOR_SHAPES:-qwen3.5-hybrid qwen3.5-plain}; do
+        model="$(shape_model "$shape")" || { log "floor $shape: no model"; continue; }
+        log "floor $shape: llama-bench -p ${FLOOR_SIZES:-512,4096,16384} -n 0 -fa 1 -ngl 99"
+        if "$build/bin/llama-bench" -m "$model" -p "${FLOOR_SIZES:-512,4096,16384}" -n 0 -fa 1 -ngl 99 -o json \
+             >"$out/floor-$shape-h200.json" 2>"$out/floor-$shape-h200.log"; then
+          log "floor $shape: done"; jq -r '.[] | "  pp\(.n_prompt): \(.avg_ts) tok/s"' "$out/floor-$shape-h200.json" || true
+        else log "floor $shape: FAILED"; tail -20 "$out/floor-$shape-h200.log"; fi
+      done ;;
+    *) echo "unknown stage $s (build s2 trace window s3 calls contention verify render restore replay floor)" >&2; exit 2 ;;
   esac
 done
 log "all stages done; results in $out"

@@ -54,6 +54,12 @@ struct context_engine_options {
     cache_budget budget;              // bytes_per_token is filled from the engine
     uint64_t workspace_max_bytes = 0; // per-workspace byte budget (0 = none); becomes a
                                       // token budget once the KV bytes per token are known
+    // Bytes of RAM the streams' checkpoints may hold together (a hybrid's recurrent state
+    // or a window at each block end of what a stream holds; 0 = no bound). Past it, after
+    // a turn, the idle stream finished longest ago gives its prefix to the pool (under
+    // the pool's budget, with its checkpoints) and is cleared, until the rest fit or only
+    // busy streams hold any.
+    uint64_t stream_checkpoint_max_bytes = 0;
     eviction_policy policy = eviction_policy::semantic;
     kind_table kinds;
     // Per workspace, the learned order of its stable segments and their finer blocks

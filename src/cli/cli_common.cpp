@@ -1,5 +1,6 @@
 // What the warmctx and warmctx-bench commands share: the model and cache flags, progress
 // lines and the exit code of an error.
+#include <limits>
 #include <exception>
 #include <fstream>
 #include <sstream>
@@ -63,6 +64,12 @@ void cache_flags::add_to(CLI::App & app) {
         ->capture_default_str();
     app.add_option("--workspace-budget-tokens", workspace_budget_tokens, "per-workspace KV budget, tokens (0 = unlimited)")->capture_default_str();
     app.add_option("--workspace-budget-bytes", workspace_budget_bytes, "per-workspace KV budget, bytes (0 = unlimited)")->capture_default_str();
+    app.add_option("--checkpoint-budget-bytes", checkpoint_budget_bytes,
+                   "bytes of RAM the KV streams' checkpoints may hold together, on hybrid, recurrent and "
+                   "sliding-window models (-1 = half of --budget-bytes; 0 = unlimited); past it the idle stream "
+                   "used longest ago moves its prefix to the RAM pool")
+        ->check(CLI::Range(int64_t{-1}, std::numeric_limits<int64_t>::max()))
+        ->capture_default_str();
     app.add_option("--policy", policy, "eviction policy: semantic (volatile content first, then stable content least reused first; see docs/architecture.md) or lru")->capture_default_str();
     app.add_option("--kinds", kinds_file, "JSON file overriding the segment kind table, e.g. {\"kinds\":{\"repo_map\":{\"retention\":\"highest\"}}}");
     app.add_option("--tenant", tenant, "tenant salt: two tenants never share a cache entry");
@@ -79,6 +86,7 @@ status cache_flags::apply(context_engine_options & o) const {
     o.budget.max_bytes = budget_bytes;
     o.budget.workspace_max_tokens = workspace_budget_tokens;
     o.workspace_max_bytes = workspace_budget_bytes;
+    o.stream_checkpoint_max_bytes = checkpoint_budget_bytes >= 0 ? (uint64_t)checkpoint_budget_bytes : budget_bytes / 2;
     auto p = parse_eviction_policy(policy);
     if (!p.ok()) return p.error();
     o.policy = *p;

@@ -204,7 +204,13 @@ void report_start(const serve_args & a, const server_options & sv, const schedul
                  std::to_string(sched.n_parallel()) + " of --parallel (" + ci.resident_reason +
                  "; --resident-streams, --resident-share): a workspace's prefix stays where the model runs between "
                  "its turns");
-    progress("serve: memory: " + std::string(memory_kind_name(ci.memory.kind)) + ": " + ci.memory.note);
+    progress("serve: memory: " + std::string(memory_kind_name(ci.memory.kind)) + ": " + ci.memory.note +
+             (ci.memory.checkpoints
+                  ? "; the streams' checkpoints up to " +
+                        (so.engine.stream_checkpoint_max_bytes ? std::to_string(so.engine.stream_checkpoint_max_bytes >> 20) + " MiB"
+                                                              : std::string("unlimited")) +
+                        " of RAM (--checkpoint-budget-bytes)"
+                  : std::string()));
     progress("serve: context " + std::to_string(ci.n_ctx_seq) + " tokens per sequence (" + ci.n_ctx_reason +
              (ci.pads_rows ? "; 64 cells of each stream pad small batches on the CPU" : "") +
              "; -c to change); KV streams " + std::to_string(ci.n_seq_max) + " x " +

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <unordered_set>
 
 #include "llama.h"
 
@@ -162,9 +163,12 @@ std::vector<pos_t> engine::checkpoints(seq_id seq) const {
 }
 
 uint64_t engine::checkpoint_bytes_held() const {
+    // A stream copy shares its source's checkpoints: each buffer counted once.
+    std::unordered_set<const std::vector<uint8_t> *> seen;
     uint64_t n = 0;
     for (const auto & list : p_->ckpts)
-        for (const auto & c : list) n += c.bytes->size();
+        for (const auto & c : list)
+            if (seen.insert(c.bytes.get()).second) n += c.bytes->size();
     return n;
 }
 

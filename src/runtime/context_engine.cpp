@@ -492,6 +492,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     } else {
         p_->clear_stream(t.seq);
     }
+    p_->bound_stream_checkpoints(t.seq);
     if (!t.prewarm) {
         if (p_->opts.volatility.enabled && !t.ap.man.segments.empty()) {
             std::unique_lock lock(p_->volatility_mu);

@@ -242,6 +242,11 @@ struct context_engine::impl {
     bool is_stream(seq_id s) const { return s >= 0 && (size_t)s < streams.size(); }
 
     void clear_stream(seq_id seq);
+    // Keeps the streams' checkpoints within opts.stream_checkpoint_max_bytes: while over,
+    // the idle stream other than `keep` finished longest ago that holds checkpoints
+    // gives its blocks to the pool (write_back: the pool's budget decides what it keeps)
+    // and is cleared. Returns how many streams were cleared.
+    size_t bound_stream_checkpoints(seq_id keep);
 
     // The leading blocks of `ap` the cache may keep: up to the first of class none.
     static size_t n_cacheable_blocks(const assembled_prompt & ap) {

@@ -107,6 +107,26 @@ match context_engine::impl::best_match(match m, std::span<const block> blocks, s
     return m;
 }
 
+size_t context_engine::impl::bound_stream_checkpoints(seq_id keep) {
+    const uint64_t max = opts.stream_checkpoint_max_bytes;
+    if (max == 0 || !eng->context().memory.checkpoints) return 0;
+    size_t n = 0;
+    while (eng->checkpoint_bytes_held() > max) {
+        seq_id victim = -1;
+        for (size_t s = 0; s < streams.size(); ++s) {
+            const work_stream & w = streams[s];
+            if ((seq_id)s == keep || w.busy || eng->checkpoints((seq_id)s).empty()) continue;
+            if (victim < 0 || w.t_finished < streams[(size_t)victim].t_finished) victim = (seq_id)s;
+        }
+        if (victim < 0) break;  // what is left belongs to turns in flight (or `keep`)
+        write_back(victim);
+        clear_stream(victim);
+        ctr.memory.n_checkpoint_evictions++;
+        ++n;
+    }
+    return n;
+}
+
 void context_engine::impl::clear_stream(seq_id seq) {
     flush_deferred_of(seq);  // its disk write-through, while the stream still holds it
     eng->clear_seq(seq);

@@ -249,6 +249,13 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
     scalar(out, "warmctx_checkpoint_bytes", "gauge",
            "Checkpoints the work streams hold in RAM (a sliding window's or a recurrent state at block ends).",
            static_cast<double>(m.checkpoint_bytes));
+    scalar(out, "warmctx_checkpoint_max_bytes", "gauge",
+           "The bound on the work streams' checkpoints in RAM (--checkpoint-budget-bytes; 0: none).",
+           static_cast<double>(m.checkpoint_max_bytes));
+    scalar(out, "warmctx_checkpoint_evictions_total", "counter",
+           "Idle streams whose prefix went to the RAM pool and which were cleared, to keep the streams' checkpoints "
+           "within their bound.",
+           static_cast<double>(m.n_checkpoint_evictions));
     scalar(out, "warmctx_checkpoint_size_bytes", "gauge",
            "Bytes of one checkpoint of this model (0: its memory is cut back without any).",
            static_cast<double>(m.checkpoint_size_bytes));

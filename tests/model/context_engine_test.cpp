@@ -1188,3 +1188,81 @@ TEST(KvPool, OnTheCpuAutomaticResidentStreamsAreNone) {
 }
 }  // namespace
 }  // namespace warmctx
+
+// A hybrid model keeps a checkpoint (its recurrent state) at every block end of what a
+// stream holds, in host RAM. Those bytes are bounded: past stream_checkpoint_max_bytes,
+// the idle stream finished longest ago gives its prefix to the RAM pool and is cleared,
+// and its workspace's next turn is served from the pool, equal to cold.
+namespace warmctx {
+namespace {
+
+std::unique_ptr<context_engine> hybrid_engine(uint64_t checkpoint_max) {
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.model_path = std::string(WARMCTX_TEST_TMP) + "/tiny-hybrid-q8_0-seed1.gguf";
+    o.engine.n_ctx = 4096;
+    o.n_work_seqs = 3;
+    o.n_holders = 16;
+    o.stream_checkpoint_max_bytes = checkpoint_max;
+    auto r = context_engine::open(o);
+    EXPECT_TRUE(r.ok()) << r.error().to_string();
+    return r.ok() ? std::move(r.value()) : nullptr;
+}
+
+turn_request hybrid_turn(const std::string & ws, uint64_t seed, const std::string & q) {
+    workload_generator g(seed, [](const std::string & s) { return s.size() / 3; });
+    turn_request r;
+    r.workspace = ws;
+    r.segments = make_workspace(g, 700, 1);
+    r.segments.back().content = q;
+    r.sampling.max_tokens = 2;
+    r.keep_logits = true;
+    return r;
+}
+
+TEST(ContextEngineCheckpoints, TheStreamsCheckpointsStayWithinTheirBound) {
+    // One workspace's stream alone, unbounded: what its checkpoints take.
+    uint64_t one = 0;
+    {
+        auto ce = hybrid_engine(0);
+        ASSERT_TRUE(ce);
+        ASSERT_TRUE(ce->context().memory.checkpoints);
+        ASSERT_TRUE(ce->run_turn(hybrid_turn("a", 1, "first")).ok());
+        one = ce->counters().memory.checkpoint_bytes;
+        ASSERT_GT(one, 0u);
+        // Unbounded, three workspaces' streams hold three times that.
+        ASSERT_TRUE(ce->run_turn(hybrid_turn("b", 2, "first"), 1).ok());
+        ASSERT_TRUE(ce->run_turn(hybrid_turn("c", 3, "first"), 2).ok());
+        EXPECT_GT(ce->counters().memory.checkpoint_bytes, 2 * one);
+        EXPECT_EQ(ce->counters().memory.n_checkpoint_evictions, 0u);
+    }
+    // Bounded to one and a half streams' worth: each turn leaves at most that.
+    const uint64_t max = one + one / 2;
+    auto ce = hybrid_engine(max);
+    ASSERT_TRUE(ce);
+    int seq = 0;
+    for (const char * ws : {"a", "b", "c"}) {
+        auto t = ce->run_turn(hybrid_turn(ws, (uint64_t)(ws[0] - 'a' + 1), "first"), seq++);
+        ASSERT_TRUE(t.ok()) << t.error().to_string();
+        const kv_memory m = ce->counters().memory;
+        EXPECT_LE(m.checkpoint_bytes, max) << ws;
+        EXPECT_EQ(m.checkpoint_max_bytes, max);
+    }
+    EXPECT_EQ(ce->counters().memory.n_checkpoint_evictions, 2u);  // a's stream, then b's
+    // a's prefix went to the pool: its next turn (in a's old stream, now empty) reuses it
+    // from there and computes what a cold run does.
+    const turn_request again = hybrid_turn("a", 1, "second");
+    auto w = ce->run_turn(again, 0);
+    ASSERT_TRUE(w.ok()) << w.error().to_string();
+    EXPECT_GT(w->explain.n_reused, 0) << w->explain.reason;
+    EXPECT_FALSE(w->explain.in_place);
+    auto c = ce->run_cold(again);
+    ASSERT_TRUE(c.ok()) << c.error().to_string();
+    EXPECT_EQ(w->gen.tokens, c->gen.tokens);
+    ASSERT_EQ(w->prompt_logits.size(), c->prompt_logits.size());
+    EXPECT_EQ(0, std::memcmp(w->prompt_logits.data(), c->prompt_logits.data(), c->prompt_logits.size() * 4));
+    EXPECT_LE(ce->counters().memory.checkpoint_bytes, max);
+}
+
+}  // namespace
+}  // namespace warmctx
