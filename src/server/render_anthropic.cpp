@@ -36,6 +36,11 @@ class anthropic_renderer final : public renderer {
 
     json whole(const whole_answer & a) override {
         json content = json::array();
+        // A reasoning model's reasoning, as a thinking block before the answer (unsigned:
+        // a local model has nothing to sign; a later request may send it back, and it is
+        // dropped there).
+        if (a.parsed && !a.parsed->reasoning.empty())
+            content.push_back({{"type", "thinking"}, {"thinking", a.parsed->reasoning}, {"signature", ""}});
         const std::string & text = a.parsed ? a.parsed->content : a.text;
         if (!text.empty()) content.push_back({{"type", "text"}, {"text", text}});
         if (a.parsed)
@@ -74,6 +79,13 @@ class anthropic_renderer final : public renderer {
 
     std::string delta(const answer_delta & d) override {
         std::string out;
+        if (!d.reasoning.empty()) {
+            if (open_kind_ != block::thinking)
+                out += start_block(block::thinking, {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
+            out += event("content_block_delta", {{"type", "content_block_delta"},
+                                                 {"index", index_},
+                                                 {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}});
+        }
         if (!d.text.empty()) {
             if (open_kind_ != block::text) out += start_block(block::text, {{"type", "text"}, {"text", ""}});
             out += event("content_block_delta", {{"type", "content_block_delta"},
@@ -111,12 +123,18 @@ class anthropic_renderer final : public renderer {
     }
 
   private:
-    enum class block { none, text, tool_use };
+    enum class block { none, thinking, text, tool_use };
 
     std::string close_block() {
         if (open_kind_ == block::none) return {};
+        std::string out;
+        // A thinking block ends with its signature, as Anthropic's do (empty: unsigned).
+        if (open_kind_ == block::thinking)
+            out = event("content_block_delta", {{"type", "content_block_delta"},
+                                                {"index", index_},
+                                                {"delta", {{"type", "signature_delta"}, {"signature", ""}}}});
         open_kind_ = block::none;
-        return event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
+        return out + event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
     }
     std::string start_block(block kind, json content_block) {
         std::string out = close_block();

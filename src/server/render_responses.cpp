@@ -42,7 +42,8 @@ class responses_renderer final : public renderer {
         if (a.parsed)
             for (const parsed_tool_call & c : a.parsed->tool_calls) calls.push_back({c.id, c.name, c.arguments});
         return answer_to_response(*info_, id_, created_, a.parsed ? a.parsed->content : a.text, calls,
-                                  finish_name(a.end), usage_json(a.end.usage), a.end.warmctx);
+                                  finish_name(a.end), usage_json(a.end.usage), a.end.warmctx,
+                                  a.parsed ? a.parsed->reasoning : std::string());
     }
 
     std::string open() override { return events_text(stream_.start()); }
@@ -52,7 +53,8 @@ class responses_renderer final : public renderer {
     std::string waiting(const std::string & comment) override { return comment + events_text(stream_.heartbeat()); }
 
     std::string delta(const answer_delta & d) override {
-        std::string out = events_text(stream_.text(d.text));
+        std::string out = events_text(stream_.reasoning(d.reasoning));
+        out += events_text(stream_.text(d.text));
         for (const call_fragment & c : d.calls)
             out += events_text(stream_.call(static_cast<int64_t>(c.index), c.id, c.name, c.arguments));
         return out;

@@ -36,6 +36,16 @@ std::string message_id(const std::string & suffix, int n) {
 
 std::string call_item_id(const std::string & suffix, int n) { return "fc_" + suffix + "_" + std::to_string(n); }
 
+std::string reasoning_item_id(const std::string & suffix, int n) { return "rs_" + suffix + "_" + std::to_string(n); }
+
+// A reasoning item as OpenAI's open-weight models return it: the text itself as one
+// reasoning_text part (no summary, nothing encrypted).
+json reasoning_item(const std::string & id, const std::string & text, std::string_view status, bool with_content) {
+    json content = json::array();
+    if (with_content) content.push_back({{"type", "reasoning_text"}, {"text", text}});
+    return {{"type", "reasoning"}, {"id", id}, {"status", status}, {"summary", json::array()}, {"content", std::move(content)}};
+}
+
 json output_text_part(const std::string & text) {
     return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}};
 }
@@ -130,11 +140,13 @@ json responses_usage(const json & u) {
 
 json answer_to_response(const responses_request_info & info, const std::string & response_id, int64_t created_at,
                         const std::string & text, const std::vector<response_call> & calls,
-                        std::string_view finish_reason, const json & usage, const json & warmctx) {
+                        std::string_view finish_reason, const json & usage, const json & warmctx,
+                        const std::string & reasoning) {
     json r = response_object(info, response_id, created_at, "completed");
     const std::string suffix = id_suffix(response_id);
     set_finish(r, finish_reason);
     json & output = r["output"];
+    if (!reasoning.empty()) output.push_back(reasoning_item(reasoning_item_id(suffix, 0), reasoning, "completed", true));
     if (!text.empty()) output.push_back(message_item(message_id(suffix, 0), text, "completed", true));
     for (size_t k = 0; k < calls.size(); ++k)
         output.push_back(call_item(call_item_id(suffix, static_cast<int>(k)), calls[k].call_id, calls[k].name,
@@ -152,10 +164,11 @@ json chat_to_response(const json & chat, const responses_request_info & info, co
     const json * choice = choices && choices->is_array() && !choices->empty() ? &(*choices)[0] : nullptr;
     const json * message = choice ? field(*choice, "message") : nullptr;
     const std::string finish = choice ? str_field(*choice, "finish_reason") : std::string("stop");
-    std::string text;
+    std::string text, reasoning;
     std::vector<response_call> calls;
     if (message) {
         text = str_field(*message, "content");
+        reasoning = str_field(*message, "reasoning_content");
         if (const json * cs = field(*message, "tool_calls"); cs && cs->is_array()) {
             for (const json & c : *cs) {
                 const json * fn = field(c, "function");
@@ -168,7 +181,8 @@ json chat_to_response(const json & chat, const responses_request_info & info, co
     }
     const json * w = field(chat, "warmctx");
     json r = answer_to_response(info, response_id, created_at, text, calls, finish,
-                                chat.is_object() && chat.contains("usage") ? chat["usage"] : json(), w ? *w : json());
+                                chat.is_object() && chat.contains("usage") ? chat["usage"] : json(), w ? *w : json(),
+                                reasoning);
     if (info.model.empty()) r["model"] = str_field(chat, "model");
     return r;
 }
@@ -190,6 +204,7 @@ responses_event responses_stream::make(std::string type, json data) {
 
 json responses_stream::item_json(const item & it) const {
     if (it.is_call) return call_item(it.id, it.call_id, it.name, it.arguments, it.status);
+    if (it.is_reasoning) return reasoning_item(it.id, it.text, it.status, it.status != "in_progress");
     // A message's content part exists from content_part.added on, i.e. once it is open.
     return message_item(it.id, it.text, it.status, it.status != "in_progress");
 }
@@ -229,7 +244,13 @@ void responses_stream::close_open(std::vector<responses_event> & out, const char
     item & it = items_[open_];
     open_ = -1;
     it.status = status;
-    if (it.is_call) {
+    if (it.is_reasoning) {
+        const json part = {{"type", "reasoning_text"}, {"text", it.text}};
+        out.push_back(make("response.reasoning_text.done",
+                           {{"item_id", it.id}, {"output_index", it.output_index}, {"content_index", 0}, {"text", it.text}}));
+        out.push_back(make("response.content_part.done",
+                           {{"item_id", it.id}, {"output_index", it.output_index}, {"content_index", 0}, {"part", part}}));
+    } else if (it.is_call) {
         out.push_back(make("response.function_call_arguments.done", {{"item_id", it.id},
                                                                      {"output_index", it.output_index},
                                                                      {"arguments", it.arguments},
@@ -248,9 +269,31 @@ void responses_stream::close_open(std::vector<responses_event> & out, const char
     out.push_back(make("response.output_item.done", {{"output_index", it.output_index}, {"item", item_json(it)}}));
 }
 
+void responses_stream::add_reasoning(const std::string & piece, std::vector<responses_event> & out) {
+    if (piece.empty()) return;
+    if (open_ < 0 || !items_[open_].is_reasoning) {
+        close_open(out, "completed");
+        item it;
+        it.is_reasoning = true;
+        it.id = reasoning_item_id(suffix_, n_reasonings_++);
+        it.output_index = static_cast<int>(items_.size());
+        items_.push_back(it);
+        open_ = static_cast<int>(items_.size()) - 1;
+        out.push_back(make("response.output_item.added", {{"output_index", it.output_index}, {"item", item_json(it)}}));
+        out.push_back(make("response.content_part.added", {{"item_id", it.id},
+                                                           {"output_index", it.output_index},
+                                                           {"content_index", 0},
+                                                           {"part", {{"type", "reasoning_text"}, {"text", ""}}}}));
+    }
+    item & it = items_[open_];
+    it.text += piece;
+    out.push_back(make("response.reasoning_text.delta",
+                       {{"item_id", it.id}, {"output_index", it.output_index}, {"content_index", 0}, {"delta", piece}}));
+}
+
 void responses_stream::add_text(const std::string & piece, std::vector<responses_event> & out) {
     if (piece.empty()) return;
-    if (open_ < 0 || items_[open_].is_call) {
+    if (open_ < 0 || items_[open_].is_call || items_[open_].is_reasoning) {
         close_open(out, "completed");
         open_message(out);
     }
@@ -298,6 +341,14 @@ std::vector<responses_event> responses_stream::text(const std::string & piece) {
     return out;
 }
 
+std::vector<responses_event> responses_stream::reasoning(const std::string & piece) {
+    std::vector<responses_event> out;
+    if (done_) return out;
+    if (seq_ == 0) out = start();
+    add_reasoning(piece, out);
+    return out;
+}
+
 std::vector<responses_event> responses_stream::call(int64_t index, const std::string & call_id, const std::string & name,
                                                     const std::string & arguments) {
     std::vector<responses_event> out;
@@ -319,6 +370,7 @@ std::vector<responses_event> responses_stream::chunk(const json & c) {
     if (const json * f = field(choice, "finish_reason"); f && f->is_string()) seen_finish_ = f->get<std::string>();
     const json * delta = field(choice, "delta");
     if (!delta) return out;
+    if (const json * r = field(*delta, "reasoning_content"); r && r->is_string()) add_reasoning(r->get<std::string>(), out);
     if (const json * content = field(*delta, "content"); content && content->is_string())
         add_text(content->get<std::string>(), out);
     if (const json * calls = field(*delta, "tool_calls"); calls && calls->is_array()) {

@@ -141,14 +141,15 @@ struct response_call {
     std::string call_id, name, arguments;
 };
 
-// A whole answer -> the Responses `response` object: its text (a message item when not
-// empty), its calls (function_call items), the chat finish reason ("stop", "length",
-// "tool_calls", ...), a chat usage object (null: none) and the `warmctx` extension
-// (null: none). The model is info.model.
+// A whole answer -> the Responses `response` object: its reasoning (a reasoning item
+// first, when not empty), its text (a message item when not empty), its calls
+// (function_call items), the chat finish reason ("stop", "length", "tool_calls", ...), a
+// chat usage object (null: none) and the `warmctx` extension (null: none). The model is
+// info.model.
 nlohmann::json answer_to_response(const responses_request_info & info, const std::string & response_id,
                                   int64_t created_at, const std::string & text, const std::vector<response_call> & calls,
                                   std::string_view finish_reason, const nlohmann::json & usage,
-                                  const nlohmann::json & warmctx);
+                                  const nlohmann::json & warmctx, const std::string & reasoning = {});
 
 // A whole non-streamed chat.completion -> the Responses `response` object. The model is
 // info.model, or the completion's when info.model is empty.
@@ -195,6 +196,9 @@ public:
 
     // A piece of the answer's text (nothing for "").
     std::vector<responses_event> text(const std::string & piece);
+    // A piece of the model's reasoning (nothing for ""): a `reasoning` output item with
+    // one reasoning_text part, streamed as response.reasoning_text.delta.
+    std::vector<responses_event> reasoning(const std::string & piece);
     // A fragment of tool call `index` (the answer's calls count 0, 1, ...): its first
     // opens the call (call_id "" = one made from the response id), later ones add
     // argument bytes.
@@ -225,6 +229,7 @@ public:
 private:
     struct item {
         bool is_call = false;
+        bool is_reasoning = false;
         std::string id;            // msg_... / fc_...
         int output_index = 0;
         std::string text;          // a message's text
@@ -237,6 +242,7 @@ private:
     nlohmann::json item_json(const item & it) const;
     void open_message(std::vector<responses_event> & out);
     void add_text(const std::string & piece, std::vector<responses_event> & out);
+    void add_reasoning(const std::string & piece, std::vector<responses_event> & out);
     void add_call(int64_t index, const std::string & call_id, const std::string & name, const std::string & args,
                   std::vector<responses_event> & out);
     void close_open(std::vector<responses_event> & out, const char * status);
@@ -249,7 +255,7 @@ private:
     int64_t seq_ = 0;
     std::vector<item> items_;
     int open_ = -1;                // index into items_ of the open item, -1: none
-    int n_messages_ = 0, n_calls_ = 0;
+    int n_messages_ = 0, n_calls_ = 0, n_reasonings_ = 0;
     bool done_ = false;
     // What the chunks carried, for finish().
     std::string seen_finish_;

@@ -47,6 +47,19 @@ function usageOf(label, u) {
   return { prompt: u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens, cached: u.cache_read_input_tokens };
 }
 
+// A reasoning model's reasoning comes first, as a thinking block (Qwen3.5's answers always
+// open one: on the hybrid model every answer has it).
+function checkThinking(label, content) {
+  const thinking = content.filter((b) => b.type === 'thinking');
+  if (thinking.length > 0) {
+    assert.equal(content[0].type, 'thinking', `${label}: the thinking block first in ${JSON.stringify(content)}`);
+    assert.equal(typeof thinking[0].thinking, 'string', `${label}: thinking text`);
+    assert.equal(typeof thinking[0].signature, 'string', `${label}: signature`);
+  }
+  if ((process.env.WARMCTX_TINY_MODEL ?? '').includes('hybrid'))
+    assert.equal(thinking.length, 1, `${label}: one thinking block in ${JSON.stringify(content)}`);
+}
+
 // The assistant's content back as the next request's assistant message, and one
 // tool_result per tool_use in a user message.
 function appendTurn(messages, content) {
@@ -72,6 +85,7 @@ test('anthropic messages.create: 5-turn tool loop, tool_choice any', async (t) =
     const uses = r.content.filter((b) => b.type === 'tool_use');
     assert.equal(uses.length, 1, `turn ${turn}: one tool_use (disable_parallel_tool_use) in ${JSON.stringify(r.content)}`);
     assert.ok(typeof uses[0].id === 'string' && uses[0].id.length > 0, `turn ${turn}: tool_use id`);
+    checkThinking(`turn ${turn}`, r.content);
     usages.push(usageOf(`turn ${turn}`, r.usage));
     t.diagnostic(`turn ${turn}: ${uses.map((b) => `${b.name}(${JSON.stringify(b.input)})`).join(', ')}`);
     appendTurn(messages, r.content);
@@ -96,6 +110,7 @@ test('anthropic messages.stream: events in order, 5-turn tool loop', async (t) =
     assert.equal(r.stop_reason, 'tool_use', `turn ${turn}: stop_reason`);
     const uses = r.content.filter((b) => b.type === 'tool_use');
     assert.equal(uses.length, 1, `turn ${turn}: ${JSON.stringify(r.content)}`);
+    checkThinking(`turn ${turn} (streamed)`, r.content);
     usages.push(usageOf(`turn ${turn}`, r.usage));
     appendTurn(messages, r.content);
   }

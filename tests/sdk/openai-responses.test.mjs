@@ -40,6 +40,16 @@ function takeTurn(t, turn, response, input, usages) {
   assert.equal(response.status, 'completed', `turn ${turn}: status ${response.status} (${JSON.stringify(response.incomplete_details)})`);
   const calls = response.output.filter((item) => item.type === 'function_call');
   assert.ok(calls.length >= 1, `turn ${turn}: no function_call in ${JSON.stringify(response.output)}`);
+  // A reasoning model's reasoning is a reasoning item first (Qwen3.5's answers always
+  // have one), sent back with the calls as Codex does (the server skips it).
+  const reasoning = response.output.filter((item) => item.type === 'reasoning');
+  if (reasoning.length > 0) {
+    assert.equal(response.output[0].type, 'reasoning', `turn ${turn}: the reasoning item first`);
+    assert.equal(typeof reasoning[0].content?.[0]?.text, 'string', `turn ${turn}: ${JSON.stringify(reasoning[0])}`);
+    input.push(reasoning[0]);
+  }
+  if ((process.env.WARMCTX_TINY_MODEL ?? '').includes('hybrid'))
+    assert.equal(reasoning.length, 1, `turn ${turn}: one reasoning item in ${JSON.stringify(response.output)}`);
   assert.ok(response.usage?.input_tokens_details, `turn ${turn}: usage.input_tokens_details missing`);
   usages.push({ prompt: response.usage.input_tokens, cached: response.usage.input_tokens_details.cached_tokens });
   const shown = [];

@@ -315,5 +315,54 @@ TEST(Anthropic, WholeMessagesAndStopReasons) {
     EXPECT_EQ(t["content"][0], json({{"type", "tool_use"}, {"id", "toolu_9"}, {"name", "ls"}, {"input", {{"dir", "."}}}}));
 }
 
+// A reasoning model's reasoning is a thinking block before the answer: whole, and
+// streamed as thinking_delta events closed by an (empty) signature_delta.
+TEST(Anthropic, ReasoningIsAThinkingBlockBeforeTheAnswer) {
+    auto info = std::make_shared<anthropic_request_info>();
+    auto r = make_anthropic_renderer(info);
+    response_meta meta;
+    meta.model = "served";
+    completion_request cr;
+    r->begin(meta, cr);
+    answer_end end;
+    end.finish = finish_reason::eos;
+    parsed_answer pa;
+    pa.reasoning = "The user wants a listing.";
+    pa.content = "Here it is.";
+    const std::string raw = "<think>The user wants a listing.</think>Here it is.";
+    json m = r->whole(whole_answer{raw, &pa, nullptr, end});
+    ASSERT_EQ(m["content"].size(), 2u);
+    EXPECT_EQ(m["content"][0], json({{"type", "thinking"}, {"thinking", "The user wants a listing."}, {"signature", ""}}));
+    EXPECT_EQ(m["content"][1], json({{"type", "text"}, {"text", "Here it is."}}));
+
+    auto rs = make_anthropic_renderer(info);
+    rs->begin(meta, cr);
+    std::string s = rs->open();
+    answer_delta d;
+    d.reasoning = "The user ";
+    s += rs->delta(d);
+    d.reasoning = "wants a listing.";
+    s += rs->delta(d);
+    answer_delta t;
+    t.text = "Here it is.";
+    s += rs->delta(t);
+    s += rs->finish(end);
+    auto ev = events_of(s);
+    std::vector<std::string> names;
+    for (auto & [n, e] : ev) names.push_back(n);
+    EXPECT_EQ(names, (std::vector<std::string>{"message_start", "content_block_start", "content_block_delta",
+                                                "content_block_delta", "content_block_delta", "content_block_stop",
+                                                "content_block_start", "content_block_delta", "content_block_stop",
+                                                "message_delta", "message_stop"}));
+    EXPECT_EQ(ev[1].second["content_block"], json({{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}));
+    EXPECT_EQ(ev[2].second["delta"], json({{"type", "thinking_delta"}, {"thinking", "The user "}}));
+    EXPECT_EQ(ev[3].second["delta"]["thinking"], "wants a listing.");
+    EXPECT_EQ(ev[4].second["delta"], json({{"type", "signature_delta"}, {"signature", ""}}));
+    EXPECT_EQ(ev[5].second["index"], 0);
+    EXPECT_EQ(ev[6].second["index"], 1);
+    EXPECT_EQ(ev[6].second["content_block"]["type"], "text");
+    EXPECT_EQ(ev[7].second["delta"], json({{"type", "text_delta"}, {"text", "Here it is."}}));
+}
+
 }  // namespace
 }  // namespace warmctx::server_detail

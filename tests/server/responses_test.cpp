@@ -598,6 +598,55 @@ TEST(Responses, StreamTextThenToolCall) {
     EXPECT_EQ(r["warmctx"], json({{"workspace", "w"}}));
 }
 
+// A reasoning model's reasoning is a reasoning item before the message (its text as one
+// reasoning_text part), whole and streamed.
+TEST(Responses, ReasoningIsAnItemBeforeTheMessage) {
+    responses_request_info info;
+    chat_ok(base(), &info);
+    json msg = {{"role", "assistant"}, {"content", "Done."}, {"reasoning_content", "Think first."}};
+    json r = chat_to_response(chat_completion(msg, "stop"), info, "resp_r1", 3);
+    ASSERT_EQ(r["output"].size(), 2u);
+    EXPECT_EQ(r["output"][0], json({{"type", "reasoning"},
+                                    {"id", "rs_r1_0"},
+                                    {"status", "completed"},
+                                    {"summary", json::array()},
+                                    {"content", json::array({{{"type", "reasoning_text"}, {"text", "Think first."}}})}}));
+    EXPECT_EQ(r["output"][1]["type"], "message");
+    EXPECT_EQ(r["output"][1]["content"][0]["text"], "Done.");
+
+    responses_stream rs(info, "resp_r2", 4);
+    std::vector<responses_event> evs = rs.start();
+    for (const char * piece : {"Think ", "first."}) {
+        auto more = rs.reasoning(piece);
+        evs.insert(evs.end(), more.begin(), more.end());
+    }
+    auto t = rs.text("Done.");
+    evs.insert(evs.end(), t.begin(), t.end());
+    auto fin = rs.finish("stop", json(), json());
+    evs.insert(evs.end(), fin.begin(), fin.end());
+    std::vector<std::string> names;
+    for (const responses_event & e : evs) names.push_back(e.event);
+    const std::vector<std::string> expected = {
+        "response.created",          "response.in_progress",       "response.output_item.added",
+        "response.content_part.added", "response.reasoning_text.delta", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done",  "response.content_part.done", "response.output_item.done",
+        "response.completed",
+    };
+    ASSERT_EQ(names, expected);
+    EXPECT_EQ(evs[2].data["item"]["type"], "reasoning");
+    EXPECT_EQ(evs[4].data["delta"], "Think ");
+    EXPECT_EQ(evs[6].data["text"], "Think first.");
+    EXPECT_EQ(evs[8].data["item"]["content"][0]["text"], "Think first.");
+    EXPECT_EQ(evs[9].data["output_index"], 1);
+    const json & done = evs.back().data["response"];
+    ASSERT_EQ(done["output"].size(), 2u);
+    EXPECT_EQ(done["output"][0]["type"], "reasoning");
+    EXPECT_EQ(done["output"][0]["content"][0]["text"], "Think first.");
+    EXPECT_EQ(done["output"][1]["content"][0]["text"], "Done.");
+}
+
 TEST(Responses, StreamLengthIsIncompleteAndErrorsFail) {
     responses_request_info info;
     chat_ok(base(), &info);
