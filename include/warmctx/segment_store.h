@@ -22,8 +22,13 @@
 // file is read only when new or changed), so a segment another process PUT is seen, and
 // one it removed is gone; load() leaves a temp file younger than shared_temp_grace_ms
 // alone (another process's write in progress). Two processes that PUT one segment at once
-// leave one of the two whole files (the later rename). workspaces() and use_order() list
-// what this process has seen; the use counts file is the last writer's.
+// leave one of the two whole files (the later rename). The bounds are the directory's:
+// a file in it was admitted by some process's put, so a refresh or a load reads every
+// sound file (only a segment larger than max_segment_bytes is refused), and a put checks
+// max_workspaces and max_store_bytes against the whole directory (re-read first, at most
+// every shared_refresh_ms, and always before a new workspace's first segment).
+// workspaces() re-reads the whole directory the same way; the use counts file is the last
+// writer's.
 //
 // Thread safety: every member is safe to call from any thread; `mu_` guards the map.
 #pragma once
@@ -64,6 +69,7 @@ struct store_persistence {
     // Other processes use the directory too (see "Shared" above).
     bool shared = false;
     int64_t shared_temp_grace_ms = 10 * 60 * 1000;
+    int64_t shared_refresh_ms = 250;  // how stale the whole directory's view may be
 };
 
 // What load() found.
@@ -134,8 +140,10 @@ class segment_store {
     };
     // Checks the bounds for putting `seg` (nb bytes) into `ws`; `old` is set to the
     // stored segment of that id, if any. Called with mu_ held.
+    // `admitted`: the segment is a file of a shared directory another put already
+    // checked; only its size is checked again.
     status check_put(const std::string & ws, const segment & seg, size_t nb, const segment *& old,
-                     store_refusal & refusal) const;
+                     store_refusal & refusal, bool admitted = false) const;
     void insert_locked(const std::string & ws, segment seg, const segment * old);
     // One file of a workspace's directory at load. Called with mu_ held.
     void load_file(const std::string & ws, const std::string & name, const kind_table & kinds,
@@ -151,6 +159,9 @@ class segment_store {
     // A shared store: `ws`'s directory into memory (see "Shared"). Called with mu_ held;
     // const because readers call it: the view it changes is mutable.
     void refresh_locked(const std::string & ws) const;
+    // A shared store: every workspace directory (and those of the view that are gone), at
+    // most every shared_refresh_ms unless `now`. Called with mu_ held.
+    void refresh_all_locked(bool now) const;
     void erase_locked(const std::string & ws, const std::string & id) const;
     // A segment file as it was read: its version, and the id it held ("" when refused).
     struct seen_file {
@@ -161,6 +172,8 @@ class segment_store {
     store_limits limits_;
     store_persistence persist_;
     kind_table kinds_;                                                   // load()'s, for refresh
+    std::function<bool(std::string_view)> is_workspace_id_;               // load()'s, for refresh
+    mutable int64_t last_full_refresh_ms_ = 0;                            // guarded by mu_
     mutable std::mutex mu_;
     // The view of the files (a shared store's readers refresh it, hence mutable).
     mutable std::map<std::string, std::map<std::string, segment>> ws_;    // guarded by mu_

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 
 #include "durable_file.h"
 #include "warmctx/assembler.h"
@@ -150,6 +151,8 @@ result<store_load_report> segment_store::load(const kind_table & kinds,
     if (!dirs.ok()) return dirs.error().with_context("workspace store");
     std::lock_guard<std::mutex> lk(mu_);
     kinds_ = kinds;
+    is_workspace_id_ = is_workspace_id;
+    last_full_refresh_ms_ = unix_ms_now();
     const std::string stamp = std::to_string(unix_ms_now()) + "-";
     for (const std::string & ws : *dirs) {
         if (ws == k_quarantine_dir) continue;
@@ -227,7 +230,7 @@ void segment_store::load_file(const std::string & ws, const std::string & name, 
     }
     const segment * old = nullptr;
     store_refusal refusal = store_refusal::none;
-    if (status st = check_put(ws, *seg, bytes_of(*seg), old, refusal); !st.ok()) {
+    if (status st = check_put(ws, *seg, bytes_of(*seg), old, refusal, /*admitted=*/persist_.shared); !st.ok()) {
         rep.problems.push_back(path + ": " + st.message() + " (kept on disk, not loaded)");
         ++rep.n_skipped;
         return;
@@ -289,7 +292,7 @@ void segment_store::refresh_locked(const std::string & ws) const {
         // A damaged or refused file is left for load() (at a start) to quarantine or skip.
         if (seg.ok() && seg_path(ws, seg->id) == ws_dir(ws) + "/" + name &&
             validate_segments(std::span<const segment>(&*seg, 1), kinds_).ok() &&
-            check_put(ws, *seg, bytes_of(*seg), old, why).ok()) {
+            check_put(ws, *seg, bytes_of(*seg), old, why, /*admitted=*/true).ok()) {
             sf.id = seg->id;
             n_bytes_ = n_bytes_ - (old ? bytes_of(*old) : 0) + bytes_of(*seg);
             if (!old) ++n_segments_;
@@ -302,8 +305,22 @@ void segment_store::refresh_locked(const std::string & ws) const {
     if (known.empty()) seen_.erase(ws);
 }
 
+void segment_store::refresh_all_locked(bool now) const {
+    if (!durable() || !persist_.shared) return;
+    const int64_t t = unix_ms_now();
+    if (!now && t - last_full_refresh_ms_ < persist_.shared_refresh_ms) return;
+    auto dirs = persist_.fs->list_dir(persist_.dir);
+    if (!dirs.ok()) return;  // the shared filesystem is away: the view stays as it is
+    last_full_refresh_ms_ = t;
+    std::set<std::string> names;
+    for (const std::string & ws : *dirs)
+        if (ws != k_quarantine_dir && (!is_workspace_id_ || is_workspace_id_(ws))) names.insert(ws);
+    for (const auto & [ws, segs] : ws_) names.insert(ws);  // gone from the directory: out of the view
+    for (const std::string & ws : names) refresh_locked(ws);
+}
+
 status segment_store::check_put(const std::string & ws, const segment & seg, size_t nb, const segment *& old,
-                                  store_refusal & refusal) const {
+                                  store_refusal & refusal, bool admitted) const {
     old = nullptr;
     refusal = store_refusal::none;
     auto refuse = [&](store_refusal why, std::string message) {
@@ -315,6 +332,11 @@ status segment_store::check_put(const std::string & ws, const segment & seg, siz
                       "segment '" + seg.id + "' is " + std::to_string(nb) + " bytes; the store takes at most " +
                           std::to_string(limits_.max_segment_bytes) + " bytes per segment");
     auto wit = ws_.find(ws);
+    if (admitted) {
+        if (wit != ws_.end())
+            if (auto sit = wit->second.find(seg.id); sit != wit->second.end()) old = &sit->second;
+        return {};
+    }
     if (wit == ws_.end() && ws_.size() >= limits_.max_workspaces)
         return refuse(store_refusal::store_full, "the workspace store holds its maximum of " +
                                                      std::to_string(limits_.max_workspaces) +
@@ -350,6 +372,9 @@ status segment_store::put(const std::string & ws, segment seg, bool & created, b
     *refusal = store_refusal::none;
     std::lock_guard<std::mutex> lk(mu_);
     refresh_locked(ws);
+    // Shared: the bounds are the directory's, so the view is the whole directory's first
+    // (a new workspace always re-reads it: the workspace count must be right).
+    refresh_all_locked(/*now=*/ws_.find(ws) == ws_.end());
     const segment * old = nullptr;
     WARMCTX_RETURN_IF_ERROR(check_put(ws, seg, bytes_of(seg), old, *refusal));
     const bool same = old && old->kind == seg.kind && old->path == seg.path && old->role == seg.role &&
@@ -400,6 +425,7 @@ std::optional<std::vector<segment>> segment_store::list(const std::string & ws) 
 
 std::vector<std::string> segment_store::workspaces() const {
     std::lock_guard<std::mutex> lk(mu_);
+    refresh_all_locked(/*now=*/false);
     std::vector<std::string> out;
     for (const auto & [id, m] : ws_) out.push_back(id);
     return out;

@@ -6,7 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +16,7 @@
 
 #include "../runtime/gated_fs.h"
 #include "store_test_util.h"
+#include "warmctx/fs.h"
 #include "warmctx/segment_store.h"
 #include "warmctx/snapshot_store.h"
 
@@ -385,6 +388,77 @@ TEST(shared_dir, two_processes_put_load_and_evict_in_one_directory_and_lose_noth
                 "%zu files (%llu bytes) at the end\n",
                 seconds, counts["put"], counts["evict"], counts["load_ok"], counts["load_gone"], present.size(),
                 (unsigned long long)dir_bytes);
+    std::filesystem::remove_all(dir);
+}
+
+// Two processes' workspace stores on one directory: the workspace bound is the
+// directory's, and each reads every workspace the other's put acknowledged, lists what is
+// in the directory (not only what it has seen), and drops from its list what the other
+// deleted; a restarted one loads them all. Each store used to bound its own view: with
+// the bound reached there, it read none of the other's newest workspaces.
+TEST(shared_dir, two_processes_share_the_workspace_bound_and_read_every_acknowledged_put) {
+    const std::string dir =
+        std::filesystem::temp_directory_path() / ("warmctx-shared-ws-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    store_limits lim;
+    lim.max_workspaces = 8;
+    store_persistence sp{&posix_fs(), dir};
+    sp.shared = true;
+    sp.shared_refresh_ms = 0;  // every listing re-reads the directory
+    auto any_id = [](std::string_view) { return true; };
+    auto in_child = [&](const std::function<int(segment_store &)> & body) {
+        const pid_t kid = ::fork();
+        if (kid == 0) {
+            segment_store s(lim, sp);
+            ::_exit(s.load(kind_table{}, any_id).ok() ? body(s) : 2);
+        }
+        int st = 0;
+        return ::waitpid(kid, &st, 0) == kid && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    };
+    segment_store b(lim, sp);
+    ASSERT_TRUE(b.load(kind_table{}, any_id).ok());
+    // Another process puts six workspaces.
+    ASSERT_EQ(0, in_child([](segment_store & a) {
+        bool created = false;
+        for (int i = 0; i < 6; ++i)
+            if (!a.put("a-" + std::to_string(i), seg_of("map", "from a " + std::to_string(i)), created).ok()) return 3;
+        return 0;
+    }));
+    // This one puts six more: the directory holds at most eight workspaces, so two fit.
+    int taken = 0, full = 0;
+    for (int i = 0; i < 6; ++i) {
+        bool created = false;
+        store_refusal why = store_refusal::none;
+        if (b.put("b-" + std::to_string(i), seg_of("map", "from b"), created, nullptr, &why).ok()) ++taken;
+        else if (why == store_refusal::store_full) ++full;
+    }
+    EXPECT_EQ(taken, 2);
+    EXPECT_EQ(full, 4);
+    // It reads every workspace the other acknowledged, and lists all eight.
+    for (int i = 0; i < 6; ++i) {
+        auto g = b.get("a-" + std::to_string(i), "map");
+        ASSERT_TRUE(g) << "a-" << i;
+        EXPECT_EQ(g->content, "from a " + std::to_string(i));
+    }
+    EXPECT_EQ(b.workspaces().size(), 8u);
+    // A third process deletes one of the first's: gone from this one's list and reads.
+    ASSERT_EQ(0, in_child([](segment_store & c) {
+        auto n = c.drop("a-0");
+        return n.ok() && *n == 1 ? 0 : 4;
+    }));
+    const auto listed = b.workspaces();
+    EXPECT_EQ(listed.size(), 7u);
+    EXPECT_EQ(std::count(listed.begin(), listed.end(), "a-0"), 0);
+    EXPECT_FALSE(b.get("a-0", "map"));
+    // A restarted process loads all seven, and the bound leaves room for one more.
+    segment_store d(lim, sp);
+    auto rep = d.load(kind_table{}, any_id);
+    ASSERT_TRUE(rep.ok());
+    EXPECT_EQ(rep->n_workspaces, 7u);
+    EXPECT_EQ(rep->n_skipped, 0u);
+    bool created = false;
+    EXPECT_TRUE(d.put("d-0", seg_of("map", "from d"), created).ok());
+    EXPECT_FALSE(b.put("b-9", seg_of("map", "from b"), created).ok());  // b sees d's: eight
     std::filesystem::remove_all(dir);
 }
 
