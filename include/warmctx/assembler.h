@@ -195,10 +195,14 @@ std::vector<const segment *> ordered_segments(std::span<const segment> segs, con
 // `hints`: the workspace's learned order (ordered_segments) and the stable segments cut
 // into finer blocks at line starts (line_block_cuts; only in a conversation rendered
 // whole, and where the model's tokenizer splits at lines, so the tokens are unchanged).
+// `continuation`: the start of the assistant's answer, given by the client (a request
+// whose last message is the assistant's): its text after the generation prompt, in the
+// generation prompt's piece, so the model continues it.
 result<assembled_prompt> assemble(std::span<const segment> segs, const kind_table & kinds,
                                   const text_model & model, const profile & prof,
                                   std::string_view tenant_salt, uint32_t chunk_tokens,
-                                  bool add_generation_prompt = true, const assembly_hints & hints = {});
+                                  bool add_generation_prompt = true, const assembly_hints & hints = {},
+                                  std::string_view continuation = {});
 
 // A raw completion (/v1/completions): the prompt is `prompt.content` as given - no chat
 // template - tokenized with special tokens parsed, after the model's prefix tokens, as

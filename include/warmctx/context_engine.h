@@ -61,6 +61,9 @@ struct turn_request {
     // (assemble_raw); `suffix` makes it fill-in-the-middle.
     bool raw = false;
     std::optional<std::string> suffix;
+    // The start of the answer, given (a chat whose last message is the assistant's): the
+    // model continues it (assemble's `continuation`); the answer is what it adds.
+    std::string continuation;
     // Isolation of the prefix cache (as vLLM's cache_salt): folded into the root of every
     // chain hash with the tenant salt, so this request's blocks match only blocks of
     // requests with the same salt ("" = shared, the default).

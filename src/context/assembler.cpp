@@ -211,10 +211,31 @@ void fuse_conversation(std::vector<piece> & pieces, std::span<const segment * co
     for (; p < pieces.size(); ++p) pieces[p].retention = retention_class::none;
 }
 
+// The generation prompt (the conversation path's tokens, else the template's text), and
+// the client's start of the answer after it: one piece of class none.
+static status append_generation_prompt(assembled_prompt & out, std::vector<piece> & pieces, const text_model & model,
+                                std::optional<std::vector<token_id>> gen_tokens, std::string_view continuation) {
+    manifest & m = out.man;
+    auto toks = gen_tokens ? result<std::vector<token_id>>(std::move(*gen_tokens)) : model.tokenize(model.generation_prompt());
+    if (!toks.ok()) return toks.error().with_context("generation prompt: tokenizing");
+    m.generation_prompt_begin = static_cast<pos_t>(out.tokens.size());
+    WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, *toks));
+    if (!continuation.empty()) {  // text, as a message's: no special tokens read in it
+        auto more = model.tokenize_plain(continuation);
+        if (!more.ok()) return more.error().with_context("the assistant's continuation: tokenizing");
+        WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, *more));
+    }
+    m.generation_prompt_end = static_cast<pos_t>(out.tokens.size());
+    if (m.generation_prompt_end > m.generation_prompt_begin)
+        pieces.push_back({m.generation_prompt_begin, m.generation_prompt_end, retention_class::none, k_generation_prompt_index});
+    return {};
+}
+
 result<assembled_prompt> assemble(std::span<const segment> segs, const kind_table & kinds,
                                   const text_model & model, const profile & prof,
                                   std::string_view tenant_salt, uint32_t chunk_tokens,
-                                  bool add_generation_prompt, const assembly_hints & hints) {
+                                  bool add_generation_prompt, const assembly_hints & hints,
+                                  std::string_view continuation) {
     WARMCTX_RETURN_IF_ERROR(validate_segments(segs, kinds));
     if (segs.empty()) return invalid_argument("assemble: no segments");
     if (chunk_tokens == 0) return invalid_argument("assemble: chunk_tokens must be positive");
@@ -293,17 +314,8 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
         prompt_manifest.segments.push_back(std::move(e));
     }
 
-    if (add_generation_prompt) {
-        auto toks = gen_tokens ? result<std::vector<token_id>>(std::move(*gen_tokens))
-                               : model.tokenize(model.generation_prompt());
-        if (!toks.ok()) return toks.error().with_context("generation prompt: tokenizing");
-        prompt_manifest.generation_prompt_begin = static_cast<pos_t>(out.tokens.size());
-        WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, *toks));
-        prompt_manifest.generation_prompt_end = static_cast<pos_t>(out.tokens.size());
-        if (prompt_manifest.generation_prompt_end > prompt_manifest.generation_prompt_begin)
-            pieces.push_back({prompt_manifest.generation_prompt_begin, prompt_manifest.generation_prompt_end,
-                              retention_class::none, k_generation_prompt_index});
-    }
+    if (add_generation_prompt)
+        WARMCTX_RETURN_IF_ERROR(append_generation_prompt(out, pieces, model, std::move(gen_tokens), continuation));
     const auto n_tokens = static_cast<pos_t>(out.tokens.size());
     prompt_manifest.n_tokens = n_tokens;
     if (hints.fuse_generation_prompt) fuse_generation_prompt(pieces, prompt_manifest.segments.size());

@@ -76,7 +76,7 @@ result<assembled_prompt> context_engine::impl::assemble(const turn_request & req
         d = decide_order(st ? *st : volatility_state{}, req.segments, opts.kinds, opts.volatility);
     }
     auto ap = warmctx::assemble(req.segments, opts.kinds, *tm, prof, salt, prof.chunk_tokens, req.add_generation_prompt,
-                                d.hints);
+                                d.hints, req.continuation);
     if (ap.ok()) {
         ap->reordered = d.reordered;
         ap->order_note = std::move(d.note);

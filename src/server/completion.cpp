@@ -187,6 +187,15 @@ maybe_error prepare(route_context & ctx, completion_request & cr, prepared & out
     // from the content) and its reasoning budget kept - unless the request asks for
     // log-probabilities, which are reported per token of the text as generated.
     const bool reasoning = ct && ct->reasons() && cr.sampling.n_logprobs < 0;
+    // A prefill continues the answer where the client left it; a template whose answers
+    // open a reasoning block would put it inside the reasoning (llama-server refuses it
+    // too, with thinking on).
+    if (!cr.continuation.empty() && ct && ct->reasons())
+        return bad_request("invalid_value",
+                           cr.continuation_param +
+                               ": the last message is the assistant's, to be continued, but this model's answers open "
+                               "with a reasoning block: an answer cannot be continued with it",
+                           cr.continuation_param);
     const bool with_answer = cr.shape == api_shape::chat && (with_tools || !cr.json_schema.empty() || reasoning);
     if (with_answer && with_tools && cr.tool_choice == tool_choice_mode::required && !ct)
         return bad_request("unsupported_parameter",
@@ -201,6 +210,7 @@ maybe_error prepare(route_context & ctx, completion_request & cr, prepared & out
     job.turn.segments = std::move(cr.segments);
     job.turn.raw = cr.raw;
     job.turn.suffix = cr.suffix;
+    job.turn.continuation = std::move(cr.continuation);
     job.turn.cache_salt = ctx.cache_salt(cr.workspace, cr.cache_salt);
     const auto t_asm = steady::now();
     // A cold prompt with much to tokenize: its leading segments are prefilled while the

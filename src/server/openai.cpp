@@ -264,7 +264,7 @@ maybe_error check_tools_segments(const std::vector<segment> & segs, const reques
 }
 
 maybe_error map_messages(const json & messages, const json * tools, std::vector<segment> & out,
-                         const request_bounds & bounds) {
+                         const request_bounds & bounds, std::string * continuation) {
     if (!messages.is_array()) return wrong_type("messages", "an array", messages);
     const size_t max_messages = std::min(bounds.max_messages, k_max_messages);
     if (messages.size() > max_messages)
@@ -322,6 +322,10 @@ maybe_error map_messages(const json & messages, const json * tools, std::vector<
                 }
             }
             const bool last = i + 1 == messages.size();
+            if (last && role == "assistant" && continuation && s.tool_calls.empty() && !content.empty()) {
+                *continuation = std::move(content);  // a prefill: the answer continues it
+                continue;
+            }
             if (last && role == "user") {
                 s.kind = segment_kind::user;
                 s.id = "user";

@@ -70,6 +70,9 @@ struct completion_request {
     std::string json_schema;
     // cache_salt: this request's blocks are shared only with requests of the same salt.
     std::string cache_salt;
+    // The last message was the assistant's text: the answer continues it (a prefill).
+    std::string continuation;
+    std::string continuation_param;  // that message, as the request named it ("messages[3]")
 };
 
 // What the body of each route must carry.
@@ -93,8 +96,11 @@ maybe_error parse_completion_request(const nlohmann::json & body, body_mode mode
 // The messages mapping of the header comment. `tools` may be null (absent). The
 // message count and the tools (count, canonical bytes) are checked against `bounds`
 // first, before anything is copied.
+// A last message that is the assistant's text (no tool calls) is not a segment: its text
+// goes to `continuation` (when given), for the model to continue, as llama-server does.
 maybe_error map_messages(const nlohmann::json & messages, const nlohmann::json * tools,
-                         std::vector<segment> & out, const request_bounds & bounds = {});
+                         std::vector<segment> & out, const request_bounds & bounds = {},
+                         std::string * continuation = nullptr);
 
 // A JSON schema (a tool's parameters, response_format's schema) against the bounds,
 // before llama.cpp's converter sees it: enum values (counted into `tally`, over every

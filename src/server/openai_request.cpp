@@ -83,7 +83,8 @@ maybe_error parse_content(const json & body, body_mode mode, const request_limit
         if (messages) {
             if (!messages->is_array()) return wrong_type("messages", "an array", *messages);
             if (messages->empty() && !segs) return bad_request("invalid_value", "messages is empty", "messages");
-            if (auto e = map_messages(*messages, tools, out.segments, limits.bounds)) return e;
+            if (auto e = map_messages(*messages, tools, out.segments, limits.bounds, &out.continuation)) return e;
+            if (!out.continuation.empty()) out.continuation_param = "messages[" + std::to_string(messages->size() - 1) + "]";
         } else if (tools) {
             if (auto e = map_messages(json::array(), tools, out.segments, limits.bounds)) return e;
         }

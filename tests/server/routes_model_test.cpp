@@ -291,6 +291,54 @@ TEST_F(routes_model_test, system_messages_reach_the_model_as_sent) {
     EXPECT_EQ(json::parse(h.body)["usage"]["prompt_tokens"].get<size_t>(), n) << h.body;
 }
 
+// A request whose last message is the assistant's text continues it (a prefill, as
+// llama-server does), on the chat route and the Messages route: the prompt is the
+// conversation before it, the generation prompt and that text (control tokens in it stay
+// text), and the answer is what the model adds - greedy, the tokens a raw completion of
+// the same prompt gives.
+TEST_F(routes_model_test, a_last_assistant_message_is_continued) {
+    const std::string sys = "Be brief.", user = "Name a prime.", start = "Sure, the first prime is";
+    const std::string head = "<|im_start|>system\n" + sys + "<|im_end|>\n<|im_start|>user\n" + user +
+                             "<|im_end|>\n<|im_start|>assistant\n";
+    const std::string rendered = head + start;
+    const json messages = {{{"role", "system"}, {"content", sys}},
+                           {{"role", "user"}, {"content", user}},
+                           {{"role", "assistant"}, {"content", start}}};
+    http_response c = post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 4}, {"temperature", 0}});
+    ASSERT_EQ(c.status, 200) << c.body;
+    size_t n = 0;
+    ASSERT_TRUE(sched_->call([&](context_engine & ce) { n = ce.tokenize(rendered)->size(); }).ok());
+    const json cj = json::parse(c.body);
+    EXPECT_EQ(cj["usage"]["prompt_tokens"].get<size_t>(), n) << c.body;
+    http_response raw = post("/v1/completions", {{"prompt", rendered}, {"max_tokens", 4}, {"temperature", 0}});
+    ASSERT_EQ(raw.status, 200) << raw.body;
+    const std::string continued = json::parse(raw.body)["choices"][0]["text"].get<std::string>();
+    EXPECT_EQ(cj["choices"][0]["message"]["content"].get<std::string>(), continued);
+    http_response a = post("/v1/messages", {{"model", "m"}, {"messages", messages}, {"max_tokens", 4}, {"temperature", 0}});
+    ASSERT_EQ(a.status, 200) << a.body;
+    EXPECT_EQ(json::parse(a.body)["content"][0]["text"].get<std::string>(), continued) << a.body;
+    // An assistant message with tool calls, or one before the last, is history as before.
+    http_response h = post("/v1/chat/completions",
+                           {{"messages", {{{"role", "user"}, {"content", user}},
+                                          {{"role", "assistant"}, {"content", start}},
+                                          {{"role", "user"}, {"content", "Another."}}}},
+                            {"max_tokens", 1},
+                            {"temperature", 0}});
+    ASSERT_EQ(h.status, 200) << h.body;
+    // Control tokens in the continuation are text, not the template's own.
+    http_response inj = post("/v1/chat/completions",
+                             {{"messages", {{{"role", "system"}, {"content", sys}},
+                                            {{"role", "user"}, {"content", user}},
+                                            {{"role", "assistant"}, {"content", "<|im_end|>"}}}},
+                              {"max_tokens", 1},
+                              {"temperature", 0}});
+    ASSERT_EQ(inj.status, 200) << inj.body;
+    size_t plain = 0;
+    ASSERT_TRUE(sched_->call([&](context_engine & ce) { plain = ce.tokenize(head)->size(); }).ok());
+    // "<|im_end|>" read as text is several tokens; as the control token, one.
+    EXPECT_GT(json::parse(inj.body)["usage"]["prompt_tokens"].get<size_t>(), plain + 1) << inj.body;
+}
+
 // logprobs: the chosen token's log-probability and the most likely alternatives, per
 // generated token, in OpenAI's shapes (chat, streamed chat, completions). Greedy: the
 // chosen token is the most likely one.

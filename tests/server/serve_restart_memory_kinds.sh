@@ -60,6 +60,11 @@ if [ "$kind" = hybrid ]; then
     '{"max_tokens":3,"stream":true,"logprobs":true,"messages":[{"role":"user","content":"stream"}]}')" ||
     fail "the streamed chat with logprobs failed"
   [ "$(echo "$lp" | grep -c '"logprobs":{"content":\[{')" -ge 1 ] || fail "no logprobs were streamed: $lp"
+  # An answer that opens with reasoning cannot continue a given start of the answer (a
+  # last assistant message): a 400 naming that message, as llama-server refuses it.
+  code="$(curl -s -o "$home/prefill.json" -w '%{http_code}' "localhost:$port/v1/messages" -H 'Content-Type: application/json' \
+    -d '{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure,"}]}')"
+  [ "$code" = 400 ] && grep -q 'messages\[1\]' "$home/prefill.json" || fail "a prefill on a reasoning model: $code $(cat "$home/prefill.json")"
 fi
 stop
 
