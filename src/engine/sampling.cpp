@@ -31,6 +31,13 @@ struct token_sampler::impl {
     // (the first maximum of what the grammar allows), without checking every token of
     // the vocabulary against every grammar stack per token: 256 alternatives cost ~80 ms
     // a token on 2 cores, on the engine thread.
+    // Sampled under a grammar (temperature > 0): `chain` samples without the grammar, and
+    // the grammar checks that one token; only when it refuses it is the grammar applied to
+    // every candidate and the chain sampled again (llama.cpp's common sampler does the
+    // same). The distribution is the grammar-first one: p(t) for an allowed t, plus the
+    // refused mass times p(t)/Z on the resample, is p(t)/Z (before top-k/top-p, which then
+    // cut the unconstrained candidates first, as llama-server's do).
+    bool sampled = false;
     detail::sampler_ptr grammar;
 };
 
@@ -99,14 +106,13 @@ result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params
                 }
                 for (token_id t : *toks) llama_sampler_accept(g, t);
             }
-            if (sp.temperature <= 0) p->grammar.reset(g);
-            else llama_sampler_chain_add(p->chain.get(), g);
+            p->grammar.reset(g);
         }
     }
-    if (p->grammar) {
-        if (!penalties && bias.empty()) p->chain.reset();
-    } else if (sp.temperature <= 0) {
-        if (p->chain) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_greedy());
+    p->sampled = sp.temperature > 0;
+    if (sp.temperature <= 0) {
+        if (!p->grammar && p->chain) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_greedy());
+        else if (p->grammar && !penalties && bias.empty()) p->chain.reset();
     } else {
         if (sp.top_k > 0) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_top_k(sp.top_k));
         if (sp.top_p < 1.0f) llama_sampler_chain_add(p->chain.get(), llama_sampler_init_top_p(sp.top_p, 1));
@@ -133,9 +139,53 @@ size_t first_max(const llama_token_data_array & a) {
         if (a.data[i].logit > a.data[best].logit) best = i;
     return best;
 }
+
+// Greedy's pick under a grammar that refused the first maximum: the first token the
+// grammar allows in the order of logits, high to low, then ids (the first maximum of what
+// it allows, as checking the whole vocabulary and taking the first maximum gives). The
+// grammar checks the best 64 candidates, then the best 1,024, then 16,384, ... - the
+// whole vocabulary only when none before is allowed - instead of every token of the
+// vocabulary against every stack of the grammar each time (a random model's answer under
+// 256 alternatives cost ~300 ms a token on 2 cores, on the engine thread). `arr` is
+// reordered. When the grammar allows nothing, token 0 (what the first maximum of an all
+// -inf array is).
+llama_token first_allowed(llama_sampler * grammar, llama_token_data_array & arr) {
+    auto before = [](const llama_token_data & a, const llama_token_data & b) {
+        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    };
+    thread_local std::vector<llama_token_data> batch;
+    size_t done = 0;
+    for (size_t k = 64; done < arr.size; k *= 16) {
+        const size_t n = std::min(k, arr.size);
+        std::partial_sort(arr.data + done, arr.data + n, arr.data + arr.size, before);
+        batch.assign(arr.data + done, arr.data + n);
+        llama_token_data_array b{batch.data(), batch.size(), -1, false};
+        llama_sampler_apply(grammar, &b);
+        for (size_t i = 0; i < b.size; ++i)
+            if (b.data[i].logit != -INFINITY) return b.data[i].id;
+        done = n;
+    }
+    return 0;
+}
 }  // namespace
 
 token_id token_sampler::sample(std::span<const float> l) {
+    if (p_->grammar && p_->sampled) {
+        llama_token_data_array arr = candidates(l);
+        llama_sampler_apply(p_->chain.get(), &arr);
+        llama_token t = arr.data[arr.selected].id;
+        llama_token_data one{t, 0.0f, 0.0f};
+        llama_token_data_array single{&one, 1, -1, false};
+        llama_sampler_apply(p_->grammar.get(), &single);
+        if (one.logit == -INFINITY) {  // refused: sampled again from what the grammar allows
+            arr = candidates(l);
+            llama_sampler_apply(p_->grammar.get(), &arr);
+            llama_sampler_apply(p_->chain.get(), &arr);
+            t = arr.data[arr.selected].id;
+        }
+        accept(t);
+        return t;
+    }
     if (p_->grammar) {
         llama_token_data_array arr = candidates(l);
         if (p_->chain) llama_sampler_apply(p_->chain.get(), &arr);  // bias, penalties
@@ -143,10 +193,7 @@ token_id token_sampler::sample(std::span<const float> l) {
         llama_token_data_array single{&one, 1, -1, false};
         llama_sampler_apply(p_->grammar.get(), &single);
         llama_token t = one.id;
-        if (one.logit == -INFINITY) {  // refused: the first maximum of what it allows
-            llama_sampler_apply(p_->grammar.get(), &arr);
-            t = arr.data[first_max(arr)].id;
-        }
+        if (one.logit == -INFINITY) t = first_allowed(p_->grammar.get(), arr);  // refused
         accept(t);
         return t;
     }

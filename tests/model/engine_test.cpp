@@ -205,6 +205,45 @@ TEST(Engine, AGrammarConstrainsTheOutput) {
     EXPECT_EQ(e->generate(0, l, bad).error().code(), status_code::invalid_argument);
 }
 
+// Greedy under a grammar that refuses the first maximum takes the first maximum of what it
+// allows (lowest id among equal logits), wherever that token ranks: the grammar checks the
+// best candidates first, in growing batches, and must find the same token as a check of
+// the whole vocabulary.
+TEST(Engine, GreedyUnderAGrammarTakesTheFirstMaximumItAllows) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    const int32_t n = e->model().n_vocab;
+    std::vector<bool> allowed((size_t)n);
+    size_t n_allowed = 0;
+    for (token_id t = 0; t < n; ++t) {
+        const std::string piece = e->token_piece(t);
+        bool ok = false;
+        for (const char * w : {"yes", "no", "maybe"}) ok |= !piece.empty() && std::string(w).rfind(piece, 0) == 0;
+        allowed[(size_t)t] = ok;
+        n_allowed += ok;
+    }
+    ASSERT_GT(n_allowed, 3u);
+    sampling_params sp;
+    sp.temperature = 0;
+    sp.grammar = R"(root ::= "yes" | "no" | "maybe")";
+    std::mt19937 rng(3);
+    for (int round = 0; round < 24; ++round) {
+        // Integer logits: every value is shared by ~150 tokens (ties), and the allowed
+        // tokens rank anywhere - in the first batch, a later one, or (round 0) last.
+        std::vector<float> l((size_t)n);
+        for (auto & v : l) v = (float)(rng() % 1000);
+        if (round == 0)
+            for (token_id t = 0; t < n; ++t)
+                if (allowed[(size_t)t]) l[(size_t)t] = -1.0f;
+        token_id want = -1;
+        for (token_id t = 0; t < n; ++t)
+            if (allowed[(size_t)t] && (want < 0 || l[(size_t)t] > l[(size_t)want])) want = t;
+        auto s = token_sampler::make(sp, *e);
+        ASSERT_TRUE(s.ok()) << s.error().to_string();
+        EXPECT_EQ((*s)->sample(l), want) << "round " << round;
+    }
+}
+
 // A lazy grammar binds from its trigger on. Its first pick is taken as the logits' first
 // maximum (the untriggered grammar leaves them alone) - and the grammar must still see
 // that pick: a trigger picked first binds the second.
