@@ -273,6 +273,30 @@ result<explain_report> context_engine::explain(const turn_request & req) const {
     return p_->explain(req.workspace, *ap, m, at.n_tokens, tier);
 }
 
+void context_engine::impl::restore_from_tiers(const assembled_prompt & ap, seq_id seq, match & m, reuse_point & at,
+                                              bool & in_place, kv_tier & tier, std::string & failed, double & ms) {
+    auto tr = clock_type::now();
+    disk_kv_tier::hit h = tiers->restore(*eng, prof, ap, at.n_tokens, seq);
+    if (h.tier != kv_tier::none) {
+        tier = h.tier;
+        at = h.at;
+        m = h.as_match();
+        in_place = false;  // the restore replaced the stream's content
+    }
+    // A restore tried, whether it loaded or failed (a file that fails its checks is read
+    // and quarantined on the way): its time is the restore's.
+    if (h.tier != kv_tier::none || !h.failed.empty()) ms = ms_between(tr, clock_type::now());
+    if (h.tier != kv_tier::none || h.failed.empty()) return;
+    failed = std::move(h.failed);
+    // A load that failed cleared the stream: what it held in place is gone.
+    if (in_place && eng->seq_n_tokens(seq) < at.n_tokens) {
+        at = reuse_point{};
+        m = match{};
+        in_place = false;
+        tier = kv_tier::none;
+    }
+}
+
 result<pending_turn> context_engine::begin_turn_deferred(const turn_request & req, seq_id seq) {
     if (seq < 0 || (uint32_t)seq >= p_->opts.n_work_seqs)
         return invalid_argument("work sequence " + std::to_string(seq) + " out of range");
@@ -327,17 +351,11 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
 
     // A tier may hold a longer prefix than the engine (evicted, or before a restart).
     kv_tier tier = at.n_tokens > 0 ? kv_tier::engine : kv_tier::none;
-    if (!p_->tiers->empty()) {
-        auto tr = clock_type::now();
-        if (disk_kv_tier::hit h = p_->tiers->restore(*p_->eng, p_->prof, ap, at.n_tokens, seq); h.tier != kv_tier::none) {
-            tier = h.tier;
-            at = h.at;
-            m = h.as_match();
-            in_place = false;  // the restore replaced the stream's content
-            t.t_restore_ms = ms_between(tr, clock_type::now());
-        }
-    }
+    std::string restore_failed;
+    if (!p_->tiers->empty()) p_->restore_from_tiers(ap, seq, m, at, in_place, tier, restore_failed, t.t_restore_ms);
     t.explain = p_->explain(req.workspace, ap, m, at.n_tokens, tier);
+    if (!restore_failed.empty())
+        t.explain.reason += "; a longer prefix on disk could not be restored (" + restore_failed + ")";
     t.explain.in_place = in_place;
     t.t_lookup_ms = ms_between(tl, clock_type::now()) - t.t_restore_ms;
     if (!req.prewarm && at.n_tokens > 0) {

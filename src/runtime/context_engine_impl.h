@@ -247,6 +247,11 @@ struct context_engine::impl {
     // gives its blocks to the pool (write_back: the pool's budget decides what it keeps)
     // and is cleared. Returns how many streams were cleared.
     size_t bound_stream_checkpoints(seq_id keep);
+    // A tier may hold a longer prefix than the engine (evicted, or before a restart):
+    // restores it into `seq`, updating the match, reuse point, in_place and tier; a
+    // candidate that failed leaves `failed` saying why. `ms`: the restore's time.
+    void restore_from_tiers(const assembled_prompt & ap, seq_id seq, match & m, reuse_point & at, bool & in_place,
+                            kv_tier & tier, std::string & failed, double & ms);
 
     // The leading blocks of `ap` the cache may keep: up to the first of class none.
     static size_t n_cacheable_blocks(const assembled_prompt & ap) {

@@ -130,7 +130,12 @@ std::pair<disk_kv_tier::hit, std::shared_ptr<const snapshot>> disk_kv_tier::fetc
     if (h.tier == kv_tier::none) return {};
     if (h.queued) {
         // Not on disk yet: the queued bytes, checked against the profile as a load is.
-        if (!check_snapshot_profile(h.queued->meta, prof).ok()) { ctr_.n_restore_failures++; return {}; }
+        if (status st = check_snapshot_profile(h.queued->meta, prof); !st.ok()) {
+            ctr_.n_restore_failures++;
+            hit miss;
+            miss.failed = "a queued write of this prefix: " + st.message();
+            return {miss, nullptr};
+        }
         {
             std::lock_guard lk(mu_);
             qstats_.n_restores_from_queue++;
@@ -152,7 +157,9 @@ std::pair<disk_kv_tier::hit, std::shared_ptr<const snapshot>> disk_kv_tier::fetc
             // A file removed behind the index (another replica evicted it) failed no check:
             // the store counts it (warmctx_disk_files_gone_total); the turn prefills.
             if (loaded.error().code() != status_code::not_found) ctr_.n_restore_failures++;
-            return {};
+            hit miss;
+            miss.failed = "the snapshot " + key + " on disk: " + loaded.error().message();
+            return {miss, nullptr};
         }
         snap = *loaded;
         if (recent_loads_.size() >= k_recent_loads) recent_loads_.pop_front();  // the oldest
@@ -164,11 +171,17 @@ std::pair<disk_kv_tier::hit, std::shared_ptr<const snapshot>> disk_kv_tier::fetc
 disk_kv_tier::hit disk_kv_tier::restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than,
                                 seq_id seq) {
     auto [h, snap] = fetch(prof, ap, better_than);
-    if (!snap) return {};
+    if (!snap) return h;  // a miss, or a candidate that failed (h.failed says why)
     e.clear_seq(seq);
     status st = e.load_seq(seq, snap->kv);
     if (st.ok()) st = e.trim_seq(seq, h.at.n_tokens);
-    if (!st.ok()) { e.clear_seq(seq); ctr_.n_restore_failures++; return {}; }
+    if (!st.ok()) {
+        e.clear_seq(seq);
+        ctr_.n_restore_failures++;
+        hit miss;
+        miss.failed = "the snapshot " + h.file.key.file_name() + " did not load into the stream: " + st.message();
+        return miss;
+    }
     count_restore(h.at.n_tokens);
     return h;
 }

@@ -102,6 +102,9 @@ class disk_kv_tier {
         reuse_point at;
         // Set when the prefix is a queued write's, not yet in a file: its bytes.
         std::shared_ptr<const snapshot> queued;
+        // A miss (tier none) after a candidate was tried and failed: why (its file failed
+        // its checks and was quarantined, it was gone, it did not load); "" otherwise.
+        std::string failed;
         // The hit as the match explain reports (no holder: the KV came from a file).
         match as_match() const {
             match m;

@@ -514,6 +514,10 @@ TEST(Tiers, ACorruptSnapshotIsAMissNotAWrongAnswer) {
     ASSERT_TRUE(warm.ok());
     EXPECT_EQ(warm->explain.n_reused, 0);
     EXPECT_EQ(ce->counters().tiers.n_restore_failures, 1u);
+    // The time spent reading and refusing the file is the restore's, and explain says why.
+    EXPECT_GT(warm->t_restore_ms, 0.0);
+    EXPECT_NE(warm->explain.reason.find("could not be restored"), std::string::npos) << warm->explain.reason;
+    EXPECT_NE(warm->explain.reason.find("on disk"), std::string::npos) << warm->explain.reason;
     auto cold = ce->run_cold(req);
     ASSERT_TRUE(cold.ok());
     EXPECT_EQ(warm->gen.tokens, cold->gen.tokens);
