@@ -31,12 +31,20 @@ std::string failures_of(const verify_report & r) {
 // Steps per scenario: cold, new question (in place), another stream, pool restore, disk,
 // history + diff, volatile edit, stable edit, edit undone, a second and a third edit of the
 // same segment (ranked, moved, cut finer: warmctx/volatility.h), three turns of a sliding
-// history window (the last two with the conversation fused), a long conversation of short
-// messages and two turns appended to it (packed into spans: profile::span_tokens), and for
-// some a drift.
+// history window (the last two with the conversation fused), in every other scenario (the
+// first among them) a long conversation of short messages and two turns appended to it
+// (packed into spans: profile::span_tokens), and for some a drift.
 // passed() holds each step's expectations: the new question reused its work stream in
 // place, the turn in another stream and the pool restore loaded the prefix into theirs.
-constexpr int k_steps_without_drift = 17;
+constexpr int k_steps_without_drift = 14;
+constexpr int k_conversation_steps = 3;
+// The steps of scenarios 0 .. n-1 without drift.
+int steps_of(int n_scenarios, bool tiers = true) {
+    int n = 0;
+    for (int sc = 0; sc < n_scenarios; ++sc)
+        n += k_steps_without_drift - (tiers ? 0 : 1) + (sc % 2 == 0 ? k_conversation_steps : 0);
+    return n;
+}
 
 TEST(run_verify, ExactModeEqualsColdAndMeetsEveryExpectation) {
     int progress_lines = 0;
@@ -46,7 +54,7 @@ TEST(run_verify, ExactModeEqualsColdAndMeetsEveryExpectation) {
     EXPECT_EQ(progress_lines, 3);
     EXPECT_EQ(r->mode, "exact");
     EXPECT_EQ(r->scenarios, 3);
-    EXPECT_EQ(r->turns, 3 * k_steps_without_drift + r->drift_turns);
+    EXPECT_EQ(r->turns, steps_of(3) + r->drift_turns);
     EXPECT_TRUE(r->mismatches.empty());
     EXPECT_EQ(r->mismatched_scenarios, 0);
     EXPECT_EQ(r->max_logit_diff, 0.0f);
@@ -67,7 +75,7 @@ TEST(run_verify, WithoutTiersNoRestoreIsReplayed) {
     auto r = run_verify(o);
     ASSERT_TRUE(r.ok()) << r.error().to_string();
     EXPECT_TRUE(r->passed()) << failures_of(*r);
-    EXPECT_EQ(r->turns, 2 * (k_steps_without_drift - 1) + r->drift_turns);
+    EXPECT_EQ(r->turns, steps_of(2, /*tiers=*/false) + r->drift_turns);
     EXPECT_EQ(r->reuses_by_tier.count("disk"), 0u);
 }
 
