@@ -210,6 +210,7 @@ class engine {
     // without flash attention.
     int32_t pad_rows(int32_t n, pos_t pos) const;
     uint64_t padded_decodes() const;  // decodes padded so far
+    uint64_t checkpoints_taken() const;  // checkpoints taken so far (models that keep them)
     static constexpr int32_t k_pad_to = 64;     // ggml's flash-attention query tile
     static constexpr uint32_t k_pad_cells = 64;  // cells each stream keeps for the padding
 

@@ -100,6 +100,7 @@ struct engine::impl {
         unsigned __int128 a = 0, b = 0, c = 0, d = 0;
     } pad;
     std::atomic<uint64_t> n_padded{0};
+    std::atomic<uint64_t> n_checkpoints_taken{0};
     void init_pad_costs();
     int32_t pad_rows(int32_t n, pos_t pos) const;
 

@@ -66,8 +66,11 @@ status engine::impl::take_checkpoint(seq_id seq, pos_t n_tokens) {
     auto & list = ckpts[(size_t)seq];
     while (!list.empty() && list.back().n_tokens >= n_tokens) list.pop_back();
     list.push_back({n_tokens, std::move(bytes)});
+    n_checkpoints_taken.fetch_add(1, std::memory_order_relaxed);
     return {};
 }
+
+uint64_t engine::checkpoints_taken() const { return p_->n_checkpoints_taken.load(std::memory_order_relaxed); }
 
 status engine::impl::probe_memory(memory_info & mi, uint64_t & kv_per_token) {
     const llama_model * m = model.get();

@@ -129,11 +129,21 @@ explain_report context_engine::impl::explain(const std::string & ws, const assem
 }
 
 namespace {
-// Where a model with checkpoints keeps them: its prompt's block ends.
+// Where a model with checkpoints keeps them: its prompt's block ends - but the prompt's
+// end when its last block is the generation prompt alone: no turn resumes there (a stream
+// keeps its blocks up to the turn's own message; the generation prompt and the answer go),
+// and on a GPU a checkpoint is a copy of the recurrent state out of the device (52.7 MB for
+// Qwen3.5-4B). A generation prompt fused with the message before it is kept with it.
 std::vector<pos_t> block_ends(const assembled_prompt & ap) {
     std::vector<pos_t> ends;
     ends.reserve(ap.blocks.size());
     for (const block & b : ap.blocks) ends.push_back(b.end);
+    const pos_t n = (pos_t)ap.tokens.size();
+    const manifest & m = ap.man;
+    if (!ends.empty() && ends.back() == n && m.generation_prompt_begin >= 0 && m.generation_prompt_end == n &&
+        m.generation_prompt_end > m.generation_prompt_begin && ap.blocks.back().begin >= m.generation_prompt_begin)
+        ends.pop_back();
+    if (ends.empty()) ends.push_back(-1);  // none (engine::prefill reads an empty list as every chunk end)
     return ends;
 }
 }  // namespace
@@ -145,7 +155,7 @@ status context_engine::impl::prefill(seq_id seq, const assembled_prompt & ap, po
     const bool last = (size_t)end == ap.tokens.size();
     WARMCTX_RETURN_IF_ERROR(
         eng->prefill(seq, part, from, ap.boundaries, last ? &logits : nullptr, (int32_t)prof.chunk_tokens,
-                     prof.checkpoint_tokens > 0 ? block_ends(ap) : std::vector<pos_t>{}));
+                     eng->context().memory.checkpoints ? block_ends(ap) : std::vector<pos_t>{}));
     const double took = ms_between(tp, clock_type::now());
     ms += took;
     note_prefill_rate((pos_t)part.size(), took);

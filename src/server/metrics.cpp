@@ -256,6 +256,10 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
            "Idle streams whose prefix went to the RAM pool and which were cleared, to keep the streams' checkpoints "
            "within their bound.",
            static_cast<double>(m.n_checkpoint_evictions));
+    scalar(out, "warmctx_checkpoints_taken_total", "counter",
+           "Checkpoints taken at block ends while prefilling (each a copy of the window or recurrent state; on a GPU "
+           "out of the device).",
+           static_cast<double>(m.n_checkpoints_taken));
     scalar(out, "warmctx_checkpoint_size_bytes", "gauge",
            "Bytes of one checkpoint of this model (0: its memory is cut back without any).",
            static_cast<double>(m.checkpoint_size_bytes));

@@ -1224,6 +1224,27 @@ turn_request hybrid_turn(const std::string & ws, uint64_t seed, const std::strin
     return r;
 }
 
+// A cold turn takes a checkpoint at every block end of its prompt but the last: the
+// generation prompt ends it, and no turn resumes there.
+TEST(ContextEngineCheckpoints, NoCheckpointWhereTheGenerationPromptEnds) {
+    auto ce = hybrid_engine(0);
+    ASSERT_TRUE(ce);
+    const turn_request req = hybrid_turn("a", 1, "first");
+    auto ap = ce->assemble_request(req);
+    ASSERT_TRUE(ap.ok());
+    ASSERT_GT(ap->blocks.size(), 2u);
+    ASSERT_EQ(ap->man.generation_prompt_end, (pos_t)ap->tokens.size());
+    const uint64_t before = ce->counters().memory.n_checkpoints_taken;
+    auto t = ce->run_turn(req);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_EQ(ce->counters().memory.n_checkpoints_taken - before, ap->blocks.size() - 1);
+    // And the next turn still resumes in place where this one's message ended.
+    auto again = ce->run_turn(hybrid_turn("a", 1, "second"));
+    ASSERT_TRUE(again.ok()) << again.error().to_string();
+    EXPECT_TRUE(again->explain.in_place);
+    EXPECT_GT(again->explain.n_reused, 0);
+}
+
 TEST(ContextEngineCheckpoints, TheStreamsCheckpointsStayWithinTheirBound) {
     // One workspace's stream alone, unbounded: what its checkpoints take.
     uint64_t one = 0;
