@@ -226,9 +226,7 @@ std::vector<responses_event> responses_stream::heartbeat() {
     return out;
 }
 
-void responses_stream::open_message(std::vector<responses_event> & out) {
-    item it;
-    it.id = message_id(suffix_, n_messages_++);
+void responses_stream::open_with_part(item it, const json & empty_part, std::vector<responses_event> & out) {
     it.output_index = static_cast<int>(items_.size());
     items_.push_back(it);
     open_ = static_cast<int>(items_.size()) - 1;
@@ -236,7 +234,13 @@ void responses_stream::open_message(std::vector<responses_event> & out) {
     out.push_back(make("response.content_part.added", {{"item_id", it.id},
                                                        {"output_index", it.output_index},
                                                        {"content_index", 0},
-                                                       {"part", output_text_part("")}}));
+                                                       {"part", empty_part}}));
+}
+
+void responses_stream::open_message(std::vector<responses_event> & out) {
+    item it;
+    it.id = message_id(suffix_, n_messages_++);
+    open_with_part(std::move(it), output_text_part(""), out);
 }
 
 void responses_stream::close_open(std::vector<responses_event> & out, const char * status) {
@@ -276,14 +280,7 @@ void responses_stream::add_reasoning(const std::string & piece, std::vector<resp
         item it;
         it.is_reasoning = true;
         it.id = reasoning_item_id(suffix_, n_reasonings_++);
-        it.output_index = static_cast<int>(items_.size());
-        items_.push_back(it);
-        open_ = static_cast<int>(items_.size()) - 1;
-        out.push_back(make("response.output_item.added", {{"output_index", it.output_index}, {"item", item_json(it)}}));
-        out.push_back(make("response.content_part.added", {{"item_id", it.id},
-                                                           {"output_index", it.output_index},
-                                                           {"content_index", 0},
-                                                           {"part", {{"type", "reasoning_text"}, {"text", ""}}}}));
+        open_with_part(std::move(it), {{"type", "reasoning_text"}, {"text", ""}}, out);
     }
     item & it = items_[open_];
     it.text += piece;

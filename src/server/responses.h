@@ -240,6 +240,8 @@ private:
 
     responses_event make(std::string type, nlohmann::json data);
     nlohmann::json item_json(const item & it) const;
+    // Opens `it` (its output index set here) with one empty content part.
+    void open_with_part(item it, const nlohmann::json & empty_part, std::vector<responses_event> & out);
     void open_message(std::vector<responses_event> & out);
     void add_text(const std::string & piece, std::vector<responses_event> & out);
     void add_reasoning(const std::string & piece, std::vector<responses_event> & out);
