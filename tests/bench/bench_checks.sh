@@ -23,7 +23,7 @@ ttft_and_phase_checks() {
 
 case "$which" in
 trace)
-  "$bench" trace --quick -m "$model" --json >"$out"
+  "$bench" trace --quick -m "$model" -t 1 --json >"$out"
   check '[.systems[].name] == ["warmctx-semantic","warmctx-lru","llama-server","warmctx-defaults","llama-server-defaults"]' "one entry per system, in order"
   check 'all(.systems[]; .prefilled_tokens > 0 and .cached_ratio > 0 and .cached_ratio < 1 and .ttft_p50_ms > 0 and .ttft_p95_ms >= .ttft_p50_ms and .wall_ms > 0)' \
         "each system reports prefilled tokens, cached ratio, TTFT p50/p95 and wall time" '.systems[] | del(.per_turn)'
@@ -48,7 +48,7 @@ trace)
   ;;
 trace_window)
   # The sliding window, sent as plain chat messages (no workspace, no segments).
-  "$bench" trace --quick -m "$model" --history-window 4 --messages plain \
+  "$bench" trace --quick -m "$model" -t 1 --history-window 4 --messages plain \
     --systems warmctx-defaults,llama-server-defaults --json >"$out"
   check '[.systems[].name] == ["warmctx-defaults","llama-server-defaults"]' "one entry per system, in order"
   check '.trace.history_window == 4 and .trace.messages == "plain" and .trace.history_messages_of_turn[0] == 0 and all(.trace.history_messages_of_turn[]; . <= 4) and (.trace.history_messages_of_turn | max) == 4' \
@@ -59,7 +59,7 @@ trace_window)
   check '(.systems[1] | has("phases") | not) and (.systems[1] | has("unaccounted") | not)' "llama-server has no warmctx timings" '.systems[1] | del(.per_turn)'
   ;;
 edits)
-  "$bench" edits -m "$model" --files 4 --file-tokens 200 --map-tokens 400 --turns 14 --json >"$out"
+  "$bench" edits -m "$model" -t 1 --files 4 --file-tokens 200 --map-tokens 400 --turns 14 --json >"$out"
   check '[.systems[].name] == ["warmctx","warmctx-fixed","llama-server"] and all(.systems[]; .edited_turns == 13 and (.per_turn.prefilled_tokens | length) == 14)' \
         "one entry per system, every turn" '.systems[] | del(.per_turn)'
   check '(.workload.edited_segment_of_turn[0] == "") and all(.workload.edited_segment_of_turn[1:][]; . != "")' "every turn after the first edits a segment" '.workload'
@@ -69,17 +69,17 @@ edits)
   check '.ratios.warmctx_over_llama_server_prefilled_total > 0 and .ratios.warmctx_over_fixed_prefilled_total > 0' "ratios reported" '.ratios'  # Real files: the pinned files come from this repository's sources, each edit's place is
   # reported, and a directory without enough source files is refused (exit 2).
   src="$(cd "$(dirname "$0")/../.." && pwd)/src"
-  "$bench" edits -m "$model" --files 3 --file-tokens 150 --map-tokens 200 --turns 5 --systems warmctx --files-from "$src" --json >"$out"
+  "$bench" edits -m "$model" -t 1 --files 3 --file-tokens 150 --map-tokens 200 --turns 5 --systems warmctx --files-from "$src" --json >"$out"
   check '.workload.files_from != "" and (.systems[0].per_turn.prefilled_tokens | length) == 5 and all(.workload.edited_line_at_fraction_of_turn[]; . >= 0 and . < 1) and all(.workload.edited_segment_bytes_of_turn[1:][]; . > 0)' \
         "--files-from: real files, each edit's place" '.workload'
   empty="$(mktemp -d)"
-  set +e; err="$("$bench" edits -m "$model" --files-from "$empty" --systems warmctx 2>&1)"; rc=$?; set -e
+  set +e; err="$("$bench" edits -m "$model" -t 1 --files-from "$empty" --systems warmctx 2>&1)"; rc=$?; set -e
   rmdir "$empty"
   if [ "$rc" != 2 ] || ! grep -q "^error: --files-from" <<<"$err"; then echo "FAILED: --files-from an empty directory: exit $rc: $err"; exit 1; fi
   echo "ok: --files-from an empty directory refused (exit 2)"
   ;;
 s2)
-  "$bench" s2 -m "$model" --sizes 600,1200 --warm-turns 2 --json >"$out"
+  "$bench" s2 -m "$model" -t 1 --sizes 600,1200 --warm-turns 2 --json >"$out"
   check '(.rows | length) == 2 and all(.rows[]; .prompt_tokens > 600)' "one row per size"
   check 'all(.rows[]; .warmctx.cold_cached_tokens == 0 and .warmctx.warm_cached_tokens > 0.5 * .prompt_tokens)' \
         "warmctx: the cold turn reuses nothing, the warm turn most of the prompt" '.rows'
@@ -92,7 +92,7 @@ s2)
   ;;
 s3)
   export WARMCTX_HOME="$(mktemp -d)"; trap 'rm -rf "$out" "$WARMCTX_HOME"' EXIT
-  "$bench" s3 --shapes tiny --type f16 --prompt-tokens 128 --gen-tokens 8 --depth 512 --reps 1 --json >"$out"
+  "$bench" s3 --shapes tiny -t 1 --type f16 --prompt-tokens 128 --gen-tokens 8 --depth 512 --reps 1 --json >"$out"
   check '(.rows | length) == 1 and .rows[0].shape == "tiny"' "one row per shape"
   check '.rows[0].warmctx.cold_pp_tps > 0 and .rows[0].warmctx.warm_pp_tps > 0 and .rows[0].warmctx.tg_tps > 0' "warmctx rates" '.rows[0]'
   check '.rows[0].llama_bench.cold_pp_tps > 0 and .rows[0].llama_bench.warm_pp_tps > 0 and .rows[0].llama_bench.tg_tps > 0' "llama-bench rates" '.rows[0]'
@@ -101,7 +101,7 @@ s3)
         "each system's allocated KV is reported" '[.rows[0].warmctx.kv_allocated_bytes, .rows[0].llama_bench.kv_allocated_bytes]'
   ;;
 contention)
-  "$bench" contention -m "$model" -t 2 --cold-tokens 4000 --warm-tokens 400 --warm-turns 2 --delay-ms 200 --scrape-ms 20 \
+  "$bench" contention -m "$model" -t 1 --cold-tokens 4000 --warm-tokens 400 --warm-turns 2 --delay-ms 200 --scrape-ms 20 \
     --prewarm-tokens 2000 --json >"$out"
   check '[.rows[].system] == ["warmctx","llama-server"]' "one row per system, in order"
   check 'all(.rows[]; .solo_warm_ttft_ms > 0 and .cold_ttft_ms > 0 and .one_chunk_ms > 0 and .cold_prompt_tokens >= 3500)' \
@@ -119,7 +119,7 @@ contention)
   ;;
 calls)
   # Two sizes, two splits, in a layout of more and larger streams than the prefix needs.
-  "$bench" calls -m "$model" --depth 512 --sizes 3,40 --splits 1,2 --reps 2 --streams 3 --cells 2048 --json >"$out"
+  "$bench" calls -m "$model" -t 1 --depth 512 --sizes 3,40 --splits 1,2 --reps 2 --streams 3 --cells 2048 --json >"$out"
   check '.depth == 512 and .warmctx_layout.streams == 3 and .warmctx_layout.cells_per_stream == 2048 and (.warmctx_layout.usable_cells_per_stream == 2048 or (.warmctx_layout.pads_small_batches and .warmctx_layout.usable_cells_per_stream == 1984)) and .warmctx_layout.kv_allocated_bytes > 0' \
         "the layout it was asked for" '.warmctx_layout'
   check '[.rows[].tokens] == [3,40] and all(.rows[]; ([.warmctx[].calls] == [1,2]) and .llama_bench_ms > 0 and .llama_bench_kv_allocated_bytes > 0)' \
@@ -128,13 +128,13 @@ calls)
         "host share within each total" '.rows'
   # Bad input: a clear error and exit 2, never a crash.
   for bad in "--sizes 0" "--sizes 600" "--depth 100" "--splits 0" "--cells 100 --depth 512 --sizes 40"; do
-    set +e; err="$("$bench" calls -m "$model" --no-llama-bench $bad 2>&1)"; rc=$?; set -e
+    set +e; err="$("$bench" calls -m "$model" -t 1 --no-llama-bench $bad 2>&1)"; rc=$?; set -e
     if [ "$rc" != 2 ] || ! grep -q "^error: " <<<"$err"; then echo "FAILED: calls $bad: exit $rc: $err"; exit 1; fi
     echo "ok: calls $bad refused (exit 2)"
   done
   ;;
 render)
-  "$bench" render -m "$model" --size 4000 --turns 5 --json >"$out"
+  "$bench" render -m "$model" -t 1 --size 4000 --turns 5 --json >"$out"
   check '.jinja.prompt_tokens > 4000 and .builtin.prompt_tokens > 4000 and .jinja.cold_ms > 0' \
         "both modes assembled the agent turn" '{jinja: .jinja.prompt_tokens, builtin: .builtin.prompt_tokens}'
   check '(.jinja.warm_ms_all | length) == 5 and .jinja.warm_ms_median > 0 and .builtin.warm_ms_median > 0 and (.warm_overhead_ms | type) == "number"' \

@@ -38,7 +38,7 @@ class MakeModelArch : public ::testing::TestWithParam<arch_case> {
         o.type = type;
         o.seed = seed;
         o.out_path = p;
-        o.n_threads = 2;
+        o.n_threads = 1;
         const status st = make_model(o);
         EXPECT_TRUE(st.ok()) << st.to_string();
         return p;
@@ -50,7 +50,7 @@ class MakeModelArch : public ::testing::TestWithParam<arch_case> {
         eo.n_ctx = 1024;
         eo.n_seq_max = 1;
         eo.chunk_tokens = 128;
-        eo.n_threads = 2;
+        eo.n_threads = 1;
         auto e = engine::open(eo);
         EXPECT_TRUE(e.ok()) << e.error().to_string();
         return e.ok() ? std::move(e.value()) : nullptr;

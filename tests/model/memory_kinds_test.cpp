@@ -39,7 +39,7 @@ class MemoryKinds : public ::testing::TestWithParam<kind_case> {
         o.n_ctx = 1024;
         o.n_seq_max = 6;
         o.chunk_tokens = 32;
-        o.n_threads = 2;
+        o.n_threads = 1;
         o.flash_attn = flash_attn;
         o.kv_type = kv_type;
         auto e = engine::open(o);

@@ -17,7 +17,7 @@ inline engine_options tiny_options(kv_mode mode = kv_mode::exact, uint32_t n_seq
     o.n_ctx = 2048;
     o.n_seq_max = n_seq;
     o.chunk_tokens = 64;
-    o.n_threads = 2;
+    o.n_threads = 1;
     o.mode = mode;
     return o;
 }

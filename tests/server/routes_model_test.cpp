@@ -30,7 +30,7 @@ scheduler_options tiny_options() {
     o.engine.engine.model_path = WARMCTX_TINY_MODEL;
     o.engine.engine.n_ctx = 2048;
     o.engine.engine.chunk_tokens = 64;
-    o.engine.engine.n_threads = 2;
+    o.engine.engine.n_threads = 1;
     o.engine.n_holders = 4;
     o.n_parallel = 2;
     o.max_queue = 8;

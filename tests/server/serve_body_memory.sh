@@ -29,7 +29,7 @@ PY
 body "$work/big.json" $((8 * 1024 * 1024 - 64))
 body "$work/mid.json" $((3 * 1024 * 1024))
 
-(ulimit -v 6000000; exec env WARMCTX_HOME="$home" "$bin" serve -m "$model" -c 1024 -t 2 --port 0 -q >/dev/null 2>"$work/err") &
+(ulimit -v 6000000; exec env WARMCTX_HOME="$home" "$bin" serve -m "$model" -c 1024 -t 1 --port 0 -q >/dev/null 2>"$work/err") &
 pid=$!
 port=""
 for _ in $(seq 1 600); do

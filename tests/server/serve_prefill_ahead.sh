@@ -26,7 +26,7 @@ run() {  # run MODE: starts serve, sends the chat, prints warmctx.prewarm.ahead 
   # for the second's port (the background shell may not have truncated a shared file yet).
   local out="$dir/out-${mode:-default}" err="$dir/err-${mode:-default}"
   : >"$out"
-  WARMCTX_HOME="$dir/home-$mode" "$bin" serve -m "$model" -c 16384 -t 2 --port 0 -q --no-disk \
+  WARMCTX_HOME="$dir/home-$mode" "$bin" serve -m "$model" -c 16384 -t 1 --port 0 -q --no-disk \
     ${mode:+--prefill-ahead "$mode"} >"$out" 2>"$err" &
   pid=$!
   local port=""

@@ -15,7 +15,7 @@ fail() { echo "FAIL: $*"; cat "$err" | tail -20; exit 1; }
 
 start() {
   : >"$out"
-  WARMCTX_HOME="$home" "$bin" serve -m "$model" -c 2048 --chunk 64 -t 2 --port 0 -q >"$out" 2>"$err" &
+  WARMCTX_HOME="$home" "$bin" serve -m "$model" -c 2048 --chunk 64 -t 1 --port 0 -q >"$out" 2>"$err" &
   pid=$!
   port=""
   for _ in $(seq 1 300); do

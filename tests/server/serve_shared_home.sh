@@ -15,7 +15,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 start() {  # start NAME ARGS...: starts serve in the background, sets $pid; waits for its listening line
   local name="$1"; shift
-  WARMCTX_HOME="${home:-$dir/home}" "$bin" serve -m "$model" -c 1024 --chunk 64 -t 2 --port 0 -q --no-prewarm "$@" \
+  WARMCTX_HOME="${home:-$dir/home}" "$bin" serve -m "$model" -c 1024 --chunk 64 -t 1 --port 0 -q --no-prewarm "$@" \
     >"$dir/$name.out" 2>"$dir/$name.err" &
   pid=$!
   pids+=("$pid")

@@ -12,7 +12,7 @@ trap 'rm -rf "$err" "$home"' EXIT
 fails=0
 for d in 0 0.005 0.01 0.02 0.04 0.06 0.1 0.15 0.2 0.3; do
   : >"$err"
-  WARMCTX_HOME="$home" "$bin" serve -m "$model" -c 1024 --chunk 64 -t 2 --port 0 -q >/dev/null 2>"$err" &
+  WARMCTX_HOME="$home" "$bin" serve -m "$model" -c 1024 --chunk 64 -t 1 --port 0 -q >/dev/null 2>"$err" &
   pid=$!
   port=""
   for _ in $(seq 1 1000); do

@@ -8,7 +8,7 @@ out="$(mktemp)"; err="$(mktemp)"; home="$(mktemp -d)"
 trap 'rm -rf "$out" "$err" "$home"' EXIT
 # A fresh cache home: a server holds its home's lock, so one on the default home would
 # refuse (or be refused by) any other server there.
-WARMCTX_HOME="$home" "$bin" serve -m "$model" -c 1024 --chunk 64 -t 2 --port 0 -q >"$out" 2>"$err" &
+WARMCTX_HOME="$home" "$bin" serve -m "$model" -c 1024 --chunk 64 -t 1 --port 0 -q >"$out" 2>"$err" &
 pid=$!
 port=""
 for _ in $(seq 1 300); do

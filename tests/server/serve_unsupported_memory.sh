@@ -12,7 +12,7 @@ pid=""
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$home" "$out" "$err"' EXIT
 fail() { echo "FAIL: $*"; tail -20 "$err"; exit 1; }
 
-WARMCTX_HOME="$home" "$bin" serve -m "$model" -c 2048 --chunk 64 -t 2 --port 0 >"$out" 2>"$err" &
+WARMCTX_HOME="$home" "$bin" serve -m "$model" -c 2048 --chunk 64 -t 1 --port 0 >"$out" 2>"$err" &
 pid=$!
 port=""
 for _ in $(seq 1 300); do

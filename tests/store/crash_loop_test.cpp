@@ -39,7 +39,7 @@ engine_options tiny_options() {
     o.n_ctx = 1024;
     o.n_seq_max = 2;
     o.chunk_tokens = k_chunk;
-    o.n_threads = 2;
+    o.n_threads = 1;
     return o;
 }
 
