@@ -15,6 +15,7 @@
 #include "seq_state.h"
 
 #include "ggml-backend.h"
+#include "ggml-cpu.h"
 #include "llama.h"
 
 namespace warmctx {
@@ -24,6 +25,8 @@ namespace detail {
 struct model_deleter { void operator()(llama_model * m) const { llama_model_free(m); } };
 struct context_deleter { void operator()(llama_context * c) const { llama_free(c); } };
 struct sampler_deleter { void operator()(llama_sampler * s) const { llama_sampler_free(s); } };
+struct threadpool_deleter { void operator()(ggml_threadpool * t) const { ggml_threadpool_free(t); } };
+using threadpool_ptr = std::unique_ptr<ggml_threadpool, threadpool_deleter>;
 using model_ptr = std::unique_ptr<llama_model, model_deleter>;
 using context_ptr = std::unique_ptr<llama_context, context_deleter>;
 using sampler_ptr = std::unique_ptr<llama_sampler, sampler_deleter>;
@@ -43,6 +46,10 @@ inline status decode_status(int32_t rc) {
 struct engine::impl {
     engine_options opts;
     detail::model_ptr model;
+    // The CPU threads every decode runs on, made once (as llama-server does): without
+    // one, llama.cpp starts and joins its threads at every decode. Declared before ctx,
+    // so that it outlives the context that uses it.
+    detail::threadpool_ptr threadpool;
     detail::context_ptr ctx;
     const llama_vocab * vocab = nullptr;
     model_info minfo;

@@ -304,6 +304,10 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     if (!p->ctx) return engine_error("llama.cpp could not create a context (n_ctx=" + std::to_string(cp.n_ctx) +
                                      ", KV type " + opts.kv_type + "); try a smaller --n-ctx");
 
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
+    p->threadpool.reset(ggml_threadpool_new(&tpp));
+    if (p->threadpool) llama_attach_threadpool(p->ctx.get(), p->threadpool.get(), p->threadpool.get());
+
     p->cinfo.n_ctx_seq = opts.mode == kv_mode::exact ? llama_n_ctx_seq(p->ctx.get()) : n_ctx;
     // Where small batches are padded, a stream's last k_pad_cells cells hold a padded
     // batch's extra rows for the moment they exist: a sequence may fill the rest.

@@ -21,10 +21,13 @@
 // needs a work sequence, or is of the pre-warm's workspace, preempts it: finish_turn
 // caches the blocks prefilled so far (every chunk end is a block end) and the chat
 // starts from them.
+#include <future>
+
 #include "warmctx/clock.h"
 #include "warmctx/scheduler.h"
 
 #include "admission.h"
+
 #include "scheduler_impl.h"
 
 namespace warmctx {
@@ -206,15 +209,37 @@ result<std::unique_ptr<scheduler>> scheduler::start(const scheduler_options & op
     p->opts = opts;
     context_engine_options co = opts.engine;
     co.n_work_seqs = opts.n_parallel;
-    auto ce = context_engine::open(co);
-    if (!ce.ok()) return ce.error();
-    p->ce = std::move(ce.value());
-    p->minfo = p->ce->model();
-    p->cinfo = p->ce->context();
-    p->slots.resize(p->ce->n_work_seqs());  // n_parallel, and the resident streams
+    // The model is loaded on the engine thread, which runs every decode: llama.cpp's CPU
+    // threads (OpenMP) belong to the thread that first computes, and a second thread's
+    // team beside them makes each barrier of every decode sleep and wake (on 2 cores a
+    // token took twice as long).
     impl * raw = p.get();
-    p->publish();
-    p->thread = std::thread([raw] { raw->loop(); });
+    std::promise<status> opened;
+    std::future<status> is_open = opened.get_future();
+    p->thread = std::thread([raw, co, &opened] {
+        result<std::unique_ptr<context_engine>> ce = internal_error("opening the model threw");
+        try {
+            ce = context_engine::open(co);
+        } catch (const std::exception & e) {
+            ce = internal_error(std::string("opening the model threw: ") + e.what());
+        } catch (...) {
+        }
+        if (!ce.ok()) {
+            opened.set_value(ce.error());
+            return;
+        }
+        raw->ce = std::move(ce.value());
+        raw->minfo = raw->ce->model();
+        raw->cinfo = raw->ce->context();
+        raw->slots.resize(raw->ce->n_work_seqs());  // n_parallel, and the resident streams
+        raw->publish();
+        opened.set_value({});
+        raw->loop();
+    });
+    if (status st = is_open.get(); !st.ok()) {
+        p->thread.join();
+        return st;
+    }
     return std::unique_ptr<scheduler>(new scheduler(std::move(p)));
 }
 
