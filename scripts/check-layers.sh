@@ -13,7 +13,7 @@ declare -A layer_of_header=(
   [segments.h]=context [kind_table.h]=context [chunking.h]=context [assembler.h]=context [text_model.h]=context [manifest.h]=context [profile.h]=context [conversation.h]=context [volatility.h]=context
   [prefix_cache.h]=cache [eviction_policy.h]=cache
   [snapshot.h]=store [snapshot_store.h]=store [segment_store.h]=store
-  [engine.h]=engine [sampling.h]=engine [model_maker.h]=engine [engine_adapters.h]=engine [chat_template.h]=engine
+  [engine.h]=engine [sampling.h]=engine [drafts.h]=engine [model_maker.h]=engine [engine_adapters.h]=engine [chat_template.h]=engine
   [workload.h]=workload [agent_trace.h]=workload
   [context_engine.h]=runtime [context_options.h]=runtime [context_counters.h]=runtime [explain_report.h]=runtime
   [scheduler.h]=runtime [verify.h]=runtime

@@ -194,6 +194,15 @@ class context_engine {
     // work sequences that hold pending turns. Errors: those of generation_step::make and
     // engine::decode_step; invalid_argument for a sequence that is not a work sequence.
     result<std::unique_ptr<generation_step>> start_generation(const sampling_params & sp) const;
+    // Drafts for a turn's generation (warmctx/drafts.h): its workspace's last answers and
+    // its prompt; null where sp asks none or the model's memory cannot drop a draft
+    // sampling did not choose (only plain attention can).
+    std::unique_ptr<draft_index> drafts_for(const pending_turn & t, const sampling_params & sp) const;
+    // A turn's answer, kept for drafts of its workspace's later turns (a request sent again).
+    void remember_answer(const pending_turn & t, std::span<const token_id> answer);
+    // Cuts a work sequence back to its first `n_tokens` (the positions of a draft sampling
+    // did not choose). Errors: invalid_argument (not a work sequence), those of trimming.
+    status drop_draft(seq_id seq, pos_t n_tokens);
     status decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits);
 
     // The same prompt computed cold in a fresh sequence, the cache untouched: the

@@ -218,12 +218,17 @@ class engine {
     // (as returned by prefill). Greedy when temperature <= 0, else a seeded chain of
     // top-k, top-p, temperature and a distribution sampler. `logits_out`, if given,
     // receives each step's logits concatenated (n_vocab floats per generated token).
+    // `drafts` (the prompt in it as its running text): where sp.draft_max > 0 and the
+    // memory is plain, each decode carries the draft it proposes (warmctx/drafts.h); the
+    // answer is the same as without.
     result<generation> generate(seq_id seq, std::vector<float> logits, const sampling_params & sp,
-                                std::vector<float> * logits_out = nullptr);
+                                std::vector<float> * logits_out = nullptr, draft_index * drafts = nullptr);
 
     // One decode step for several sequences at once (continuous batching): each input's
     // token is appended to its sequence at `pos`; `logits` receives one n_vocab vector
-    // per input, in order. REQUIRES distinct sequences, at most chunk_tokens inputs.
+    // per input, in order. A sequence may have several rows (a token and a draft after
+    // it: warmctx/drafts.h), adjacent and at consecutive positions. REQUIRES at most
+    // chunk_tokens inputs.
     // Errors (every llama_decode failure is mapped the same way, here and in prefill and
     // generate): resource_exhausted (no free KV slot), cancelled (aborted),
     // invalid_argument (a batch llama.cpp refused), engine_error (any other code).

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "warmctx/status.h"
+#include "warmctx/drafts.h"
 #include "warmctx/types.h"
 
 namespace warmctx {
@@ -63,6 +64,9 @@ struct sampling_params {
     // Control tokens whose text the answer keeps (a template's format markers that its
     // parser reads, as gpt-oss's "<|channel|>"); other control tokens have no text.
     std::vector<std::string> preserved_tokens;
+    // Tokens a draft from the workspace may hold (warmctx/drafts.h; llama-server's
+    // speculative.n_max); 0: decode without drafts. The answer is the same either way.
+    int32_t draft_max = 0;
 };
 
 // One generated token's log-probability (natural log, over the whole vocabulary).
@@ -85,6 +89,7 @@ struct generation {
     std::string text;
     finish_reason finish = finish_reason::length;
     double t_decode_ms = 0;
+    draft_counters drafts;
 };
 
 // Picks the next token from logits: greedy (first maximum) when temperature <= 0,

@@ -40,7 +40,8 @@ struct completion_event {
                   // `explain`, `usage.prompt_tokens/cached_tokens` and the prefill range set
         progress, // a chunk of its prompt was prefilled: `prefill_pos` moved
         started,  // prefill done; `explain` and `usage.prompt_tokens/cached_tokens` set
-        delta,    // new generated text (never a partial stop string); `text` and `token`
+        delta,    // new generated text (never a partial stop string): `text` of the tokens a
+                  // decode step decided (one, or a draft's with the one after it), `token` the last
         done,     // finished; `finish`, `usage`, `explain`, timings set; the last event
         error,    // failed; `error` set; the last event
     };
@@ -69,6 +70,7 @@ struct completion_event {
     // other jobs' prefill chunks and decode steps ran. With queue_ms, these add up to
     // first_token_ms less the engine thread's own bookkeeping.
     double t_write_back_ms = 0, t_lookup_ms = 0, t_sampler_ms = 0, t_interleave_ms = 0;
+    draft_counters drafts;  // done: what drafts from the workspace did for this answer
     // done, for a job whose turn asked keep_logits (verification): every generated token,
     // the logits after the prompt and those of every generation step (n_vocab each),
     // as turn_result carries them for run_turn and run_cold.
@@ -142,6 +144,7 @@ struct scheduler_stats {
     uint64_t n_prewarms_submitted = 0;
     uint64_t n_prewarms_replaced = 0;  // a newer pre-warm of the same workspace took its place
     uint64_t n_prewarms_dropped = 0;   // a turn of the workspace came first, or the queue was full
+    draft_counters drafts;             // drafts from the workspaces (warmctx/drafts.h)
 };
 
 class scheduler {

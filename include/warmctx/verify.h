@@ -43,6 +43,7 @@ struct verify_options {
     uint64_t seed = 1;
     size_t stable_tokens_max = 700;  // largest stable prefix of a scenario, tokens (>= 200)
     int32_t max_tokens = 8;          // greedy tokens per turn
+    int32_t draft_max = 16;          // warm turns draft from the workspace (warmctx/drafts.h; 0: none)
     bool tiers = true;               // also replay restores from host RAM and disk
 };
 
@@ -98,6 +99,9 @@ struct verify_report {
     uint64_t n_padded_decodes = 0;    // decodes padded to 64 rows (engine::pad_rows), warm and cold
     int n_fused_turns = 0;            // warm turns whose generation prompt shared the last piece
     int n_fused_conversations = 0;    // warm turns whose chat messages were one run (a sliding window)
+    uint64_t n_drafted = 0, n_draft_accepted = 0;  // draft tokens the warm turns decoded, and sampling chose
+    float max_drafted_logit_diff = 0; // drafted turns' generation logits against cold (rows decoded
+                                      // together sum in another order: warmctx/drafts.h)
     double elapsed_ms = 0;
 
     double token_agreement() const;   // 1 when nothing was compared
@@ -142,6 +146,10 @@ struct turn_expectation {
     // After a profile drift: whenever reuse stops short of the cacheable end, explain
     // must call it profile drift and name this field ("": no drift).
     std::string drifted_field;
+    // The same request as the turn before: its answer must be drafted from that one's
+    // (each token drafted and chosen but the first, sampled after the prompt, and the
+    // last, which is never decoded).
+    bool drafted = false;
 };
 
 // The expectations `ex` breaks, one message each (empty: all held).

@@ -177,6 +177,7 @@ class warmctx_system final : public bench_system {
                     t.server_ms = w->value("first_token_ms", 0.0);
                     if (auto why = w->find("reason"); why != w->end() && why->is_string()) t.reason = *why;
                     t.common_tokens = w->value("tokens_common_with_previous_turn", -1);
+                    if (auto d = w->find("drafts"); d != w->end()) t.drafts = *d;
                     if (auto ph = w->find("timings"); ph != w->end() && ph->is_object()) t.phases = t.timings = *ph;
                     if (auto rq = w->find("request_ms"); rq != w->end() && rq->is_number()) t.phases["request_ms"] = *rq;
                 }
@@ -303,6 +304,7 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
     sv.max_body_bytes = 64u << 20;
     sv.max_segment_bytes = 16u << 20;
     sv.workspace_dir = o.workspace_dir;
+    sv.draft_max = o.draft_max;
     auto h = http_server::start(**s, sv);
     if (!h) return h.error();
     json desc = {{"n_ctx_per_seq", (*s)->context().n_ctx_seq},
@@ -312,6 +314,7 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
                  {"gpu_layers", (*s)->context().n_gpu_layers},
                  {"flash_attn", (*s)->context().flash_attn},
                  {"holders", o.holders},
+                 {"draft_max", o.draft_max},
                  {"policy", o.cf.policy},
                  {"budget_tokens", o.cf.budget_tokens},
                  {"budget_bytes", o.cf.budget_bytes},
@@ -402,6 +405,7 @@ result<std::unique_ptr<bench_system>> start_llama_server(const llama_server_opti
         args.push_back("--cache-ram");
         args.push_back(std::to_string(o.cache_ram_mib));
     }
+    args.insert(args.end(), o.extra_args.begin(), o.extra_args.end());
     std::string cmdline;
     for (const auto & a : args) cmdline += (cmdline.empty() ? "" : " ") + a;
     progress("starting: " + cmdline + "  (log: " + log_path + ")");

@@ -40,6 +40,7 @@ struct turn_timing {
     nlohmann::json timings;    // warmctx: the response's `warmctx.timings` object as it came
                                // (null when the response had none)
     std::string reason;        // warmctx: the response's `warmctx.reason` (why it reused what it did)
+    nlohmann::json drafts;     // warmctx: the response's `warmctx.drafts` (null: none)
 };
 
 // A server under test, answering one streamed request at a time.
@@ -101,6 +102,7 @@ struct warmctx_system_options {
     // serve's default disk tier (a user's serve writes stable prefixes through to disk):
     // in a fresh directory with serve's default budget, removed when the system stops.
     bool default_disk = false;
+    int32_t draft_max = 16;         // serve's --draft-max (0: no drafts from the workspace)
 };
 result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_options & o);
 
@@ -115,6 +117,7 @@ struct llama_server_options {
                                     // batch or KV-type flags (model, threads, GPU layers and
                                     // flash attention still given)
     std::string log_path;           // its stdout and stderr ("" = a temp file)
+    std::vector<std::string> extra_args;  // after the others (e.g. --spec-type ngram-mod)
     double start_timeout_s = 600;
 };
 result<std::unique_ptr<bench_system>> start_llama_server(const llama_server_options & o);

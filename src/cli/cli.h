@@ -98,6 +98,7 @@ void register_restore_bench(CLI::App & bench, int & rc);
 void register_http_bench(CLI::App & bench, int & rc);
 void register_s2_bench(CLI::App & bench, int & rc);
 void register_render_bench(CLI::App & bench, int & rc);
+void register_drafts_bench(CLI::App & bench, int & rc);
 void register_trace_bench(CLI::App & bench, int & rc);
 void register_contention_bench(CLI::App & bench, int & rc);
 void register_s3_bench(CLI::App & bench, int & rc);

@@ -123,6 +123,7 @@ struct verify_args {
     uint64_t seed = 1;
     size_t stable_tokens_max = 700;
     int32_t max_tokens = 8;
+    int32_t draft_max = 16;
     uint32_t holders = 4;
     bool tiers = true;
     std::string stream_copies = "auto";
@@ -138,6 +139,7 @@ int run_verify(const verify_args & a) {
     vo.seed = a.seed;
     vo.stable_tokens_max = a.stable_tokens_max;
     vo.max_tokens = a.max_tokens;
+    vo.draft_max = a.draft_max;
     vo.tiers = a.tiers;
     auto eo = a.mf.to_options(1);
     if (!eo) return fail(eo.error());
@@ -157,6 +159,10 @@ int run_verify(const verify_args & a) {
                     "max |logit diff| %g, token agreement %.4f, %zu expectation failures, %.1f s\n",
                     r.mode.c_str(), r.memory.c_str(), r.memory == "unsupported" ? " (no reuse expected)" : "", r.scenarios, r.turns, r.mismatched_scenarios, r.mismatches.size(), r.max_logit_diff,
                     r.token_agreement(), r.failures.size(), r.elapsed_ms / 1000);
+        if (r.n_drafted > 0)
+            std::printf("drafts (the turns sent again): %llu of %llu draft tokens chosen, the same tokens as cold, "
+                        "max |logit diff| %g (rows decoded together)\n",
+                        (unsigned long long)r.n_draft_accepted, (unsigned long long)r.n_drafted, r.max_drafted_logit_diff);
         for (const auto & f : r.failures) std::printf("  expectation failed: %s\n", f.to_string().c_str());
     }
     return r.passed() ? 0 : 1;
@@ -252,6 +258,9 @@ void register_context_commands(CLI::App & app, int & rc) {
     verify->add_option("--stable-tokens", v->stable_tokens_max, "largest stable prefix of a scenario, tokens")->capture_default_str()->check(CLI::Range(200, 100000));
     verify->add_option("-n,--max-tokens", v->max_tokens, "greedy tokens per turn")->capture_default_str()->check(CLI::Range(1, 1024));
     verify->add_option("--holders", v->holders, "cached prefixes the pool keeps at most (a small number makes scenarios evict)")->capture_default_str()->check(CLI::Range(1, 32));
+    verify->add_option("--draft-max", v->draft_max,
+                       "draft tokens a warm turn checks per decode, from its workspace's text (0 = none; the cold "
+                       "reference never drafts)")->capture_default_str()->check(CLI::Range(0, 64));
     verify->add_option("--tiers", v->tiers, "also replay host-RAM and disk restores (true/false)")->capture_default_str();
     verify->add_option("--stream-copies", v->stream_copies,
                        "serve a prefix another stream holds by copying the stream, as serve does on a GPU: auto (where the "

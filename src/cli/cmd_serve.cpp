@@ -49,6 +49,7 @@ struct serve_args {
     int sse_keep_alive_ms = 3000;
     int32_t default_max_tokens = 0;
     int32_t reasoning_budget = -1;
+    int32_t draft_max = 16;
     std::string model_name;
     request_bounds bounds;
     bool quiet = false;
@@ -177,6 +178,7 @@ server_options server_options_of(const serve_args & a, const cache_flags & cf, c
     sv.sse_keep_alive_ms = a.sse_keep_alive_ms;
     sv.default_max_tokens = a.default_max_tokens;
     sv.reasoning_budget = a.reasoning_budget;
+    sv.draft_max = a.draft_max;
     sv.model_name = a.model_name;
     sv.bounds = a.bounds;
     sv.log_requests = !a.quiet;
@@ -387,6 +389,12 @@ void register_serve_command(CLI::App & app, int & rc) {
                   "request names no reasoning_budget_tokens (-1 = no budget, 0 = close it at once; as llama-server)")
         ->capture_default_str()
         ->check(CLI::Range(-1, 1 << 20));
+    c->add_option("--draft-max", a->draft_max,
+                  "tokens a draft from the workspace may hold when the request names no speculative.n_max: the "
+                  "text that followed the answer's last tokens in the prompt or an earlier answer, checked in the "
+                  "same decode (the answer is the same as without; plain-attention models only; 0 = no drafts)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 64));
     c->add_option("--model-name", a->model_name, "model id in /v1/models and responses (default: the model file's name)");
     c->add_flag("-q,--quiet", a->quiet, "no per-request log lines on stderr");
     c->add_flag("--no-disk", a->no_disk,

@@ -233,8 +233,12 @@ status engine::decode_step(std::span<const step_input> inputs, std::vector<std::
         WARMCTX_RETURN_IF_ERROR(p_->check_seq(in.seq));
         if (in.token < 0 || in.token >= p_->minfo.n_vocab) return invalid_argument("decode_step: token out of vocabulary");
         if ((uint32_t)in.pos >= p_->cinfo.n_ctx_seq) return out_of_range("decode_step: sequence is full");
-        for (size_t j = 0; j < i; ++j)
-            if (inputs[j].seq == in.seq) return invalid_argument("decode_step: a sequence appears twice");
+        // A sequence's rows (its token and a draft after it) are adjacent, at consecutive positions.
+        const bool continues = i > 0 && inputs[i - 1].seq == in.seq;
+        if (continues && in.pos != inputs[i - 1].pos + 1)
+            return invalid_argument("decode_step: a sequence's rows must be at consecutive positions");
+        for (size_t j = 0; !continues && j < i; ++j)
+            if (inputs[j].seq == in.seq) return invalid_argument("decode_step: a sequence's rows must be adjacent");
         batch.token[i] = in.token;
         batch.pos[i] = in.pos;
         batch.n_seq_id[i] = 1;

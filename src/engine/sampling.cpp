@@ -404,30 +404,57 @@ const std::string & generation_step::text() const { return p_->text.text(); }
 int32_t generation_step::n_forced() const { return p_->n_forced; }
 
 result<generation> engine::generate(seq_id seq, std::vector<float> logits, const sampling_params & sp,
-                                    std::vector<float> * logits_out) {
+                                    std::vector<float> * logits_out, draft_index * drafts) {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
     if ((int32_t)logits.size() != p_->minfo.n_vocab)
         return invalid_argument("generate: logits must have n_vocab entries (prefill first)");
     auto gs = generation_step::make(*this, sp);
     if (!gs.ok()) return gs.error();
     generation_step & step = **gs;
+    // Drafts need a memory cut back exactly after a token sampling did not choose.
+    if (sp.draft_max <= 0 || p_->cinfo.memory.kind != memory_kind::plain) drafts = nullptr;
 
     generation g;
     auto t0 = std::chrono::steady_clock::now();
     pos_t pos = seq_n_tokens(seq);
-    for (;;) {
-        if (logits_out && step.n_generated() < sp.max_tokens)
-            logits_out->insert(logits_out->end(), logits.begin(), logits.end());
-        auto d = step.next(logits, pos);
-        if (d.finished) {
-            g.finish = d.finish;
-            break;
+    std::vector<std::vector<float>> rows;
+    std::vector<step_input> batch;
+    auto decide = [&](std::span<const float> l) {
+        if (logits_out && step.n_generated() < sp.max_tokens) logits_out->insert(logits_out->end(), l.begin(), l.end());
+        auto d = step.next(l, pos);
+        if (!d.finished && drafts) drafts->push(d.token);
+        return d;
+    };
+    auto d = decide(logits);
+    while (!d.finished) {
+        // The token, and where the workspace says how it goes on, a draft after it.
+        batch.assign(1, step_input{seq, d.token, pos});
+        if (drafts) {
+            // Room in the sequence, and tokens still to decode (the last one sampled never is).
+            const pos_t room = std::min<pos_t>((pos_t)p_->cinfo.n_ctx_seq - pos - 1, sp.max_tokens - step.n_generated() - 1);
+            const size_t n = (size_t)std::clamp<pos_t>(std::min<pos_t>(sp.draft_max, room), 0, (pos_t)p_->cinfo.chunk_tokens - 1);
+            for (token_id t : drafts->propose(n)) batch.push_back({seq, t, (pos_t)(pos + batch.size())});
         }
-        status st = p_->decode(seq, &d.token, 1, pos, true);
+        status st = decode_step(batch, rows);
         if (!st.ok()) return st.with_context("generate");
         ++pos;
-        p_->copy_logits(&logits);
+        // Sampling after each position in turn; a draft token stands where it was chosen.
+        size_t i = 0;
+        for (;;) {
+            d = decide(rows[i]);
+            if (d.finished || i + 1 >= batch.size() || d.token != batch[i + 1].token) break;
+            ++pos;
+            ++i;
+        }
+        if (batch.size() > 1) {
+            drafts->record(batch.size() - 1, i);
+            g.drafts.n_steps++;
+            g.drafts.n_drafted += batch.size() - 1;
+            g.drafts.n_accepted += i;
+            if (i + 1 < batch.size()) WARMCTX_RETURN_IF_ERROR(trim_seq(seq, pos).with_context("generate: dropping a draft"));
+        }
     }
+    g.finish = d.finish;
     step.finish();
     g.tokens = step.tokens();
     g.text = step.text();

@@ -162,12 +162,17 @@ status context_engine::impl::prefill(seq_id seq, const assembled_prompt & ap, po
     return {};
 }
 
-status context_engine::impl::generate(seq_id seq, const turn_request & req, std::vector<float> logits, turn_result & out,
-                clock_type::time_point t0) {
+status context_engine::impl::generate(seq_id seq, const turn_request & req, std::span<const token_id> prompt,
+                                       std::vector<float> logits, turn_result & out, clock_type::time_point t0) {
     out.t_first_token_ms = ms_between(t0, clock_type::now());
     if (req.keep_logits) out.prompt_logits = logits;
-    auto g = eng->generate(seq, std::move(logits), req.sampling, req.keep_logits ? &out.gen_logits : nullptr);
+    // The cold reference decodes without drafts: a warm answer with them must equal it.
+    std::unique_ptr<draft_index> drafts;
+    if (seq != cold_seq && req.sampling.draft_max > 0 && eng->context().memory.kind == memory_kind::plain)
+        drafts = answers.index_for(req.workspace, prompt);
+    auto g = eng->generate(seq, std::move(logits), req.sampling, req.keep_logits ? &out.gen_logits : nullptr, drafts.get());
     if (!g.ok()) return g.error();
+    if (seq != cold_seq) answers.remember(req.workspace, prompt, g->tokens);
     out.gen = std::move(g.value());
     out.t_decode_ms = out.gen.t_decode_ms;
     out.t_total_ms = ms_between(t0, clock_type::now());
@@ -567,6 +572,21 @@ result<std::unique_ptr<generation_step>> context_engine::start_generation(const 
     return generation_step::make(*p_->eng, sp);
 }
 
+std::unique_ptr<draft_index> context_engine::drafts_for(const pending_turn & t, const sampling_params & sp) const {
+    if (sp.draft_max <= 0 || p_->eng->context().memory.kind != memory_kind::plain) return nullptr;
+    return p_->answers.index_for(t.workspace, t.ap.tokens);
+}
+
+void context_engine::remember_answer(const pending_turn & t, std::span<const token_id> answer) {
+    p_->answers.remember(t.workspace, t.ap.tokens, answer);
+}
+
+status context_engine::drop_draft(seq_id seq, pos_t n_tokens) {
+    if (seq < 0 || (uint32_t)seq >= p_->opts.n_work_seqs)
+        return invalid_argument("drop_draft: sequence " + std::to_string(seq) + " is not a work sequence");
+    return p_->eng->trim_seq(seq, n_tokens);
+}
+
 status context_engine::decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits) {
     for (const step_input & in : inputs)
         if (in.seq < 0 || (uint32_t)in.seq >= p_->opts.n_work_seqs)
@@ -586,7 +606,7 @@ result<turn_result> context_engine::run_turn(const turn_request & req, seq_id se
     out.t_copy_ms = t.t_copy_ms;
     out.t_restore_ms = t.t_restore_ms;
     out.t_prefill_ms = t.t_prefill_ms;
-    WARMCTX_RETURN_IF_ERROR(p_->generate(t.seq, req, std::move(logits), out, t0));  // aborts t on error
+    WARMCTX_RETURN_IF_ERROR(p_->generate(t.seq, req, t.ap.tokens, std::move(logits), out, t0));  // aborts t on error
     auto ti = clock_type::now();
     WARMCTX_RETURN_IF_ERROR(finish_turn(t, out.gen.tokens.size()));
     p_->flush_deferred();  // nobody waits for an answer here: the write-through now
@@ -607,7 +627,7 @@ result<turn_result> context_engine::run_cold(const turn_request & req) {
     e.clear_seq(p_->cold_seq);
     std::vector<float> logits;
     status st = p_->prefill(p_->cold_seq, *ap, 0, (pos_t)ap->tokens.size(), logits, out.t_prefill_ms);
-    if (st.ok()) st = p_->generate(p_->cold_seq, req, std::move(logits), out, t0);
+    if (st.ok()) st = p_->generate(p_->cold_seq, req, {}, std::move(logits), out, t0);
     e.clear_seq(p_->cold_seq);
     if (!st.ok()) return st;
     out.man = ap->man;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "answer_memory.h"
 #include "explain.h"
 #include "kv_pool.h"
 #include "tiers.h"
@@ -93,6 +94,7 @@ struct context_engine::impl {
     }
     std::unique_ptr<prefix_cache> cache;
     std::unique_ptr<disk_kv_tier> tiers;
+    answer_memory answers;  // each workspace's last answers, for drafts
     profile prof;
     uint64_t turn_clock = 0;  // a logical clock: a tick per turn and per workspace call (LRU order)
     // The stream the last turn finished on, and when: write_back_ahead leaves it alone
@@ -190,9 +192,11 @@ struct context_engine::impl {
     status prefill(seq_id seq, const assembled_prompt & ap, pos_t from, pos_t end, std::vector<float> & logits,
                    double & ms);
 
-    // Generates after a prefill (run_turn, run_cold): fills out.gen and the timings.
-    status generate(seq_id seq, const turn_request & req, std::vector<float> logits, turn_result & out,
-                    clock_type::time_point t0);
+    // Generates after a prefill (run_turn, run_cold): fills out.gen and the timings. A
+    // work stream's turn drafts from its workspace (`prompt`, earlier answers) where
+    // req.sampling asks; the cold stream never does.
+    status generate(seq_id seq, const turn_request & req, std::span<const token_id> prompt,
+                    std::vector<float> logits, turn_result & out, clock_type::time_point t0);
 
     // Loads a pool holder's prefix into `seq` (cleared first) and trims it at `reuse`;
     // a holder that is another stream is copied whole, the data at once, so that what

@@ -363,6 +363,7 @@ scheduler_stats scheduler::stats() const {
     s.n_completed = p_->a_completed;
     s.n_failed = p_->a_failed;
     s.n_batched_steps = p_->a_batched;
+    s.drafts = {p_->a_draft_steps, p_->a_drafted, p_->a_draft_accepted};
     s.prefilling_jobs = p_->a_prefilling;
     s.prefill_remaining_tokens = p_->a_prefill_remaining;
     s.n_prefill_chunks = p_->a_prefill_chunks;

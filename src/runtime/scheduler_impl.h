@@ -46,6 +46,13 @@ struct active_job {
     double t_interleave_ms = 0;  // admitted, waiting while other jobs' chunks and steps ran
     clock_type::time_point t_own_end;  // when its admission or last chunk ended
     std::vector<token_logprobs> logprobs;  // not yet sent with an event
+    // Drafts (warmctx/drafts.h): the index over the workspace's text, and the draft the
+    // last step decoded after pending_token with the logits of each of its positions.
+    std::unique_ptr<draft_index> drafts;
+    std::deque<token_id> draft;
+    std::deque<std::vector<float>> draft_logits;
+    size_t step_drafted = 0, step_accepted = 0;  // the last step's draft, for the pacing
+    draft_counters dc;
 };
 
 struct scheduler::impl {
@@ -74,6 +81,7 @@ struct scheduler::impl {
     std::atomic<size_t> a_prefilling{0};
     std::atomic<uint64_t> a_prefill_remaining{0}, a_prefill_chunks{0};
     std::atomic<size_t> a_prewarm_depth{0};
+    std::atomic<uint64_t> a_draft_steps{0}, a_drafted{0}, a_draft_accepted{0};
     std::atomic<uint64_t> a_prewarms_submitted{0}, a_prewarms_replaced{0}, a_prewarms_dropped{0};
 
     // What jobs() reports of the active jobs, as the engine thread last published it.
@@ -136,6 +144,8 @@ struct scheduler::impl {
     // Samples the next token of `j` from its logits, emits text, decides whether it ends
     // (generation_step: the same rules, in the same order, as engine::generate).
     void sample_next(active_job & j);
+    // Cuts the rest of j's draft (positions from j.pos on) out of its sequence.
+    status drop_draft(active_job & j, seq_id seq);
 
     void retire(size_t slot);
 

@@ -3,6 +3,8 @@
 // (see scheduler.cpp for the state machine).
 #include "warmctx/clock.h"
 
+#include <algorithm>
+
 #include "scheduler_impl.h"
 
 namespace warmctx {
@@ -139,6 +141,7 @@ void scheduler::impl::prefilled(active_job & j) {
     }
     if (j.q.job.turn.keep_logits) j.prompt_logits = j.logits;
     j.pos = (pos_t)j.turn.ap.tokens.size();
+    j.drafts = ce->drafts_for(j.turn, j.q.job.turn.sampling);
     j.t_first_token_ms = ms_between(j.q.t_submit, clock_type::now());
     completion_event ev;
     ev.what = completion_event::kind::started;
@@ -225,30 +228,70 @@ void scheduler::impl::fail_job(active_job & j, status st) {
     j.kv_suspect = true;
 }
 
+status scheduler::impl::drop_draft(active_job & j, seq_id seq) {
+    if (j.drafts && j.step_drafted > 0) j.drafts->record(j.step_drafted, j.step_accepted);
+    j.step_drafted = j.step_accepted = 0;
+    if (j.draft.empty()) return {};
+    j.draft.clear();
+    j.draft_logits.clear();
+    return ce->drop_draft(seq, j.pos);
+}
+
+// Samples after the last decoded position, then after each position of the draft decoded
+// with it while sampling chooses the draft's token there: those tokens are decoded already.
 void scheduler::impl::sample_next(active_job & j) {
-    if (j.q.job.turn.keep_logits && j.gen->n_generated() < j.q.job.turn.sampling.max_tokens)
-        j.gen_logits.insert(j.gen_logits.end(), j.logits.begin(), j.logits.end());
-    auto d = j.gen->next(j.logits, j.pos);
-    if (d.logprobs) j.logprobs.push_back(std::move(*d.logprobs));
-    if (!d.delta.empty()) {
+    token_id next = -1;
+    // The text of every token decided here goes out as one event (a draft's tokens too).
+    std::string text;
+    token_id last = -1;
+    auto flush = [&] {
+        if (text.empty()) return true;
         completion_event ev;
         ev.what = completion_event::kind::delta;
-        ev.text = std::move(d.delta);
-        ev.token = d.token;
+        ev.text = std::move(text);
+        ev.token = last;
         ev.logprobs = std::move(j.logprobs);
         j.logprobs.clear();
-        if (!emit(j, ev)) return;
+        return emit(j, ev);
+    };
+    for (;;) {
+        if (j.q.job.turn.keep_logits && j.gen->n_generated() < j.q.job.turn.sampling.max_tokens)
+            j.gen_logits.insert(j.gen_logits.end(), j.logits.begin(), j.logits.end());
+        auto d = j.gen->next(j.logits, j.pos);
+        if (d.logprobs) j.logprobs.push_back(std::move(*d.logprobs));
+        if (!d.delta.empty()) {
+            text += d.delta;
+            last = d.token;
+        }
+        if (d.finished) {
+            j.finished = true;
+            j.finish = d.finish;
+            if (!flush()) return;  // cancelled: retire drops the draft
+            if (status st = drop_draft(j, j.turn.seq); !st.ok()) fail_job(j, st);
+            return;
+        }
+        if (j.drafts) j.drafts->push(d.token);
+        next = d.token;
+        if (j.draft.empty() || d.token != j.draft.front()) break;
+        j.draft.pop_front();
+        j.logits = std::move(j.draft_logits.front());
+        j.draft_logits.pop_front();
+        j.pos++;
+        j.dc.n_accepted++;
+        j.step_accepted++;
+        a_draft_accepted++;
     }
-    if (d.finished) {
-        j.finished = true;
-        j.finish = d.finish;
+    if (!flush()) return;  // cancelled: retire drops the draft
+    if (status st = drop_draft(j, j.turn.seq); !st.ok()) {
+        fail_job(j, st);
         return;
     }
-    j.pending_token = d.token;
+    j.pending_token = next;
 }
 
 void scheduler::impl::retire(size_t slot) {
     active_job & j = *slots[slot];
+    if (!drop_draft(j, (seq_id)slot).ok()) j.kv_suspect = true;  // the sequence is not what it says
     // First, so that anyone who sees this job's last event or its counter sees it
     // no longer active.
     a_active--;
@@ -290,6 +333,8 @@ void scheduler::impl::retire(size_t slot) {
             ev.t_first_token_ms = j.t_first_token_ms;
             set_phases(ev, j);
             ev.t_total_ms = ms_between(j.q.t_submit, clock_type::now());
+            ev.drafts = j.dc;
+            if (j.q.job.turn.cache) ce->remember_answer(j.turn, j.gen->tokens());
             if (j.q.job.turn.keep_logits) {
                 ev.tokens = j.gen->tokens();
                 ev.prompt_logits = std::move(j.prompt_logits);
@@ -310,31 +355,56 @@ void scheduler::impl::retire(size_t slot) {
 
 void scheduler::impl::step() {
     std::vector<step_input> in;
-    std::vector<size_t> who;
+    std::vector<std::pair<size_t, size_t>> who;  // slot, its first row
+    size_t n_jobs = 0;
+    for (auto & j : slots)
+        n_jobs += j && !j->prefilling && !j->finished && !j->cancelled && j->pending_token >= 0;
+    if (n_jobs == 0) return;
+    // Each job's token, and a draft after it where its workspace suggests one; the rows
+    // of a step stay within one batch.
+    const size_t per_job = (cinfo.chunk_tokens - n_jobs) / n_jobs;
     for (size_t s = 0; s < slots.size(); ++s) {
         auto & j = slots[s];
         if (!j || j->prefilling || j->finished || j->cancelled || j->pending_token < 0) continue;
+        who.push_back({s, in.size()});
         in.push_back({(seq_id)s, j->pending_token, j->pos});
-        who.push_back(s);
+        if (!j->drafts) continue;
+        // Room in the sequence, and tokens still to decode (the last one sampled never is).
+        const int64_t room = std::min<int64_t>((int64_t)cinfo.n_ctx_seq - j->pos - 1,
+                                               (int64_t)j->q.job.turn.sampling.max_tokens - j->gen->n_generated() - 1);
+        const size_t n = (size_t)std::clamp<int64_t>(std::min<int64_t>(j->q.job.turn.sampling.draft_max, room), 0, (int64_t)per_job);
+        for (token_id t : j->drafts->propose(n)) {
+            in.push_back({(seq_id)s, t, (pos_t)(j->pos + (in.size() - who.back().second))});
+            j->draft.push_back(t);
+        }
     }
-    if (in.empty()) return;
     std::vector<std::vector<float>> logits;
     status st = ce->decode_step(in, logits);
-    if (in.size() > 1) a_batched++;
+    if (who.size() > 1) a_batched++;
     for (size_t k = 0; k < who.size(); ++k) {
-        active_job & j = *slots[who[k]];
+        active_job & j = *slots[who[k].first];
         j.pending_token = -1;
         if (!st.ok()) {
             completion_event ev;
             ev.what = completion_event::kind::error;
             ev.error = st;
             emit(j, ev);
+            j.draft.clear();  // nothing of it was decoded
             j.cancelled = true;  // retire without caching
             j.kv_suspect = true;
             continue;
         }
+        const size_t first = who[k].second, end = k + 1 < who.size() ? who[k + 1].second : in.size();
         j.pos++;
-        j.logits = std::move(logits[k]);
+        j.logits = std::move(logits[first]);
+        for (size_t r = first + 1; r < end; ++r) j.draft_logits.push_back(std::move(logits[r]));
+        j.step_drafted = end - first - 1;
+        if (end - first > 1) {
+            j.dc.n_steps++;
+            j.dc.n_drafted += end - first - 1;
+            a_draft_steps++;
+            a_drafted += end - first - 1;
+        }
     }
 }
 

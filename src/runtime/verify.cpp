@@ -1,6 +1,7 @@
 #include "warmctx/verify.h"
 
 #include <algorithm>
+#include <random>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -88,6 +89,10 @@ class scenario_runner {
         turn_expectation again = at_least(stable_end(), "engine");
         again.in_place = 1;  // the work stream still holds the prefix
         WARMCTX_RETURN_IF_ERROR(step("new question", again));
+        // The same request again (an agent retrying its turn): drafted from the answer before.
+        turn_expectation retried = again;
+        retried.drafted = o_.draft_max > 0;
+        WARMCTX_RETURN_IF_ERROR(step("sent again", retried));
         // In another work stream: copied from the stream that holds it (with stream
         // copies, as on a GPU: device to device) or loaded through the pool.
         segs_.back().content = g_.question();
@@ -186,11 +191,12 @@ class scenario_runner {
     bool mismatch() const { return mismatch_; }
 
   private:
-    turn_request request(std::vector<segment> s) const {
+    turn_request request(std::vector<segment> s, bool drafted = false) const {
         turn_request r;
         r.workspace = ws_;
         r.segments = std::move(s);
         r.sampling.max_tokens = o_.max_tokens;
+        r.sampling.draft_max = drafted ? o_.draft_max : 0;
         r.keep_logits = true;
         return r;
     }
@@ -198,8 +204,11 @@ class scenario_runner {
     // Runs the current segments warm and cold, compares them and checks `want`.
     status step(const std::string & what, turn_expectation want, seq_id seq = 0) {
         std::vector<segment> shuffled = segs_;
-        std::shuffle(shuffled.begin(), shuffled.end(), g_.rng());  // input order must not matter
-        const turn_request req = request(std::move(shuffled));
+        // Input order must not matter. The turn sent again shuffles with a generator of its
+        // own: the scenario's stays where it was without it.
+        std::mt19937_64 own(sc_ * 7919u + 1);
+        std::shuffle(shuffled.begin(), shuffled.end(), want.drafted ? own : g_.rng());
+        const turn_request req = request(std::move(shuffled), want.drafted);
         // What the cache may hold for this prompt, before the turn adds to it.
         auto ap = ce_.assemble_request(req);
         if (!ap) return ap.error().with_context(ws_ + " " + what);
@@ -223,13 +232,28 @@ class scenario_runner {
         if (ap->hints.fuse_generation_prompt) ++rep_.n_fused_turns;
         if (ap->hints.fuse_conversation) ++rep_.n_fused_conversations;
         const comparison cmp = compare(*w, *c);
-        rep_.max_logit_diff = std::max(rep_.max_logit_diff, cmp.max_diff);
+        // A drafted answer's rows were decoded together: the same tokens, its logits but
+        // for their last bits (warmctx/drafts.h); the prompt's stay exact.
+        const bool drafted = w->gen.drafts.n_drafted > 0;
+        (drafted ? rep_.max_drafted_logit_diff : rep_.max_logit_diff) =
+            std::max(drafted ? rep_.max_drafted_logit_diff : rep_.max_logit_diff, cmp.max_diff);
         rep_.n_tokens_agree += cmp.n_agree;
         rep_.n_tokens_compared += cmp.n_tokens;
-        if (!cmp.tokens_equal || !cmp.logits_equal) {
+        const bool prompt_equal = w->prompt_logits == c->prompt_logits;
+        if (!cmp.tokens_equal || (drafted ? !prompt_equal : !cmp.logits_equal)) {
             mismatch_ = true;
             rep_.mismatches.push_back({sc_, what, cmp.tokens_equal, cmp.logits_equal, cmp.max_diff, cmp.n_agree, cmp.n_tokens});
         }
+        rep_.n_drafted += w->gen.drafts.n_drafted;
+        rep_.n_draft_accepted += w->gen.drafts.n_accepted;
+        const bool can_draft = ce_.context().memory.kind == memory_kind::plain;
+        if (want.drafted && !can_draft && w->gen.drafts.n_drafted > 0)
+            rep_.failures.push_back({sc_, what, "a " + std::string(memory_kind_name(ce_.context().memory.kind)) +
+                                     " memory drafted", 0, ""});
+        // Every token but the first (sampled after the prompt) and the last (never decoded).
+        if (want.drafted && can_draft && w->gen.drafts.n_accepted + 2 < w->gen.tokens.size())
+            rep_.failures.push_back({sc_, what, "the answer before drafted " + std::to_string(w->gen.drafts.n_accepted) +
+                                     " of its " + std::to_string(w->gen.tokens.size()) + " tokens", 0, ""});
         const explain_report & ex = w->explain;
         rep_.tokens_reused += (uint64_t)ex.n_reused;
         rep_.tokens_prefilled += (uint64_t)ex.n_prefilled;

@@ -42,7 +42,8 @@ nlohmann::json verify_report::to_json() const {
         {"backend", backend}, {"memory", memory}, {"stream_copies", stream_copies}, {"n_stream_copies", n_stream_copies},
         {"n_branches_parked", n_branches_parked}, {"n_pool_loads", n_pool_loads}, {"n_write_backs", n_write_backs},
         {"n_padded_decodes", n_padded_decodes}, {"n_fused_turns", n_fused_turns},
-        {"n_fused_conversations", n_fused_conversations},
+        {"n_fused_conversations", n_fused_conversations}, {"n_drafted", n_drafted}, {"n_draft_accepted", n_draft_accepted},
+        {"max_drafted_logit_diff", max_drafted_logit_diff},
     };
 }
 

@@ -540,7 +540,7 @@ void serve_completion(route_context & ctx, const http_request & req, http_respon
     p.rt.request_ms = ms_since(t_arrival);
     // Gone while the prompt and the grammar were built: nothing is queued.
     if (req.client_gone && req.client_gone()) return fail(client_gone_error());
-    auto ch = std::make_shared<request_channel>();
+    auto ch = std::make_shared<request_channel>(cr.stream);
     p.job.sink = [ch](const completion_event & ev) { return ch->push(ev); };
     if (!ctx.register_channel(ch)) return fail(unavailable("the server is shutting down", 1));
     // Unregisters on every path out of this function, unless a stream takes over.

@@ -118,6 +118,11 @@ void render_scheduler(std::string & out, const engine_snapshot & snap) {
     scalar(out, "warmctx_jobs_failed_total", "counter", "Jobs that ended in an error.", static_cast<double>(s.n_failed));
     scalar(out, "warmctx_batched_steps_total", "counter", "Decode steps that served more than one job.",
            static_cast<double>(s.n_batched_steps));
+    scalar(out, "warmctx_draft_steps_total", "counter", "Decode steps that carried a draft from the workspace.",
+           static_cast<double>(s.drafts.n_steps));
+    scalar(out, "warmctx_draft_tokens_total", "counter", "Draft tokens decoded.", static_cast<double>(s.drafts.n_drafted));
+    scalar(out, "warmctx_draft_accepted_tokens_total", "counter", "Draft tokens sampling chose (decoded ahead).",
+           static_cast<double>(s.drafts.n_accepted));
 
     scalar(out, "warmctx_store_workspaces", "gauge", "Workspaces with segments in the server-side store.",
            static_cast<double>(snap.store_workspaces));

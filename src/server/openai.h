@@ -39,11 +39,13 @@ namespace warmctx::server_detail {
 inline constexpr size_t k_max_messages = 10000;     // history ids are h0000..h9999
 inline constexpr size_t k_max_stop_strings = 16;
 inline constexpr size_t k_max_request_segments = 4096;
+inline constexpr int64_t k_max_draft_tokens = 64;  // speculative.n_max
 
 struct request_limits {
     int32_t max_tokens_cap = 8192;      // the context per sequence: more can never fit
     int32_t default_max_tokens = 0;     // a request without max_tokens: 0 = to the end of the context
     int32_t default_reasoning_budget = -1;  // a request without reasoning_budget_tokens (-1: none)
+    int32_t default_draft_max = 0;      // a request without speculative.n_max (0: no drafts)
     int32_t n_vocab = 0;                // logit_bias token ids are below it (0: not checked)
     request_bounds bounds;              // messages, tools, schemas (warmctx/server.h)
 };

@@ -215,6 +215,13 @@ maybe_error parse_sampling(const json & body, const request_limits & limits, sam
         return bad_request("invalid_value", std::string(budget_name) + " must be -1 (no budget) or a number of tokens",
                            budget_name);
     sp.reasoning_budget = budget && *budget >= 0 ? static_cast<int32_t>(*budget) : limits.default_reasoning_budget;
+    // llama-server's name for the most tokens a draft holds (0: no drafts for this request).
+    std::optional<int64_t> draft_max;
+    if (auto e = get_int(body, "speculative.n_max", "speculative.n_max", draft_max)) return e;
+    if (draft_max && (*draft_max < 0 || *draft_max > k_max_draft_tokens))
+        return bad_request("invalid_value", "speculative.n_max must be in [0, " + std::to_string(k_max_draft_tokens) + "]",
+                           "speculative.n_max");
+    sp.draft_max = static_cast<int32_t>(draft_max.value_or(limits.default_draft_max));
     return parse_logit_bias(body, limits, sp);
 }
 

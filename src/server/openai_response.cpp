@@ -51,6 +51,9 @@ json warmctx_json(const std::string & workspace, const explain_report & ex, cons
             {"missed_segment", ex.missed_segment},
             {"stable_prefix_hash", ex.stable_prefix_hash},
             {"prewarm", prewarm_json(ex.prewarm)},
+            // Drafts from the workspace (warmctx/drafts.h): tokens decoded ahead, and the
+            // ones sampling chose.
+            {"drafts", {{"steps", done.drafts.n_steps}, {"drafted", done.drafts.n_drafted}, {"accepted", done.drafts.n_accepted}}},
             {"queue_ms", done.t_queue_ms},
             {"first_token_ms", done.t_first_token_ms},
             {"total_ms", done.t_total_ms},

@@ -26,14 +26,24 @@ struct timed_event {
 
 class request_channel {
   public:
+    // `streamed`: the HTTP thread sends each event on as it comes. A whole answer needs
+    // only the end: its HTTP thread is not woken for each token (on a machine whose cores
+    // the model's threads use, each such wake holds a decode up), and takes the text when
+    // the end, or its own poll for a client gone, wakes it.
+    explicit request_channel(bool streamed = true) : streamed_(streamed) {}
+
     // Engine thread (the job's sink). Returns false once cancelled or aborted: the
     // event is dropped and the scheduler cancels the job.
     bool push(const completion_event & ev) {
         std::lock_guard<std::mutex> lk(mu_);
         if (cancelled_) return false;
+        const bool was_empty = q_.empty();
         q_.push_back({ev, std::chrono::steady_clock::now()});
-        if (ev.what == completion_event::kind::done || ev.what == completion_event::kind::error) finished_ = true;
-        cv_.notify_all();
+        const bool last = ev.what == completion_event::kind::done || ev.what == completion_event::kind::error;
+        if (last) finished_ = true;
+        const bool text = ev.what == completion_event::kind::delta || ev.what == completion_event::kind::progress;
+        // Whoever drains the queue takes all of it: one wake per batch of events.
+        if (last || (was_empty && (streamed_ || !text))) cv_.notify_all();
         return true;
     }
 
@@ -72,6 +82,7 @@ class request_channel {
     }
 
   private:
+    const bool streamed_;
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::deque<timed_event> q_;  // guarded by mu_

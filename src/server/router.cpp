@@ -67,6 +67,7 @@ route_context::route_context(server_options o)
                               [this](uint64_t bytes) { return make_disk_room(bytes); }, opts.shared_workspace_dir}) {
     limits.default_max_tokens = std::max(0, opts.default_max_tokens);  // 0: to the end of the context
     limits.default_reasoning_budget = std::max(-1, opts.reasoning_budget);
+    limits.default_draft_max = std::clamp<int32_t>(opts.draft_max, 0, (int32_t)k_max_draft_tokens);
     model_name = !opts.model_name.empty() ? opts.model_name : "warmctx";
     t_created = static_cast<int64_t>(std::time(nullptr));
     id_salt_ = std::random_device{}();

@@ -28,7 +28,8 @@ std::string failures_of(const verify_report & r) {
     return s;
 }
 
-// Steps per scenario: cold, new question (in place), another stream, pool restore, disk,
+// Steps per scenario: cold, new question (in place), the same sent again (drafted from the
+// answer before), another stream, pool restore, disk,
 // history + diff, volatile edit, stable edit, edit undone, a second and a third edit of the
 // same segment (ranked, moved, cut finer: warmctx/volatility.h), three turns of a sliding
 // history window (the last two with the conversation fused), in every other scenario (the
@@ -36,7 +37,7 @@ std::string failures_of(const verify_report & r) {
 // (packed into spans: profile::span_tokens), and for some a drift.
 // passed() holds each step's expectations: the new question reused its work stream in
 // place, the turn in another stream and the pool restore loaded the prefix into theirs.
-constexpr int k_steps_without_drift = 14;
+constexpr int k_steps_without_drift = 15;
 constexpr int k_conversation_steps = 3;
 // The steps of scenarios 0 .. n-1 without drift.
 int steps_of(int n_scenarios, bool tiers = true) {
@@ -60,6 +61,10 @@ TEST(run_verify, ExactModeEqualsColdAndMeetsEveryExpectation) {
     EXPECT_EQ(r->max_logit_diff, 0.0f);
     EXPECT_EQ(r->token_agreement(), 1.0);
     EXPECT_GT(r->n_tokens_compared, 0u);
+    // Each scenario's turn sent again is drafted from the answer before, every token but
+    // its first and last (verify fails a turn that is not).
+    EXPECT_EQ(r->n_draft_accepted, 3u * (4 - 2));  // max_tokens 4
+    EXPECT_EQ(r->n_drafted, r->n_draft_accepted);
     EXPECT_GT(r->tokens_reused, 0u);
     EXPECT_GT(r->tokens_prefilled, 0u);
     // Reuse came from every tier: the engine (in place and from the pool) and disk.

@@ -202,6 +202,22 @@ TEST(openai_mapping, penalties_and_logit_bias_reach_the_sampler) {
     EXPECT_EQ(parse_err({{"messages", msgs}, {"logit_bias", json::array()}}).param, "logit_bias");
 }
 
+// llama-server's speculative.n_max: the draft tokens of this request (0: none); without
+// it, the server's --draft-max.
+TEST(openai_mapping, speculative_n_max_sets_the_drafts) {
+    const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
+    EXPECT_EQ(parse_ok({{"messages", msgs}, {"speculative.n_max", 0}}).sampling.draft_max, 0);
+    EXPECT_EQ(parse_ok({{"messages", msgs}, {"speculative.n_max", 8}}).sampling.draft_max, 8);
+    request_limits lim;
+    lim.default_draft_max = 16;  // serve --draft-max 16
+    completion_request d;
+    ASSERT_FALSE(parse_completion_request({{"messages", msgs}}, body_mode::chat, lim, d));
+    EXPECT_EQ(d.sampling.draft_max, 16);
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"speculative.n_max", 65}}).param, "speculative.n_max");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"speculative.n_max", -1}}).param, "speculative.n_max");
+    EXPECT_EQ(parse_err({{"messages", msgs}, {"speculative.n_max", "8"}}).param, "speculative.n_max");
+}
+
 // What is not implemented yet is refused by name with a 400, never ignored with a 200.
 TEST(openai_mapping, unimplemented_parameters_are_refused_by_name) {
     const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});

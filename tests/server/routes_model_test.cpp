@@ -296,6 +296,39 @@ TEST_F(routes_model_test, system_messages_reach_the_model_as_sent) {
 // conversation before it, the generation prompt and that text (control tokens in it stay
 // text), and the answer is what the model adds - greedy, the tokens a raw completion of
 // the same prompt gives.
+// A chat sent again (an agent retrying its turn) is drafted from the answer before
+// (serve's --draft-max, 16 by default): the same text, 16 tokens decoded ahead in each
+// step; speculative.n_max 0 decodes it without drafts, the same.
+TEST_F(routes_model_test, a_chat_sent_again_is_drafted_from_the_answer_before) {
+    const json body = {{"messages", {{{"role", "system"}, {"content", "You write code."}},
+                                     {{"role", "user"}, {"content", "Write the function again."}}}},
+                       {"prompt_cache_key", "drafts-again"}, {"max_tokens", 40}, {"temperature", 0}};
+    auto answer = [&](const json & b) {
+        http_response r = post("/v1/chat/completions", b);
+        EXPECT_EQ(r.status, 200) << r.body;
+        return json::parse(r.body);
+    };
+    const json first = answer(body), again = answer(body);
+    const std::string text = first["choices"][0]["message"]["content"].get<std::string>();
+    EXPECT_EQ(again["choices"][0]["message"]["content"].get<std::string>(), text);
+    const int n = again["usage"]["completion_tokens"].get<int>();
+    ASSERT_GT(n, 8) << again.dump();
+    const json d = again["warmctx"]["drafts"];
+    // The first token comes after the prompt; then each step decodes a token and the 16
+    // after it, all chosen, and samples the next from the last: n - 1 tokens in
+    // ceil((n - 1) / 17) steps (the last one's draft ends before the last token).
+    const int steps = (n - 1 + 16) / 17;
+    EXPECT_EQ(d["steps"].get<int>(), steps) << d.dump();
+    EXPECT_EQ(d["accepted"].get<int>(), n - 1 - steps) << d.dump();
+    EXPECT_EQ(d["drafted"], d["accepted"]) << d.dump();
+    json off_body = body;
+    off_body["speculative.n_max"] = 0;
+    const json off = answer(off_body);
+    EXPECT_EQ(off["choices"][0]["message"]["content"].get<std::string>(), text);
+    EXPECT_EQ(off["warmctx"]["drafts"]["drafted"], 0) << off.dump();
+    EXPECT_GE(sched_->stats().drafts.n_accepted, d["accepted"].get<uint64_t>());
+}
+
 TEST_F(routes_model_test, a_last_assistant_message_is_continued) {
     const std::string sys = "Be brief.", user = "Name a prime.", start = "Sure, the first prime is";
     const std::string head = "<|im_start|>system\n" + sys + "<|im_end|>\n<|im_start|>user\n" + user +

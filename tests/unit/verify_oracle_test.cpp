@@ -172,9 +172,9 @@ TEST(verify_oracle, ReportJsonKeepsTheCommandsKeys) {
                            "results", "elapsed_ms", "seed", "policy", "budget_tokens", "evictions_by_class",
                            "whole_holder_evictions", "backend", "stream_copies", "n_stream_copies",
                            "n_branches_parked", "n_pool_loads", "n_write_backs", "n_padded_decodes", "n_fused_turns",
-                           "n_fused_conversations", "memory"})
+                           "n_fused_conversations", "memory", "n_drafted", "n_draft_accepted", "max_drafted_logit_diff"})
         EXPECT_TRUE(j.contains(k)) << k;
-    EXPECT_EQ(j.size(), 29u);
+    EXPECT_EQ(j.size(), 32u);
     EXPECT_EQ(j["expectation_failures"], 1);
     EXPECT_EQ(j["failures"][0], "scenario-1 profile drift: expected a miss at token 0 (reused 12, why)");
     EXPECT_EQ(j["token_agreement"], 1.0);

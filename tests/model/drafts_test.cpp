@@ -1,0 +1,203 @@
+// Drafts from the workspace (warmctx/drafts.h) on the tiny model: an answer decoded with
+// drafts is the answer decoded without them - the same tokens greedily and sampled, the
+// same logits but for their last bits, the same sequence left behind - whether the draft is right
+// (an earlier answer to the same prompt) or wrong; a hybrid model decodes without them.
+#include <chrono>
+#include <condition_variable>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "tiny_model.h"
+#include "warmctx/drafts.h"
+#include "warmctx/scheduler.h"
+#include "warmctx/workload.h"
+
+namespace warmctx {
+namespace {
+
+using testing::open_tiny;
+using testing::random_tokens;
+
+std::vector<token_id> source_of(std::span<const token_id> prompt, std::span<const token_id> answer) {
+    std::vector<token_id> s(prompt.end() - 16, prompt.end());
+    s.insert(s.end(), answer.begin(), answer.end());
+    return s;
+}
+
+struct decoded {
+    generation g;
+    std::vector<float> logits;
+    pos_t n_in_seq = 0;
+};
+
+decoded decode(engine & e, seq_id seq, std::span<const token_id> prompt, const sampling_params & sp,
+               const std::vector<token_id> * source) {
+    decoded d;
+    e.clear_seq(seq);
+    std::vector<float> l;
+    EXPECT_TRUE(e.prefill(seq, prompt, 0, {}, &l).ok());
+    draft_index idx;
+    if (source) idx.add_source(*source);
+    idx.extend(prompt);
+    auto g = e.generate(seq, l, sp, &d.logits, source ? &idx : nullptr);
+    EXPECT_TRUE(g.ok()) << g.error().to_string();
+    if (g.ok()) d.g = std::move(g.value());
+    d.n_in_seq = e.seq_n_tokens(seq);
+    return d;
+}
+
+// Several rows sum in another order than one (drafts.h): the logits' last bits, and where
+// that moves an f16 KV value across a rounding step, a little more (~1e-2 here).
+float max_diff(const std::vector<float> & a, const std::vector<float> & b) {
+    EXPECT_EQ(a.size(), b.size());
+    float d = 0;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+    return d;
+}
+constexpr float k_rows_tolerance = 5e-2f;
+
+void expect_same(const decoded & plain, const decoded & drafted) {
+    EXPECT_EQ(plain.g.tokens, drafted.g.tokens);
+    EXPECT_EQ(plain.g.text, drafted.g.text);
+    EXPECT_EQ(plain.n_in_seq, drafted.n_in_seq);  // a rejected draft leaves nothing behind
+    EXPECT_LE(max_diff(plain.logits, drafted.logits), k_rows_tolerance);
+}
+
+TEST(Drafts, AnEarlierAnswerDraftsTheSameAnswerGreedyAndSampled) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    const auto prompt = random_tokens(70, 3, e->model().n_vocab);
+    for (float temperature : {0.0f, 1.0f}) {
+        SCOPED_TRACE(temperature);
+        sampling_params sp;
+        sp.max_tokens = 96;
+        sp.temperature = temperature;
+        sp.seed = 11;
+        const decoded plain = decode(*e, 0, prompt, sp, nullptr);
+        ASSERT_GT(plain.g.tokens.size(), 40u);
+        EXPECT_EQ(plain.g.drafts.n_drafted, 0u);
+        sp.draft_max = 16;
+        const auto source = source_of(prompt, plain.g.tokens);
+        const decoded drafted = decode(*e, 1, prompt, sp, &source);
+        expect_same(plain, drafted);
+        // Each step checks up to 16 tokens of the earlier answer, and sampling chooses them.
+        EXPECT_GE(drafted.g.drafts.n_accepted, plain.g.tokens.size() * 3 / 4) << drafted.g.drafts.n_drafted;
+        EXPECT_LE(drafted.g.drafts.n_steps, plain.g.tokens.size() / 4);
+    }
+}
+
+TEST(Drafts, AWrongDraftChangesNothing) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    const auto prompt = random_tokens(70, 4, e->model().n_vocab);
+    sampling_params sp;
+    sp.max_tokens = 48;
+    const decoded plain = decode(*e, 0, prompt, sp, nullptr);
+    sp.draft_max = 16;
+    // The prompt's tail leads into text the model does not write.
+    const auto source = source_of(prompt, random_tokens(200, 5, e->model().n_vocab));
+    const decoded drafted = decode(*e, 1, prompt, sp, &source);
+    expect_same(plain, drafted);
+    EXPECT_GT(drafted.g.drafts.n_drafted, 0u);
+    EXPECT_LT(drafted.g.drafts.n_accepted, drafted.g.drafts.n_drafted);
+}
+
+TEST(Drafts, AHybridModelDecodesWithoutThem) {
+    engine_options o = testing::tiny_options();
+    o.model_path = std::string(WARMCTX_TEST_TMP) + "/tiny-hybrid-q8_0-seed1.gguf";
+    auto e = engine::open(o);
+    ASSERT_TRUE(e.ok()) << e.error().to_string();
+    const auto prompt = random_tokens(70, 6, (*e)->model().n_vocab);
+    sampling_params sp;
+    sp.max_tokens = 24;
+    const decoded plain = decode(**e, 0, prompt, sp, nullptr);
+    sp.draft_max = 16;
+    const auto source = source_of(prompt, plain.g.tokens);
+    const decoded drafted = decode(**e, 1, prompt, sp, &source);
+    EXPECT_EQ(plain.g.tokens, drafted.g.tokens);
+    EXPECT_EQ(drafted.g.drafts.n_drafted, 0u);  // its recurrent state cannot drop a rejected draft
+}
+
+// Through the engine thread: a request sent again is drafted from the answer before, and
+// is that answer, the cold run's; two such requests batched together too; a
+// request that asks no drafts gets none.
+struct sink_state {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<completion_event> done;
+    event_sink sink() {
+        return [this](const completion_event & ev) {
+            if (ev.what != completion_event::kind::done && ev.what != completion_event::kind::error) return true;
+            std::lock_guard lk(mu);
+            done = ev;
+            cv.notify_all();
+            return true;
+        };
+    }
+    const completion_event & wait() {
+        std::unique_lock lk(mu);
+        cv.wait_for(lk, std::chrono::seconds(120), [&] { return done.has_value(); });
+        return *done;
+    }
+};
+
+turn_request request(const std::string & ws, int32_t draft_max) {
+    workload_generator g(21, [](const std::string & s) { return s.size() / 3; });
+    turn_request r;
+    r.workspace = ws;
+    r.segments = make_workspace(g, 300, 1);
+    r.sampling.max_tokens = 64;
+    r.sampling.draft_max = draft_max;
+    r.keep_logits = true;
+    return r;
+}
+
+TEST(Drafts, ARequestSentAgainIsDraftedFromTheAnswerBeforeAndEqualsTheColdRun) {
+    scheduler_options o;
+    o.engine.engine = testing::tiny_options();
+    o.engine.n_holders = 3;
+    o.n_parallel = 2;
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+    auto run = [&](std::vector<turn_request> rs) {
+        std::vector<std::unique_ptr<sink_state>> sinks;
+        for (auto & r : rs) {
+            sinks.push_back(std::make_unique<sink_state>());
+            EXPECT_TRUE((*s)->submit({r, sinks.back()->sink()}).ok());
+        }
+        std::vector<completion_event> out;
+        for (auto & k : sinks) out.push_back(k->wait());
+        return out;
+    };
+    const auto first = run({request("a", 16), request("b", 16)});
+    const auto again = run({request("a", 16), request("b", 16)});
+    for (size_t i = 0; i < 2; ++i) {
+        SCOPED_TRACE(i);
+        ASSERT_EQ(first[i].what, completion_event::kind::done);
+        ASSERT_EQ(again[i].what, completion_event::kind::done);
+        ASSERT_GT(first[i].tokens.size(), 20u);
+        EXPECT_EQ(again[i].tokens, first[i].tokens);
+        EXPECT_GE(again[i].drafts.n_accepted, first[i].tokens.size() / 2) << again[i].drafts.n_drafted;
+        std::optional<turn_result> cold;
+        ASSERT_TRUE((*s)->call([&](context_engine & ce) {
+            auto c = ce.run_cold(request(i ? "b" : "a", 0));
+            if (c.ok()) cold = std::move(c.value());
+        }).ok());
+        ASSERT_TRUE(cold.has_value());
+        EXPECT_EQ(again[i].tokens, cold->gen.tokens);
+        EXPECT_LE(max_diff(again[i].gen_logits, cold->gen_logits), k_rows_tolerance);
+        EXPECT_EQ(again[i].prompt_logits, cold->prompt_logits);  // the prompt's, bit for bit
+    }
+    const auto off = run({request("a", 0)});
+    ASSERT_EQ(off[0].what, completion_event::kind::done);
+    EXPECT_EQ(off[0].drafts.n_drafted, 0u);
+    EXPECT_EQ(off[0].tokens, first[0].tokens);
+    const scheduler_stats st = (*s)->stats();
+    EXPECT_GE(st.drafts.n_accepted, again[0].drafts.n_accepted + again[1].drafts.n_accepted);
+}
+
+}  // namespace
+}  // namespace warmctx
