@@ -11,10 +11,12 @@
 // first token sampled otherwise ends the draft (its positions are cut from the KV).
 //
 // A draft is not free: every row of a decode computes the model's output layer (on 2 CPU
-// cores, 17 rows cost ~6x one row), so the index paces itself: a draft that was taken
-// whole lets the next be twice as long (up to the caller's most), one taken in part
-// limits the next to what was taken and one more, and drafts rejected at their first
-// token pause drafting for 2, 4, ... 64 steps.
+// cores, 17 rows cost ~6x one row), so the index paces itself: the first draft holds at
+// most k_first_draft tokens, a draft that was taken whole lets the next be twice as long
+// (up to the caller's most), one taken in part limits the next to what was taken and one
+// more, and drafts rejected at their first token pause drafting for 2, 4, ... 64 steps.
+// Long drafts pay where they are taken: on the CPU, flash attention computes 64-row tiles,
+// so a step of 17 rows at depth costs its attention as one of 64 does.
 //
 // Numbers: a decode of several rows sums in another order than one of a single row (on
 // the CPU, llama.cpp's batched matrix kernel), so a drafted answer's logits differ from
@@ -54,6 +56,7 @@ class draft_index {
     size_t size() const { return toks_.size(); }
     static constexpr std::array<uint32_t, 3> k_match = {12, 6, 3};
     static constexpr uint32_t k_min_match = 3;
+    static constexpr size_t k_first_draft = 16;
 
   private:
     void index_last(bool running);
@@ -64,7 +67,7 @@ class draft_index {
     // Per n-gram length: where the tail's n-gram occurred before the tail (-1: never).
     std::array<int64_t, k_match.size()> prev_{-1, -1, -1};
     // Pacing: the longest next draft, steps left without drafts, drafts missed in a row.
-    size_t cap_ = SIZE_MAX;
+    size_t cap_ = k_first_draft;
     uint32_t pause_ = 0, misses_ = 0;
 };
 

@@ -108,7 +108,7 @@ struct server_options {
                                            // model file's name without directory)
     int32_t default_max_tokens = 0;        // when a request names no max_tokens (0: to the end of the context)
     int32_t reasoning_budget = -1;         // reasoning tokens of a request that names no budget (-1: none)
-    int32_t draft_max = 16;                // draft tokens of a request that names no speculative.n_max
+    int32_t draft_max = 64;                // draft tokens of a request that names no speculative.n_max
                                            // (0: no drafts; warmctx/drafts.h)
     bool log_requests = true;              // one JSON line per request on stderr
     request_bounds bounds;                 // what one chat request may ask for (above)

@@ -102,7 +102,7 @@ struct warmctx_system_options {
     // serve's default disk tier (a user's serve writes stable prefixes through to disk):
     // in a fresh directory with serve's default budget, removed when the system stops.
     bool default_disk = false;
-    int32_t draft_max = 16;         // serve's --draft-max (0: no drafts from the workspace)
+    int32_t draft_max = 64;         // serve's --draft-max (0: no drafts from the workspace)
 };
 result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_options & o);
 

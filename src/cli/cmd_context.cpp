@@ -123,7 +123,7 @@ struct verify_args {
     uint64_t seed = 1;
     size_t stable_tokens_max = 700;
     int32_t max_tokens = 8;
-    int32_t draft_max = 16;
+    int32_t draft_max = 64;
     uint32_t holders = 4;
     bool tiers = true;
     std::string stream_copies = "auto";

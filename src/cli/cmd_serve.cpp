@@ -49,7 +49,7 @@ struct serve_args {
     int sse_keep_alive_ms = 3000;
     int32_t default_max_tokens = 0;
     int32_t reasoning_budget = -1;
-    int32_t draft_max = 16;
+    int32_t draft_max = 64;
     std::string model_name;
     request_bounds bounds;
     bool quiet = false;

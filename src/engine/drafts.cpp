@@ -91,7 +91,7 @@ std::vector<token_id> draft_index::propose(size_t n_max) {
 void draft_index::record(size_t drafted, size_t accepted) {
     if (drafted == 0) return;
     if (accepted >= drafted) {
-        cap_ = cap_ >= SIZE_MAX / 2 ? SIZE_MAX : std::max<size_t>(2, 2 * cap_);
+        cap_ = std::min<size_t>(std::max<size_t>(2, 2 * cap_), 1u << 16);
         misses_ = 0;
     } else if (accepted > 0) {
         cap_ = accepted + 1;

@@ -187,13 +187,25 @@ token_id token_sampler::sample(std::span<const float> l) {
         return t;
     }
     if (p_->grammar) {
-        llama_token_data_array arr = candidates(l);
-        if (p_->chain) llama_sampler_apply(p_->chain.get(), &arr);  // bias, penalties
-        llama_token_data one = arr.data[first_max(arr)];
+        // Greedy: the first maximum, offered to the grammar alone; the candidates (the
+        // whole vocabulary's, ~1.8 MB to write) only when a bias or penalty changes the
+        // logits or the grammar refuses it.
+        llama_token_data one{(llama_token)(std::max_element(l.begin(), l.end()) - l.begin()), 0.0f, 0.0f};
+        llama_token_data_array arr{nullptr, 0, -1, false};
+        if (p_->chain) {
+            arr = candidates(l);
+            llama_sampler_apply(p_->chain.get(), &arr);  // bias, penalties
+            one = arr.data[first_max(arr)];
+        } else {
+            one.logit = l[(size_t)one.id];
+        }
         llama_token_data_array single{&one, 1, -1, false};
         llama_sampler_apply(p_->grammar.get(), &single);
         llama_token t = one.id;
-        if (one.logit == -INFINITY) t = first_allowed(p_->grammar.get(), arr);  // refused
+        if (one.logit == -INFINITY) {  // refused
+            if (!p_->chain) arr = candidates(l);
+            t = first_allowed(p_->grammar.get(), arr);
+        }
         accept(t);
         return t;
     }

@@ -297,8 +297,8 @@ TEST_F(routes_model_test, system_messages_reach_the_model_as_sent) {
 // text), and the answer is what the model adds - greedy, the tokens a raw completion of
 // the same prompt gives.
 // A chat sent again (an agent retrying its turn) is drafted from the answer before
-// (serve's --draft-max, 16 by default): the same text, 16 tokens decoded ahead in each
-// step; speculative.n_max 0 decodes it without drafts, the same.
+// (serve's --draft-max, 64 by default): the same text, most of it decoded ahead;
+// speculative.n_max 0 decodes it without drafts, the same.
 TEST_F(routes_model_test, a_chat_sent_again_is_drafted_from_the_answer_before) {
     const json body = {{"messages", {{{"role", "system"}, {"content", "You write code."}},
                                      {{"role", "user"}, {"content", "Write the function again."}}}},
@@ -314,12 +314,18 @@ TEST_F(routes_model_test, a_chat_sent_again_is_drafted_from_the_answer_before) {
     const int n = again["usage"]["completion_tokens"].get<int>();
     ASSERT_GT(n, 8) << again.dump();
     const json d = again["warmctx"]["drafts"];
-    // The first token comes after the prompt; then each step decodes a token and the 16
-    // after it, all chosen, and samples the next from the last: n - 1 tokens in
-    // ceil((n - 1) / 17) steps (the last one's draft ends before the last token).
-    const int steps = (n - 1 + 16) / 17;
+    // The first token comes after the prompt; then each step decodes a token and a draft
+    // after it (16 tokens first, each taken whole, so twice as many next, to 64; the last
+    // one ends before the answer's last token), and samples the next from the last.
+    int steps = 0, accepted = 0;
+    for (int g = 1, cap = 16; g < n; cap = std::min(2 * cap, 64)) {
+        const int k = std::min(cap, n - g - 1);
+        steps += k > 0;
+        accepted += k;
+        g += k + 1;
+    }
     EXPECT_EQ(d["steps"].get<int>(), steps) << d.dump();
-    EXPECT_EQ(d["accepted"].get<int>(), n - 1 - steps) << d.dump();
+    EXPECT_EQ(d["accepted"].get<int>(), accepted) << d.dump();
     EXPECT_EQ(d["drafted"], d["accepted"]) << d.dump();
     json off_body = body;
     off_body["speculative.n_max"] = 0;

@@ -64,8 +64,10 @@ TEST(DraftIndex, PacesItselfByWhatWasTaken) {
     draft_index idx;
     idx.extend(range(1, 40));
     idx.extend(range(1, 4));                 // 1 2 3: 4..39 followed before
-    EXPECT_EQ(idx.propose(16).size(), 16u);  // no limit of its own at first
-    idx.record(16, 0);                       // rejected at once: two steps without
+    EXPECT_EQ(idx.propose(64).size(), draft_index::k_first_draft);  // the first at most 16
+    idx.record(16, 16);                      // taken whole: twice as long
+    EXPECT_EQ(idx.propose(64).size(), 32u);
+    idx.record(32, 0);                       // rejected at once: two steps without
     EXPECT_TRUE(idx.propose(16).empty());
     EXPECT_TRUE(idx.propose(16).empty());
     EXPECT_EQ(idx.propose(16).size(), 2u);   // then short ones
