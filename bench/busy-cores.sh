@@ -3,7 +3,8 @@
 # each at its defaults but -t (all cores), with the cores idle and while as many busy loops
 # as there are cores keep every core busy (other processes: an editor, a build, tests).
 # Each measurement REPS times, one system after the other; prints one JSON object.
-# usage: bench/busy-cores.sh [MODEL]     env: REPS (3), WARMCTX_BIN, LLAMA_SERVER_BIN
+# usage: bench/busy-cores.sh [MODEL]     env: REPS (3), WARMCTX_BIN, LLAMA_SERVER_BIN,
+#   WARMCTX_ARGS (more serve flags, e.g. "--draft-max 0": decode without drafts)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 model="${1:-$root/build/test-models/tiny-f16-seed1.gguf}"
@@ -16,7 +17,8 @@ cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; for b in "${busy[@]}"; do 
 trap cleanup EXIT
 start() {  # system port
   if [ "$1" = warmctx ]; then
-    WARMCTX_HOME="$home" "$warmctx" serve -m "$model" -t "$cores" --port "$2" --no-disk -q >/dev/null 2>&1 &
+    # shellcheck disable=SC2086
+    WARMCTX_HOME="$home" "$warmctx" serve -m "$model" -t "$cores" --port "$2" --no-disk -q ${WARMCTX_ARGS:-} >/dev/null 2>&1 &
   else
     "$llama" -m "$model" -t "$cores" --port "$2" >"$home/llama.log" 2>&1 &
   fi
@@ -31,7 +33,7 @@ ask() {  # port tag -> seconds (and the token count in $home/n)
   sed -n 's/.*"completion_tokens":\([0-9]*\).*/\1/p' "$home/a.json" >"$home/n"
   echo "$t"
 }
-json="{\"model\":\"$model\",\"cores\":$cores,\"busy_loops\":$cores,\"max_tokens\":256,\"systems\":{"
+json="{\"model\":\"$model\",\"warmctx_args\":\"${WARMCTX_ARGS:-}\",\"cores\":$cores,\"busy_loops\":$cores,\"max_tokens\":256,\"systems\":{"
 first=1
 port=18140
 for sys in warmctx llama-server; do
