@@ -196,7 +196,8 @@ class context_engine {
     result<std::unique_ptr<generation_step>> start_generation(const sampling_params & sp) const;
     // Drafts for a turn's generation (warmctx/drafts.h): its workspace's last answers and
     // its prompt; null where sp asks none or the model's memory cannot drop a draft
-    // sampling did not choose (only plain attention can).
+    // sampling did not choose (plain KV and a sliding window can, a recurrent state cannot:
+    // drops_a_draft).
     std::unique_ptr<draft_index> drafts_for(const pending_turn & t, const sampling_params & sp) const;
     // A turn's answer, kept for drafts of its workspace's later turns (a request sent again).
     void remember_answer(const pending_turn & t, std::span<const token_id> answer);

@@ -65,6 +65,13 @@ struct memory_info {
     std::string note;                // one line: what is reused and how
 };
 
+// Whether a decode's last positions can be cut back exactly, as a draft sampling did not
+// choose needs (warmctx/drafts.h): plain KV and a sliding window's (its cache keeps every
+// cell where a cold run has it), not a recurrent state.
+inline bool drops_a_draft(const memory_info & m) {
+    return m.kind == memory_kind::plain || m.kind == memory_kind::sliding_window;
+}
+
 struct engine_options {
     std::string model_path;
     uint32_t n_ctx = 8192;        // context per sequence, tokens; 0 = automatic: the model's
@@ -219,7 +226,7 @@ class engine {
     // top-k, top-p, temperature and a distribution sampler. `logits_out`, if given,
     // receives each step's logits concatenated (n_vocab floats per generated token).
     // `drafts` (the prompt in it as its running text): where sp.draft_max > 0 and the
-    // memory is plain, each decode carries the draft it proposes (warmctx/drafts.h); the
+    // memory drops_a_draft, each decode carries the draft it proposes (warmctx/drafts.h); the
     // answer is the same as without.
     result<generation> generate(seq_id seq, std::vector<float> logits, const sampling_params & sp,
                                 std::vector<float> * logits_out = nullptr, draft_index * drafts = nullptr);

@@ -392,7 +392,7 @@ void register_serve_command(CLI::App & app, int & rc) {
     c->add_option("--draft-max", a->draft_max,
                   "tokens a draft from the workspace may hold when the request names no speculative.n_max: the "
                   "text that followed the answer's last tokens in the prompt or an earlier answer, checked in the "
-                  "same decode (the answer is the same as without; plain-attention models only; 0 = no drafts)")
+                  "same decode (the answer is the same as without; not a recurrent or hybrid model; 0 = no drafts)")
         ->capture_default_str()
         ->check(CLI::Range(0, 64));
     c->add_option("--model-name", a->model_name, "model id in /v1/models and responses (default: the model file's name)");

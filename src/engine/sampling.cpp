@@ -424,7 +424,7 @@ result<generation> engine::generate(seq_id seq, std::vector<float> logits, const
     if (!gs.ok()) return gs.error();
     generation_step & step = **gs;
     // Drafts need a memory cut back exactly after a token sampling did not choose.
-    if (sp.draft_max <= 0 || p_->cinfo.memory.kind != memory_kind::plain) drafts = nullptr;
+    if (sp.draft_max <= 0 || !drops_a_draft(p_->cinfo.memory)) drafts = nullptr;
 
     generation g;
     auto t0 = std::chrono::steady_clock::now();

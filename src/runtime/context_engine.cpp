@@ -168,7 +168,7 @@ status context_engine::impl::generate(seq_id seq, const turn_request & req, std:
     if (req.keep_logits) out.prompt_logits = logits;
     // The cold reference decodes without drafts: a warm answer with them must equal it.
     std::unique_ptr<draft_index> drafts;
-    if (seq != cold_seq && req.sampling.draft_max > 0 && eng->context().memory.kind == memory_kind::plain)
+    if (seq != cold_seq && req.sampling.draft_max > 0 && drops_a_draft(eng->context().memory))
         drafts = answers.index_for(req.workspace, prompt);
     auto g = eng->generate(seq, std::move(logits), req.sampling, req.keep_logits ? &out.gen_logits : nullptr, drafts.get());
     if (!g.ok()) return g.error();
@@ -573,7 +573,7 @@ result<std::unique_ptr<generation_step>> context_engine::start_generation(const 
 }
 
 std::unique_ptr<draft_index> context_engine::drafts_for(const pending_turn & t, const sampling_params & sp) const {
-    if (sp.draft_max <= 0 || p_->eng->context().memory.kind != memory_kind::plain) return nullptr;
+    if (sp.draft_max <= 0 || !drops_a_draft(p_->eng->context().memory)) return nullptr;
     return p_->answers.index_for(t.workspace, t.ap.tokens);
 }
 

@@ -246,7 +246,7 @@ class scenario_runner {
         }
         rep_.n_drafted += w->gen.drafts.n_drafted;
         rep_.n_draft_accepted += w->gen.drafts.n_accepted;
-        const bool can_draft = ce_.context().memory.kind == memory_kind::plain;
+        const bool can_draft = drops_a_draft(ce_.context().memory);
         if (want.drafted && !can_draft && w->gen.drafts.n_drafted > 0)
             rep_.failures.push_back({sc_, what, "a " + std::string(memory_kind_name(ce_.context().memory.kind)) +
                                      " memory drafted", 0, ""});

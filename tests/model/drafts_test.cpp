@@ -105,6 +105,34 @@ TEST(Drafts, AWrongDraftChangesNothing) {
     EXPECT_LT(drafted.g.drafts.n_accepted, drafted.g.drafts.n_drafted);
 }
 
+// A sliding window's cache keeps every cell where a cold run has it: a draft's positions
+// are cut back as plain KV's are.
+TEST(Drafts, ASlidingWindowModelDraftsTheSameAnswer) {
+    engine_options o = testing::tiny_options();
+    o.model_path = std::string(WARMCTX_TEST_TMP) + "/tiny-swa-q8_0-seed1.gguf";
+    auto e = engine::open(o);
+    ASSERT_TRUE(e.ok()) << e.error().to_string();
+    ASSERT_EQ((*e)->context().memory.kind, memory_kind::sliding_window);
+    // Past the window (64 tokens), so that cutting a draft back crosses it.
+    const auto prompt = random_tokens(150, 8, (*e)->model().n_vocab);
+    sampling_params sp;
+    sp.max_tokens = 96;
+    const decoded plain = decode(**e, 0, prompt, sp, nullptr);
+    ASSERT_GT(plain.g.tokens.size(), 40u);
+    sp.draft_max = 64;
+    const auto source = source_of(prompt, plain.g.tokens);
+    const decoded drafted = decode(**e, 1, prompt, sp, &source);
+    expect_same(plain, drafted);
+    EXPECT_GE(drafted.g.drafts.n_accepted, plain.g.tokens.size() * 3 / 4);
+    // The answer's first token, then text the model does not write.
+    std::vector<token_id> off_course{plain.g.tokens[0]};
+    for (token_id t : random_tokens(200, 9, (*e)->model().n_vocab)) off_course.push_back(t);
+    const auto wrong = source_of(prompt, off_course);
+    const decoded rejected = decode(**e, 2, prompt, sp, &wrong);
+    expect_same(plain, rejected);
+    EXPECT_GT(rejected.g.drafts.n_drafted, rejected.g.drafts.n_accepted);
+}
+
 TEST(Drafts, AHybridModelDecodesWithoutThem) {
     engine_options o = testing::tiny_options();
     o.model_path = std::string(WARMCTX_TEST_TMP) + "/tiny-hybrid-q8_0-seed1.gguf";
