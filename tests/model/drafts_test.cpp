@@ -156,8 +156,16 @@ struct sink_state {
     std::mutex mu;
     std::condition_variable cv;
     std::optional<completion_event> done;
+    int leave_at_delta = 0;  // > 0: the client goes away at that delta, mid-answer
+    int n_deltas = 0;
     event_sink sink() {
         return [this](const completion_event & ev) {
+            if (ev.what == completion_event::kind::delta && ++n_deltas == leave_at_delta) {
+                std::lock_guard lk(mu);
+                done = ev;
+                cv.notify_all();
+                return false;
+            }
             if (ev.what != completion_event::kind::done && ev.what != completion_event::kind::error) return true;
             std::lock_guard lk(mu);
             done = ev;
@@ -218,6 +226,44 @@ TEST(Drafts, ARequestSentAgainIsDraftedFromTheAnswerBeforeAndEqualsTheColdRun) {
         EXPECT_EQ(again[i].tokens, cold->gen.tokens);
         EXPECT_LE(max_diff(again[i].gen_logits, cold->gen_logits), k_rows_tolerance);
         EXPECT_EQ(again[i].prompt_logits, cold->prompt_logits);  // the prompt's, bit for bit
+    }
+    // A client that leaves after a drafted step (its second delta): the job is retired
+    // with what its sequence holds, and the workspace's next turn still equals the cold run.
+    {
+        sink_state gone;
+        gone.leave_at_delta = 2;
+        ASSERT_TRUE((*s)->submit({request("a", 64), gone.sink()}).ok());
+        gone.wait();
+        const auto after = run({request("a", 64)});
+        ASSERT_EQ(after[0].what, completion_event::kind::done);
+        EXPECT_EQ(after[0].tokens, first[0].tokens);
+        EXPECT_GT(after[0].drafts.n_accepted, 0u);
+    }
+    // An answer that leaves the one before partway (sampled, a token of the one before
+    // banned): the draft is taken up to there, the rest cut from the sequence, and the
+    // answer is the cold run's, draw for draw.
+    {
+        turn_request sampled = request("c", 64);
+        sampled.sampling.temperature = 1.0f;
+        sampled.sampling.seed = 7;
+        const auto before = run({sampled});
+        ASSERT_EQ(before[0].what, completion_event::kind::done);
+        ASSERT_GT(before[0].tokens.size(), 20u);
+        turn_request banned = sampled;
+        banned.sampling.logit_bias.push_back({before[0].tokens[12], -100.0f});
+        const auto b = run({banned});
+        ASSERT_EQ(b[0].what, completion_event::kind::done);
+        EXPECT_NE(b[0].tokens, before[0].tokens);
+        EXPECT_GT(b[0].drafts.n_drafted, b[0].drafts.n_accepted);
+        EXPECT_GT(b[0].drafts.n_accepted, 0u);
+        std::optional<turn_result> cold;
+        banned.sampling.draft_max = 0;
+        ASSERT_TRUE((*s)->call([&](context_engine & ce) {
+            auto c = ce.run_cold(banned);
+            if (c.ok()) cold = std::move(c.value());
+        }).ok());
+        ASSERT_TRUE(cold.has_value());
+        EXPECT_EQ(b[0].tokens, cold->gen.tokens);
     }
     const auto off = run({request("a", 0)});
     ASSERT_EQ(off[0].what, completion_event::kind::done);
