@@ -46,8 +46,8 @@ void model_flags::add_to(CLI::App & app, bool with_ctx) {
     app.add_option("--kv-mode", kv_mode, "exact (per-sequence KV, bit-identical reuse) or shared (one unified KV)")
         ->capture_default_str();
     app.add_option("--chunk", chunk, "canonical prefill chunk, tokens")->capture_default_str();
-    app.add_flag("--flash-attn,!--no-flash-attn", flash_attn,
-                 "use flash attention (needed for quantized KV types; on by default, as in llama-server)");
+    app.add_flag("--flash-attn{true},--no-flash-attn{false}", flash_attn,
+                 "flash attention on (the default, as llama-server's -fa auto) or off; a quantized KV type needs it on");
     app.add_option("--chat-template-file", chat_template_file,
                    "a Jinja chat template to use instead of the model's own (e.g. one of llama.cpp's models/templates/)");
     app.add_flag("--no-jinja", no_jinja,
@@ -74,7 +74,10 @@ void cache_flags::add_to(CLI::App & app) {
     app.add_option("--kinds", kinds_file, "JSON file overriding the segment kind table, e.g. {\"kinds\":{\"repo_map\":{\"retention\":\"highest\"}}}");
     app.add_option("--tenant", tenant, "tenant salt: two tenants never share a cache entry");
     app.add_option("--cache-dir", cache_dir, "disk tier: snapshot directory (stable prefixes survive restarts; serve defaults to <cache dir>/kv)");
-    app.add_option("--disk-budget-bytes", disk_budget_bytes, "disk tier byte budget (0 = unlimited)")->capture_default_str();
+    app.add_option("--disk-budget-bytes", disk_budget_bytes,
+                   "disk tier byte budget (0 = unlimited; serve with its default cache directory keeps 8 GiB unless "
+                   "this is given)")
+        ->capture_default_str();
     app.add_option("--disk-min-class", disk_min_class, "lowest retention class kept on disk (low, medium, high, highest)")->capture_default_str();
     app.add_flag("--fixed-order", fixed_order,
                  "keep the kind table's order of stable segments and whole chunks (no learned volatility order, no "

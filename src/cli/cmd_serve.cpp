@@ -342,7 +342,10 @@ void register_serve_command(CLI::App & app, int & rc) {
     c->add_option("--parallel", a->n_parallel, "requests decoded at once (each in a work stream)")->capture_default_str()->check(CLI::Range(1, 64));
     c->add_option("--queue", a->max_queue, "requests waiting for a work sequence; beyond it 429")->capture_default_str()->check(CLI::Range(1, 100000));
     a->cf.add_to(*c);
-    c->add_option("--api-key", a->api_key, "require \"Authorization: Bearer KEY\" on every route but /health")->envname("WARMCTX_API_KEY");
+    c->add_option("--api-key", a->api_key,
+                  "require the key on every route but /health, as \"Authorization: Bearer KEY\" (OpenAI's clients) or "
+                  "\"x-api-key: KEY\" (Anthropic's)")
+        ->envname("WARMCTX_API_KEY");
     c->add_option("--max-body-bytes", a->max_body_bytes, "larger request bodies get 413")->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 32));
     c->add_option("--max-messages", a->bounds.max_messages, "messages in one chat (more get 400 too_many_messages)")
         ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{10000}));
