@@ -3,6 +3,7 @@
 // limits, log-probabilities). Implemented over llama.cpp's samplers (src/engine).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -68,6 +69,16 @@ struct sampling_params {
     // speculative.n_max); 0: decode without drafts. The answer is the same either way.
     int32_t draft_max = 0;
 };
+
+// The most tokens the next draft may hold: sp.draft_max, within the sequence's room after
+// the token being decoded at `pos` and the tokens still to decode (the last one sampled
+// never is, so a draft reaching it would be decoded for nothing), and `batch_room`.
+inline size_t draft_room(const sampling_params & sp, int32_t n_generated, int64_t pos, uint32_t n_ctx_seq,
+                         size_t batch_room) {
+    const int64_t room = std::min<int64_t>({(int64_t)sp.draft_max, (int64_t)n_ctx_seq - pos - 1,
+                                            (int64_t)sp.max_tokens - n_generated - 1, (int64_t)batch_room});
+    return room > 0 ? (size_t)room : 0;
+}
 
 // One generated token's log-probability (natural log, over the whole vocabulary).
 struct token_logprob {

@@ -442,9 +442,7 @@ result<generation> engine::generate(seq_id seq, std::vector<float> logits, const
         // The token, and where the workspace says how it goes on, a draft after it.
         batch.assign(1, step_input{seq, d.token, pos});
         if (drafts) {
-            // Room in the sequence, and tokens still to decode (the last one sampled never is).
-            const pos_t room = std::min<pos_t>((pos_t)p_->cinfo.n_ctx_seq - pos - 1, sp.max_tokens - step.n_generated() - 1);
-            const size_t n = (size_t)std::clamp<pos_t>(std::min<pos_t>(sp.draft_max, room), 0, (pos_t)p_->cinfo.chunk_tokens - 1);
+            const size_t n = draft_room(sp, step.n_generated(), pos, p_->cinfo.n_ctx_seq, p_->cinfo.chunk_tokens - 1);
             for (token_id t : drafts->propose(n)) batch.push_back({seq, t, (pos_t)(pos + batch.size())});
         }
         status st = decode_step(batch, rows);

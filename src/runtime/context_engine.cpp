@@ -172,7 +172,7 @@ status context_engine::impl::generate(seq_id seq, const turn_request & req, std:
         drafts = answers.index_for(req.workspace, prompt);
     auto g = eng->generate(seq, std::move(logits), req.sampling, req.keep_logits ? &out.gen_logits : nullptr, drafts.get());
     if (!g.ok()) return g.error();
-    if (seq != cold_seq) answers.remember(req.workspace, prompt, g->tokens);
+    if (seq != cold_seq && req.cache) answers.remember(req.workspace, prompt, g->tokens);
     out.gen = std::move(g.value());
     out.t_decode_ms = out.gen.t_decode_ms;
     out.t_total_ms = ms_between(t0, clock_type::now());

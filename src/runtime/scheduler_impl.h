@@ -50,7 +50,8 @@ struct active_job {
     // last step decoded after pending_token with the logits of each of its positions.
     std::unique_ptr<draft_index> drafts;
     std::deque<token_id> draft;
-    std::deque<std::vector<float>> draft_logits;
+    std::vector<std::vector<float>> draft_logits;  // its positions' logits, from draft_at on
+    size_t draft_at = 0;
     size_t step_drafted = 0, step_accepted = 0;  // the last step's draft, for the pacing
     draft_counters dc;
 };
@@ -58,6 +59,7 @@ struct active_job {
 struct scheduler::impl {
     scheduler_options opts;
     std::unique_ptr<context_engine> ce;
+    std::vector<std::vector<float>> step_rows;  // a decode step's logits (step())
     model_info minfo;
     context_info cinfo;
 

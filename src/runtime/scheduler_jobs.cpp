@@ -233,7 +233,7 @@ status scheduler::impl::drop_draft(active_job & j, seq_id seq) {
     j.step_drafted = j.step_accepted = 0;
     if (j.draft.empty()) return {};
     j.draft.clear();
-    j.draft_logits.clear();
+    j.draft_at = 0;
     return ce->drop_draft(seq, j.pos);
 }
 
@@ -274,8 +274,7 @@ void scheduler::impl::sample_next(active_job & j) {
         next = d.token;
         if (j.draft.empty() || d.token != j.draft.front()) break;
         j.draft.pop_front();
-        j.logits = std::move(j.draft_logits.front());
-        j.draft_logits.pop_front();
+        std::swap(j.logits, j.draft_logits[j.draft_at++]);
         j.pos++;
         j.dc.n_accepted++;
         j.step_accepted++;
@@ -362,23 +361,22 @@ void scheduler::impl::step() {
     if (n_jobs == 0) return;
     // Each job's token, and a draft after it where its workspace suggests one; the rows
     // of a step stay within one batch.
-    const size_t per_job = (cinfo.chunk_tokens - n_jobs) / n_jobs;
+    const size_t per_job = n_jobs < cinfo.chunk_tokens ? (cinfo.chunk_tokens - n_jobs) / n_jobs : 0;
     for (size_t s = 0; s < slots.size(); ++s) {
         auto & j = slots[s];
         if (!j || j->prefilling || j->finished || j->cancelled || j->pending_token < 0) continue;
         who.push_back({s, in.size()});
         in.push_back({(seq_id)s, j->pending_token, j->pos});
         if (!j->drafts) continue;
-        // Room in the sequence, and tokens still to decode (the last one sampled never is).
-        const int64_t room = std::min<int64_t>((int64_t)cinfo.n_ctx_seq - j->pos - 1,
-                                               (int64_t)j->q.job.turn.sampling.max_tokens - j->gen->n_generated() - 1);
-        const size_t n = (size_t)std::clamp<int64_t>(std::min<int64_t>(j->q.job.turn.sampling.draft_max, room), 0, (int64_t)per_job);
+        const size_t n = draft_room(j->q.job.turn.sampling, j->gen->n_generated(), j->pos, cinfo.n_ctx_seq, per_job);
         for (token_id t : j->drafts->propose(n)) {
             in.push_back({(seq_id)s, t, (pos_t)(j->pos + (in.size() - who.back().second))});
             j->draft.push_back(t);
         }
     }
-    std::vector<std::vector<float>> logits;
+    // The rows' buffers circulate between this and the jobs (swapped, never freed while
+    // they serve): a 65-row step would otherwise allocate and fault in ~39 MB of logits.
+    std::vector<std::vector<float>> & logits = step_rows;
     status st = ce->decode_step(in, logits);
     if (who.size() > 1) a_batched++;
     for (size_t k = 0; k < who.size(); ++k) {
@@ -396,8 +394,10 @@ void scheduler::impl::step() {
         }
         const size_t first = who[k].second, end = k + 1 < who.size() ? who[k + 1].second : in.size();
         j.pos++;
-        j.logits = std::move(logits[first]);
-        for (size_t r = first + 1; r < end; ++r) j.draft_logits.push_back(std::move(logits[r]));
+        std::swap(j.logits, logits[first]);
+        if (j.draft_logits.size() < end - first - 1) j.draft_logits.resize(end - first - 1);
+        for (size_t r = first + 1; r < end; ++r) std::swap(j.draft_logits[r - first - 1], logits[r]);
+        j.draft_at = 0;
         j.step_drafted = end - first - 1;
         if (end - first > 1) {
             j.dc.n_steps++;
