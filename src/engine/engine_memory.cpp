@@ -49,19 +49,34 @@ result<std::vector<uint8_t>> llama_state(llama_context * ctx, seq_id seq, llama_
 // ---- checkpoints ---------------------------------------------------------------------
 
 status engine::impl::take_checkpoint(seq_id seq, pos_t n_tokens) {
-    auto raw = llama_state(ctx.get(), seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-    if (!raw.ok()) return raw.error();
+    // Out of the device into page-locked memory where the backend has it (a 52.7 MB
+    // recurrent state of a 4B hybrid at the bus's speed, not through pageable memory),
+    // then one copy into the checkpoint.
+    constexpr auto partial = LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY;
+    std::vector<uint8_t> own;
+    std::span<const uint8_t> raw;
+    const size_t size = llama_state_seq_get_size_ext(ctx.get(), seq, partial);
+    if (uint8_t * staged = staging_of(size)) {
+        const size_t w = llama_state_seq_get_data_ext(ctx.get(), staged, size, seq, partial);
+        if (w == 0 && size != 0) return engine_error("checkpoint: llama_state_seq_get_data failed");
+        raw = std::span<const uint8_t>(staged, w);
+    } else {
+        auto r = llama_state(ctx.get(), seq, partial);
+        if (!r.ok()) return r.error();
+        own = std::move(r.value());
+        raw = own;
+    }
     auto bytes = std::make_shared<std::vector<uint8_t>>();
     if (layout.recurrent) {
-        if (raw->size() < 8) return engine_error("checkpoint: an empty recurrent state");
-        bytes->assign(raw->begin() + 8, raw->end());
+        if (raw.size() < 8) return engine_error("checkpoint: an empty recurrent state");
+        bytes->assign(raw.begin() + 8, raw.end());
     } else {
         // The window alone reads as a one-part state; kept in the one-stream form (seq 0).
         state_layout one;  // the window alone, read as a one-part state
         one.cell_ext = layout.cell_ext;
-        auto parsed = parse_seq_state(*raw, seq, n_stream, one);
+        auto parsed = parse_seq_state(raw, seq, n_stream, one);
         if (!parsed.ok()) return engine_error("checkpoint: " + parsed.error().message());
-        append_kv_part(*bytes, *raw, parsed->parts.front().record, 1, 0, 0);
+        append_kv_part(*bytes, raw, parsed->parts.front().record, 1, 0, 0);
     }
     auto & list = ckpts[(size_t)seq];
     while (!list.empty() && list.back().n_tokens >= n_tokens) list.pop_back();
@@ -234,10 +249,18 @@ status engine::trim_seq(seq_id seq, pos_t from) {
     const auto payload = c->bytes;  // kept alive across the list's changes
     std::vector<uint8_t> part = seq_header(seq);
     if (p_->layout.recurrent) {
-        part.insert(part.end(), payload->begin(), payload->end());
+        // Into the device from page-locked memory where the backend has it.
+        const size_t size = part.size() + payload->size();
+        uint8_t * in = p_->staging_of(size);
+        if (in) {
+            std::memcpy(in, part.data(), part.size());
+            std::memcpy(in + part.size(), payload->data(), payload->size());
+        } else {
+            part.insert(part.end(), payload->begin(), payload->end());
+            in = part.data();
+        }
         // The recurrent state first (the hybrid's cut refuses while it is past `from`).
-        if (llama_state_seq_set_data_ext(p_->ctx.get(), part.data(), part.size(), seq,
-                                         LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) == 0 ||
+        if (llama_state_seq_set_data_ext(p_->ctx.get(), in, size, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) == 0 ||
             !llama_memory_seq_rm(p_->mem(), seq, from, -1)) {
             clear_seq(seq);
             return engine_error("restoring the checkpoint at " + std::to_string(from) + " failed; sequence cleared");

@@ -342,7 +342,8 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     {
         // Blocks of this stream the turn would overwrite go to the pool first. Every
         // write-back comes before the lookup: an insert may evict what a lookup found.
-        const match peeked = p_->best_match(p_->cache->peek(ap.blocks, req.workspace), ap.blocks, seq);
+        const match peeked =
+            p_->prefer_in_place(p_->best_match(p_->cache->peek(ap.blocks, req.workspace), ap.blocks, seq), ap, seq);
         const reuse_point pat = snap_reuse(ap, peeked.n_blocks);
         const bool would_be_in_place = pat.n_tokens > 0 && peeked.holder == seq;
         // The stream's deferred disk write, unless the turn keeps all it saves.
@@ -356,7 +357,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     auto tl = clock_type::now();
     t.t_write_back_ms = ms_between(tw, tl);
     // In place: this stream still holds at least as much from the turn it ran last.
-    match m = p_->best_match(p_->cache->lookup(ap.blocks, t.tick, req.workspace), ap.blocks, seq);
+    match m = p_->prefer_in_place(p_->best_match(p_->cache->lookup(ap.blocks, t.tick, req.workspace), ap.blocks, seq), ap, seq);
     reuse_point at = snap_reuse(ap, m.n_blocks);
     bool in_place = at.n_tokens > 0 && m.holder == seq;
     p_->keep_deferred_of(seq, in_place ? at.n_tokens : 0);

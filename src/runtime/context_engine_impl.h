@@ -243,6 +243,11 @@ struct context_engine::impl {
     // stream wins a tie with the pool (a device copy is cheaper than a load); `seq`
     // itself wins every tie (in place, nothing copied).
     match best_match(match m, std::span<const block> blocks, seq_id seq) const;
+    // `m`, unless work stream `seq` itself lets the turn reuse as many tokens of `ap`: then
+    // the stream's own match (in place: nothing written back, nothing loaded). A holder
+    // may match more blocks and not one token more of reuse: the prompt's last block
+    // (a message fused with the generation prompt, kept as history) is never reused.
+    match prefer_in_place(match m, const assembled_prompt & ap, seq_id seq) const;
     bool is_stream(seq_id s) const { return s >= 0 && (size_t)s < streams.size(); }
 
     void clear_stream(seq_id seq);

@@ -107,6 +107,17 @@ match context_engine::impl::best_match(match m, std::span<const block> blocks, s
     return m;
 }
 
+match context_engine::impl::prefer_in_place(match m, const assembled_prompt & ap, seq_id seq) const {
+    if (!is_stream(seq) || m.holder == seq || streams[(size_t)seq].busy) return m;
+    const reuse_point own = snap_reuse(ap, stream_match(seq, ap.blocks));
+    if (own.n_tokens == 0 || own.n_tokens < snap_reuse(ap, m.n_blocks).n_tokens) return m;
+    m.n_blocks = own.n_blocks;
+    m.n_tokens = own.n_tokens;
+    m.holder = seq;
+    m.workspace = streams[(size_t)seq].workspace;
+    return m;
+}
+
 size_t context_engine::impl::bound_stream_checkpoints(seq_id keep) {
     const uint64_t max = opts.stream_checkpoint_max_bytes;
     if (max == 0 || !eng->context().memory.checkpoints) return 0;

@@ -912,6 +912,61 @@ TEST(KvPool, AnotherStreamsUnsavedPrefixIsFoundThroughThePool) {
     EXPECT_EQ(std::memcmp(cold->prompt_logits.data(), logits.data(), logits.size() * 4), 0);
 }
 
+// The pool may hold more blocks of a prompt than the turn's own stream (the whole prompt,
+// its last message too) and still not let the turn reuse more: a turn reuses up to the
+// block before the prompt's last. Then the turn stays in place: the stream is neither
+// written back nor reloaded (Claude Code's same task in a new session: a 19k-token
+// write-back, 6 s out of an H100, for no token more).
+TEST(KvPool, APoolPrefixNoLongerInReuseThanTheTurnsOwnStreamLeavesItInPlace) {
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.n_ctx = 4096;
+    o.n_work_seqs = 2;
+    auto r = context_engine::open(o);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    context_engine & ce = **r;
+    workload_generator g(5, [&ce](const std::string & s) { auto t = ce.tokenize(s); return t.ok() ? t->size() : 0; });
+    const std::string sys = make_workspace(g, 600, 0)[0].content + g.repo_rules();
+    auto chat = [&](const std::string & ws, const std::string & asked) {
+        turn_request req;
+        req.workspace = ws;
+        req.segments = {{"system", segment_kind::system, "", "", sys}, {"h-0000", segment_kind::history, "", "user", asked}};
+        req.sampling.max_tokens = 2;
+        req.keep_logits = true;
+        return req;
+    };
+    const std::string asked = g.question();
+    auto run = [&](const turn_request & req, seq_id seq, std::vector<float> & logits) -> result<pending_turn> {
+        auto t = ce.begin_turn(req, seq, logits);
+        if (t.ok()) EXPECT_TRUE(ce.finish_turn(*t, 0).ok());
+        return t;
+    };
+    // Each workspace asks twice, then `asked`: by its third turn it has the habit of not
+    // carrying its last message forward, and the generation prompt is fused with it.
+    std::vector<float> logits;
+    for (const char * ws : {"a", "b"}) {
+        const seq_id seq = ws[0] == 'a' ? 0 : 1;  // b's first turn writes a's stream back to the pool
+        ASSERT_TRUE(run(chat(ws, "First?"), seq, logits).ok());
+        ASSERT_TRUE(run(chat(ws, "Second?"), seq, logits).ok());
+        if (seq == 0) ASSERT_TRUE(run(chat(ws, asked), seq, logits).ok());
+    }
+    const auto before = ce.counters().memory;
+    ASSERT_GE(before.n_write_backs, 1u);
+    const turn_request again = chat("b", asked);
+    auto t = run(again, 1, logits);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_TRUE(t->explain.in_place) << t->explain.reason;
+    EXPECT_EQ(t->reused, t->ap.blocks[t->ap.blocks.size() - 2].end);  // all but the last block
+    const auto after = ce.counters().memory;
+    EXPECT_EQ(after.n_write_backs, before.n_write_backs);
+    EXPECT_EQ(after.n_pool_loads, before.n_pool_loads);
+    EXPECT_EQ(after.n_in_place_turns, before.n_in_place_turns + 1);
+    const auto cold = ce.run_cold(again);
+    ASSERT_TRUE(cold.ok());
+    ASSERT_EQ(cold->prompt_logits.size(), logits.size());
+    EXPECT_EQ(std::memcmp(cold->prompt_logits.data(), logits.data(), logits.size() * 4), 0);
+}
+
 TEST(KvPool, HowManyPrefixesStayCachedIsBoundedByBytesNotByStreams) {
     // Twelve workspaces, one work stream: every one of them stays warm.
     fixture f({}, 4096);
