@@ -111,6 +111,12 @@ struct snapshot_store_options {
     // head that declares more is rejected from its head alone, before any KV is read: a
     // checksummed head declaring 6 GB for 350 tokens was read whole on the engine thread.
     std::function<uint64_t(const snapshot_meta &)> max_kv_bytes;
+    // When set, a load that finds a file damaged takes it out of the index at once and
+    // leaves moving it aside (quarantine or removal: a rename and a directory sync) to
+    // settle_rejections(), which the owner runs on another thread: the caller of load
+    // (the engine thread) never waits on the directory. Called (no lock held) after each
+    // such load.
+    std::function<void()> on_rejection_deferred;
     // Called (no lock held) with the name of each file the budget evicted. For tests.
     std::function<void(const std::string &)> on_evict;
     // Called (on the caller's thread, no lock held) when a load joins another caller's
@@ -220,6 +226,10 @@ class snapshot_store {
     // failed_precondition.
     result<std::shared_ptr<const snapshot>> load(const snapshot_key & key, const profile * expected = nullptr);
 
+    // Moves aside the files loads found damaged (on_rejection_deferred) and records them
+    // in rejected() and the stats; a file a put has replaced meanwhile stays. Thread-safe.
+    void settle_rejections();
+
     // Removes a file (not_found if the index does not hold it) / every indexed file.
     status remove(const snapshot_key & key);
     result<size_t> remove_all();
@@ -295,6 +305,12 @@ class snapshot_store {
     // quarantine/: (file name, bytes with its .reason), oldest first
     std::deque<std::pair<std::string, uint64_t>> quarantined_;
     std::set<std::string> writing_;   // temp file names of puts in progress (rescan skips them)
+    struct deferred_rejection {
+        std::string file_name;
+        snapshot_defect defect;
+        std::string reason;
+    };
+    std::vector<deferred_rejection> deferred_;  // loads' rejections not yet settled
     snapshot_store_stats stats_;
     uint64_t generation_counter_ = 0;
     uint64_t t_last_scan_ms_ = 0;     // when scan_locked last read the directory

@@ -36,6 +36,14 @@ result<std::unique_ptr<disk_kv_tier>> disk_kv_tier::open(const tier_options & op
         so.policy = policy;
         so.shared = opts.shared_dir;
         so.max_kv_bytes = std::move(max_kv_bytes);
+        disk_kv_tier * self = t.get();
+        so.on_rejection_deferred = [self] {
+            {
+                std::lock_guard lk(self->mu_);
+                self->settle_ = true;
+            }
+            self->cv_work_.notify_all();
+        };
         auto d = snapshot_store::open(so);  // indexes the directory (headers only, no KV)
         if (!d.ok()) return d.error().with_context("disk tier '" + opts.cache_dir + "'");
         t->disk_ = std::move(d.value());
@@ -58,7 +66,17 @@ disk_kv_tier::~disk_kv_tier() {
 void disk_kv_tier::writer_loop() {
     std::unique_lock lk(mu_);
     for (;;) {
-        cv_work_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        cv_work_.wait(lk, [&] { return stop_ || settle_ || !queue_.empty(); });
+        if (settle_) {  // damaged files first: each is one rename and one directory sync
+            settle_ = false;
+            settling_ = true;
+            lk.unlock();
+            disk_->settle_rejections();
+            lk.lock();
+            settling_ = false;
+            if (queue_.empty() && !settle_) cv_idle_.notify_all();
+            continue;
+        }
         if (queue_.empty()) return;  // stopping, and every queued write is done
         // The front stays queued (lookups see it) until its file is in the store's
         // index: a lookup that misses it in the queue afterwards finds the file.
@@ -70,13 +88,13 @@ void disk_kv_tier::writer_loop() {
         else write_failed_locked(put.error());
         queued_bytes_ -= queue_.front().bytes;
         queue_.pop_front();
-        if (queue_.empty()) cv_idle_.notify_all();
+        if (queue_.empty() && !settle_) cv_idle_.notify_all();
     }
 }
 
 void disk_kv_tier::flush() {
     std::unique_lock lk(mu_);
-    cv_idle_.wait(lk, [&] { return queue_.empty(); });
+    cv_idle_.wait(lk, [&] { return queue_.empty() && !settle_ && !settling_; });
 }
 
 disk_kv_tier::hit disk_kv_tier::find(const assembled_prompt & ap, pos_t better_than, bool counted) const {

@@ -17,6 +17,10 @@
 // put_disk() flush first, so whoever reads the directory or needs a file sees every
 // write queued before. The destructor finishes every queued write, then joins.
 //
+// A restore that finds a file damaged takes it out of the store's index at once; the
+// writer thread moves the file to quarantine/ (a rename and a directory sync), so the
+// engine thread never waits on the directory. flush() waits for those moves too.
+//
 // Thread safety: every call is made by the owner's thread (the engine thread); the
 // writer thread touches only the queue, the write counters (both under mu_) and the
 // store (thread-safe itself: snapshot_store.h). counters() and queue_stats() read them
@@ -90,8 +94,8 @@ class disk_kv_tier {
         flush();
         return disk_.get();
     }
-    // Waits until every write queued so far is on disk (or failed, counted). Returns at
-    // once when the queue is empty.
+    // Waits until every write queued so far is on disk (or failed, counted) and every
+    // damaged file a restore found is moved aside. Returns at once when nothing is left.
     void flush();
 
     // A prefix a tier holds beyond `better_than` tokens: its tier, the file, and the
@@ -196,6 +200,9 @@ class disk_kv_tier {
     std::condition_variable cv_idle_;   // flush() waits for an empty queue
     std::deque<queued_write> queue_;    // oldest first; the writer writes the front
     bool stop_ = false;
+    // Files a restore found damaged wait for the writer to move them aside (the store's
+    // on_rejection_deferred): the engine thread never renames or syncs a directory.
+    bool settle_ = false, settling_ = false;
     uint64_t queued_bytes_ = 0;
     write_queue_stats qstats_;          // its tickers (the gauges are computed)
     uint64_t n_writes_disk_ = 0, n_write_failures_disk_ = 0;

@@ -35,7 +35,7 @@ snapshot_store::snapshot_store(snapshot_store_options opts)
     stats_.budget_bytes = opts_.budget_bytes;
 }
 
-snapshot_store::~snapshot_store() = default;
+snapshot_store::~snapshot_store() { settle_rejections(); }
 
 result<std::unique_ptr<snapshot_store>> snapshot_store::open(snapshot_store_options opts) {
     if (opts.dir.empty()) return invalid_argument("snapshot store: no directory given");
@@ -473,7 +473,17 @@ result<std::shared_ptr<const snapshot>> snapshot_store::load(const snapshot_key 
         }
         return std::shared_ptr<const snapshot>(std::make_shared<snapshot>(std::move(*s)));
     }();
-    if (!r.ok() && r.error().code() == status_code::corrupt) {
+    bool deferred = false;
+    if (!r.ok() && r.error().code() == status_code::corrupt && opts_.on_rejection_deferred) {
+        // Out of the index now (no lookup finds it again); the file moves later.
+        std::lock_guard commit(commit_mu_);
+        std::lock_guard lock(mu_);
+        if (auto it = entries_.find(name); it != entries_.end() && it->second.generation == generation) {
+            index_remove(name);
+            deferred_.push_back({name, defect, r.error().message()});
+            deferred = true;
+        }
+    } else if (!r.ok() && r.error().code() == status_code::corrupt) {
         std::lock_guard commit(commit_mu_);
         reject(name, defect, r.error().message(), /*in_index=*/true, generation);
     } else if (!r.ok() && r.error().code() == status_code::not_found) {
@@ -493,7 +503,26 @@ result<std::shared_ptr<const snapshot>> snapshot_store::load(const snapshot_key 
         if (r.ok())
             if (auto it = entries_.find(name); it != entries_.end()) it->second.e.t_last_used_ms = now_ms();
     }
+    if (deferred) opts_.on_rejection_deferred();
     return finish(r, defect);
+}
+
+void snapshot_store::settle_rejections() {
+    std::vector<deferred_rejection> todo;
+    {
+        std::lock_guard lock(mu_);
+        todo.swap(deferred_);
+    }
+    for (deferred_rejection & d : todo) {
+        std::lock_guard commit(commit_mu_);
+        bool replaced = false;
+        {
+            std::lock_guard lock(mu_);
+            replaced = entries_.count(d.file_name) > 0;  // a put wrote it again since
+        }
+        // A replaced file is recorded and left alone (in_index with no generation of it).
+        reject(d.file_name, d.defect, d.reason, /*in_index=*/replaced, replaced ? UINT64_MAX : 0);
+    }
 }
 
 std::string snapshot_store::implausible_kv(const snapshot_header & h) const {

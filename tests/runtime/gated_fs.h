@@ -1,5 +1,6 @@
 // A file system that holds snapshot writes at a gate the test controls: create_file of a
-// temp file (a snapshot_store put's first step) waits while the gate is closed. The test
+// temp file (a snapshot_store put's first step) waits while the gate is closed, and so,
+// when asked (gate_quarantine), does a rename into quarantine/. The test
 // can wait until a write has reached the gate, so nothing is synchronised by sleeping.
 #pragma once
 
@@ -61,7 +62,22 @@ class gated_fs final : public file_system {
     }
     result<uint64_t> file_size(const std::string & path) override { return base_.file_size(path); }
     result<file_version> stat_file(const std::string & path) override { return base_.stat_file(path); }
-    status rename_file(const std::string & from, const std::string & to) override { return base_.rename_file(from, to); }
+    // A rename into a quarantine/ directory waits at the gate too when gate_quarantine().
+    void gate_quarantine() {
+        std::lock_guard lk(mu_);
+        quarantine_too_ = true;
+    }
+    status rename_file(const std::string & from, const std::string & to) override {
+        if (to.find("/quarantine/") != std::string::npos) {
+            std::unique_lock lk(mu_);
+            if (quarantine_too_) {
+                ++n_entered_;
+                cv_.notify_all();
+                cv_.wait(lk, [&] { return open_; });
+            }
+        }
+        return base_.rename_file(from, to);
+    }
     status remove_file(const std::string & path) override { return base_.remove_file(path); }
     result<std::vector<std::string>> list_dir(const std::string & dir) override { return base_.list_dir(dir); }
     status create_dirs(const std::string & dir) override { return base_.create_dirs(dir); }
@@ -72,6 +88,7 @@ class gated_fs final : public file_system {
     mutable std::mutex mu_;
     std::condition_variable cv_;
     bool open_ = true;
+    bool quarantine_too_ = false;
     uint64_t n_entered_ = 0;
     uint64_t n_reads_ = 0;
 };

@@ -6,6 +6,8 @@
 // inside the KV), and fetch() is restore() without the engine's load.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 
@@ -232,6 +234,46 @@ TEST(TierWriteQueue, DestructionFinishesTheQueuedWrites) {
         EXPECT_EQ((*loaded)->kv, s.kv);
         EXPECT_EQ((*loaded)->tokens, s.tokens);
     }
+}
+
+// A restore that finds its file damaged is a miss at once: the file leaves the index then,
+// and the writer thread moves it to quarantine/ (a rename and a directory sync), so the
+// engine thread never waits on the directory.
+TEST(TierWriteQueue, ADamagedFileIsQuarantinedByTheWriterNotByTheRestore) {
+    mem_fs mem;
+    gated_fs fs(mem);
+    auto t = open_tiers(fs);
+    ASSERT_TRUE(t);
+    gate_opener opener{fs};
+    const test_path p = make_path(1, {rc::high, rc::high, rc::none});
+    const assembled_prompt ap = prompt_of(p);
+    ASSERT_TRUE(t->put_disk(two_segments_of(p)).ok());
+    const std::vector<snapshot_entry> files = t->disk()->list();
+    ASSERT_EQ(files.size(), 1u);
+    ASSERT_TRUE(mem.corrupt_byte("/disk/" + files[0].file_name, files[0].file_bytes - 100, 0x40).ok());
+
+    fs.close_gate();
+    fs.gate_quarantine();
+    auto restore = std::async(std::launch::async, [&] { return t->fetch(p.prof, ap, 0); });
+    if (restore.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+        fs.open_gate();
+        FAIL() << "the restore waited for the file's move to quarantine";
+    }
+    auto [h, bytes] = restore.get();
+    EXPECT_FALSE(bytes);
+    EXPECT_NE(h.failed.find(files[0].file_name), std::string::npos) << h.failed;
+    EXPECT_EQ(t->counters().n_restore_failures, 1u);
+    fs.wait_entered(1);  // the writer is moving it, held at the gate
+    EXPECT_EQ(t->peek(ap, 0).tier, kv_tier::none);  // out of the index already
+    EXPECT_EQ(snapshot_files(mem, "/disk").size(), 1u);  // still in place
+
+    fs.open_gate();
+    t->flush();
+    EXPECT_TRUE(snapshot_files(mem, "/disk").empty());
+    const snapshot_store_stats st = t->disk()->stats();
+    EXPECT_EQ(st.n_quarantined, 1u);
+    ASSERT_EQ(t->disk()->rejected().size(), 1u);
+    EXPECT_TRUE(t->disk()->rejected()[0].quarantined);
 }
 
 // A write the store refuses (a full disk) is counted by the writer and said once.
