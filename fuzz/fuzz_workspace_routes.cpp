@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "fuzz_common.h"
-#include "openai.h"
+#include "api/openai/openai.h"
 #include "workspace_store.h"
 #include "warmctx/assembler.h"
 #include "warmctx/kind_table.h"

@@ -27,7 +27,7 @@
 #include "warmctx/json.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
-#include "server/openai.h"
+#include "server/api/openai/openai.h"
 #include "sse_reader.h"
 
 extern char ** environ;

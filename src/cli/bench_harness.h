@@ -142,7 +142,7 @@ class prompt_builder {
 };
 
 // The segments warmctx's chat route makes of a plain `messages` array (the server's own
-// mapping, server/openai.h): what prompt_builder::tokens needs to give llama-server the
+// mapping, server/api/openai/openai.h): what prompt_builder::tokens needs to give llama-server the
 // prompt warmctx prefills for that chat. Errors: invalid_argument (what the route refuses).
 result<std::vector<segment>> chat_segments(const nlohmann::json & messages);
 

@@ -8,7 +8,10 @@
 #include <deque>
 #include <future>
 
+#include "api/openai/openai.h"
 #include "json_util.h"
+#include "segments_json.h"
+#include "warmctx/explain_format.h"
 #include "warmctx/assembler.h"
 #include "warmctx/chat_template.h"
 #include "warmctx/clock.h"
@@ -16,6 +19,45 @@
 namespace warmctx::server_detail {
 
 using json = nlohmann::json;
+
+json warmctx_json(const std::string & workspace, const explain_report & ex, const completion_event & done,
+                  const request_timings & rt) {
+    return {{"workspace", workspace},
+            {"tokens_reused", ex.n_reused},
+            {"tokens_prefilled", ex.n_prefilled},
+            {"tokens_cacheable", ex.n_cacheable},
+            // The prompt's token prefix shared with the workspace's last turn (-1: none):
+            // what reuse exact to the token could keep at most.
+            {"tokens_common_with_previous_turn", ex.n_common_tokens},
+            {"result", miss_kind_name(ex.kind)},
+            {"tier", kv_tier_name(ex.tier)},
+            {"reason", ex.reason},
+            {"missed_segment", ex.missed_segment},
+            {"stable_prefix_hash", ex.stable_prefix_hash},
+            {"prewarm", prewarm_json(ex.prewarm)},
+            // Drafts from the workspace (warmctx/drafts.h): tokens decoded ahead, and the
+            // ones sampling chose.
+            {"drafts", {{"steps", done.drafts.n_steps}, {"drafted", done.drafts.n_drafted}, {"accepted", done.drafts.n_accepted}}},
+            {"queue_ms", done.t_queue_ms},
+            {"first_token_ms", done.t_first_token_ms},
+            {"total_ms", done.t_total_ms},
+            {"request_ms", rt.request_ms},
+            // Every phase of the wait for the first token, each once: their sum is
+            // request_ms + first_token_ms less the engine thread's bookkeeping.
+            {"timings",
+             {{"parse_ms", std::max(0.0, rt.request_ms - rt.assemble_ms - rt.answer_wait_ms)},
+              {"assemble_ms", rt.assemble_ms + done.t_assemble_ms},
+              {"answer_wait_ms", rt.answer_wait_ms},
+              {"queue_ms", done.t_queue_ms},
+              {"sampler_ms", done.t_sampler_ms},
+              {"write_back_ms", done.t_write_back_ms},
+              {"lookup_ms", done.t_lookup_ms},
+              {"restore_ms", done.t_restore_ms},
+              {"copy_ms", done.t_copy_ms},
+              {"prefill_ms", done.t_prefill_ms},
+              {"interleave_ms", done.t_interleave_ms}}}};
+}
+
 
 void renderer::error_response(http_response & res, request_log & log, api_error e) { respond_error(res, log, e); }
 

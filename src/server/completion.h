@@ -1,19 +1,19 @@
 // server/completion.h - the one completion path: every API's request, once mapped to a
 // completion_request, runs here; what the client receives is a renderer's business.
 //
-//   request mapper (per API)     body -> completion_request         openai_routes.cpp,
-//                                                                    responses_request.cpp,
-//                                                                    anthropic.cpp
+//   request mapper (per API)     body -> completion_request         api/<api>/request.cpp
+//                                (completion_request.h)
 //   serve_completion (here)      merge the workspace's stored segments, validate, build
 //                                the answer's grammar (beside the prompt's assembly),
 //                                submit, wait; then one loop turns the engine's events
 //                                into an answer's text, tool calls and end
 //   renderer (per API)           the answer -> a whole body or the stream's bytes
-//                                render_openai.cpp (chat, text completions),
-//                                render_responses.cpp (Responses),
-//                                render_anthropic.cpp (Anthropic Messages)
+//                                api/openai/render.cpp (chat, text completions),
+//                                api/responses/render.cpp (Responses),
+//                                api/anthropic/render.cpp (Anthropic Messages)
 //
-// Adding an API is adding a request mapper and a renderer. A renderer is pure: it sees
+// Adding an API is adding a folder api/<api>/ with a request mapper, a renderer and its
+// routes. A renderer is pure: it sees
 // no channel, no scheduler and no socket, only what the answer is so far.
 #pragma once
 
@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "openai.h"
+#include "completion_request.h"
 #include "route_context.h"
 
 namespace warmctx::server_detail {
@@ -98,16 +98,16 @@ void serve_completion(route_context & ctx, const http_request & req, http_respon
                       const std::shared_ptr<request_log> & log, completion_request cr, const std::string * path_ws,
                       std::shared_ptr<renderer> r);
 
-// The renderers of the OpenAI shapes (render_openai.cpp): chat.completion(.chunk) and
+// The renderers of the OpenAI shapes (api/openai/render.cpp): chat.completion(.chunk) and
 // text_completion, as cr.shape says.
 std::shared_ptr<renderer> make_openai_renderer();
 
-// The Responses renderer (render_responses.cpp): a `response` object, or its stream
+// The Responses renderer (api/responses/render.cpp): a `response` object, or its stream
 // events; errors name the Responses field a translated chat field came from.
 struct responses_request_info;
 std::shared_ptr<renderer> make_responses_renderer(std::shared_ptr<const responses_request_info> info);
 
-// The Anthropic Messages renderer (render_anthropic.cpp): a `message`, or its stream
+// The Anthropic Messages renderer (api/anthropic/render.cpp): a `message`, or its stream
 // events; errors in Anthropic's shape.
 struct anthropic_request_info;
 std::shared_ptr<renderer> make_anthropic_renderer(std::shared_ptr<const anthropic_request_info> info);

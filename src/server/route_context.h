@@ -7,11 +7,13 @@
 //                        requests and responses to and from the types below
 //   router.{h,cpp}       the route table, auth, dispatch, the request log line and the
 //                        metrics record; the shared plumbing of route_context
-//   openai_routes.cpp    /v1/chat/completions, /v1/completions, /v1/models: request ->
-//                        job -> response, streaming (SSE)
+//   api/<api>/           one folder per API, each a request mapper (request.cpp), a
+//                        renderer (render.cpp) and its routes (routes.cpp): openai
+//                        (/v1/chat/completions, /v1/completions, /v1/models), responses
+//                        (/v1/responses), anthropic (/v1/messages, count_tokens, GET /)
 //   workspace_routes.cpp /v1/workspaces/...: the segment store, explain, pins, tiers
-//   anthropic_routes.cpp /v1/messages, /v1/messages/count_tokens, GET /
-//   completion.{h,cpp}   the one completion path every completion route runs on
+//   completion.{h,cpp}   the one completion path every completion route runs on, over the
+//                        API-neutral request (completion_request.h)
 //
 // Thread safety: route_context's members are safe to call from any HTTP thread (its
 // state is atomics, the mutex-guarded store/metrics/channel set, and constants).
@@ -35,7 +37,7 @@
 
 #include "api_error.h"
 #include "metrics.h"
-#include "openai.h"
+#include "completion_request.h"
 #include "prewarmer.h"
 #include "request_channel.h"
 #include "workspace_store.h"
@@ -277,6 +279,7 @@ using route_table = std::vector<route>;
 void add_openai_routes(route_table & t, route_context & ctx);
 void add_workspace_routes(route_table & t, route_context & ctx);
 void add_anthropic_routes(route_table & t, route_context & ctx);
+void add_responses_routes(route_table & t, route_context & ctx);
 
 // The request -> job -> response flow of every completion route. `path_ws`: the
 // workspace of a /v1/workspaces/{id}/chat/completions path (already validated); its

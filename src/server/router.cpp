@@ -339,6 +339,7 @@ router::router(route_context & ctx) : ctx_(ctx) {
                            res.body = with_label(c->metrics.render(snap), "replica", c->opts.replica);
                        }});
     add_openai_routes(routes_, ctx_);
+    add_responses_routes(routes_, ctx_);
     add_workspace_routes(routes_, ctx_);
     add_anthropic_routes(routes_, ctx_);
     res_.reserve(routes_.size());

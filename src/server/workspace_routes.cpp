@@ -11,6 +11,7 @@
 
 #include "json_util.h"
 #include "route_context.h"
+#include "segments_json.h"
 #include "warmctx/assembler.h"
 #include "warmctx/explain_format.h"
 

@@ -2,7 +2,7 @@
 
 #include <set>
 
-#include "openai.h"
+#include "segments_json.h"
 
 namespace warmctx::server_detail {
 

@@ -200,7 +200,7 @@ const chat_templates & templates_of(const template_case & tc) {
     return *slot;
 }
 
-// ---- a chat request as the server maps it (src/server/openai.h) ------------------------------
+// ---- a chat request as the server maps it (src/server/api/openai/openai.h) ------------------------------
 
 const std::string k_tools =
     R"([{"function":{"description":"Read a file of the repository","name":"read_file","parameters":{"properties":)"

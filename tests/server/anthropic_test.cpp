@@ -1,12 +1,12 @@
 // The Anthropic Messages API's request mapper, error shape, usage and renderer: pure, no
-// model (anthropic.h, render_anthropic.cpp).
+// model (api/anthropic/: anthropic.h, render.cpp).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-#include "server/anthropic.h"
+#include "server/api/anthropic/anthropic.h"
 #include "server/completion.h"
-#include "server/openai.h"
+#include "server/api/openai/openai.h"
 
 namespace warmctx::server_detail {
 namespace {

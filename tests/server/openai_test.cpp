@@ -13,7 +13,7 @@
 #include "server/api_error.h"
 #include "server/json_util.h"
 #include "server/metrics.h"
-#include "server/openai.h"
+#include "server/api/openai/openai.h"
 #include "server/workspace_store.h"
 
 namespace warmctx::server_detail {

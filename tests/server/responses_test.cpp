@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
-#include "server/openai.h"
-#include "server/responses.h"
+#include "server/api/openai/openai.h"
+#include "server/api/responses/responses.h"
 
 namespace warmctx::server_detail {
 namespace {

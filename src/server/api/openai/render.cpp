@@ -1,14 +1,18 @@
-// Native results -> the OpenAI response shapes (openai.h): whole responses, streamed
-// chunks, usage, logprobs and the `warmctx` extension object.
+// Native results -> the OpenAI response shapes (openai.h), and the OpenAI renderers
+// (completion.h): chat.completion and text_completion, whole and streamed. See docs/api.md.
+#include "openai.h"
+
 #include <algorithm>
 
+#include "completion.h"
 #include "json_util.h"
-#include "openai.h"
 #include "warmctx/explain_format.h"
 
 namespace warmctx::server_detail {
 
 using json = nlohmann::json;
+
+// ---- shapes --------------------------------------------------------------------------------
 
 // ---- responses -------------------------------------------------------------------
 
@@ -29,50 +33,7 @@ json usage_json(const completion_usage & u) {
             {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
-json segment_json(const segment & s) {
-    json j = {{"id", s.id}, {"kind", segment_kind_name(s.kind)}, {"content", s.content}};
-    if (!s.path.empty()) j["path"] = s.path;
-    if (!s.role.empty()) j["role"] = s.role;
-    return j;
-}
 
-json warmctx_json(const std::string & workspace, const explain_report & ex, const completion_event & done,
-                  const request_timings & rt) {
-    return {{"workspace", workspace},
-            {"tokens_reused", ex.n_reused},
-            {"tokens_prefilled", ex.n_prefilled},
-            {"tokens_cacheable", ex.n_cacheable},
-            // The prompt's token prefix shared with the workspace's last turn (-1: none):
-            // what reuse exact to the token could keep at most.
-            {"tokens_common_with_previous_turn", ex.n_common_tokens},
-            {"result", miss_kind_name(ex.kind)},
-            {"tier", kv_tier_name(ex.tier)},
-            {"reason", ex.reason},
-            {"missed_segment", ex.missed_segment},
-            {"stable_prefix_hash", ex.stable_prefix_hash},
-            {"prewarm", prewarm_json(ex.prewarm)},
-            // Drafts from the workspace (warmctx/drafts.h): tokens decoded ahead, and the
-            // ones sampling chose.
-            {"drafts", {{"steps", done.drafts.n_steps}, {"drafted", done.drafts.n_drafted}, {"accepted", done.drafts.n_accepted}}},
-            {"queue_ms", done.t_queue_ms},
-            {"first_token_ms", done.t_first_token_ms},
-            {"total_ms", done.t_total_ms},
-            {"request_ms", rt.request_ms},
-            // Every phase of the wait for the first token, each once: their sum is
-            // request_ms + first_token_ms less the engine thread's bookkeeping.
-            {"timings",
-             {{"parse_ms", std::max(0.0, rt.request_ms - rt.assemble_ms - rt.answer_wait_ms)},
-              {"assemble_ms", rt.assemble_ms + done.t_assemble_ms},
-              {"answer_wait_ms", rt.answer_wait_ms},
-              {"queue_ms", done.t_queue_ms},
-              {"sampler_ms", done.t_sampler_ms},
-              {"write_back_ms", done.t_write_back_ms},
-              {"lookup_ms", done.t_lookup_ms},
-              {"restore_ms", done.t_restore_ms},
-              {"copy_ms", done.t_copy_ms},
-              {"prefill_ms", done.t_prefill_ms},
-              {"interleave_ms", done.t_interleave_ms}}}};
-}
 
 namespace {
 json chunk_base(const response_meta & m) {
@@ -214,5 +175,67 @@ json chunk_usage(const response_meta & m, const completion_usage & usage) {
     j["usage"] = usage_json(usage);
     return j;
 }
+
+// ---- the renderers -------------------------------------------------------------------------
+
+namespace {
+
+std::string sse(const json & j) { return "data: " + dump_json(j) + "\n\n"; }
+
+class openai_renderer final : public renderer {
+  public:
+    void begin(const response_meta & meta, const completion_request & cr) override {
+        meta_ = meta;
+        include_usage_ = cr.include_usage;
+    }
+
+    json whole(const whole_answer & a) override {
+        return completion_response(meta_, a.text, a.end.finish, a.end.usage, a.end.warmctx, a.logprobs, a.parsed);
+    }
+
+    // A chat opens with its role chunk; a text completion has none, so a comment makes
+    // the headers go out at once.
+    std::string open() override {
+        return meta_.shape == api_shape::chat ? sse(chunk_role(meta_, include_usage_)) : std::string(": keep-alive\n\n");
+    }
+
+    std::string delta(const answer_delta & d) override {
+        std::string out;
+        // Reasoning as llama-server streams it: delta.reasoning_content.
+        if (!d.reasoning.empty() && meta_.shape == api_shape::chat)
+            out += sse(chunk_reasoning(meta_, d.reasoning, include_usage_));
+        if (!d.text.empty())
+            out += sse(chunk_delta(meta_, d.text, include_usage_,
+                                   d.logprobs ? logprobs_json(meta_.shape, *d.logprobs, d.text_offset) : json(nullptr)));
+        if (d.calls.empty()) return out;
+        json frags = json::array();
+        for (const call_fragment & c : d.calls) {
+            if (c.head)
+                frags.push_back({{"index", c.index},
+                                 {"id", c.id},
+                                 {"type", "function"},
+                                 {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+            else
+                frags.push_back({{"index", c.index}, {"function", {{"arguments", c.arguments}}}});
+        }
+        return out + sse(chunk_tool_calls(meta_, std::move(frags), include_usage_));
+    }
+
+    std::string finish(const answer_end & e) override {
+        std::string out = sse(chunk_finish(meta_, e.finish, include_usage_, e.warmctx, e.tool_calls));
+        if (include_usage_) out += sse(chunk_usage(meta_, e.usage));
+        return out + "data: [DONE]\n\n";
+    }
+
+    std::string stream_error(const api_error & e) override { return "data: " + e.body() + "\n\ndata: [DONE]\n\n"; }
+
+  private:
+    response_meta meta_;
+    bool include_usage_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<renderer> make_openai_renderer() { return std::make_shared<openai_renderer>(); }
 
 }  // namespace warmctx::server_detail

@@ -3,6 +3,7 @@
 // there. A request mapper (anthropic.h) in front of the one completion path
 // (completion.h) with the Anthropic renderer. See docs/api.md.
 #include "anthropic.h"
+#include "../openai/openai.h"
 #include "completion.h"
 #include "json_util.h"
 #include "route_context.h"

@@ -1,9 +1,9 @@
-// server/anthropic.h - the Anthropic Messages API (POST /v1/messages) as a request mapper
+// server/api/anthropic/anthropic.h - the Anthropic Messages API (POST /v1/messages) as a request mapper
 // and the shapes of its answers. Pure functions: no I/O, no scheduler.
 //
 // A Messages body becomes the chat request it means (the chat parser then validates it,
 // so every route accepts and refuses alike), and the answer is rendered in Anthropic's
-// shapes (render_anthropic.cpp).
+// shapes (render.cpp).
 //
 // Request (anthropic_to_chat):
 //
@@ -59,7 +59,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api_error.h"
+#include "../../api_error.h"
 
 namespace warmctx::server_detail {
 

@@ -1,5 +1,7 @@
-// /v1/chat/completions and /v1/completions request bodies -> completion_request
-// (openai.h). Every field of the wrong type or out of range is a 400 naming it.
+// An OpenAI request body -> a completion_request (openai.h): the messages mapping, then
+// the sampling, output and tools fields.
+#include "openai.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
@@ -7,13 +9,166 @@
 #include <random>
 
 #include "json_util.h"
-#include "openai.h"
 #include "request_fields.h"
 #include "warmctx/hash.h"
 
 namespace warmctx::server_detail {
 
 using json = nlohmann::json;
+
+// ---- messages -> segments ------------------------------------------------------------------
+
+namespace {
+
+// A message's content: a string, null, or an array of text parts.
+maybe_error message_content(const json & msg, std::string_view param, std::string & out) {
+    out.clear();
+    auto it = msg.find("content");
+    if (it == msg.end() || it->is_null()) return std::nullopt;
+    if (it->is_string()) { out = it->get<std::string>(); return std::nullopt; }
+    if (!it->is_array()) return wrong_type(param, "a string, null or an array of text parts", *it);
+    for (size_t k = 0; k < it->size(); ++k) {
+        const json & part = (*it)[k];
+        std::string pp = index_param(param, k);
+        if (!part.is_object()) return wrong_type(pp, "an object", part);
+        auto type = part.find("type");
+        if (type == part.end() || !type->is_string() || type->get<std::string>() != "text")
+            return bad_request("unsupported_content", pp + ": only {\"type\": \"text\"} content parts are supported",
+                               pp + ".type");
+        auto text = part.find("text");
+        if (text == part.end() || !text->is_string()) return wrong_type(pp + ".text", "a string", text == part.end() ? json() : *text);
+        if (k > 0) out += "\n";
+        out += text->get<std::string>();
+    }
+    return std::nullopt;
+}
+
+std::string padded(char prefix, size_t i, int width) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%c%0*zu", prefix, width, i);
+    return buf;
+}
+
+}  // namespace
+
+maybe_error map_messages(const json & messages, const json * tools, std::vector<segment> & out,
+                         const request_bounds & bounds, std::string * continuation) {
+    if (!messages.is_array()) return wrong_type("messages", "an array", messages);
+    const size_t max_messages = std::min(bounds.max_messages, k_max_messages);
+    if (messages.size() > max_messages)
+        return bad_request("too_many_messages",
+                           "messages has " + with_commas(messages.size()) + " messages; at most " +
+                               with_commas(max_messages) + " are allowed (the server's --max-messages)",
+                           "messages");
+    if (tools && tools->is_array())
+        if (auto e = check_tools_count(tools->size(), "tools", bounds)) return e;
+    size_t n_system = 0, n_history = 0;
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const json & m = messages[i];
+        const std::string p = index_param("messages", i);
+        if (!m.is_object()) return wrong_type(p, "an object", m);
+        auto r = m.find("role");
+        if (r == m.end() || r->is_null()) return bad_request("missing_field", p + ".role is required", p + ".role");
+        if (!r->is_string()) return wrong_type(p + ".role", "a string", *r);
+        const std::string role = r->get<std::string>();
+        std::string content;
+        if (auto e = message_content(m, p + ".content", content)) return e;
+
+        segment s;
+        if (role == "system" || role == "developer") {
+            s.kind = segment_kind::system;
+            s.header = false;  // as sent
+            // Five digits: ids order the system messages, and a request holds at most
+            // 10,000 messages (request_bounds::max_messages).
+            char buf[32];
+            std::snprintf(buf, sizeof buf, "system-%05zu", n_system++);
+            s.id = buf;
+        } else if (role == "user" || role == "assistant" || role == "tool") {
+            if (role == "assistant") {
+                if (const json * tc = field(m, "tool_calls"); tc && !tc->is_null()) {
+                    if (!tc->is_array()) return wrong_type(p + ".tool_calls", "an array", *tc);
+                    for (size_t k = 0; k < tc->size(); ++k) {
+                        const json & c = (*tc)[k];
+                        const std::string cp = index_param(p + ".tool_calls", k);
+                        if (!c.is_object()) return wrong_type(cp, "an object", c);
+                        const json * fn = field(c, "function");
+                        if (!fn || !fn->is_object()) return bad_request("missing_field", cp + ".function is required", cp + ".function");
+                        const json * name = field(*fn, "name");
+                        if (!name || !name->is_string())
+                            return bad_request("missing_field", cp + ".function.name must be a string", cp + ".function.name");
+                        const json * args = field(*fn, "arguments");
+                        if (args && !args->is_string() && !args->is_object())
+                            return wrong_type(cp + ".function.arguments", "a string of JSON", *args);
+                    }
+                    if (!tc->empty()) s.tool_calls = dump_json(*tc);  // std::map keys: sorted, canonical
+                }
+            }
+            if (role == "tool") {
+                if (const json * id = field(m, "tool_call_id"); id && !id->is_null()) {
+                    if (!id->is_string()) return wrong_type(p + ".tool_call_id", "a string", *id);
+                    s.tool_call_id = id->get<std::string>();
+                }
+            }
+            const bool last = i + 1 == messages.size();
+            if (last && role == "assistant" && continuation && s.tool_calls.empty() && !content.empty()) {
+                *continuation = std::move(content);  // a prefill: the answer continues it
+                continue;
+            }
+            if (last && role == "user") {
+                s.kind = segment_kind::user;
+                s.id = "user";
+            } else {
+                s.kind = segment_kind::history;
+                s.id = padded('h', n_history++, 4);
+                s.role = role;
+            }
+        } else {
+            return bad_request("unknown_role",
+                               p + ".role: unknown role '" + role.substr(0, 40) +
+                                   "' (expected system, developer, user, assistant or tool)",
+                               p + ".role");
+        }
+        s.content = std::move(content);
+        out.push_back(std::move(s));
+    }
+    if (tools) {
+        if (!tools->is_array()) return wrong_type("tools", "an array", *tools);
+        if (!tools->empty()) {
+            segment s;
+            s.kind = segment_kind::tools;
+            s.id = "tools";
+            schema_tally tally;  // enum values over every tool's parameters
+            for (size_t k = 0; k < tools->size(); ++k) {
+                const json & t = (*tools)[k];
+                const std::string tp = index_param("tools", k);
+                if (!t.is_object()) return wrong_type(tp, "an object", t);
+                const json * type = field(t, "type");
+                if (!type || *type != "function")
+                    return bad_request("unsupported_parameter", tp + ".type: only \"function\" tools are supported",
+                                       tp + ".type");
+                const json * fn = field(t, "function");
+                if (!fn || !fn->is_object()) return bad_request("missing_field", tp + ".function is required", tp + ".function");
+                const json * name = field(*fn, "name");
+                if (!name || !name->is_string() || name->get<std::string>().empty())
+                    return bad_request("missing_field", tp + ".function.name must be a non-empty string",
+                                       tp + ".function.name");
+                if (const json * params = field(*fn, "parameters")) {
+                    // A schema is an object: anything else would fail later, when the
+                    // answer's grammar is built, and be blamed on tool_choice.
+                    if (!params->is_object() && !params->is_null())
+                        return wrong_type(tp + ".function.parameters", "an object (a JSON schema)", *params);
+                    if (auto e = check_schema_bounds(*params, tp + ".function.parameters", bounds, tally)) return e;
+                }
+            }
+            s.content = dump_json(*tools);
+            if (auto e = check_tools_bytes(s.content.size(), "tools", bounds)) return e;
+            out.push_back(std::move(s));
+        }
+    }
+    return std::nullopt;
+}
+
+// ---- the request body ----------------------------------------------------------------------
 
 namespace {
 

@@ -1,9 +1,9 @@
-// The OpenAI routes: /v1/models, /v1/chat/completions, /v1/completions, /v1/responses.
+// The OpenAI routes: /v1/models, /v1/chat/completions, /v1/completions.
 // Each completion route is a request mapper (its body -> a completion_request) in front
 // of the one completion path (completion.h), with its API's renderer. See docs/api.md.
 #include "completion.h"
 #include "json_util.h"
-#include "responses.h"
+#include "openai.h"
 #include "route_context.h"
 
 namespace warmctx::server_detail {
@@ -24,35 +24,6 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     held.release();
     serve_completion(ctx, req, res, log, std::move(cr), path_ws, make_openai_renderer());
 }
-
-namespace {
-
-// POST /v1/responses: the body is mapped to the chat request it means (responses.h; the
-// chat parser validates it, so both routes accept and refuse alike), and answered in
-// the Responses shapes.
-void run_responses(route_context & ctx, const http_request & req, http_response & res,
-                   const std::shared_ptr<request_log> & log) {
-    json_budget::ticket held;
-    json body;
-    if (auto e = parse_body(ctx, req, body, held, 2)) return respond_error(res, *log, *e);
-    json chat_body;
-    auto info = std::make_shared<responses_request_info>();
-    if (auto e = responses_to_chat(body, chat_body, *info)) return respond_error(res, *log, *e);
-    info->model = ctx.model_name;  // the served model, as the chat routes name it
-    completion_request cr;
-    request_limits limits = ctx.limits;
-    limits.bounds = ctx.opts.bounds;
-    if (auto e = parse_completion_request(chat_body, body_mode::chat, limits, cr)) {
-        chat_error_to_responses(*e, *info);
-        return respond_error(res, *log, *e);
-    }
-    body = json();
-    chat_body = json();
-    held.release();
-    serve_completion(ctx, req, res, log, std::move(cr), nullptr, make_responses_renderer(info));
-}
-
-}  // namespace
 
 namespace {
 
@@ -119,7 +90,6 @@ constexpr named_route k_openai_routes[] = {
     {"GET", "/v1/models", "/v1/models", list_models},
     {"GET", "/v1/models/{model}", "/v1/models/([^/]+)", get_model},
     {"POST", "/v1/chat/completions", "/v1/chat/completions", chat_completions},
-    {"POST", "/v1/responses", "/v1/responses", run_responses},
     {"POST", "/v1/completions", "/v1/completions", text_completions},
 };
 

@@ -1,4 +1,4 @@
-// server/responses.h - the OpenAI Responses API (POST /v1/responses) as a translation
+// server/api/responses/responses.h - the OpenAI Responses API (POST /v1/responses) as a translation
 // over chat completions. Pure functions and one small state machine: no I/O, no scheduler.
 //
 // A Responses request body becomes a chat-completions body, which then runs through the
@@ -86,7 +86,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api_error.h"
+#include "../../api_error.h"
 
 namespace warmctx::server_detail {
 

@@ -1,0 +1,87 @@
+// server/completion_request.h - what every API's request becomes (a completion_request,
+// under the server's request_limits) and what every API's answer carries beside its text
+// (response_meta, the `warmctx` extension object). No API's shapes: those are under
+// src/server/api/<api>/.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "warmctx/context_engine.h"
+#include "warmctx/scheduler.h"
+#include "warmctx/segments.h"
+#include "warmctx/server.h"
+
+namespace warmctx::server_detail {
+
+inline constexpr size_t k_max_messages = 10000;     // history ids are h0000..h9999
+inline constexpr size_t k_max_stop_strings = 16;
+inline constexpr int64_t k_max_draft_tokens = 64;  // speculative.n_max
+
+struct request_limits {
+    int32_t max_tokens_cap = 8192;      // the context per sequence: more can never fit
+    int32_t default_max_tokens = 0;     // a request without max_tokens: 0 = to the end of the context
+    int32_t default_reasoning_budget = -1;  // a request without reasoning_budget_tokens (-1: none)
+    int32_t default_draft_max = 0;      // a request without speculative.n_max (0: no drafts)
+    int32_t n_vocab = 0;                // logit_bias token ids are below it (0: not checked)
+    request_bounds bounds;              // messages, tools, schemas (warmctx/server.h)
+};
+
+enum class api_shape { chat, text };    // chat.completion vs text_completion
+
+struct completion_request {
+    api_shape shape = api_shape::chat;
+    std::string workspace;              // "" = not named (derive_workspace)
+    bool workspace_from_cache_key = false;  // named by prompt_cache_key, not `workspace`
+    std::vector<segment> segments;      // messages mapping, then the `segments` extension
+    sampling_params sampling;
+    bool stream = false;
+    bool include_usage = false;         // stream_options.include_usage
+    bool raw = false;                   // /v1/completions: the prompt as given, no template
+    std::optional<std::string> suffix;  // /v1/completions: fill-in-the-middle
+    // Tools: the `tools` array as canonical JSON text ("" = none), tool_choice (a named
+    // function is `required` of that one), parallel_tool_calls (OpenAI's default: true).
+    std::string tools_json;
+    tool_choice_mode tool_choice = tool_choice_mode::auto_;
+    std::string tool_choice_name;
+    bool parallel_tool_calls = true;
+    // response_format json_schema: the schema as JSON text ("" = none).
+    std::string json_schema;
+    // cache_salt: this request's blocks are shared only with requests of the same salt.
+    std::string cache_salt;
+    // The last message was the assistant's text: the answer continues it (a prefill).
+    std::string continuation;
+    std::string continuation_param;  // that message, as the request named it ("messages[3]")
+};
+
+// What the body of each route must carry.
+enum class body_mode {
+    chat,            // /v1/chat/completions: `messages` required
+    workspace_chat,  // /v1/workspaces/{id}/chat/completions: `messages` or `segments`
+    text,            // /v1/completions: `prompt` required
+};
+
+// Time the HTTP thread spent on a request before handing it to the scheduler.
+struct request_timings {
+    double assemble_ms = 0;     // rendering and tokenizing the prompt, hashing its blocks
+    double answer_wait_ms = 0;  // after that, waiting for the tools' or schema's grammar
+                                // (built meanwhile on another thread)
+    double request_ms = 0;      // arrival .. handed to the scheduler, all of it
+};
+
+// The `warmctx` extension object of a response: what reuse did for this request.
+nlohmann::json warmctx_json(const std::string & workspace, const explain_report & ex,
+                            const completion_event & done, const request_timings & rt);
+
+struct response_meta {
+    std::string id;         // "chatcmpl-..." / "cmpl-..."
+    int64_t created = 0;    // unix seconds
+    std::string model;
+    api_shape shape = api_shape::chat;
+};
+
+}  // namespace warmctx::server_detail
