@@ -20,42 +20,66 @@ namespace warmctx::server_detail {
 
 using json = nlohmann::json;
 
-json warmctx_json(const std::string & workspace, const explain_report & ex, const completion_event & done,
-                  const request_timings & rt) {
-    return {{"workspace", workspace},
-            {"tokens_reused", ex.n_reused},
-            {"tokens_prefilled", ex.n_prefilled},
-            {"tokens_cacheable", ex.n_cacheable},
-            // The prompt's token prefix shared with the workspace's last turn (-1: none):
-            // what reuse exact to the token could keep at most.
-            {"tokens_common_with_previous_turn", ex.n_common_tokens},
-            {"result", miss_kind_name(ex.kind)},
-            {"tier", kv_tier_name(ex.tier)},
-            {"reason", ex.reason},
-            {"missed_segment", ex.missed_segment},
-            {"stable_prefix_hash", ex.stable_prefix_hash},
-            {"prewarm", prewarm_json(ex.prewarm)},
-            // Drafts from the workspace (warmctx/drafts.h): tokens decoded ahead, and the
-            // ones sampling chose.
-            {"drafts", {{"steps", done.drafts.n_steps}, {"drafted", done.drafts.n_drafted}, {"accepted", done.drafts.n_accepted}}},
-            {"queue_ms", done.t_queue_ms},
-            {"first_token_ms", done.t_first_token_ms},
-            {"total_ms", done.t_total_ms},
-            {"request_ms", rt.request_ms},
-            // Every phase of the wait for the first token, each once: their sum is
-            // request_ms + first_token_ms less the engine thread's bookkeeping.
-            {"timings",
-             {{"parse_ms", std::max(0.0, rt.request_ms - rt.assemble_ms - rt.answer_wait_ms)},
-              {"assemble_ms", rt.assemble_ms + done.t_assemble_ms},
-              {"answer_wait_ms", rt.answer_wait_ms},
-              {"queue_ms", done.t_queue_ms},
-              {"sampler_ms", done.t_sampler_ms},
-              {"write_back_ms", done.t_write_back_ms},
-              {"lookup_ms", done.t_lookup_ms},
-              {"restore_ms", done.t_restore_ms},
-              {"copy_ms", done.t_copy_ms},
-              {"prefill_ms", done.t_prefill_ms},
-              {"interleave_ms", done.t_interleave_ms}}}};
+answer_report report_of(const std::string & workspace, const completion_event & done, const request_timings & rt) {
+    answer_report r;
+    r.workspace = workspace;
+    r.explain = done.explain;
+    r.drafts = done.drafts;
+    r.t_queue_ms = done.t_queue_ms;
+    r.t_first_token_ms = done.t_first_token_ms;
+    r.t_total_ms = done.t_total_ms;
+    r.t_assemble_ms = done.t_assemble_ms;
+    r.t_restore_ms = done.t_restore_ms;
+    r.t_copy_ms = done.t_copy_ms;
+    r.t_prefill_ms = done.t_prefill_ms;
+    r.t_write_back_ms = done.t_write_back_ms;
+    r.t_lookup_ms = done.t_lookup_ms;
+    r.t_sampler_ms = done.t_sampler_ms;
+    r.t_interleave_ms = done.t_interleave_ms;
+    r.rt = rt;
+    return r;
+}
+
+json warmctx_json(const answer_report & r) {
+    const explain_report & ex = r.explain;
+    const answer_report & done = r;
+    const request_timings & rt = r.rt;
+    return {
+        {"workspace", r.workspace},
+        {"tokens_reused", ex.n_reused},
+        {"tokens_prefilled", ex.n_prefilled},
+        {"tokens_cacheable", ex.n_cacheable},
+        // The prompt's token prefix shared with the workspace's last turn (-1: none):
+        // what reuse exact to the token could keep at most.
+        {"tokens_common_with_previous_turn", ex.n_common_tokens},
+        {"result", miss_kind_name(ex.kind)},
+        {"tier", kv_tier_name(ex.tier)},
+        {"reason", ex.reason},
+        {"missed_segment", ex.missed_segment},
+        {"stable_prefix_hash", ex.stable_prefix_hash},
+        {"prewarm", prewarm_json(ex.prewarm)},
+        // Drafts from the workspace (warmctx/drafts.h): tokens decoded ahead, and the
+        // ones sampling chose.
+        {"drafts",
+         {{"steps", done.drafts.n_steps}, {"drafted", done.drafts.n_drafted}, {"accepted", done.drafts.n_accepted}}},
+        {"queue_ms", done.t_queue_ms},
+        {"first_token_ms", done.t_first_token_ms},
+        {"total_ms", done.t_total_ms},
+        {"request_ms", rt.request_ms},
+        // Every phase of the wait for the first token, each once: their sum is
+        // request_ms + first_token_ms less the engine thread's bookkeeping.
+        {"timings",
+         {{"parse_ms", std::max(0.0, rt.request_ms - rt.assemble_ms - rt.answer_wait_ms)},
+          {"assemble_ms", rt.assemble_ms + done.t_assemble_ms},
+          {"answer_wait_ms", rt.answer_wait_ms},
+          {"queue_ms", done.t_queue_ms},
+          {"sampler_ms", done.t_sampler_ms},
+          {"write_back_ms", done.t_write_back_ms},
+          {"lookup_ms", done.t_lookup_ms},
+          {"restore_ms", done.t_restore_ms},
+          {"copy_ms", done.t_copy_ms},
+          {"prefill_ms", done.t_prefill_ms},
+          {"interleave_ms", done.t_interleave_ms}}}};
 }
 
 
@@ -151,8 +175,8 @@ maybe_error merge_workspace(route_context & ctx, completion_request & cr, const 
                            "workspace");
     auto stored = ctx.store.list(ws);
     if (!stored)
-        return error_from_status(not_found("workspace '" + ws +
-                                           "' has no stored segments: PUT /v1/workspaces/{id}/segments/{segment} first"));
+        return error_from_status(not_found(
+            "workspace '" + ws + "' has no stored segments: PUT /v1/workspaces/{id}/segments/{segment} first"));
     // The stable context this chat carries itself (tools, system messages): the
     // workspace's next pre-warm includes it, as its next chat most likely will.
     std::vector<segment> carried;
@@ -196,7 +220,8 @@ std::future<result<answer_ready>> start_answer_format(const completion_request &
     return std::async(std::launch::async, [&cr, ct, with_tools, sched]() -> result<answer_ready> {
         answer_ready out;
         if (ct && (with_tools || (ct->reasons() && cr.sampling.n_logprobs < 0))) {
-            answer_request ar{with_tools ? cr.tools_json : std::string(), with_tools ? cr.tool_choice : tool_choice_mode::none,
+            answer_request ar{with_tools ? cr.tools_json : std::string(),
+                              with_tools ? cr.tool_choice : tool_choice_mode::none,
                               with_tools ? cr.tool_choice_name : std::string(), cr.parallel_tool_calls, cr.json_schema};
             auto af = ct->answer({}, ar);
             if (!af.ok()) return af.error();
@@ -278,7 +303,8 @@ maybe_error prepare(route_context & ctx, completion_request & cr, prepared & out
 
 api_error submit_error(const status & st) {
     if (st.code() == status_code::resource_exhausted)
-        return too_many_requests("queue_full", "the request queue is full: " + st.message() + "; retry after a second", 1);
+        return too_many_requests("queue_full", "the request queue is full: " + st.message() + "; retry after a second",
+                                 1);
     if (st.code() == status_code::failed_precondition) return unavailable("the engine is stopping: " + st.message(), 1);
     return error_from_status(st);
 }
@@ -370,9 +396,10 @@ void answer_whole(route_context & ctx, const http_request & req, http_response &
                     }
                 }
                 answer_end end{ev.finish, parsed && !parsed->tool_calls.empty() && !is_cut(ev.finish), ev.usage,
-                               warmctx_json(cr.workspace, ev.explain, ev, p.rt)};
+                               report_of(cr.workspace, ev, p.rt)};
                 whole_answer a{text, parsed ? &*parsed : nullptr,
-                               cr.sampling.n_logprobs >= 0 ? logprobs_json(meta.shape, lps) : json(nullptr), std::move(end)};
+                               cr.sampling.n_logprobs >= 0 ? logprobs_json(meta.shape, lps) : json(nullptr),
+                               std::move(end)};
                 return send_json(res, 200, r.whole(a));
             }
         }
@@ -461,7 +488,7 @@ step stream_event(stream_state & st, chunk_sink & sink, const completion_event &
             if (st.parse)
                 if (auto d = st.parse->step("", /*partial=*/false, st.response_id)) out += r.delta(*d);
             answer_end end{ev.finish, st.parse && st.parse->any_call && !is_cut(ev.finish), ev.usage,
-                           warmctx_json(st.workspace, ev.explain, ev, st.timings)};
+                           report_of(st.workspace, ev, st.timings)};
             out += r.finish(end);
             return write_last(st, sink, out);
         }
@@ -491,10 +518,12 @@ bool stream_step(stream_state & st, chunk_sink & sink) {
             // clients see the connection alive and a client that left is noticed (its
             // job cancelled) without waiting for the first token. The comment tells how
             // far the prefill has got, once it is admitted.
-            if (steady::now() - st.t_last_write < std::chrono::milliseconds(st.ctx->opts.sse_keep_alive_ms)) return true;
-            const std::string comment = st.progress.pos < 0 ? std::string(": keep-alive\n\n")
-                                                            : ": keep-alive prefill " + std::to_string(st.progress.pos) +
-                                                                  "/" + std::to_string(st.progress.end) + "\n\n";
+            if (steady::now() - st.t_last_write < std::chrono::milliseconds(st.ctx->opts.sse_keep_alive_ms))
+                return true;
+            const std::string comment = st.progress.pos < 0
+                                            ? std::string(": keep-alive\n\n")
+                                            : ": keep-alive prefill " + std::to_string(st.progress.pos) + "/" +
+                                                  std::to_string(st.progress.end) + "\n\n";
             return write_or_cancel(st, sink, st.r->waiting(comment));  // the transport calls again
         }
     }

@@ -49,12 +49,13 @@ struct answer_delta {
 };
 
 // How an answer ended: the engine's finish, whether it called a tool (and was not cut
-// short), its usage, and the `warmctx` extension object.
+// short), its usage, and what reuse did and where the time went (each renderer writes
+// the `warmctx` extension object from it: warmctx_json).
 struct answer_end {
     finish_reason finish = finish_reason::stop;
     bool tool_calls = false;
     completion_usage usage;
-    nlohmann::json warmctx;
+    answer_report report;
 };
 
 // A whole answer (not streamed): the text as generated, its parse when the answer has a

@@ -73,9 +73,25 @@ struct request_timings {
     double request_ms = 0;      // arrival .. handed to the scheduler, all of it
 };
 
-// The `warmctx` extension object of a response: what reuse did for this request.
-nlohmann::json warmctx_json(const std::string & workspace, const explain_report & ex,
-                            const completion_event & done, const request_timings & rt);
+// What reuse did for a request and where its time went, as the engine and the HTTP thread
+// measured them: what every API's answer carries beside its text. Renderers read it
+// natively (Anthropic's cache_creation_input_tokens is explain.n_cacheable) and write it
+// as the `warmctx` extension object with warmctx_json.
+struct answer_report {
+    std::string workspace;
+    explain_report explain;
+    draft_counters drafts;   // what drafts from the workspace did for this answer
+    // The scheduler's timings of the job (completion_event's, same names).
+    double t_queue_ms = 0, t_first_token_ms = 0, t_total_ms = 0;
+    double t_assemble_ms = 0, t_restore_ms = 0, t_copy_ms = 0, t_prefill_ms = 0;
+    double t_write_back_ms = 0, t_lookup_ms = 0, t_sampler_ms = 0, t_interleave_ms = 0;
+    request_timings rt;      // the HTTP thread's
+};
+// The report of a job that ended with `done` (its explain, drafts and timings).
+answer_report report_of(const std::string & workspace, const completion_event & done, const request_timings & rt);
+
+// The `warmctx` extension object of a response.
+nlohmann::json warmctx_json(const answer_report & r);
 
 struct response_meta {
     std::string id;         // "chatcmpl-..." / "cmpl-..."

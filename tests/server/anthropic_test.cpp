@@ -258,7 +258,7 @@ TEST(Anthropic, StreamEventsTextThenAToolCall) {
     end.usage.prompt_tokens = 1000;
     end.usage.cached_tokens = 600;
     end.usage.completion_tokens = 9;
-    end.warmctx = {{"tokens_cacheable", 900}};
+    end.report.explain.n_cacheable = 900;
     s += r->finish(end);
     auto ev = events_of(s);
     std::vector<std::string> names;
@@ -295,7 +295,7 @@ TEST(Anthropic, WholeMessagesAndStopReasons) {
     const std::string text = "hello";
     answer_end end;
     end.finish = finish_reason::stop;
-    end.warmctx = {{"timings", {{"prefill_ms", 1.5}}}};
+    end.report.t_prefill_ms = 1.5;
     json m = r->whole(whole_answer{text, nullptr, nullptr, end});
     EXPECT_EQ(m["model"], "served");
     EXPECT_EQ(m["content"], json::array({{{"type", "text"}, {"text", "hello"}}}));

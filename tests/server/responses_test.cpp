@@ -342,19 +342,12 @@ TEST(Responses, WrongTypesNameTheField) {
     EXPECT_EQ(chat_err(json::array()).param, "body");
 }
 
-json chat_completion(json message, const char * finish, json warmctx = nullptr) {
-    json c = {{"id", "chatcmpl-1"},
-              {"object", "chat.completion"},
-              {"created", 1},
-              {"model", "served"},
-              {"choices", json::array({{{"index", 0}, {"message", std::move(message)}, {"finish_reason", finish}}})},
-              {"usage",
-               {{"prompt_tokens", 100},
-                {"completion_tokens", 7},
-                {"total_tokens", 107},
-                {"prompt_tokens_details", {{"cached_tokens", 80}}}}}};
-    if (!warmctx.is_null()) c["warmctx"] = std::move(warmctx);
-    return c;
+completion_usage usage_of(int64_t prompt, int64_t completion, int64_t cached) {
+    completion_usage u;
+    u.prompt_tokens = prompt;
+    u.completion_tokens = completion;
+    u.cached_tokens = cached;
+    return u;
 }
 
 TEST(Responses, NonStreamedText) {
@@ -367,8 +360,7 @@ TEST(Responses, NonStreamedText) {
              {"tools", json::array({{{"type", "function"}, {"name", "f"}}})}},
             &info);
     const json wx = {{"workspace", "auto-1"}, {"tokens_reused", 80}};
-    json r = chat_to_response(chat_completion({{"role", "assistant"}, {"content", "Hello!"}}, "stop", wx), info,
-                              "resp_abc", 1700000000);
+    json r = answer_to_response(info, "resp_abc", 1700000000, "Hello!", {}, finish_reason::stop, usage_of(100, 7, 80), wx);
     EXPECT_EQ(r["id"], "resp_abc");
     EXPECT_EQ(r["object"], "response");
     EXPECT_EQ(r["created_at"], 1700000000);
@@ -405,24 +397,16 @@ TEST(Responses, NonStreamedText) {
     EXPECT_EQ(r["store"], false);
     EXPECT_TRUE(r["previous_response_id"].is_null());
 
-    // No model in the request: the completion's.
-    json r2 = chat_to_response(chat_completion({{"role", "assistant"}, {"content", "x"}}, "stop"),
-                               responses_request_info{}, "resp_x", 1);
-    EXPECT_EQ(r2["model"], "served");
+    // No extension object: no `warmctx` field.
+    json r2 = answer_to_response(info, "resp_x", 1, "x", {}, finish_reason::eos, usage_of(1, 1, 0), nullptr);
+    EXPECT_EQ(r2["status"], "completed");
     EXPECT_FALSE(r2.contains("warmctx"));
 }
 
 TEST(Responses, NonStreamedTwoToolCalls) {
     responses_request_info info;
-    json msg = {{"role", "assistant"},
-                {"content", nullptr},
-                {"tool_calls", json::array({{{"id", "call_A"},
-                                             {"type", "function"},
-                                             {"function", {{"name", "ls"}, {"arguments", "{\"dir\":\"/\"}"}}}},
-                                            {{"id", "call_B"},
-                                             {"type", "function"},
-                                             {"function", {{"name", "cat"}, {"arguments", "{}"}}}}})}};
-    json r = chat_to_response(chat_completion(msg, "tool_calls"), info, "resp_q9", 5);
+    const std::vector<response_call> calls = {{"call_A", "ls", "{\"dir\":\"/\"}"}, {"call_B", "cat", "{}"}};
+    json r = answer_to_response(info, "resp_q9", 5, "", calls, finish_reason::stop, usage_of(100, 7, 80), nullptr);
     EXPECT_EQ(r["status"], "completed");
     ASSERT_EQ(r["output"].size(), 2u) << "no message item without text";
     EXPECT_EQ(r["output"][0], json({{"type", "function_call"},
@@ -436,8 +420,7 @@ TEST(Responses, NonStreamedTwoToolCalls) {
     EXPECT_EQ(r["output"][1]["name"], "cat");
 
     // Text and a call: the message first.
-    msg["content"] = "Looking.";
-    json both = chat_to_response(chat_completion(msg, "tool_calls"), info, "resp_q9", 5);
+    json both = answer_to_response(info, "resp_q9", 5, "Looking.", calls, finish_reason::stop, usage_of(100, 7, 80), nullptr);
     ASSERT_EQ(both["output"].size(), 3u);
     EXPECT_EQ(both["output"][0]["type"], "message");
     EXPECT_EQ(both["output"][1]["type"], "function_call");
@@ -446,8 +429,7 @@ TEST(Responses, NonStreamedTwoToolCalls) {
 TEST(Responses, LengthIsIncomplete) {
     responses_request_info info;
     chat_ok(with(base(), "max_output_tokens", 7), &info);
-    json r = chat_to_response(chat_completion({{"role", "assistant"}, {"content", "Once upon a"}}, "length"), info,
-                              "resp_z", 1);
+    json r = answer_to_response(info, "resp_z", 1, "Once upon a", {}, finish_reason::length, usage_of(100, 7, 80), nullptr);
     EXPECT_EQ(r["status"], "incomplete");
     EXPECT_EQ(r["incomplete_details"], json({{"reason", "max_output_tokens"}}));
     EXPECT_EQ(r["max_output_tokens"], 7);
@@ -456,53 +438,23 @@ TEST(Responses, LengthIsIncomplete) {
     EXPECT_EQ(r["output"][0]["content"][0]["text"], "Once upon a");
 }
 
-// A streamed chat answer: the role chunk, two text pieces, one tool call in three
-// deltas, the finish chunk (with warmctx) and the usage chunk.
-std::vector<json> text_then_call_chunks() {
-    auto chunk = [](json delta, json finish = nullptr) {
-        return json{{"id", "chatcmpl-1"},
-                    {"object", "chat.completion.chunk"},
-                    {"model", "m"},
-                    {"choices", json::array({{{"index", 0}, {"delta", std::move(delta)}, {"finish_reason", finish}}})},
-                    {"usage", nullptr}};
-    };
-    std::vector<json> cs;
-    cs.push_back(chunk({{"role", "assistant"}, {"content", ""}}));
-    cs.push_back(chunk({{"content", "Let me "}}));
-    cs.push_back(chunk({{"content", "check."}}));
-    cs.push_back(chunk({{"tool_calls", json::array({{{"index", 0},
-                                                    {"id", "call_7"},
-                                                    {"type", "function"},
-                                                    {"function", {{"name", "shell"}, {"arguments", ""}}}}})}}));
-    cs.push_back(chunk({{"tool_calls", json::array({{{"index", 0}, {"function", {{"arguments", "{\"cmd\":"}}}}})}}));
-    cs.push_back(chunk({{"tool_calls", json::array({{{"index", 0}, {"function", {{"arguments", "\"ls\"}"}}}}})}}));
-    json fin = chunk(json::object(), "tool_calls");
-    fin["warmctx"] = {{"workspace", "w"}};
-    cs.push_back(fin);
-    cs.push_back({{"id", "chatcmpl-1"},
-                  {"object", "chat.completion.chunk"},
-                  {"choices", json::array()},
-                  {"usage",
-                   {{"prompt_tokens", 50},
-                    {"completion_tokens", 12},
-                    {"total_tokens", 62},
-                    {"prompt_tokens_details", {{"cached_tokens", 40}}}}}});
-    return cs;
-}
-
 TEST(Responses, StreamTextThenToolCall) {
     responses_request_info info;
     chat_ok(with(base(), "stream", true), &info);
     responses_stream rs(info, "resp_s1", 99);
     std::vector<responses_event> evs = rs.start();
-    for (const json & c : text_then_call_chunks()) {
-        auto more = rs.chunk(c);
-        evs.insert(evs.end(), more.begin(), more.end());
-    }
-    auto fin = rs.finish();
-    evs.insert(evs.end(), fin.begin(), fin.end());
+    // Two text pieces, then one tool call in three fragments, as the completion path
+    // streams them.
+    auto add = [&](std::vector<responses_event> more) { evs.insert(evs.end(), more.begin(), more.end()); };
+    add(rs.text(""));
+    add(rs.text("Let me "));
+    add(rs.text("check."));
+    add(rs.call(0, "call_7", "shell", ""));
+    add(rs.call(0, "", "", "{\"cmd\":"));
+    add(rs.call(0, "", "", "\"ls\"}"));
+    add(rs.finish(finish_reason::stop, usage_of(50, 12, 40), {{"workspace", "w"}}));
     EXPECT_TRUE(rs.done());
-    EXPECT_TRUE(rs.chunk(text_then_call_chunks()[1]).empty()) << "nothing after finish";
+    EXPECT_TRUE(rs.text("more").empty()) << "nothing after finish";
 
     std::vector<std::string> names;
     for (const responses_event & e : evs) names.push_back(e.event);
@@ -603,8 +555,8 @@ TEST(Responses, StreamTextThenToolCall) {
 TEST(Responses, ReasoningIsAnItemBeforeTheMessage) {
     responses_request_info info;
     chat_ok(base(), &info);
-    json msg = {{"role", "assistant"}, {"content", "Done."}, {"reasoning_content", "Think first."}};
-    json r = chat_to_response(chat_completion(msg, "stop"), info, "resp_r1", 3);
+    json r = answer_to_response(info, "resp_r1", 3, "Done.", {}, finish_reason::stop, usage_of(5, 3, 0), nullptr,
+                                "Think first.");
     ASSERT_EQ(r["output"].size(), 2u);
     EXPECT_EQ(r["output"][0], json({{"type", "reasoning"},
                                     {"id", "rs_r1_0"},
@@ -622,7 +574,7 @@ TEST(Responses, ReasoningIsAnItemBeforeTheMessage) {
     }
     auto t = rs.text("Done.");
     evs.insert(evs.end(), t.begin(), t.end());
-    auto fin = rs.finish("stop", json(), json());
+    auto fin = rs.finish(finish_reason::stop, usage_of(5, 3, 0), nullptr);
     evs.insert(evs.end(), fin.begin(), fin.end());
     std::vector<std::string> names;
     for (const responses_event & e : evs) names.push_back(e.event);
@@ -653,9 +605,8 @@ TEST(Responses, StreamLengthIsIncompleteAndErrorsFail) {
     {
         responses_stream rs(info, "resp_L", 1);
         rs.start();
-        rs.chunk({{"choices", json::array({{{"index", 0}, {"delta", {{"content", "abc"}}}}})}});
-        const json usage = {{"prompt_tokens", 3}, {"completion_tokens", 1}, {"total_tokens", 4}};
-        auto evs = rs.finish("length", usage, nullptr);
+        rs.text("abc");
+        auto evs = rs.finish(finish_reason::length, usage_of(3, 1, 0), nullptr);
         ASSERT_EQ(evs.size(), 4u);
         EXPECT_EQ(evs[0].event, "response.output_text.done");
         EXPECT_EQ(evs[2].event, "response.output_item.done");
@@ -669,7 +620,7 @@ TEST(Responses, StreamLengthIsIncompleteAndErrorsFail) {
     {
         responses_stream rs(info, "resp_E", 1);
         auto evs = rs.start();
-        auto more = rs.chunk({{"choices", json::array({{{"index", 0}, {"delta", {{"content", "par"}}}}})}});
+        auto more = rs.text("par");
         evs.insert(evs.end(), more.begin(), more.end());
         auto err = rs.error(server_error("the engine failed"));
         ASSERT_EQ(err.size(), 2u);
@@ -684,7 +635,7 @@ TEST(Responses, StreamLengthIsIncompleteAndErrorsFail) {
         EXPECT_EQ(err[1].data["response"]["error"]["message"], "the engine failed");
         EXPECT_EQ(err[1].data["response"]["output"][0]["content"][0]["text"], "par");
         EXPECT_TRUE(rs.done());
-        EXPECT_TRUE(rs.finish().empty());
+        EXPECT_TRUE(rs.finish(finish_reason::stop, usage_of(1, 1, 0), nullptr).empty());
     }
 }
 
@@ -791,7 +742,7 @@ TEST(Responses, HeartbeatsAreInProgressEventsUntilTheAnswerBegins) {
     EXPECT_EQ(hb[0].event, "response.in_progress");
     EXPECT_EQ(hb[0].data["sequence_number"], 2);
     EXPECT_EQ(hb[0].data["response"]["status"], "in_progress");
-    (void)rs.chunk(text_then_call_chunks()[1]);
+    (void)rs.text("Let me ");
     EXPECT_TRUE(rs.heartbeat().empty());
 }
 

@@ -15,11 +15,6 @@ std::string event(std::string_view name, const json & data) {
     return "event: " + std::string(name) + "\ndata: " + dump_json(data) + "\n\n";
 }
 
-int64_t int_in(const json & obj, const char * key) {
-    auto it = obj.is_object() ? obj.find(key) : obj.end();
-    return it != obj.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
-}
-
 class anthropic_renderer final : public renderer {
   public:
     explicit anthropic_renderer(std::shared_ptr<const anthropic_request_info> info)
@@ -60,7 +55,7 @@ class anthropic_renderer final : public renderer {
                 {"stop_reason", stop.reason},
                 {"stop_sequence", stop.sequence},
                 {"usage", usage_of(a.end)},
-                {"warmctx", a.end.warmctx}};
+                {"warmctx", warmctx_json(a.end.report)}};
     }
 
     std::string open() override {
@@ -99,9 +94,10 @@ class anthropic_renderer final : public renderer {
                 call_index_ = c.index;
             }
             if (c.arguments.empty() || open_kind_ != block::tool_use || c.index != call_index_) continue;
-            out += event("content_block_delta", {{"type", "content_block_delta"},
-                                                 {"index", index_},
-                                                 {"delta", {{"type", "input_json_delta"}, {"partial_json", c.arguments}}}});
+            out += event("content_block_delta",
+                         {{"type", "content_block_delta"},
+                          {"index", index_},
+                          {"delta", {{"type", "input_json_delta"}, {"partial_json", c.arguments}}}});
         }
         return out;
     }
@@ -112,7 +108,7 @@ class anthropic_renderer final : public renderer {
         out += event("message_delta", {{"type", "message_delta"},
                                        {"delta", {{"stop_reason", stop.reason}, {"stop_sequence", stop.sequence}}},
                                        {"usage", usage_of(e)},
-                                       {"warmctx", e.warmctx}});
+                                       {"warmctx", warmctx_json(e.report)}});
         return out + event("message_stop", {{"type", "message_stop"}});
     }
 
@@ -141,8 +137,9 @@ class anthropic_renderer final : public renderer {
         if (started_any_) ++index_;
         started_any_ = true;
         open_kind_ = kind;
-        return out + event("content_block_start",
-                           {{"type", "content_block_start"}, {"index", index_}, {"content_block", std::move(content_block)}});
+        return out +
+               event("content_block_start",
+                     {{"type", "content_block_start"}, {"index", index_}, {"content_block", std::move(content_block)}});
     }
 
     anthropic_stop stop_of(const answer_end & e) const {
@@ -158,7 +155,7 @@ class anthropic_renderer final : public renderer {
     }
 
     static json usage_of(const answer_end & e) {
-        return anthropic_usage(e.usage.prompt_tokens, e.usage.cached_tokens, int_in(e.warmctx, "tokens_cacheable"),
+        return anthropic_usage(e.usage.prompt_tokens, e.usage.cached_tokens, e.report.explain.n_cacheable,
                                e.usage.completion_tokens);
     }
 

@@ -34,7 +34,8 @@ maybe_error text_of(const json & v, const std::string & param, std::string & out
         if (!b.is_object()) return wrong_type(p, "an object", b);
         std::optional<std::string> type, text;
         if (auto e = get_string(b, "type", p + ".type", type)) return e;
-        if (type != "text") return unsupported(p, "only text blocks here (got '" + type.value_or("").substr(0, 40) + "')");
+        if (type != "text")
+            return unsupported(p, "only text blocks here (got '" + type.value_or("").substr(0, 40) + "')");
         if (auto e = get_string(b, "text", p + ".text", text)) return e;
         if (!text) return bad_request("missing_field", p + ".text is required", p + ".text");
         if (!out.empty()) out += "\n";
@@ -81,9 +82,10 @@ maybe_error translate_message(const json & m, size_t i, json & messages, std::ve
             if (auto e = get_string(b, "name", bp + ".name", name)) return e;
             if (!id || !name) return bad_request("missing_field", bp + " needs an id and a name", bp);
             const json * input = field(b, "input");
-            calls.push_back({{"id", *id},
-                             {"type", "function"},
-                             {"function", {{"name", *name}, {"arguments", dump_json(input ? *input : json::object())}}}});
+            calls.push_back(
+                {{"id", *id},
+                 {"type", "function"},
+                 {"function", {{"name", *name}, {"arguments", dump_json(input ? *input : json::object())}}}});
         } else if (*type == "tool_result" && *role == "user") {
             std::optional<std::string> id;
             if (auto e = get_string(b, "tool_use_id", bp + ".tool_use_id", id)) return e;
@@ -119,7 +121,8 @@ maybe_error translate_system(const json & sys, json & messages, json & segments,
         if (text.rfind(k_attribution_prefix, 0) == 0) {
             // Each its own segment, in order ("attribution", "attribution-2", ...): a
             // client may send more than one.
-            const std::string id = segments.empty() ? "attribution" : "attribution-" + std::to_string(segments.size() + 1);
+            const std::string id =
+                segments.empty() ? "attribution" : "attribution-" + std::to_string(segments.size() + 1);
             segments.push_back({{"id", id}, {"kind", "task_summary"}, {"content", text}, {"header", false}});
             return;
         }

@@ -89,7 +89,8 @@ json tool_call_json(const parsed_tool_call & c, int index) {
 }
 
 json completion_response(const response_meta & m, const std::string & text, finish_reason finish,
-                         const completion_usage & usage, json warmctx_ext, json logprobs, const parsed_answer * parsed) {
+                         const completion_usage & usage, json warmctx_ext, json logprobs,
+                         const parsed_answer * parsed) {
     json choice = {{"index", 0}, {"finish_reason", openai_finish_reason(finish)}};
     if (m.shape == api_shape::chat && parsed) {
         json msg = {{"role", "assistant"}};
@@ -134,7 +135,8 @@ json chunk_delta(const response_meta & m, const std::string & text, bool include
         if (!logprobs.is_null()) choice["logprobs"] = std::move(logprobs);
         j["choices"] = json::array({std::move(choice)});
     } else {
-        j["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}}});
+        j["choices"] = json::array(
+            {{{"index", 0}, {"text", text}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}}});
     }
     if (include_usage) j["usage"] = nullptr;
     return j;
@@ -149,12 +151,14 @@ json chunk_reasoning(const response_meta & m, const std::string & text, bool inc
 
 json chunk_tool_calls(const response_meta & m, json calls, bool include_usage) {
     json j = chunk_base(m);
-    j["choices"] = json::array({{{"index", 0}, {"delta", {{"tool_calls", std::move(calls)}}}, {"finish_reason", nullptr}}});
+    j["choices"] =
+        json::array({{{"index", 0}, {"delta", {{"tool_calls", std::move(calls)}}}, {"finish_reason", nullptr}}});
     if (include_usage) j["usage"] = nullptr;
     return j;
 }
 
-json chunk_finish(const response_meta & m, finish_reason finish, bool include_usage, json warmctx_ext, bool tool_calls) {
+json chunk_finish(const response_meta & m, finish_reason finish, bool include_usage, json warmctx_ext,
+                  bool tool_calls) {
     json j = chunk_base(m);
     if (m.shape == api_shape::chat)
         j["choices"] = json::array({{{"index", 0},
@@ -190,13 +194,15 @@ class openai_renderer final : public renderer {
     }
 
     json whole(const whole_answer & a) override {
-        return completion_response(meta_, a.text, a.end.finish, a.end.usage, a.end.warmctx, a.logprobs, a.parsed);
+        return completion_response(meta_, a.text, a.end.finish, a.end.usage, warmctx_json(a.end.report), a.logprobs,
+                                   a.parsed);
     }
 
     // A chat opens with its role chunk; a text completion has none, so a comment makes
     // the headers go out at once.
     std::string open() override {
-        return meta_.shape == api_shape::chat ? sse(chunk_role(meta_, include_usage_)) : std::string(": keep-alive\n\n");
+        return meta_.shape == api_shape::chat ? sse(chunk_role(meta_, include_usage_))
+                                              : std::string(": keep-alive\n\n");
     }
 
     std::string delta(const answer_delta & d) override {
@@ -205,8 +211,9 @@ class openai_renderer final : public renderer {
         if (!d.reasoning.empty() && meta_.shape == api_shape::chat)
             out += sse(chunk_reasoning(meta_, d.reasoning, include_usage_));
         if (!d.text.empty())
-            out += sse(chunk_delta(meta_, d.text, include_usage_,
-                                   d.logprobs ? logprobs_json(meta_.shape, *d.logprobs, d.text_offset) : json(nullptr)));
+            out +=
+                sse(chunk_delta(meta_, d.text, include_usage_,
+                                d.logprobs ? logprobs_json(meta_.shape, *d.logprobs, d.text_offset) : json(nullptr)));
         if (d.calls.empty()) return out;
         json frags = json::array();
         for (const call_fragment & c : d.calls) {
@@ -222,7 +229,7 @@ class openai_renderer final : public renderer {
     }
 
     std::string finish(const answer_end & e) override {
-        std::string out = sse(chunk_finish(meta_, e.finish, include_usage_, e.warmctx, e.tool_calls));
+        std::string out = sse(chunk_finish(meta_, e.finish, include_usage_, warmctx_json(e.report), e.tool_calls));
         if (include_usage_) out += sse(chunk_usage(meta_, e.usage));
         return out + "data: [DONE]\n\n";
     }

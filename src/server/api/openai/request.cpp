@@ -36,7 +36,8 @@ maybe_error message_content(const json & msg, std::string_view param, std::strin
             return bad_request("unsupported_content", pp + ": only {\"type\": \"text\"} content parts are supported",
                                pp + ".type");
         auto text = part.find("text");
-        if (text == part.end() || !text->is_string()) return wrong_type(pp + ".text", "a string", text == part.end() ? json() : *text);
+        if (text == part.end() || !text->is_string())
+            return wrong_type(pp + ".text", "a string", text == part.end() ? json() : *text);
         if (k > 0) out += "\n";
         out += text->get<std::string>();
     }
@@ -92,10 +93,12 @@ maybe_error map_messages(const json & messages, const json * tools, std::vector<
                         const std::string cp = index_param(p + ".tool_calls", k);
                         if (!c.is_object()) return wrong_type(cp, "an object", c);
                         const json * fn = field(c, "function");
-                        if (!fn || !fn->is_object()) return bad_request("missing_field", cp + ".function is required", cp + ".function");
+                        if (!fn || !fn->is_object())
+                            return bad_request("missing_field", cp + ".function is required", cp + ".function");
                         const json * name = field(*fn, "name");
                         if (!name || !name->is_string())
-                            return bad_request("missing_field", cp + ".function.name must be a string", cp + ".function.name");
+                            return bad_request("missing_field", cp + ".function.name must be a string",
+                                               cp + ".function.name");
                         const json * args = field(*fn, "arguments");
                         if (args && !args->is_string() && !args->is_object())
                             return wrong_type(cp + ".function.arguments", "a string of JSON", *args);
@@ -147,7 +150,8 @@ maybe_error map_messages(const json & messages, const json * tools, std::vector<
                     return bad_request("unsupported_parameter", tp + ".type: only \"function\" tools are supported",
                                        tp + ".type");
                 const json * fn = field(t, "function");
-                if (!fn || !fn->is_object()) return bad_request("missing_field", tp + ".function is required", tp + ".function");
+                if (!fn || !fn->is_object())
+                    return bad_request("missing_field", tp + ".function is required", tp + ".function");
                 const json * name = field(*fn, "name");
                 if (!name || !name->is_string() || name->get<std::string>().empty())
                     return bad_request("missing_field", tp + ".function.name must be a non-empty string",
@@ -239,7 +243,8 @@ maybe_error parse_content(const json & body, body_mode mode, const request_limit
             if (!messages->is_array()) return wrong_type("messages", "an array", *messages);
             if (messages->empty() && !segs) return bad_request("invalid_value", "messages is empty", "messages");
             if (auto e = map_messages(*messages, tools, out.segments, limits.bounds, &out.continuation)) return e;
-            if (!out.continuation.empty()) out.continuation_param = "messages[" + std::to_string(messages->size() - 1) + "]";
+            if (!out.continuation.empty())
+                out.continuation_param = "messages[" + std::to_string(messages->size() - 1) + "]";
         } else if (tools) {
             if (auto e = map_messages(json::array(), tools, out.segments, limits.bounds)) return e;
         }
@@ -270,7 +275,8 @@ maybe_error parse_content(const json & body, body_mode mode, const request_limit
     std::optional<std::string> salt;
     if (auto e = get_string(body, "cache_salt", "cache_salt", salt)) return e;
     if (salt) {
-        if (salt->size() > 256) return bad_request("invalid_value", "cache_salt is longer than 256 bytes", "cache_salt");
+        if (salt->size() > 256)
+            return bad_request("invalid_value", "cache_salt is longer than 256 bytes", "cache_salt");
         out.cache_salt = *salt;
     }
     return std::nullopt;
@@ -292,7 +298,8 @@ maybe_error parse_logit_bias(const json & body, const request_limits & limits, s
                                param);
         if (!v.is_number()) return wrong_type(param, "a number", v);
         const double b = v.get<double>();
-        if (b < -100 || b > 100) return bad_request("invalid_value", "a logit_bias value must be in [-100, 100]", param);
+        if (b < -100 || b > 100)
+            return bad_request("invalid_value", "a logit_bias value must be in [-100, 100]", param);
         sp.logit_bias.emplace_back(static_cast<token_id>(id), static_cast<float>(b));
     }
     return std::nullopt;
@@ -337,7 +344,8 @@ maybe_error parse_sampling(const json & body, const request_limits & limits, sam
     sp.top_p = std::max(static_cast<float>(top_p.value_or(1.0)), std::numeric_limits<float>::min());
     std::optional<int64_t> seed, n, top_k;
     if (auto e = get_int(body, "top_k", "top_k", top_k)) return e;
-    if (top_k && (*top_k < 0 || *top_k > 1000000)) return bad_request("invalid_value", "top_k must be in [0, 1000000]", "top_k");
+    if (top_k && (*top_k < 0 || *top_k > 1000000))
+        return bad_request("invalid_value", "top_k must be in [0, 1000000]", "top_k");
     sp.top_k = static_cast<int32_t>(top_k.value_or(0));
 
     if (auto e = get_int(body, "seed", "seed", seed)) return e;
@@ -364,7 +372,8 @@ maybe_error parse_sampling(const json & body, const request_limits & limits, sam
 
     // llama-server's names for a reasoning budget (-1: none, 0: end reasoning at once).
     std::optional<int64_t> budget;
-    const char * budget_name = field(body, "reasoning_budget_tokens") ? "reasoning_budget_tokens" : "thinking_budget_tokens";
+    const char * budget_name =
+        field(body, "reasoning_budget_tokens") ? "reasoning_budget_tokens" : "thinking_budget_tokens";
     if (auto e = get_int(body, budget_name, budget_name, budget)) return e;
     if (budget && (*budget < -1 || *budget > std::numeric_limits<int32_t>::max()))
         return bad_request("invalid_value", std::string(budget_name) + " must be -1 (no budget) or a number of tokens",
@@ -374,7 +383,8 @@ maybe_error parse_sampling(const json & body, const request_limits & limits, sam
     std::optional<int64_t> draft_max;
     if (auto e = get_int(body, "speculative.n_max", "speculative.n_max", draft_max)) return e;
     if (draft_max && (*draft_max < 0 || *draft_max > k_max_draft_tokens))
-        return bad_request("invalid_value", "speculative.n_max must be in [0, " + std::to_string(k_max_draft_tokens) + "]",
+        return bad_request("invalid_value",
+                           "speculative.n_max must be in [0, " + std::to_string(k_max_draft_tokens) + "]",
                            "speculative.n_max");
     sp.draft_max = static_cast<int32_t>(draft_max.value_or(limits.default_draft_max));
     return parse_logit_bias(body, limits, sp);
@@ -394,7 +404,8 @@ maybe_error parse_logprobs(const json & body, body_mode mode, sampling_params & 
         }
     }
     if (const json * v = field(body, "top_logprobs")) {
-        if (mode == body_mode::text) return bad_request("invalid_value", "top_logprobs is a chat field", "top_logprobs");
+        if (mode == body_mode::text)
+            return bad_request("invalid_value", "top_logprobs is a chat field", "top_logprobs");
         if (!v->is_number_integer()) return wrong_type("top_logprobs", "an integer", *v);
         const int64_t k = v->get<int64_t>();
         if (k < 0 || k > 20) return bad_request("invalid_value", "top_logprobs must be in [0, 20]", "top_logprobs");
@@ -469,7 +480,8 @@ maybe_error parse_stop(const json & body, sampling_params & sp) {
         sp.stop.push_back(stop->get<std::string>());
     } else if (stop->is_array()) {
         if (stop->size() > k_max_stop_strings)
-            return bad_request("invalid_value", "at most " + std::to_string(k_max_stop_strings) + " stop strings", "stop");
+            return bad_request("invalid_value", "at most " + std::to_string(k_max_stop_strings) + " stop strings",
+                               "stop");
         for (size_t i = 0; i < stop->size(); ++i) {
             if (!(*stop)[i].is_string()) return wrong_type(index_param("stop", i), "a string", (*stop)[i]);
             sp.stop.push_back((*stop)[i].get<std::string>());

@@ -58,8 +58,8 @@ void get_model(route_context & c, const http_request & req, http_response & res,
     const std::string & name = req.params.at(0);
     if (name != c.model_name)
         return respond_error(res, *log,
-                             error_from_status(not_found("no model '" + name.substr(0, 100) + "' (this server serves '" +
-                                                         c.model_name + "')"),
+                             error_from_status(not_found("no model '" + name.substr(0, 100) +
+                                                         "' (this server serves '" + c.model_name + "')"),
                                                "model"));
     send_json(res, 200, model_json(c));
 }
@@ -76,7 +76,8 @@ void text_completions(route_context & c, const http_request & req, http_response
     run_completion(c, req, res, log, body_mode::text, nullptr);
 }
 
-using handler_fn = void (*)(route_context &, const http_request &, http_response &, const std::shared_ptr<request_log> &);
+using handler_fn = void (*)(route_context &, const http_request &, http_response &,
+                            const std::shared_ptr<request_log> &);
 
 struct named_route {
     const char * method;

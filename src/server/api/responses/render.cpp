@@ -8,7 +8,6 @@
 #include <random>
 #include <utility>
 
-#include "../openai/openai.h"
 #include "completion.h"
 #include "json_util.h"
 #include "request_fields.h"
@@ -20,17 +19,6 @@ using json = nlohmann::json;
 // ---- the Responses objects and stream events -----------------------------------------------
 
 namespace {
-
-int64_t int_field(const json & obj, const char * key) {
-    const json * v = field(obj, key);
-    if (!v || !v->is_number()) return 0;
-    return v->is_number_float() ? static_cast<int64_t>(v->get<double>()) : v->get<int64_t>();
-}
-
-std::string str_field(const json & obj, const char * key) {
-    const json * v = field(obj, key);
-    return v && v->is_string() ? v->get<std::string>() : std::string();
-}
 
 std::string id_suffix(const std::string & response_id) {
     return response_id.rfind("resp_", 0) == 0 ? response_id.substr(5) : response_id;
@@ -49,7 +37,11 @@ std::string reasoning_item_id(const std::string & suffix, int n) { return "rs_" 
 json reasoning_item(const std::string & id, const std::string & text, std::string_view status, bool with_content) {
     json content = json::array();
     if (with_content) content.push_back({{"type", "reasoning_text"}, {"text", text}});
-    return {{"type", "reasoning"}, {"id", id}, {"status", status}, {"summary", json::array()}, {"content", std::move(content)}};
+    return {{"type", "reasoning"},
+            {"id", id},
+            {"status", status},
+            {"summary", json::array()},
+            {"content", std::move(content)}};
 }
 
 json output_text_part(const std::string & text) {
@@ -59,7 +51,8 @@ json output_text_part(const std::string & text) {
 json message_item(const std::string & id, const std::string & text, std::string_view status, bool with_content) {
     json content = json::array();
     if (with_content) content.push_back(output_text_part(text));
-    return {{"type", "message"}, {"id", id}, {"status", status}, {"role", "assistant"}, {"content", std::move(content)}};
+    return {
+        {"type", "message"}, {"id", id}, {"status", status}, {"role", "assistant"}, {"content", std::move(content)}};
 }
 
 json call_item(const std::string & id, const std::string & call_id, const std::string & name,
@@ -69,13 +62,13 @@ json call_item(const std::string & id, const std::string & call_id, const std::s
 }
 
 // Status and incomplete_details of a finished response from the chat finish reason.
-void set_finish(json & r, std::string_view finish_reason) {
-    if (finish_reason == "length") {
+// Cut short (the length limit, the context's end): incomplete.
+bool cut_short(finish_reason f) { return f == finish_reason::length || f == finish_reason::context_full; }
+
+void set_finish(json & r, finish_reason f) {
+    if (cut_short(f)) {
         r["status"] = "incomplete";
         r["incomplete_details"] = {{"reason", "max_output_tokens"}};
-    } else if (finish_reason == "content_filter") {
-        r["status"] = "incomplete";
-        r["incomplete_details"] = {{"reason", "content_filter"}};
     } else {
         r["status"] = "completed";
     }
@@ -130,29 +123,24 @@ json response_object(const responses_request_info & info, const std::string & re
     return r;
 }
 
-json responses_usage(const json & u) {
-    if (!u.is_object()) return nullptr;
-    const int64_t in = int_field(u, "prompt_tokens");
-    const int64_t out = int_field(u, "completion_tokens");
-    const json * total = field(u, "total_tokens");
-    const json * ptd = field(u, "prompt_tokens_details");
-    const json * ctd = field(u, "completion_tokens_details");
-    return {{"input_tokens", in},
-            {"input_tokens_details", {{"cached_tokens", ptd ? int_field(*ptd, "cached_tokens") : 0}}},
-            {"output_tokens", out},
-            {"output_tokens_details", {{"reasoning_tokens", ctd ? int_field(*ctd, "reasoning_tokens") : 0}}},
-            {"total_tokens", total && total->is_number() ? int_field(u, "total_tokens") : in + out}};
+json responses_usage(const completion_usage & u) {
+    return {{"input_tokens", u.prompt_tokens},
+            {"input_tokens_details", {{"cached_tokens", u.cached_tokens}}},
+            {"output_tokens", u.completion_tokens},
+            {"output_tokens_details", {{"reasoning_tokens", 0}}},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens}};
 }
 
 json answer_to_response(const responses_request_info & info, const std::string & response_id, int64_t created_at,
                         const std::string & text, const std::vector<response_call> & calls,
-                        std::string_view finish_reason, const json & usage, const json & warmctx,
+                        finish_reason finish, const completion_usage & usage, const json & warmctx,
                         const std::string & reasoning) {
     json r = response_object(info, response_id, created_at, "completed");
     const std::string suffix = id_suffix(response_id);
-    set_finish(r, finish_reason);
+    set_finish(r, finish);
     json & output = r["output"];
-    if (!reasoning.empty()) output.push_back(reasoning_item(reasoning_item_id(suffix, 0), reasoning, "completed", true));
+    if (!reasoning.empty())
+        output.push_back(reasoning_item(reasoning_item_id(suffix, 0), reasoning, "completed", true));
     if (!text.empty()) output.push_back(message_item(message_id(suffix, 0), text, "completed", true));
     for (size_t k = 0; k < calls.size(); ++k)
         output.push_back(call_item(call_item_id(suffix, static_cast<int>(k)), calls[k].call_id, calls[k].name,
@@ -161,35 +149,6 @@ json answer_to_response(const responses_request_info & info, const std::string &
     if (r["status"] == "incomplete" && !output.empty()) output.back()["status"] = "incomplete";
     r["usage"] = responses_usage(usage);
     if (!warmctx.is_null()) r["warmctx"] = warmctx;
-    return r;
-}
-
-json chat_to_response(const json & chat, const responses_request_info & info, const std::string & response_id,
-                      int64_t created_at) {
-    const json * choices = field(chat, "choices");
-    const json * choice = choices && choices->is_array() && !choices->empty() ? &(*choices)[0] : nullptr;
-    const json * message = choice ? field(*choice, "message") : nullptr;
-    const std::string finish = choice ? str_field(*choice, "finish_reason") : std::string("stop");
-    std::string text, reasoning;
-    std::vector<response_call> calls;
-    if (message) {
-        text = str_field(*message, "content");
-        reasoning = str_field(*message, "reasoning_content");
-        if (const json * cs = field(*message, "tool_calls"); cs && cs->is_array()) {
-            for (const json & c : *cs) {
-                const json * fn = field(c, "function");
-                std::string arguments;
-                if (const json * a = fn ? field(*fn, "arguments") : nullptr)
-                    arguments = a->is_string() ? a->get<std::string>() : dump_json(*a);
-                calls.push_back({str_field(c, "id"), fn ? str_field(*fn, "name") : std::string(), arguments});
-            }
-        }
-    }
-    const json * w = field(chat, "warmctx");
-    json r = answer_to_response(info, response_id, created_at, text, calls, finish,
-                                chat.is_object() && chat.contains("usage") ? chat["usage"] : json(), w ? *w : json(),
-                                reasoning);
-    if (info.model.empty()) r["model"] = str_field(chat, "model");
     return r;
 }
 
@@ -228,7 +187,8 @@ std::vector<responses_event> responses_stream::heartbeat() {
     std::vector<responses_event> out;
     if (done_ || !items_.empty()) return out;
     if (seq_ == 0) return start();
-    out.push_back(make("response.in_progress", {{"response", response_object(info_, id_, created_at_, "in_progress")}}));
+    out.push_back(
+        make("response.in_progress", {{"response", response_object(info_, id_, created_at_, "in_progress")}}));
     return out;
 }
 
@@ -256,10 +216,12 @@ void responses_stream::close_open(std::vector<responses_event> & out, const char
     it.status = status;
     if (it.is_reasoning) {
         const json part = {{"type", "reasoning_text"}, {"text", it.text}};
-        out.push_back(make("response.reasoning_text.done",
-                           {{"item_id", it.id}, {"output_index", it.output_index}, {"content_index", 0}, {"text", it.text}}));
-        out.push_back(make("response.content_part.done",
-                           {{"item_id", it.id}, {"output_index", it.output_index}, {"content_index", 0}, {"part", part}}));
+        out.push_back(
+            make("response.reasoning_text.done",
+                 {{"item_id", it.id}, {"output_index", it.output_index}, {"content_index", 0}, {"text", it.text}}));
+        out.push_back(
+            make("response.content_part.done",
+                 {{"item_id", it.id}, {"output_index", it.output_index}, {"content_index", 0}, {"part", part}}));
     } else if (it.is_call) {
         out.push_back(make("response.function_call_arguments.done", {{"item_id", it.id},
                                                                      {"output_index", it.output_index},
@@ -290,8 +252,9 @@ void responses_stream::add_reasoning(const std::string & piece, std::vector<resp
     }
     item & it = items_[open_];
     it.text += piece;
-    out.push_back(make("response.reasoning_text.delta",
-                       {{"item_id", it.id}, {"output_index", it.output_index}, {"content_index", 0}, {"delta", piece}}));
+    out.push_back(
+        make("response.reasoning_text.delta",
+             {{"item_id", it.id}, {"output_index", it.output_index}, {"content_index", 0}, {"delta", piece}}));
 }
 
 void responses_stream::add_text(const std::string & piece, std::vector<responses_event> & out) {
@@ -352,8 +315,8 @@ std::vector<responses_event> responses_stream::reasoning(const std::string & pie
     return out;
 }
 
-std::vector<responses_event> responses_stream::call(int64_t index, const std::string & call_id, const std::string & name,
-                                                    const std::string & arguments) {
+std::vector<responses_event> responses_stream::call(int64_t index, const std::string & call_id,
+                                                    const std::string & name, const std::string & arguments) {
     std::vector<responses_event> out;
     if (done_) return out;
     if (seq_ == 0) out = start();
@@ -361,60 +324,28 @@ std::vector<responses_event> responses_stream::call(int64_t index, const std::st
     return out;
 }
 
-std::vector<responses_event> responses_stream::chunk(const json & c) {
-    std::vector<responses_event> out;
-    if (done_) return out;
-    if (seq_ == 0) out = start();  // a caller that skipped start() still gets a valid stream
-    if (const json * u = field(c, "usage")) seen_usage_ = *u;
-    if (const json * w = field(c, "warmctx")) seen_warmctx_ = *w;
-    const json * choices = field(c, "choices");
-    if (!choices || !choices->is_array() || choices->empty()) return out;
-    const json & choice = (*choices)[0];
-    if (const json * f = field(choice, "finish_reason"); f && f->is_string()) seen_finish_ = f->get<std::string>();
-    const json * delta = field(choice, "delta");
-    if (!delta) return out;
-    if (const json * r = field(*delta, "reasoning_content"); r && r->is_string()) add_reasoning(r->get<std::string>(), out);
-    if (const json * content = field(*delta, "content"); content && content->is_string())
-        add_text(content->get<std::string>(), out);
-    if (const json * calls = field(*delta, "tool_calls"); calls && calls->is_array()) {
-        for (const json & tc : *calls) {
-            const json * fn = field(tc, "function");
-            add_call(int_field(tc, "index"), str_field(tc, "id"), fn ? str_field(*fn, "name") : std::string(),
-                     fn ? str_field(*fn, "arguments") : std::string(), out);
-        }
-    }
-    return out;
-}
-
 json responses_stream::final_object(std::string_view status) const {
     json r = response_object(info_, id_, created_at_, status);
     for (const item & it : items_) r["output"].push_back(item_json(it));
-    r["usage"] = responses_usage(usage_);
+    r["usage"] = usage_ ? responses_usage(*usage_) : json(nullptr);
     if (!warmctx_.is_null()) r["warmctx"] = warmctx_;
     return r;
 }
 
-std::vector<responses_event> responses_stream::finish(std::string_view finish_reason, const json & usage,
+std::vector<responses_event> responses_stream::finish(finish_reason finish, const completion_usage & usage,
                                                       const json & warmctx) {
     std::vector<responses_event> out;
     if (done_) return out;
     if (seq_ == 0) out = start();
-    const bool cut = finish_reason == "length" || finish_reason == "content_filter";
-    close_open(out, cut ? "incomplete" : "completed");
+    close_open(out, cut_short(finish) ? "incomplete" : "completed");
     usage_ = usage;
     warmctx_ = warmctx;
     json r = final_object("completed");
-    set_finish(r, finish_reason);
+    set_finish(r, finish);
     const std::string name = r["status"] == "incomplete" ? "response.incomplete" : "response.completed";
     out.push_back(make(name, {{"response", std::move(r)}}));
     done_ = true;
     return out;
-}
-
-std::vector<responses_event> responses_stream::finish() {
-    const std::string reason = seen_finish_.empty() ? std::string("stop") : seen_finish_;
-    const json usage = seen_usage_, warmctx = seen_warmctx_;
-    return finish(reason, usage, warmctx);
 }
 
 std::vector<responses_event> responses_stream::error(const api_error & e) {
@@ -429,8 +360,6 @@ std::vector<responses_event> responses_stream::error(const api_error & e) {
         items_[open_].status = "incomplete";  // cut short, without its done events
         open_ = -1;
     }
-    usage_ = seen_usage_;
-    warmctx_ = seen_warmctx_;
     json r = final_object("failed");
     r["error"] = {{"code", e.code.empty() ? json("server_error") : code}, {"message", e.message}};
     out.push_back(make("response.failed", {{"response", std::move(r)}}));
@@ -446,11 +375,6 @@ std::string events_text(const std::vector<responses_event> & events) {
     std::string text;
     for (const auto & e : events) text += sse_text(e);
     return text;
-}
-
-// The chat finish reason the Responses status follows ("tool_calls" when it called one).
-std::string_view finish_name(const answer_end & e) {
-    return e.tool_calls ? std::string_view("tool_calls") : openai_finish_reason(e.finish);
 }
 
 class responses_renderer final : public renderer {
@@ -473,7 +397,7 @@ class responses_renderer final : public renderer {
         if (a.parsed)
             for (const parsed_tool_call & c : a.parsed->tool_calls) calls.push_back({c.id, c.name, c.arguments});
         return answer_to_response(*info_, id_, created_, a.parsed ? a.parsed->content : a.text, calls,
-                                  finish_name(a.end), usage_json(a.end.usage), a.end.warmctx,
+                                  a.end.finish, a.end.usage, warmctx_json(a.end.report),
                                   a.parsed ? a.parsed->reasoning : std::string());
     }
 
@@ -492,7 +416,7 @@ class responses_renderer final : public renderer {
     }
 
     std::string finish(const answer_end & e) override {
-        return events_text(stream_.finish(finish_name(e), usage_json(e.usage), e.warmctx));
+        return events_text(stream_.finish(e.finish, e.usage, warmctx_json(e.report)));
     }
 
     std::string stream_error(const api_error & e) override {

@@ -247,7 +247,8 @@ maybe_error check_refused(const json & body) {
         return refuse("prompt", "stored prompt templates live on OpenAI's platform; send instructions and input");
     std::optional<int64_t> top_logprobs;
     if (auto e = get_int(body, "top_logprobs", "top_logprobs", top_logprobs)) return e;
-    if (top_logprobs.value_or(0) != 0) return refuse("top_logprobs", "log probabilities are not returned on /v1/responses");
+    if (top_logprobs.value_or(0) != 0)
+        return refuse("top_logprobs", "log probabilities are not returned on /v1/responses");
     return std::nullopt;
 }
 

@@ -52,7 +52,7 @@
 // freeform tools included), input_image / input_file / input_audio parts, item_reference
 // items. Known fields of the wrong type are a 400 naming the field ("input[2].call_id").
 //
-// Response (chat_to_response and responses_stream):
+// Response (answer_to_response and responses_stream):
 //
 //   chat completion                           Responses
 //   message.content (non-empty)               output[] {"type":"message","id":"msg_<s>",
@@ -87,6 +87,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../api_error.h"
+#include "warmctx/scheduler.h"
 
 namespace warmctx::server_detail {
 
@@ -129,12 +130,12 @@ std::string make_response_id();
 
 // The response object with `status` ("in_progress", "completed", "incomplete",
 // "failed"), an empty output and usage null: what the stream's first events carry and
-// what chat_to_response fills in. model: info.model.
+// what answer_to_response fills in. model: info.model.
 nlohmann::json response_object(const responses_request_info & info, const std::string & response_id,
                                int64_t created_at, std::string_view status);
 
-// Chat usage -> Responses usage; null when `chat_usage` is not an object.
-nlohmann::json responses_usage(const nlohmann::json & chat_usage);
+// An answer's usage as the Responses API counts it.
+nlohmann::json responses_usage(const completion_usage & u);
 
 // A tool call of an answer, for answer_to_response.
 struct response_call {
@@ -143,18 +144,14 @@ struct response_call {
 
 // A whole answer -> the Responses `response` object: its reasoning (a reasoning item
 // first, when not empty), its text (a message item when not empty), its calls
-// (function_call items), the chat finish reason ("stop", "length", "tool_calls", ...), a
-// chat usage object (null: none) and the `warmctx` extension (null: none). The model is
-// info.model.
+// (function_call items), how it ended (cut short at the length limit or the context's
+// end: status incomplete), its usage and the `warmctx` extension (null: none). The model
+// is info.model.
 nlohmann::json answer_to_response(const responses_request_info & info, const std::string & response_id,
-                                  int64_t created_at, const std::string & text, const std::vector<response_call> & calls,
-                                  std::string_view finish_reason, const nlohmann::json & usage,
-                                  const nlohmann::json & warmctx, const std::string & reasoning = {});
-
-// A whole non-streamed chat.completion -> the Responses `response` object. The model is
-// info.model, or the completion's when info.model is empty.
-nlohmann::json chat_to_response(const nlohmann::json & chat_completion, const responses_request_info & info,
-                                const std::string & response_id, int64_t created_at);
+                                  int64_t created_at, const std::string & text,
+                                  const std::vector<response_call> & calls, finish_reason finish,
+                                  const completion_usage & usage, const nlohmann::json & warmctx,
+                                  const std::string & reasoning = {});
 
 // One stream event: the SSE event name and its data (whose `type` is the same name).
 struct responses_event {
@@ -165,10 +162,10 @@ struct responses_event {
 // "event: <name>\ndata: <compact json>\n\n".
 std::string sse_text(const responses_event & e);
 
-// The streamed translation: chat.completion.chunk objects in, Responses events out.
+// A streamed answer as Responses events.
 //
 //   start()        response.created, response.in_progress
-//   chunk(c)       for text: response.output_item.added (message), response.content_part.added,
+//   text(), call() for text: response.output_item.added (message), response.content_part.added,
 //                    then response.output_text.delta per piece;
 //                  for a tool call: closes the open message or call, then
 //                    response.output_item.added (function_call, arguments ""), then
@@ -177,16 +174,16 @@ std::string sse_text(const responses_event & e);
 //                   response.output_item.done; closing a call:
 //                   response.function_call_arguments.done, response.output_item.done)
 //   finish(...)    closes what is open, then response.completed (response.incomplete for
-//                  finish reason "length") with the whole response object, usage included
+//                  an answer cut short) with the whole response object, usage included
 //   error(e)       `error` {"type":"error","code","message","param"} - what OpenAI sends
 //                  when a stream fails - then response.failed with the response so far and
 //                  its `error` {code, message}: the node SDK stops at the first, clients
 //                  that only watch response.* events (Codex) at the second
 //
 // Every event's data carries `sequence_number`, 0, 1, 2, ... over the whole stream (a
-// chunk(), finish() or error() before start() sends start()'s two events first). Tool
-// calls arrive one after another, as OpenAI and llama-server stream them: a delta with a
-// tool-call index other than the open call's starts a new call. After finish() or
+// call before start() sends start()'s two events first). Tool calls arrive one after
+// another, as OpenAI and llama-server stream them: a fragment with a call index other than
+// the open call's starts a new call. After finish() or
 // error() every call returns no events.
 class responses_stream {
 public:
@@ -205,17 +202,9 @@ public:
     std::vector<responses_event> call(int64_t index, const std::string & call_id, const std::string & name,
                                       const std::string & arguments);
 
-    // One chat.completion.chunk, as text() and call(). It also records what the chunks
-    // carry for finish(): a choice's finish_reason, `usage` (the include_usage chunk) and
-    // `warmctx`.
-    std::vector<responses_event> chunk(const nlohmann::json & chat_chunk);
-
-    // finish_reason: "stop", "length", "tool_calls", ...; usage: a chat usage object;
-    // warmctx: the extension object (passed through as `warmctx`; null: none).
-    std::vector<responses_event> finish(std::string_view finish_reason, const nlohmann::json & usage,
+    // How the answer ended, its usage and the `warmctx` extension object (null: none).
+    std::vector<responses_event> finish(finish_reason finish, const completion_usage & usage,
                                         const nlohmann::json & warmctx);
-    // The same with what the chunks carried ("stop" when none said).
-    std::vector<responses_event> finish();
 
     std::vector<responses_event> error(const api_error & e);
 
@@ -259,12 +248,9 @@ private:
     int open_ = -1;                // index into items_ of the open item, -1: none
     int n_messages_ = 0, n_calls_ = 0, n_reasonings_ = 0;
     bool done_ = false;
-    // What the chunks carried, for finish().
-    std::string seen_finish_;
-    nlohmann::json seen_usage_ = nullptr;
-    nlohmann::json seen_warmctx_ = nullptr;
-    // What the final response object carries (set by finish() / error()).
-    nlohmann::json usage_ = nullptr, warmctx_ = nullptr;
+    // What the final response object carries (set by finish(); none after error()).
+    std::optional<completion_usage> usage_;
+    nlohmann::json warmctx_ = nullptr;
 };
 
 }  // namespace warmctx::server_detail
