@@ -88,7 +88,8 @@ class chat_templates {
     // `tail` (a generation prompt may depend on them; contents do not matter). Answers
     // are memoised by request. Errors: invalid_argument (bad tools, an unknown named
     // function, a schema llama.cpp cannot turn into a grammar).
-    virtual result<answer_format> answer(std::span<const conversation_message> tail, const answer_request & req) const = 0;
+    virtual result<answer_format> answer(std::span<const conversation_message> tail,
+                                         const answer_request & req) const = 0;
 
     virtual const std::string & source() const = 0;
     // The template writes contents verbatim (text_model::renders_contents_verbatim), as

@@ -94,7 +94,8 @@ inline std::optional<expanded_skeleton> expand_skeleton(const rendered_conversat
             if (!r.input) return std::nullopt;
             size_t q = at + k_content_placeholder.size(), idx = 0;
             bool digits = false;
-            while (q < run.size() && run[q] >= '0' && run[q] <= '9') idx = idx * 10 + size_t(run[q++] - '0'), digits = true;
+            while (q < run.size() && run[q] >= '0' && run[q] <= '9')
+                idx = idx * 10 + size_t(run[q++] - '0'), digits = true;
             if (!digits || q >= run.size() || run[q] != 'Z' || idx >= msgs.size()) return std::nullopt;
             ++q;
             out.holes.push_back({prev + at, prev + q});
@@ -102,7 +103,8 @@ inline std::optional<expanded_skeleton> expand_skeleton(const rendered_conversat
             out.anchors.push_back({prev + q, out.text.text.size()});
             sp = q;
         }
-        if (!out.text.runs.empty() && out.text.runs.back().input == r.input) out.text.runs.back().end = out.text.text.size();
+        if (!out.text.runs.empty() && out.text.runs.back().input == r.input)
+            out.text.runs.back().end = out.text.text.size();
         else out.text.runs.push_back({out.text.text.size(), r.input});
         prev = r.end;
     }

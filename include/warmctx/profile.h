@@ -88,11 +88,10 @@ struct profile {
 };
 
 // XXH3-128 of a whole file's bytes (the same value as hash_bytes() over them),
-// read in 4 MiB buffers through the file-system seam (the real one by default). Memoised in-process by (path, size, mtime, ctime, inode,
-// device): a second call on an unchanged file does not read it; any write, replace
-// or touch recomputes. A file that changes while being read is io_error (the memo is
-// not updated). Errors: not_found, io_error. Thread-safe; two threads digesting the
-// same new file may both read it (the digest is not computed under the lock).
+// read in 4 MiB buffers through the file-system seam (the real one by default). Memoised in-process by (path, size,
+// mtime, ctime, inode, device): a second call on an unchanged file does not read it; any write, replace or touch
+// recomputes. A file that changes while being read is io_error (the memo is not updated). Errors: not_found, io_error.
+// Thread-safe; two threads digesting the same new file may both read it (the digest is not computed under the lock).
 result<hash128> file_digest(const std::string & path, file_system & fs = posix_fs());
 
 // Like file_digest over the bytes [offset, offset + n_bytes) only - for a GGUF's

@@ -154,7 +154,8 @@ class segment_store {
     status check_not_link(const std::string & dir) const;
     std::string seg_path(const std::string & ws, const std::string & id) const;
     status write_sealed(const std::string & dir, const std::string & name, const std::string & body);
-    void quarantine(const std::string & path, const std::string & name, const std::string & why, store_load_report & rep);
+    void quarantine(const std::string & path, const std::string & name, const std::string & why,
+                    store_load_report & rep);
 
     // A shared store: `ws`'s directory into memory (see "Shared"). Called with mu_ held;
     // const because readers call it: the view it changes is mutable.

@@ -60,8 +60,9 @@ struct request_bounds {
     size_t max_messages = 4096;          // messages (chat) or input items (Responses); at most 10,000
     size_t max_tools = 128;              // function tools, a Responses namespace's counted one by one (OpenAI's 128)
     size_t max_tools_bytes = 512u << 10; // the tools array as canonical JSON (keys sorted, no spaces)
-    size_t max_enum_values = 256;        // enum values over every schema of the request (tools' parameters, response_format):
-                                         // each costs a check of every candidate token per sampled token, on the engine thread
+    size_t max_enum_values =
+        256;  // enum values over every schema of the request (tools' parameters, response_format):
+              // each costs a check of every candidate token per sampled token, on the engine thread
     // Optional properties of one object schema: llama.cpp's converter writes a rule for
     // every suffix of their order, so its time grows with their square (3,000 took 53 s,
     // 300 0.6 s on 2 cores, off the engine thread but holding a core and the request).

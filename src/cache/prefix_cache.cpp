@@ -511,7 +511,8 @@ void prefix_cache::add_record(const hash128 & chain, eviction_record r) {
 
 eviction_record prefix_cache::lost_record(const hash128 & chain, const index_node & n, uint64_t now,
                                           const std::string & ws, const char * reason) const {
-    return {n.cls, now, ws, reason, policy_, true, n.begin, n.end, n.n_hits + remembered_reuse(chain), tickers_.n_lookups};
+    return {
+        n.cls, now, ws, reason, policy_, true, n.begin, n.end, n.n_hits + remembered_reuse(chain), tickers_.n_lookups};
 }
 
 uint32_t prefix_cache::remembered_reuse(const hash128 & chain) const {

@@ -42,7 +42,8 @@ using json = nlohmann::json;
 // `on_event(payload)` returns true when the event carries the first generated token;
 // `on_final(payload)` sees every event to pick up usage/timings.
 template <class First, class Each>
-turn_timing stream_post(int port, const std::string & path, const std::string & body, First is_token_event, Each on_event) {
+turn_timing stream_post(int port, const std::string & path, const std::string & body, First is_token_event,
+                        Each on_event) {
     turn_timing t;
     httplib::Client c("127.0.0.1", port);
     c.set_read_timeout(7200, 0);
@@ -106,7 +107,8 @@ owned_dir::~owned_dir() {
 
 result<owned_dir> make_owned_dir(const std::string & parent, const std::string & prefix) {
     std::string tmpl = parent + "/" + prefix + "-XXXXXX";
-    if (!mkdtemp(tmpl.data())) return io_error("bench: cannot create a directory " + tmpl + ": " + std::strerror(errno));
+    if (!mkdtemp(tmpl.data()))
+        return io_error("bench: cannot create a directory " + tmpl + ": " + std::strerror(errno));
     return owned_dir(tmpl);
 }
 
@@ -168,7 +170,8 @@ class warmctx_system final : public bench_system {
                 if (ch == j.end() || !ch->is_array() || ch->empty()) return j.contains("usage");
                 const json & c0 = (*ch)[0];
                 const json delta = c0.value("delta", json::object());
-                if (delta.contains("role") && delta.value("content", "").empty() && c0.value("finish_reason", json()).is_null())
+                if (delta.contains("role") && delta.value("content", "").empty() &&
+                    c0.value("finish_reason", json()).is_null())
                     return false;
                 return true;
             },
@@ -179,7 +182,8 @@ class warmctx_system final : public bench_system {
                     t.common_tokens = w->value("tokens_common_with_previous_turn", -1);
                     if (auto d = w->find("drafts"); d != w->end()) t.drafts = *d;
                     if (auto ph = w->find("timings"); ph != w->end() && ph->is_object()) t.phases = t.timings = *ph;
-                    if (auto rq = w->find("request_ms"); rq != w->end() && rq->is_number()) t.phases["request_ms"] = *rq;
+                    if (auto rq = w->find("request_ms"); rq != w->end() && rq->is_number())
+                        t.phases["request_ms"] = *rq;
                 }
                 auto u = j.find("usage");
                 if (u == j.end() || !u->is_object()) return;
@@ -369,7 +373,8 @@ result<std::unique_ptr<bench_system>> start_llama_server(const llama_server_opti
     auto eo = o.mf.to_options(1);
     if (!eo) return eo.error();
     if (access(o.binary.c_str(), X_OK) != 0)
-        return not_found("llama-server not found at '" + o.binary + "' (build it: cmake --build build --target llama-server)");
+        return not_found("llama-server not found at '" + o.binary +
+                         "' (build it: cmake --build build --target llama-server)");
     const int port = free_port();
     if (port <= 0) return io_error("no free loopback port");
     std::string log_path = o.log_path;

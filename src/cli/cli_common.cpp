@@ -30,13 +30,17 @@ int fail(const status & st) {
 }
 
 void model_flags::add_to(CLI::App & app, bool with_ctx) {
-    app.add_option("-m,--model", model,
-                   "GGUF model file (default: a generated qwen2.5-0.5b q4_0, cached under $WARMCTX_HOME or ~/.cache/warmctx)");
+    app.add_option(
+        "-m,--model", model,
+        "GGUF model file (default: a generated qwen2.5-0.5b q4_0, cached under $WARMCTX_HOME or ~/.cache/warmctx)");
     if (with_ctx)
-        app.add_option("-c,--n-ctx", n_ctx,
-                       "context per sequence, tokens (0 = the model's training context, or the largest whose KV "
-                       "streams fit " + std::to_string(default_kv_share_bytes() >> 20) + " MiB, a quarter of RAM up to 8 GiB; "
-                       "with flash attention on the CPU a sequence may fill all but 64 of them, which pad small batches)")
+        app.add_option(
+               "-c,--n-ctx", n_ctx,
+               "context per sequence, tokens (0 = the model's training context, or the largest whose KV "
+               "streams fit " +
+                   std::to_string(default_kv_share_bytes() >> 20) +
+                   " MiB, a quarter of RAM up to 8 GiB; "
+                   "with flash attention on the CPU a sequence may fill all but 64 of them, which pad small batches)")
             ->capture_default_str();
     app.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
     app.add_option("--gpu-layers", gpu_layers,
@@ -46,10 +50,12 @@ void model_flags::add_to(CLI::App & app, bool with_ctx) {
     app.add_option("--kv-mode", kv_mode, "exact (per-sequence KV, bit-identical reuse) or shared (one unified KV)")
         ->capture_default_str();
     app.add_option("--chunk", chunk, "canonical prefill chunk, tokens")->capture_default_str();
-    app.add_flag("--flash-attn{true},--no-flash-attn{false}", flash_attn,
-                 "flash attention on (the default, as llama-server's -fa auto) or off; a quantized KV type needs it on");
-    app.add_option("--chat-template-file", chat_template_file,
-                   "a Jinja chat template to use instead of the model's own (e.g. one of llama.cpp's models/templates/)");
+    app.add_flag(
+        "--flash-attn{true},--no-flash-attn{false}", flash_attn,
+        "flash attention on (the default, as llama-server's -fa auto) or off; a quantized KV type needs it on");
+    app.add_option(
+        "--chat-template-file", chat_template_file,
+        "a Jinja chat template to use instead of the model's own (e.g. one of llama.cpp's models/templates/)");
     app.add_flag("--no-jinja", no_jinja,
                  "render prompts with llama.cpp's built-in per-message templates instead of the model's Jinja template "
                  "(no tools in the template's own format, no tool-call parsing)");
@@ -57,28 +63,41 @@ void model_flags::add_to(CLI::App & app, bool with_ctx) {
 }
 
 void cache_flags::add_to(CLI::App & app) {
-    app.add_option("--budget-tokens", budget_tokens, "global KV budget of the prefix cache, tokens (0 = unlimited)")->capture_default_str();
+    app.add_option("--budget-tokens", budget_tokens, "global KV budget of the prefix cache, tokens (0 = unlimited)")
+        ->capture_default_str();
     app.add_option("--budget-bytes", budget_bytes,
                    "bytes of KV the cached prefixes may hold in RAM, all together (default: a quarter of RAM, at most "
                    "8 GiB; 0 = unlimited)")
         ->capture_default_str();
-    app.add_option("--workspace-budget-tokens", workspace_budget_tokens, "per-workspace KV budget, tokens (0 = unlimited)")->capture_default_str();
-    app.add_option("--workspace-budget-bytes", workspace_budget_bytes, "per-workspace KV budget, bytes (0 = unlimited)")->capture_default_str();
+    app.add_option("--workspace-budget-tokens", workspace_budget_tokens,
+                   "per-workspace KV budget, tokens (0 = unlimited)")
+        ->capture_default_str();
+    app.add_option("--workspace-budget-bytes", workspace_budget_bytes, "per-workspace KV budget, bytes (0 = unlimited)")
+        ->capture_default_str();
     app.add_option("--checkpoint-budget-bytes", checkpoint_budget_bytes,
                    "bytes of RAM the KV streams' checkpoints may hold together, on hybrid, recurrent and "
                    "sliding-window models (-1 = half of --budget-bytes; 0 = unlimited); past it the idle stream "
                    "used longest ago moves its prefix to the RAM pool")
         ->check(CLI::Range(int64_t{-1}, std::numeric_limits<int64_t>::max()))
         ->capture_default_str();
-    app.add_option("--policy", policy, "eviction policy: semantic (volatile content first, then stable content least reused first; see docs/architecture.md) or lru")->capture_default_str();
-    app.add_option("--kinds", kinds_file, "JSON file overriding the segment kind table, e.g. {\"kinds\":{\"repo_map\":{\"retention\":\"highest\"}}}");
+    app.add_option("--policy", policy,
+                   "eviction policy: semantic (volatile content first, then stable content least reused first; see "
+                   "docs/architecture.md) or lru")
+        ->capture_default_str();
+    app.add_option(
+        "--kinds", kinds_file,
+        "JSON file overriding the segment kind table, e.g. {\"kinds\":{\"repo_map\":{\"retention\":\"highest\"}}}");
     app.add_option("--tenant", tenant, "tenant salt: two tenants never share a cache entry");
-    app.add_option("--cache-dir", cache_dir, "disk tier: snapshot directory (stable prefixes survive restarts; serve defaults to <cache dir>/kv)");
+    app.add_option(
+        "--cache-dir", cache_dir,
+        "disk tier: snapshot directory (stable prefixes survive restarts; serve defaults to <cache dir>/kv)");
     app.add_option("--disk-budget-bytes", disk_budget_bytes,
                    "disk tier byte budget (0 = unlimited; serve with its default cache directory keeps 8 GiB unless "
                    "this is given)")
         ->capture_default_str();
-    app.add_option("--disk-min-class", disk_min_class, "lowest retention class kept on disk (low, medium, high, highest)")->capture_default_str();
+    app.add_option("--disk-min-class", disk_min_class,
+                   "lowest retention class kept on disk (low, medium, high, highest)")
+        ->capture_default_str();
     app.add_flag("--fixed-order", fixed_order,
                  "keep the kind table's order of stable segments and whole chunks (no learned volatility order, no "
                  "finer blocks at edits, the generation prompt always a chunk of its own; docs/architecture.md)");
@@ -100,7 +119,8 @@ status cache_flags::apply(context_engine_options & o) const {
     {
         auto c = parse_retention_class(disk_min_class);
         if (!c.ok()) return c.error();
-        if (*c == retention_class::none) return invalid_argument("--disk-min-class must be low, medium, high or highest");
+        if (*c == retention_class::none)
+            return invalid_argument("--disk-min-class must be low, medium, high or highest");
         o.tiers.disk_min_class = *c;
     }
     if (!kinds_file.empty()) {
@@ -143,7 +163,8 @@ result<engine_options> model_flags::to_options(uint32_t n_seq_max) const {
         std::stringstream ss;
         ss << f.rdbuf();
         o.chat_template = ss.str();
-        if (o.chat_template.empty()) return invalid_argument("chat template file '" + chat_template_file + "' is empty");
+        if (o.chat_template.empty())
+            return invalid_argument("chat template file '" + chat_template_file + "' is empty");
         auto t = chat_templates::load({o.chat_template, "", "", false});
         if (!t.ok()) return t.error().with_context(chat_template_file);
     }

@@ -38,7 +38,8 @@ result<std::pair<rate, rate>> run_llama_bench(const bench_engine_args & a, const
 }
 
 int run_bench_engine(const bench_engine_args & a) {
-    if (a.n_prompt < 1 || a.n_gen < 1 || a.reps < 1) return fail(invalid_argument("--prompt-tokens, --gen-tokens and --reps must be >= 1"));
+    if (a.n_prompt < 1 || a.n_gen < 1 || a.reps < 1)
+        return fail(invalid_argument("--prompt-tokens, --gen-tokens and --reps must be >= 1"));
     model_flags mf = a.mf;
     mf.n_ctx = (uint32_t)(a.n_prompt + a.n_gen + 1);
     auto opts = mf.to_options(1);
@@ -121,7 +122,8 @@ int run_bench_engine(const bench_engine_args & a) {
 
 void register_bench_commands(CLI::App & bench, int & rc) {
     auto a = std::make_shared<bench_engine_args>();
-    auto * e = bench.add_subcommand("engine", "engine adapter prefill/decode tok/s next to llama-bench (same build and settings)");
+    auto * e = bench.add_subcommand(
+        "engine", "engine adapter prefill/decode tok/s next to llama-bench (same build and settings)");
     a->mf.add_to(*e, false);
     e->add_option("--prompt-tokens", a->n_prompt, "prompt tokens (pp test)")->capture_default_str();
     e->add_option("--gen-tokens", a->n_gen, "generated tokens (tg test)")->capture_default_str();

@@ -69,14 +69,16 @@ int run_calls(const calls_args & a) {
     const int max_size = *std::max_element(a.sizes.begin(), a.sizes.end());
     for (int n : a.sizes)
         if (n < 1 || (uint32_t)n > a.mf.chunk)
-            return fail(invalid_argument("each size must be in [1, --chunk] (" + std::to_string(a.mf.chunk) + "): one call"));
+            return fail(
+                invalid_argument("each size must be in [1, --chunk] (" + std::to_string(a.mf.chunk) + "): one call"));
     for (int k : a.splits)
         if (k < 1) return fail(invalid_argument("each split must be >= 1"));
     if (a.depth % (int)std::max<uint32_t>(1, a.mf.chunk) != 0)
         return fail(invalid_argument("--depth must be a multiple of --chunk: the prefix is prefilled in whole chunks"));
     if (a.cells != 0 && (uint64_t)a.cells < (uint64_t)a.depth + (uint64_t)max_size)
-        return fail(invalid_argument("--cells " + std::to_string(a.cells) + " cannot hold the " + std::to_string(a.depth) +
-                                     "-token prefix and " + std::to_string(max_size) + " tokens after it"));
+        return fail(invalid_argument("--cells " + std::to_string(a.cells) + " cannot hold the " +
+                                     std::to_string(a.depth) + "-token prefix and " + std::to_string(max_size) +
+                                     " tokens after it"));
     auto eo = a.mf.to_options(a.streams);
     if (!eo) return fail(eo.error());
     eo->n_seq_resident = a.resident;
@@ -153,8 +155,8 @@ int run_calls(const calls_args & a) {
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
     }
-    std::printf("depth %d, %u streams of %u cells\n%8s %6s %10s %10s %12s\n", a.depth, ci.n_seq_max, ci.n_ctx_seq, "tokens",
-                "calls", "total ms", "host ms", "llama-bench");
+    std::printf("depth %d, %u streams of %u cells\n%8s %6s %10s %10s %12s\n", a.depth, ci.n_seq_max, ci.n_ctx_seq,
+                "tokens", "calls", "total ms", "host ms", "llama-bench");
     for (const auto & r : rows)
         for (const auto & s : r["warmctx"])
             std::printf("%8d %6d %10.2f %10.2f %12.2f\n", r["tokens"].get<int>(), s["calls"].get<int>(),
@@ -166,13 +168,19 @@ int run_calls(const calls_args & a) {
 
 void register_calls_bench(CLI::App & bench, int & rc) {
     auto a = std::make_shared<calls_args>();
-    auto * c = bench.add_subcommand("calls", "what one decode call costs at depth, by size and split, host and device apart");
+    auto * c =
+        bench.add_subcommand("calls", "what one decode call costs at depth, by size and split, host and device apart");
     a->mf.add_to(*c, false);
     c->add_option("--depth", a->depth, "tokens the sequence holds before the measured calls")->capture_default_str();
-    c->add_option("--sizes", a->sizes, "tokens per measurement (each at most --chunk)")->delimiter(',')->capture_default_str();
-    c->add_option("--splits", a->splits, "into how many calls each size is split")->delimiter(',')->capture_default_str();
+    c->add_option("--sizes", a->sizes, "tokens per measurement (each at most --chunk)")
+        ->delimiter(',')
+        ->capture_default_str();
+    c->add_option("--splits", a->splits, "into how many calls each size is split")
+        ->delimiter(',')
+        ->capture_default_str();
     c->add_option("--streams", a->streams, "KV streams (sequences) of the engine")->capture_default_str();
-    c->add_option("--resident", a->resident, "resident streams beyond those (-1: as many as fit, as serve)")->capture_default_str();
+    c->add_option("--resident", a->resident, "resident streams beyond those (-1: as many as fit, as serve)")
+        ->capture_default_str();
     c->add_option("--cells", a->cells, "cells per stream (0: depth + the largest size)")->capture_default_str();
     c->add_option("--reps", a->reps, "repetitions of each measurement (the median is kept)")->capture_default_str();
     c->add_option("--llama-bench", a->llama_bench, "llama-bench binary")->capture_default_str();

@@ -74,7 +74,8 @@ status put_workspace(int port, const std::string & ws, const std::vector<segment
         if (s.kind == segment_kind::user) continue;
         auto r = c.Put("/v1/workspaces/" + ws + "/segments/" + s.id, segment_body(s).dump(), "application/json");
         if (!r || r->status >= 300)
-            return engine_error("PUT of segment '" + s.id + "' failed: " + (r ? r->body : httplib::to_string(r.error())));
+            return engine_error("PUT of segment '" + s.id +
+                                "' failed: " + (r ? r->body : httplib::to_string(r.error())));
     }
     return {};
 }
@@ -103,13 +104,15 @@ double wait_prewarms(int port, double n, double timeout_s) {
 json stored_chat(int port, const std::string & ws, const std::string & question) {
     httplib::Client c("127.0.0.1", port);
     c.set_read_timeout(600, 0);
-    json body = {{"messages", json::array({{{"role", "user"}, {"content", question}}})}, {"max_tokens", 1}, {"temperature", 0}};
+    json body = {
+        {"messages", json::array({{{"role", "user"}, {"content", question}}})}, {"max_tokens", 1}, {"temperature", 0}};
     const auto t0 = clock_type::now();
     auto r = c.Post("/v1/workspaces/" + ws + "/chat/completions", body.dump(), "application/json");
     const double wall = ms_since(t0);
     if (!r || r->status != 200) return {{"ok", false}, {"error", r ? r->body : httplib::to_string(r.error())}};
     json w = json::parse(r->body, nullptr, false).value("warmctx", json::object());
-    const double reused = w.value("tokens_reused", 0), cacheable = std::max(1.0, (double)w.value("tokens_cacheable", 0));
+    const double reused = w.value("tokens_reused", 0),
+                 cacheable = std::max(1.0, (double)w.value("tokens_cacheable", 0));
     return {{"ok", true},
             {"wall_ms", wall},
             {"first_token_ms", w.value("first_token_ms", -1.0)},
@@ -333,7 +336,8 @@ result<json> prewarm_and_restart(std::unique_ptr<bench_system> & sys, const cont
     pw["chat_after_prewarm"] = after;
     pw["chat_after_prewarm_target_met"] = after["reused_fraction"].get<double>() >= 0.95;
     progress("warmctx: pre-warm of P took " + std::to_string(prewarm_ms) + " ms; the chat after it reused " +
-             std::to_string(after["tokens_reused"].get<int>()) + " of " + std::to_string(after["tokens_cacheable"].get<int>()));
+             std::to_string(after["tokens_reused"].get<int>()) + " of " +
+             std::to_string(after["tokens_cacheable"].get<int>()));
 
     // 5. A chat during Q's pre-warm, half-way through it.
     if (status st = put_workspace(s.port(), "Q", p.q_segs); !st.ok()) return st;
@@ -363,14 +367,15 @@ result<json> prewarm_and_restart(std::unique_ptr<bench_system> & sys, const cont
     pw["restart_start_ms"] = start_ms;
     pw["chat_after_restart"] = first;
     const json & fp = first["prewarm"];
-    const bool from_disk = first.value("tier", "") == "disk" ||
-                           (fp.is_object() && fp.value("found_in", "") == "disk" && fp.value("tokens_prefilled", -1) == 0);
+    const bool from_disk = first.value("tier", "") == "disk" || (fp.is_object() && fp.value("found_in", "") == "disk" &&
+                                                                 fp.value("tokens_prefilled", -1) == 0);
     pw["chat_after_restart_from_disk"] = from_disk;
     pw["chat_after_restart_target_met"] = from_disk && first["reused_fraction"].get<double>() >= 0.95;
     progress("warmctx: restarted in " + std::to_string(start_ms) + " ms; the first chat on P (no PUT) reused " +
              std::to_string(first["tokens_reused"].get<int>()) + " of " +
-             std::to_string(first["tokens_cacheable"].get<int>()) + (from_disk ? ", from the disk tier" : ", NOT from disk") +
-             ", TTFT " + std::to_string(first["wall_ms"].get<double>()) + " ms");
+             std::to_string(first["tokens_cacheable"].get<int>()) +
+             (from_disk ? ", from the disk tier" : ", NOT from disk") + ", TTFT " +
+             std::to_string(first["wall_ms"].get<double>()) + " ms");
     return pw;
 }
 
@@ -437,18 +442,23 @@ int run_contention(const contention_args & a) {
 
 void register_contention_bench(CLI::App & bench, int & rc) {
     auto a = std::make_shared<contention_args>();
-    auto * c = bench.add_subcommand(
-        "contention", "a warm turn and /metrics scrapes while another workspace's long cold prompt prefills, warmctx next to llama-server (2 sequences each)");
+    auto * c = bench.add_subcommand("contention",
+                                    "a warm turn and /metrics scrapes while another workspace's long cold prompt "
+                                    "prefills, warmctx next to llama-server (2 sequences each)");
     a->mf.add_to(*c, false);
     c->add_option("--cold-tokens", a->cold_tokens, "the cold workspace's stable prefix, tokens")->capture_default_str();
     c->add_option("--warm-tokens", a->warm_tokens, "the warm workspace's stable prefix, tokens")->capture_default_str();
-    c->add_option("--warm-turns", a->warm_turns, "solo warm turns (the median is the reference)")->capture_default_str();
-    c->add_option("--delay-ms", a->delay_ms, "wait after sending the cold prompt before the warm turns")->capture_default_str();
+    c->add_option("--warm-turns", a->warm_turns, "solo warm turns (the median is the reference)")
+        ->capture_default_str();
+    c->add_option("--delay-ms", a->delay_ms, "wait after sending the cold prompt before the warm turns")
+        ->capture_default_str();
     c->add_option("--scrape-ms", a->scrape_ms, "scrape interval during the cold prefill")->capture_default_str();
     c->add_option("--prewarm-tokens", a->prewarm_tokens,
                   "warmctx: the stored workspaces of the pre-warm and restart phases, tokens (0 = skip them)")
         ->capture_default_str();
-    c->add_option("--systems", a->systems, "systems to run: warmctx, llama-server")->delimiter(',')->capture_default_str();
+    c->add_option("--systems", a->systems, "systems to run: warmctx, llama-server")
+        ->delimiter(',')
+        ->capture_default_str();
     c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
     c->add_option("--seed", a->seed, "workspace content seed")->capture_default_str();
     c->add_flag("--json", a->json_out, "print JSON");

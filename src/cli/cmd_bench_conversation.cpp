@@ -30,7 +30,8 @@ std::string short_message(int i, bool assistant) {
     static const char * const verbs[] = {"read", "ran", "checked", "opened", "listed", "grepped", "built", "tested"};
     static const char * const things[] = {"src/main.cc", "the tests", "CMakeLists.txt", "utils.h", "the log",
                                           "README.md", "parser.cc", "the config"};
-    if (assistant) return std::string("I ") + verbs[i % 8] + " " + things[(i / 8) % 8] + " (step " + std::to_string(i) + ").";
+    if (assistant)
+        return std::string("I ") + verbs[i % 8] + " " + things[(i / 8) % 8] + " (step " + std::to_string(i) + ").";
     return "ok: " + std::string(things[(i / 3) % 8]) + " line " + std::to_string(i * 7 % 997) + " looks fine";
 }
 
@@ -173,13 +174,24 @@ void register_conversation_bench(CLI::App & bench, int & rc) {
                                     "one long chat of many short messages, cold then appended to, against llama-server "
                                     "(each at its defaults)");
     a->mf.add_to(*c);
-    c->add_option("--counts", a->counts, "messages in the conversation, one run each")->delimiter(',')->capture_default_str();
-    c->add_option("--warm-turns", a->warm_turns, "appended turns after each cold request")->check(CLI::Range(0, 100))->capture_default_str();
-    c->add_option("--reps", a->reps, "conversations of each count (each new, cold everywhere); the median is reported")->check(CLI::Range(1, 100))->capture_default_str();
-    c->add_option("--max-tokens", a->max_tokens, "tokens each request writes")->check(CLI::Range(1, 4096))->capture_default_str();
-    c->add_option("--systems", a->systems, "systems: warmctx-defaults, llama-server-defaults")->delimiter(',')->capture_default_str();
+    c->add_option("--counts", a->counts, "messages in the conversation, one run each")
+        ->delimiter(',')
+        ->capture_default_str();
+    c->add_option("--warm-turns", a->warm_turns, "appended turns after each cold request")
+        ->check(CLI::Range(0, 100))
+        ->capture_default_str();
+    c->add_option("--reps", a->reps, "conversations of each count (each new, cold everywhere); the median is reported")
+        ->check(CLI::Range(1, 100))
+        ->capture_default_str();
+    c->add_option("--max-tokens", a->max_tokens, "tokens each request writes")
+        ->check(CLI::Range(1, 4096))
+        ->capture_default_str();
+    c->add_option("--systems", a->systems, "systems: warmctx-defaults, llama-server-defaults")
+        ->delimiter(',')
+        ->capture_default_str();
     c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
-    c->add_flag("--json", a->json_out, "print JSON (per system and count: each rep's cold request and warm turns, the medians)");
+    c->add_flag("--json", a->json_out,
+                "print JSON (per system and count: each rep's cold request and warm turns, the medians)");
     on_run(c, rc, [a] { return run_conversation(*a); });
 }
 

@@ -86,7 +86,8 @@ json summary_of(const json & entries) {
 }
 
 int run_drafts(const drafts_args & a) {
-    if (a.questions < 1 || a.max_tokens < 2) return fail(invalid_argument("--questions must be >= 1 and --max-tokens >= 2"));
+    if (a.questions < 1 || a.max_tokens < 2)
+        return fail(invalid_argument("--questions must be >= 1 and --max-tokens >= 2"));
     auto pb = prompt_builder::open(a.mf);
     if (!pb) return fail(pb.error());
     progress("building a workspace with a ~" + std::to_string(a.size) + "-token stable prefix");
@@ -109,26 +110,31 @@ int run_drafts(const drafts_args & a) {
         // Every question, then the same again.
         for (int q = 0; q < a.questions; ++q) {
             for (const char * kind : {"first", "again"}) {
-                const turn_timing t = (*s)->send("drafts-" + std::to_string(q), turns[(size_t)q], prompts[(size_t)q], a.max_tokens);
+                const turn_timing t =
+                    (*s)->send("drafts-" + std::to_string(q), turns[(size_t)q], prompts[(size_t)q], a.max_tokens);
                 if (!t.ok) return fail(internal_error(name + ": " + t.error));
                 entries[name][kind].push_back(entry_of(t));
-                progress(name + " question " + std::to_string(q + 1) + " " + kind + ": " + std::to_string(t.completion_tokens) +
-                         " tokens, decode " + std::to_string((int)entries[name][kind].back()["decode_ms"].get<double>()) + " ms");
+                progress(name + " question " + std::to_string(q + 1) + " " + kind + ": " +
+                         std::to_string(t.completion_tokens) + " tokens, decode " +
+                         std::to_string((int)entries[name][kind].back()["decode_ms"].get<double>()) + " ms");
             }
         }
     }
     json out = {{"bench", "drafts"}, {"model", (*pb)->model_path()}, {"size", a.size}, {"draft_max", a.draft_max},
                 {"questions", a.questions}, {"max_tokens", a.max_tokens}, {"threads", a.mf.threads}};
     for (const std::string & name : system_names(a))
-        out["systems"][name] = {{"describe", described[name]}, {"summary", summary_of(entries[name])}, {"requests", entries[name]}};
+        out["systems"][name] = {
+            {"describe", described[name]}, {"summary", summary_of(entries[name])}, {"requests", entries[name]}};
     auto tps = [&](const std::string & sys, const char * kind) {
         if (!out["systems"].contains(sys)) return 0.0;
         return out["systems"][sys]["summary"][kind]["decode_tokens_per_s_median"].get<double>();
     };
     json ratios = json::object();
     for (const char * kind : {"first", "again"}) {
-        const double w = tps("warmctx", kind), off = tps("warmctx-no-drafts", kind), ng = tps("llama-server-ngram-mod", kind);
-        ratios[kind] = {{"vs_no_drafts", off > 0 ? w / off : 0.0}, {"vs_llama_server_ngram_mod", ng > 0 ? w / ng : 0.0}};
+        const double w = tps("warmctx", kind), off = tps("warmctx-no-drafts", kind),
+                     ng = tps("llama-server-ngram-mod", kind);
+        ratios[kind] = {{"vs_no_drafts", off > 0 ? w / off : 0.0},
+                        {"vs_llama_server_ngram_mod", ng > 0 ? w / ng : 0.0}};
     }
     out["warmctx_decode_speed_ratio"] = ratios;
     if (a.json_out) {
@@ -136,7 +142,8 @@ int run_drafts(const drafts_args & a) {
         return 0;
     }
     for (const std::string & name : system_names(a))
-        std::printf("%-24s decode tok/s: first %.1f, sent again %.1f\n", name.c_str(), tps(name, "first"), tps(name, "again"));
+        std::printf("%-24s decode tok/s: first %.1f, sent again %.1f\n", name.c_str(), tps(name, "first"),
+                    tps(name, "again"));
     return 0;
 }
 

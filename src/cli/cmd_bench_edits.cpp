@@ -65,7 +65,8 @@ std::string edit_random_line(workload_generator & g, const std::string & text, s
 result<std::vector<std::pair<std::string, std::string>>> real_files(const std::string & dir, int n, size_t tokens,
                                                                      const workload_generator & g) {
     namespace fs = std::filesystem;
-    static const std::vector<std::string> exts = {".cc", ".cpp", ".c", ".h", ".hpp", ".py", ".ts", ".js", ".go", ".rs", ".java"};
+    static const std::vector<std::string> exts = {".cc", ".cpp", ".c",  ".h",  ".hpp", ".py",
+                                                  ".ts", ".js",  ".go", ".rs", ".java"};
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) return invalid_argument("--files-from: '" + dir + "' is not a directory");
     std::vector<std::string> paths;
@@ -246,7 +247,8 @@ json edits_ratios(const json & systems) {
     for (const char * other : {"llama-server", "warmctx-fixed"}) {
         const json * o = find(other);
         if (!w || !o) continue;
-        const std::string k = std::string("warmctx_over_") + (std::string(other) == "llama-server" ? "llama_server" : "fixed");
+        const std::string k =
+            std::string("warmctx_over_") + (std::string(other) == "llama-server" ? "llama_server" : "fixed");
         std::vector<double> per_turn;
         for (size_t t = 1; t < (*w)["per_turn"]["prefilled_tokens"].size(); ++t) {
             const double d = (*o)["per_turn"]["prefilled_tokens"][t].get<double>();
@@ -270,7 +272,8 @@ int run_edits(const edits_args & a) {
         return fail(invalid_argument("--files >= 1, --turns >= 2, --file-tokens and --map-tokens >= 32"));
     for (const auto & s : a.systems)
         if (s != "warmctx" && s != "warmctx-fixed" && s != "llama-server")
-            return fail(invalid_argument("--systems: unknown system '" + s + "' (warmctx, warmctx-fixed, llama-server)"));
+            return fail(
+                invalid_argument("--systems: unknown system '" + s + "' (warmctx, warmctx-fixed, llama-server)"));
     auto pb = prompt_builder::open(a.mf);
     if (!pb) return fail(pb.error());
     progress("building " + std::to_string(a.turns) + " turns of edits");
@@ -305,10 +308,18 @@ int run_edits(const edits_args & a) {
                 {"model_desc", desc},
                 {"backend", backend_name()},
                 {"workload",
-                 {{"files", a.n_files}, {"file_tokens", a.file_tokens}, {"files_from", a.files_from}, {"map_tokens", a.map_tokens}, {"turns", a.turns},
-                  {"skew", a.skew}, {"seed", a.seed}, {"prompt_tokens_first", (*turns)[0].tokens.size()},
-                  {"edited_segment_of_turn", edited}, {"edited_segment_tokens_of_turn", seg_tokens},
-                  {"edited_segment_bytes_of_turn", seg_bytes}, {"edited_line_at_fraction_of_turn", at}}},
+                 {{"files", a.n_files},
+                  {"file_tokens", a.file_tokens},
+                  {"files_from", a.files_from},
+                  {"map_tokens", a.map_tokens},
+                  {"turns", a.turns},
+                  {"skew", a.skew},
+                  {"seed", a.seed},
+                  {"prompt_tokens_first", (*turns)[0].tokens.size()},
+                  {"edited_segment_of_turn", edited},
+                  {"edited_segment_tokens_of_turn", seg_tokens},
+                  {"edited_segment_bytes_of_turn", seg_bytes},
+                  {"edited_line_at_fraction_of_turn", at}}},
                 {"systems", systems},
                 {"ratios", edits_ratios(systems)}};
     if (a.json_out) {
@@ -338,9 +349,12 @@ void register_edits_bench(CLI::App & bench, int & rc) {
     c->add_option("--files", a->n_files, "pinned files")->capture_default_str();
     c->add_option("--file-tokens", a->file_tokens, "tokens per pinned file")->capture_default_str();
     c->add_option("--map-tokens", a->map_tokens, "tokens of the repository map")->capture_default_str();
-    c->add_option("--turns", a->turns, "turns (the first cold, each later one edits one segment)")->capture_default_str();
+    c->add_option("--turns", a->turns, "turns (the first cold, each later one edits one segment)")
+        ->capture_default_str();
     c->add_option("--skew", a->skew, "Zipf exponent of the segments' edit frequencies")->capture_default_str();
-    c->add_option("--systems", a->systems, "systems to run: warmctx, warmctx-fixed, llama-server")->delimiter(',')->capture_default_str();
+    c->add_option("--systems", a->systems, "systems to run: warmctx, warmctx-fixed, llama-server")
+        ->delimiter(',')
+        ->capture_default_str();
     c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
     c->add_option("--seed", a->seed, "workload seed")->capture_default_str();
     c->add_option("--files-from", a->files_from,

@@ -55,9 +55,12 @@ int run_http_bench(http_bench_args a) {
     const std::string system = "You are a careful coding agent. Follow the repository rules. "
                                "Prefer small changes and run the tests after each one.";
     auto one_request = [&](httplib::Client & c, int k, double & wall_ms, double & engine_ms, int & completion) -> bool {
-        json body = {{"model", "warmctx"}, {"max_tokens", a.max_tokens}, {"temperature", 0},
-                     {"messages", json::array({json{{"role", "system"}, {"content", system}},
-                                               json{{"role", "user"}, {"content", "question number " + std::to_string(k)}}})}};
+        json body = {
+            {"model", "warmctx"},
+            {"max_tokens", a.max_tokens},
+            {"temperature", 0},
+            {"messages", json::array({json{{"role", "system"}, {"content", system}},
+                                      json{{"role", "user"}, {"content", "question number " + std::to_string(k)}}})}};
         auto t0 = clock_type::now();
         auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
         wall_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
@@ -100,12 +103,17 @@ int run_http_bench(http_bench_args a) {
         }
         for (auto & t : threads) t.join();
         const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
-        rows.push_back({{"clients", n_clients}, {"requests", (int)walls.size()}, {"failures", failures.load()},
-                        {"seconds", secs}, {"requests_per_s", (double)walls.size() / secs},
+        rows.push_back({{"clients", n_clients},
+                        {"requests", (int)walls.size()},
+                        {"failures", failures.load()},
+                        {"seconds", secs},
+                        {"requests_per_s", (double)walls.size() / secs},
                         {"completion_tokens_per_s", tokens.load() / secs},
-                        {"latency_ms_p50", pct(walls, 0.5)}, {"latency_ms_p95", pct(walls, 0.95)},
+                        {"latency_ms_p50", pct(walls, 0.5)},
+                        {"latency_ms_p95", pct(walls, 0.95)},
                         {"engine_ms_p50", pct(engines, 0.5)},
-                        {"server_overhead_ms_p50", pct(overheads, 0.5)}, {"server_overhead_ms_p95", pct(overheads, 0.95)}});
+                        {"server_overhead_ms_p50", pct(overheads, 0.5)},
+                        {"server_overhead_ms_p95", pct(overheads, 0.95)}});
         progress(std::to_string(n_clients) + " clients: " + std::to_string(walls.size()) + " requests in " +
                  std::to_string(secs) + " s");
     }
@@ -132,12 +140,19 @@ int run_http_bench(http_bench_args a) {
 
 void register_http_bench(CLI::App & bench, int & rc) {
     auto a = std::make_shared<http_bench_args>();
-    auto * c = bench.add_subcommand("http", "server overhead per request and throughput with concurrent clients (loopback)");
+    auto * c =
+        bench.add_subcommand("http", "server overhead per request and throughput with concurrent clients (loopback)");
     a->mf.add_to(*c);
     c->add_option("--clients", a->clients, "concurrent clients per round")->delimiter(',')->capture_default_str();
-    c->add_option("--requests", a->requests_per_client, "requests per client")->capture_default_str()->check(CLI::Range(1, 100000));
-    c->add_option("-n,--max-tokens", a->max_tokens, "tokens per completion")->capture_default_str()->check(CLI::Range(1, 4096));
-    c->add_option("--parallel", a->parallel, "work sequences (jobs decoded at once)")->capture_default_str()->check(CLI::Range(1, 64));
+    c->add_option("--requests", a->requests_per_client, "requests per client")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 100000));
+    c->add_option("-n,--max-tokens", a->max_tokens, "tokens per completion")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 4096));
+    c->add_option("--parallel", a->parallel, "work sequences (jobs decoded at once)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 64));
     c->add_flag("--json", a->json_out, "print JSON");
     on_run(c, rc, [a] { return run_http_bench(*a); });
 }

@@ -92,7 +92,8 @@ result<mode_result> time_assembly(const render_args & a, const std::string & mod
 }
 
 int run_render(const render_args & a) {
-    if (a.turns < 1 || a.size < 256) return fail(invalid_argument("--turns must be at least 1 and --size at least 256"));
+    if (a.turns < 1 || a.size < 256)
+        return fail(invalid_argument("--turns must be at least 1 and --size at least 256"));
     auto pb = prompt_builder::open(a.mf);
     if (!pb) return fail(pb.error());
     progress("building a workspace with a ~" + std::to_string(a.size) + "-token stable prefix");
@@ -161,10 +162,11 @@ int run_render(const render_args & a) {
     if (a.json_out) {
         std::printf("%s\n", out.dump(1).c_str());
     } else {
-        std::printf("%zu-token prompt: warm assembly %.3f ms with the Jinja template, %.3f ms built-in (overhead %.3f ms); "
-                    "cold %.1f / %.1f ms\n",
-                    modes[1].n_tokens, median(modes[1].warm_ms), median(modes[0].warm_ms),
-                    out["warm_overhead_ms"].get<double>(), modes[1].cold_ms, modes[0].cold_ms);
+        std::printf(
+            "%zu-token prompt: warm assembly %.3f ms with the Jinja template, %.3f ms built-in (overhead %.3f ms); "
+            "cold %.1f / %.1f ms\n",
+            modes[1].n_tokens, median(modes[1].warm_ms), median(modes[0].warm_ms),
+            out["warm_overhead_ms"].get<double>(), modes[1].cold_ms, modes[0].cold_ms);
         if (out.contains("parse"))
             std::printf("tool call parse: %.3f ms whole, %.3f ms over a stream of %zu tokens\n",
                         out["parse"]["whole_ms_median"].get<double>(),

@@ -286,9 +286,9 @@ int run_restore(restore_args a) {
     std::printf("%8s %10s %10s %10s %10s %12s %12s %10s %10s %12s\n", "prefix", "cold ms", "in-place", "pool ttft",
                 "pool GB/s", "disk ttft", "restart", "MB/s", "disk MB/s", "restart/cold");
     for (const auto & r : rows)
-        std::printf("%8d %10.1f %10.1f %10.1f %10.2f %12.1f %12.1f %10.0f %10.0f %12.4f\n", r["prompt_tokens"].get<int>(),
-                    r["cold_ttft_ms"].get<double>(), r["in_place_ttft_ms"].get<double>(), r["pool_ttft_ms"].get<double>(),
-                    r["pool_load_gb_s"].get<double>(), r["disk_ttft_ms"].get<double>(),
+        std::printf("%8d %10.1f %10.1f %10.1f %10.2f %12.1f %12.1f %10.0f %10.0f %12.4f\n",
+                    r["prompt_tokens"].get<int>(), r["cold_ttft_ms"].get<double>(), r["in_place_ttft_ms"].get<double>(),
+                    r["pool_ttft_ms"].get<double>(), r["pool_load_gb_s"].get<double>(), r["disk_ttft_ms"].get<double>(),
                     r["restart_first_turn_ttft_ms"].get<double>(), r["restore_mb_s"].get<double>(),
                     r["disk_sequential_read_mb_s"].get<double>(), r["restart_ratio_to_cold"].get<double>());
     return 0;
@@ -298,7 +298,8 @@ int run_restore(restore_args a) {
 
 void register_overhead_bench(CLI::App & bench, int & rc) {
     auto o = std::make_shared<overhead_args>();
-    auto * c = bench.add_subcommand("warm-overhead", "warm turn's tail prefill next to the same tail prefilled in a fresh sequence");
+    auto * c = bench.add_subcommand("warm-overhead",
+                                    "warm turn's tail prefill next to the same tail prefilled in a fresh sequence");
     o->mf.add_to(*c);
     c->add_option("--prefix-tokens", o->prefix_tokens, "stable prefix size, tokens")->capture_default_str();
     c->add_option("--reps", o->reps, "repetitions")->capture_default_str();
@@ -309,9 +310,13 @@ void register_overhead_bench(CLI::App & bench, int & rc) {
 
 void register_restore_bench(CLI::App & bench, int & rc) {
     auto o = std::make_shared<restore_args>();
-    auto * c = bench.add_subcommand("restore", "cold prefill vs reuse in place, from the RAM pool and from disk, and the first turn after a restart");
+    auto * c = bench.add_subcommand(
+        "restore",
+        "cold prefill vs reuse in place, from the RAM pool and from disk, and the first turn after a restart");
     o->mf.add_to(*c, false);
-    c->add_option("--prefix-tokens", o->prefix_tokens, "stable prefix sizes, tokens")->capture_default_str()->delimiter(',');
+    c->add_option("--prefix-tokens", o->prefix_tokens, "stable prefix sizes, tokens")
+        ->capture_default_str()
+        ->delimiter(',');
     c->add_option("--cache-dir", o->cache_dir, "where the snapshots go (default: a fresh directory under /var/tmp)");
     c->add_flag("--json", o->json, "print JSON");
     on_run(c, rc, [o] { return run_restore(*o); });

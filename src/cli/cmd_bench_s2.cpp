@@ -97,7 +97,8 @@ status measure_s2_system(const std::string & name, bench_system & sys, const s2_
         warm_server_ms.push_back(t.server_ms);
         warm_all.push_back(t.ttft_ms);
         if (!t.phases.is_null()) warm_phases.push_back(t.phases);
-        warm_turns.push_back({{"prompt_tokens", t.prompt_tokens}, {"cached_tokens", t.cached_tokens}, {"reason", t.reason}});
+        warm_turns.push_back(
+            {{"prompt_tokens", t.prompt_tokens}, {"cached_tokens", t.cached_tokens}, {"reason", t.reason}});
         warm_cached = t.cached_tokens;
         warm_prompt = t.prompt_tokens;
     }
@@ -146,7 +147,8 @@ void print_s2(const s2_args & a, const json & rows) {
 }
 
 int run_s2(const s2_args & a) {
-    if (a.sizes.empty() || a.warm_turns < 1) return fail(invalid_argument("--sizes needs a size and --warm-turns >= 1"));
+    if (a.sizes.empty() || a.warm_turns < 1)
+        return fail(invalid_argument("--sizes needs a size and --warm-turns >= 1"));
     for (const auto & s : a.systems)
         if (s != "warmctx" && s != "llama-server") {
             return fail(invalid_argument("--systems: unknown system '" + s + "' (warmctx, llama-server)"));
@@ -215,15 +217,20 @@ int run_s2(const s2_args & a) {
 
 void register_s2_bench(CLI::App & bench, int & rc) {
     auto a = std::make_shared<s2_args>();
-    auto * c = bench.add_subcommand("s2", "cold vs warm time to first token at 2k..47k-token stable prefixes, warmctx next to llama-server");
+    auto * c = bench.add_subcommand(
+        "s2", "cold vs warm time to first token at 2k..47k-token stable prefixes, warmctx next to llama-server");
     a->mf.add_to(*c, false);
     c->add_option("--sizes", a->sizes, "stable-prefix sizes, tokens")->delimiter(',')->capture_default_str();
     c->add_option("--warm-turns", a->warm_turns, "warm turns per size (the median is reported)")->capture_default_str();
-    c->add_option("--systems", a->systems, "systems to run: warmctx, llama-server")->delimiter(',')->capture_default_str();
+    c->add_option("--systems", a->systems, "systems to run: warmctx, llama-server")
+        ->delimiter(',')
+        ->capture_default_str();
     c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
-    c->add_option("--llama-bench", a->llama_bench, "llama-bench binary (cold prefill reference)")->capture_default_str();
+    c->add_option("--llama-bench", a->llama_bench, "llama-bench binary (cold prefill reference)")
+        ->capture_default_str();
     c->add_flag("--no-llama-bench", a->skip_llama_bench, "skip the llama-bench reference");
-    c->add_option("--cache-ram", a->cache_ram_mib, "llama-server --cache-ram, MiB (-1 = its default)")->capture_default_str();
+    c->add_option("--cache-ram", a->cache_ram_mib, "llama-server --cache-ram, MiB (-1 = its default)")
+        ->capture_default_str();
     c->add_option("--seed", a->seed, "workspace content seed")->capture_default_str();
     c->add_flag("--json", a->json_out, "print JSON");
     on_run(c, rc, [a] { return run_s2(*a); });

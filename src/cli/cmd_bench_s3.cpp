@@ -179,8 +179,8 @@ int run_s3(const s3_args & a) {
         for (const char * t : {"cold_pp", "warm_pp", "tg"}) {
             const std::string k = std::string(t) + "_tps";
             const bool lb = r.contains("llama_bench");
-            std::printf("%-14s %-8s %14.1f %14.1f %8.3f %9.1f MiB %9.1f MiB\n", r["shape"].get<std::string>().c_str(), t,
-                        r["warmctx"].value(k, 0.0), lb ? r["llama_bench"].value(k, 0.0) : 0.0,
+            std::printf("%-14s %-8s %14.1f %14.1f %8.3f %9.1f MiB %9.1f MiB\n", r["shape"].get<std::string>().c_str(),
+                        t, r["warmctx"].value(k, 0.0), lb ? r["llama_bench"].value(k, 0.0) : 0.0,
                         r.contains("ratio") ? r["ratio"].value(t, 0.0) : 0.0,
                         r["warmctx"]["kv_allocated_bytes"].get<uint64_t>() / 1048576.0,
                         lb ? r["llama_bench"]["kv_allocated_bytes"].value(t, uint64_t{0}) / 1048576.0 : 0.0);
@@ -192,13 +192,17 @@ int run_s3(const s3_args & a) {
 
 void register_s3_bench(CLI::App & bench, int & rc) {
     auto a = std::make_shared<s3_args>();
-    auto * c = bench.add_subcommand("s3", "cold and warm prefill and decode tok/s per model shape, next to llama-bench (same build)");
+    auto * c = bench.add_subcommand(
+        "s3", "cold and warm prefill and decode tok/s per model shape, next to llama-bench (same build)");
     a->mf.add_to(*c, false);
-    c->add_option("--shapes", a->shapes, "model shapes (generated once and cached)")->delimiter(',')->capture_default_str();
+    c->add_option("--shapes", a->shapes, "model shapes (generated once and cached)")
+        ->delimiter(',')
+        ->capture_default_str();
     c->add_option("--type", a->type, "weight type: f16, q8_0, q4_0")->capture_default_str();
     c->add_option("--prompt-tokens", a->n_prompt, "prompt tokens per prefill test")->capture_default_str();
     c->add_option("--gen-tokens", a->n_gen, "decode steps per generation test")->capture_default_str();
-    c->add_option("--depth", a->depth, "resident prefix of the warm prefill test, tokens (0 = skip)")->capture_default_str();
+    c->add_option("--depth", a->depth, "resident prefix of the warm prefill test, tokens (0 = skip)")
+        ->capture_default_str();
     c->add_option("--reps", a->reps, "repetitions of each test")->capture_default_str();
     c->add_option("--llama-bench", a->llama_bench, "llama-bench binary")->capture_default_str();
     c->add_flag("--no-llama-bench", a->skip_llama_bench, "measure warmctx only");

@@ -34,7 +34,8 @@ using namespace soak;
 
 json tally_json(const type_tally & t) {
     json classes = json::object();
-    for (const char * c : {"2xx", "3xx", "4xx", "5xx", "other"}) classes[c] = t.by_class.count(c) ? t.by_class.at(c) : 0;
+    for (const char * c : {"2xx", "3xx", "4xx", "5xx", "other"})
+        classes[c] = t.by_class.count(c) ? t.by_class.at(c) : 0;
     return {{"requests", t.n},
             {"by_status_class", classes},
             {"connection_errors", t.conn_errors},
@@ -56,21 +57,25 @@ std::vector<rss_sample> run_clients(const soak_args & a, int port, const std::ve
     std::condition_variable cv;
     bool stop_sampling = false;
     const auto t_start = clock_type::now();
-    const auto deadline = t_start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(a.duration_s));
+    const auto deadline =
+        t_start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(a.duration_s));
     std::thread sampler([&] {
         std::unique_lock<std::mutex> lk(mu);
         for (int i = 0;; ++i) {
-            const auto at = t_start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(a.sample_s * i));
+            const auto at = t_start + std::chrono::duration_cast<clock_type::duration>(
+                                          std::chrono::duration<double>(a.sample_s * i));
             if (at > deadline) break;
             if (cv.wait_until(lk, at, [&] { return stop_sampling; })) break;
-            samples.push_back({std::chrono::duration<double>(clock_type::now() - t_start).count(), read_rss_bytes(), read_heap_bytes()});
+            samples.push_back({std::chrono::duration<double>(clock_type::now() - t_start).count(), read_rss_bytes(),
+                               read_heap_bytes()});
             if (i % std::max(1, (int)(60 / a.sample_s)) == 0)
                 progress("soak: " + std::to_string((int)samples.back().t_s) + " s, RSS " +
                          std::to_string(samples.back().rss_bytes >> 20) + " MiB");
         }
     });
 
-    progress("soak: " + std::to_string(a.clients) + " clients for " + std::to_string((int)a.duration_s) + " s on port " + std::to_string(port));
+    progress("soak: " + std::to_string(a.clients) + " clients for " + std::to_string((int)a.duration_s) +
+             " s on port " + std::to_string(port));
     tallies.assign((size_t)a.clients, client_tally{});
     std::vector<std::thread> threads;
     for (int c = 0; c < a.clients; ++c)
@@ -133,19 +138,21 @@ json rss_json(const soak_result & r) {
     const rss_verdict & rv = r.rv, & hv = r.hv;
     return {{"sample_every_s", r.a.sample_s},
             {"samples", rss_samples},
-            {"rule", "samples split in thirds by count; the first is warm-up; flat when the last third's median is at most " +
-                         std::to_string((int)(k_rss_tolerance * 100)) + "% above the middle third's (at least " +
-                         std::to_string(k_min_rss_samples) + " samples, else not judged)"},
+            {"rule",
+             "samples split in thirds by count; the first is warm-up; flat when the last third's median is at most " +
+                 std::to_string((int)(k_rss_tolerance * 100)) + "% above the middle third's (at least " +
+                 std::to_string(k_min_rss_samples) + " samples, else not judged)"},
             {"evaluated", rv.evaluated},
             {"middle_median_mib", rv.middle_median_bytes / (1 << 20)},
             {"last_median_mib", rv.last_median_bytes / (1 << 20)},
             {"change", rv.change},
             {"slope_mib_per_min_after_warmup", rv.slope_bytes_per_min / (1 << 20)},
             {"rss_flat", rv.flat},
-            {"heap_in_use", {{"middle_median_mib", hv.middle_median_bytes / (1 << 20)},
-                             {"last_median_mib", hv.last_median_bytes / (1 << 20)},
-                             {"change", hv.change},
-                             {"slope_mib_per_min_after_warmup", hv.slope_bytes_per_min / (1 << 20)}}}};
+            {"heap_in_use",
+             {{"middle_median_mib", hv.middle_median_bytes / (1 << 20)},
+              {"last_median_mib", hv.last_median_bytes / (1 << 20)},
+              {"change", hv.change},
+              {"slope_mib_per_min_after_warmup", hv.slope_bytes_per_min / (1 << 20)}}}};
 }
 
 json report_json(const soak_result & r) {
@@ -165,13 +172,23 @@ json report_json(const soak_result & r) {
         {"wall_s", r.wall_s},
         {"seed", a.seed},
         {"server", r.server},
-        {"mix_per_mille", [&] { json m = json::object(); for (int i = 0; i < k_n_types; ++i) m[k_type_names[i]] = k_weights[i]; return m; }()},
+        {"mix_per_mille",
+         [&] {
+             json m = json::object();
+             for (int i = 0; i < k_n_types; ++i) m[k_type_names[i]] = k_weights[i];
+             return m;
+         }()},
         {"requests", tally_json(r.totals.all)},
         {"requests_per_s", (double)r.totals.all.n / r.wall_s},
         {"n_5xx", r.n_5xx},
         {"by_type", by_type},
-        {"scheduler", {{"submitted", st.n_submitted}, {"completed", st.n_completed}, {"cancelled", st.n_cancelled},
-                       {"failed", st.n_failed}, {"rejected", st.n_rejected}, {"batched_steps", st.n_batched_steps}}},
+        {"scheduler",
+         {{"submitted", st.n_submitted},
+          {"completed", st.n_completed},
+          {"cancelled", st.n_cancelled},
+          {"failed", st.n_failed},
+          {"rejected", st.n_rejected},
+          {"batched_steps", st.n_batched_steps}}},
         {"rss", rss_json(r)},
         {"failures", r.totals.failures},
         {"failed_checks", r.failed},
@@ -182,32 +199,37 @@ json report_json(const soak_result & r) {
 void print_text(const soak_result & r, const json & j) {
     const soak_args & a = r.a;
     const rss_verdict & rv = r.rv, & hv = r.hv;
-    std::printf("%-15s %9s %8s %6s %5s %8s %9s %10s %6s %10s %10s\n", "type", "requests", "2xx", "4xx", "5xx", "conn err",
-                "abandoned", "unexpected", "stream", "p50 ms", "p99 ms");
+    std::printf("%-15s %9s %8s %6s %5s %8s %9s %10s %6s %10s %10s\n", "type", "requests", "2xx", "4xx", "5xx",
+                "conn err", "abandoned", "unexpected", "stream", "p50 ms", "p99 ms");
     auto row = [](const char * name, const json & t) {
         const json & c = t["by_status_class"];
         std::printf("%-15s %9llu %8llu %6llu %5llu %8llu %9llu %10llu %6llu %10.1f %10.1f\n", name,
                     (unsigned long long)t["requests"].get<uint64_t>(), (unsigned long long)c["2xx"].get<uint64_t>(),
                     (unsigned long long)c["4xx"].get<uint64_t>(), (unsigned long long)c["5xx"].get<uint64_t>(),
-                    (unsigned long long)t["connection_errors"].get<uint64_t>(), (unsigned long long)t["abandoned"].get<uint64_t>(),
-                    (unsigned long long)t["unexpected_status"].get<uint64_t>(), (unsigned long long)t["stream_errors"].get<uint64_t>(),
-                    t["latency_ms_p50"].get<double>(), t["latency_ms_p99"].get<double>());
+                    (unsigned long long)t["connection_errors"].get<uint64_t>(),
+                    (unsigned long long)t["abandoned"].get<uint64_t>(),
+                    (unsigned long long)t["unexpected_status"].get<uint64_t>(),
+                    (unsigned long long)t["stream_errors"].get<uint64_t>(), t["latency_ms_p50"].get<double>(),
+                    t["latency_ms_p99"].get<double>());
     };
     for (const auto & t : j["by_type"]) row(t["type"].get<std::string>().c_str(), t);
     row("all", j["requests"]);
-    std::printf("\n%.0f requests/s over %.0f s, %d clients\nRSS (MiB) every %.0f s:", (double)r.totals.all.n / r.wall_s, r.wall_s,
-                a.clients, a.sample_s);
+    std::printf("\n%.0f requests/s over %.0f s, %d clients\nRSS (MiB) every %.0f s:", (double)r.totals.all.n / r.wall_s,
+                r.wall_s, a.clients, a.sample_s);
     for (const auto & x : r.samples) std::printf(" %.0f", (double)x.rss_bytes / (1 << 20));
     std::printf("\nheap in use (MiB):");
     for (const auto & x : r.samples) std::printf(" %.0f", (double)x.heap_bytes / (1 << 20));
     if (rv.evaluated)
-        std::printf("\nrss_flat: %s (last-third median %.1f MiB vs middle-third %.1f MiB: %+.1f%%, limit +%.0f%%; %+.2f MiB/min after warm-up)\n",
-                    rv.flat ? "yes" : "NO", rv.last_median_bytes / (1 << 20), rv.middle_median_bytes / (1 << 20), rv.change * 100,
-                    k_rss_tolerance * 100, rv.slope_bytes_per_min / (1 << 20));
+        std::printf(
+            "\nrss_flat: %s (last-third median %.1f MiB vs middle-third %.1f MiB: %+.1f%%, limit +%.0f%%; %+.2f "
+            "MiB/min after warm-up)\n",
+            rv.flat ? "yes" : "NO", rv.last_median_bytes / (1 << 20), rv.middle_median_bytes / (1 << 20),
+            rv.change * 100, k_rss_tolerance * 100, rv.slope_bytes_per_min / (1 << 20));
     if (rv.evaluated)
-        std::printf("heap in use: last-third median %.1f MiB vs middle-third %.1f MiB: %+.1f%%; %+.2f MiB/min after warm-up\n",
-                    hv.last_median_bytes / (1 << 20), hv.middle_median_bytes / (1 << 20), hv.change * 100,
-                    hv.slope_bytes_per_min / (1 << 20));
+        std::printf(
+            "heap in use: last-third median %.1f MiB vs middle-third %.1f MiB: %+.1f%%; %+.2f MiB/min after warm-up\n",
+            hv.last_median_bytes / (1 << 20), hv.middle_median_bytes / (1 << 20), hv.change * 100,
+            hv.slope_bytes_per_min / (1 << 20));
     else
         std::printf("\nrss_flat: not judged (fewer than %zu samples)\n", k_min_rss_samples);
     for (const auto & f : r.totals.failures) std::printf("failure: %s\n", dump_json(f).c_str());
@@ -232,8 +254,11 @@ void judge(soak_result & r) {
 }
 
 int run_soak(const soak_args & a) {
-    if (a.clients < 1 || a.duration_s <= 0 || a.sample_s <= 0) return fail(invalid_argument("--clients, --duration-s and --sample-s must be positive"));
-    if (a.mf.n_ctx == 0) return fail(invalid_argument("bench soak needs an explicit -c (one of its bad requests is a prompt twice as long)"));
+    if (a.clients < 1 || a.duration_s <= 0 || a.sample_s <= 0)
+        return fail(invalid_argument("--clients, --duration-s and --sample-s must be positive"));
+    if (a.mf.n_ctx == 0)
+        return fail(
+            invalid_argument("bench soak needs an explicit -c (one of its bad requests is a prompt twice as long)"));
     scheduler_options so;
     so.engine.n_holders = a.holders;
     if (status st = a.cf.apply(so.engine); !st.ok()) return fail(st);
@@ -263,7 +288,10 @@ int run_soak(const soak_args & a) {
     r.sched = (*s)->stats();
     (*h)->stop();
     (*s)->stop();
-    r.server = {{"parallel", a.parallel}, {"queue", a.queue}, {"holders", a.holders}, {"n_ctx_per_sequence", (*s)->context().n_ctx_seq},
+    r.server = {{"parallel", a.parallel},
+                {"queue", a.queue},
+                {"holders", a.holders},
+                {"n_ctx_per_sequence", (*s)->context().n_ctx_seq},
                 {"http_threads", (*h)->options().n_http_threads}};
     r.totals = merge(tallies);
     judge(r);
@@ -284,20 +312,39 @@ int run_soak(const soak_args & a) {
 
 void register_soak_bench(CLI::App & bench, int & rc) {
     auto a = std::make_shared<soak_args>();
-    auto * c = bench.add_subcommand("soak", "many clients, a realistic request mix, for a long time: no 5xx, flat RSS (loopback)");
+    auto * c = bench.add_subcommand(
+        "soak", "many clients, a realistic request mix, for a long time: no 5xx, flat RSS (loopback)");
     a->mf.n_ctx = 8192;  // a fixed context: one of the bad requests is a prompt twice as long
     a->mf.add_to(*c);
     a->cf.add_to(*c);
     c->add_option("--clients", a->clients, "concurrent clients")->capture_default_str()->check(CLI::Range(1, 512));
-    c->add_option("--duration-s", a->duration_s, "how long the clients send (seconds)")->capture_default_str()->check(CLI::Range(1.0, 86400.0));
-    c->add_option("--sample-s", a->sample_s, "RSS sampling period (seconds)")->capture_default_str()->check(CLI::Range(0.1, 3600.0));
-    c->add_option("--setups", a->setups, "agent set-ups (distinct system prompts)")->capture_default_str()->check(CLI::Range(1, 1000));
-    c->add_option("--segment-workspaces", a->segment_workspaces, "workspaces named in requests with `segments`")->capture_default_str()->check(CLI::Range(1, 1000));
-    c->add_option("--large-prompt-tokens", a->large_prompt_tokens, "about how many tokens a large prompt's file has")->capture_default_str()->check(CLI::Range(100, 1000000));
-    c->add_option("--think-ms", a->think_ms, "a client waits 0..this between requests")->capture_default_str()->check(CLI::Range(0, 60000));
-    c->add_option("--parallel", a->parallel, "work sequences (jobs decoded at once)")->capture_default_str()->check(CLI::Range(1, 64));
-    c->add_option("--queue", a->queue, "jobs waiting for a work sequence (beyond it 429)")->capture_default_str()->check(CLI::Range(1, 1000));
-    c->add_option("--holders", a->holders, "cached prefixes kept resident")->capture_default_str()->check(CLI::Range(1, 256));
+    c->add_option("--duration-s", a->duration_s, "how long the clients send (seconds)")
+        ->capture_default_str()
+        ->check(CLI::Range(1.0, 86400.0));
+    c->add_option("--sample-s", a->sample_s, "RSS sampling period (seconds)")
+        ->capture_default_str()
+        ->check(CLI::Range(0.1, 3600.0));
+    c->add_option("--setups", a->setups, "agent set-ups (distinct system prompts)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000));
+    c->add_option("--segment-workspaces", a->segment_workspaces, "workspaces named in requests with `segments`")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000));
+    c->add_option("--large-prompt-tokens", a->large_prompt_tokens, "about how many tokens a large prompt's file has")
+        ->capture_default_str()
+        ->check(CLI::Range(100, 1000000));
+    c->add_option("--think-ms", a->think_ms, "a client waits 0..this between requests")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 60000));
+    c->add_option("--parallel", a->parallel, "work sequences (jobs decoded at once)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 64));
+    c->add_option("--queue", a->queue, "jobs waiting for a work sequence (beyond it 429)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000));
+    c->add_option("--holders", a->holders, "cached prefixes kept resident")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 256));
     c->add_option("--seed", a->seed, "the clients' choices")->capture_default_str();
     c->add_flag("--json", a->json_out, "print JSON");
     on_run(c, rc, [a] { return run_soak(*a); });

@@ -197,19 +197,32 @@ json trace_report_head(const trace_args & a, const agent_trace & tr, const trace
                 {"model_desc", p.model_desc},
                 {"backend", backend_name()},
                 {"trace",
-                 {{"seed", a.t.seed}, {"workspaces", a.t.n_workspaces}, {"turns", a.t.n_turns},
-                  {"zipf_s", a.t.zipf_s}, {"stable_tokens_mean", a.t.stable_tokens}, {"edit_prob", a.t.edit_prob},
-                  {"tail_tokens_mean", a.t.tail_tokens}, {"stable_prompt_tokens", p.stable_prompt},
-                  {"history_window", a.t.history_window}, {"messages", a.messages},
-                  {"edits", p.n_edits}, {"prompt_tokens_total", p.total_prompt}, {"max_prompt_tokens", p.max_prompt}}},
-                {"budget", {{"mib", b.budget_mib}, {"allocated_bytes", b.allocated_bytes}, {"bytes", b.budget_bytes},
-                            {"kv_bytes_per_token", bpt}, {"tokens", bpt ? b.budget_bytes / bpt : 0},
-                            {"stream_bytes", b.stream_bytes},
-                            {"warmctx_allocated_bytes", b.stream_bytes + b.budget_bytes},
-                            {"llama_server_slot_mib", b.slot_mib},
-                            {"llama_server_cache_ram_mib", b.server_cache_ram_mib},
-                            {"llama_server_allocated_bytes", b.stream_bytes + (uint64_t)b.server_cache_ram_mib * (1 << 20)},
-                            {"stable_kv_fraction", b.stable_sum ? (double)(b.budget_bytes / std::max<uint64_t>(1, bpt)) / (double)b.stable_sum : 0.0}}},
+                 {{"seed", a.t.seed},
+                  {"workspaces", a.t.n_workspaces},
+                  {"turns", a.t.n_turns},
+                  {"zipf_s", a.t.zipf_s},
+                  {"stable_tokens_mean", a.t.stable_tokens},
+                  {"edit_prob", a.t.edit_prob},
+                  {"tail_tokens_mean", a.t.tail_tokens},
+                  {"stable_prompt_tokens", p.stable_prompt},
+                  {"history_window", a.t.history_window},
+                  {"messages", a.messages},
+                  {"edits", p.n_edits},
+                  {"prompt_tokens_total", p.total_prompt},
+                  {"max_prompt_tokens", p.max_prompt}}},
+                {"budget",
+                 {{"mib", b.budget_mib},
+                  {"allocated_bytes", b.allocated_bytes},
+                  {"bytes", b.budget_bytes},
+                  {"kv_bytes_per_token", bpt},
+                  {"tokens", bpt ? b.budget_bytes / bpt : 0},
+                  {"stream_bytes", b.stream_bytes},
+                  {"warmctx_allocated_bytes", b.stream_bytes + b.budget_bytes},
+                  {"llama_server_slot_mib", b.slot_mib},
+                  {"llama_server_cache_ram_mib", b.server_cache_ram_mib},
+                  {"llama_server_allocated_bytes", b.stream_bytes + (uint64_t)b.server_cache_ram_mib * (1 << 20)},
+                  {"stable_kv_fraction",
+                   b.stable_sum ? (double)(b.budget_bytes / std::max<uint64_t>(1, bpt)) / (double)b.stable_sum : 0.0}}},
                 {"n_ctx", b.mf.n_ctx}};
     json workspace_of = json::array();
     for (const auto & turn : tr.turns) workspace_of.push_back(turn.workspace);
@@ -318,25 +331,27 @@ struct trace_replay {
     }
 
     json report(const std::string & name, double wall_ms, bench_system & sys) const {
-        json s = {{"name", name},
-                  {"prefilled_tokens", prompt_total - cached_total},
-                  {"cached_tokens", cached_total},
-                  {"prompt_tokens", prompt_total},
-                  {"cached_ratio", prompt_total ? (double)cached_total / (double)prompt_total : 0.0},
-                  {"ttft_p50_ms", percentile(ttft, 0.5)},
-                  {"ttft_p95_ms", percentile(ttft, 0.95)},
-                  {"ttft_mean_ms", summarize(ttft).mean},
-                  {"ttft_max_ms", max_or_null(ttft)},
-                  {"ttft_histogram", ttft_histogram(ttft)},
-                  {"warm_turns", warm_ttft.size()},
-                  {"warm_ttft_p50_ms", ms_or_null(warm_ttft, 0.5)},
-                  {"warm_ttft_p95_ms", ms_or_null(warm_ttft, 0.95)},
-                  {"warm_ttft_max_ms", max_or_null(warm_ttft)},
-                  {"prompt_token_mismatches", mismatches},
-                  {"wall_ms", wall_ms},
-                  {"config", sys.describe()},
-                  {"end_state", sys.state()},
-                  {"per_turn", {{"ttft_ms", per_turn_ttft}, {"cached_tokens", per_turn_cached}, {"prompt_tokens", per_turn_prompt}}}};
+        json s = {
+            {"name", name},
+            {"prefilled_tokens", prompt_total - cached_total},
+            {"cached_tokens", cached_total},
+            {"prompt_tokens", prompt_total},
+            {"cached_ratio", prompt_total ? (double)cached_total / (double)prompt_total : 0.0},
+            {"ttft_p50_ms", percentile(ttft, 0.5)},
+            {"ttft_p95_ms", percentile(ttft, 0.95)},
+            {"ttft_mean_ms", summarize(ttft).mean},
+            {"ttft_max_ms", max_or_null(ttft)},
+            {"ttft_histogram", ttft_histogram(ttft)},
+            {"warm_turns", warm_ttft.size()},
+            {"warm_ttft_p50_ms", ms_or_null(warm_ttft, 0.5)},
+            {"warm_ttft_p95_ms", ms_or_null(warm_ttft, 0.95)},
+            {"warm_ttft_max_ms", max_or_null(warm_ttft)},
+            {"prompt_token_mismatches", mismatches},
+            {"wall_ms", wall_ms},
+            {"config", sys.describe()},
+            {"end_state", sys.state()},
+            {"per_turn",
+             {{"ttft_ms", per_turn_ttft}, {"cached_tokens", per_turn_cached}, {"prompt_tokens", per_turn_prompt}}}};
         if (!unaccounted.empty()) {
             json sums = json::object();
             double total = 0, unaccounted_sum = 0;
@@ -441,7 +456,8 @@ void print_trace_report(const trace_args & a, const trace_prompts & p, const tra
                     u["sum_ms"].get<double>(), u["p50_ms"].get<double>(), u["p95_ms"].get<double>(),
                     u["max_ms"].get<double>());
     }
-    for (auto it = ratios.begin(); it != ratios.end(); ++it) std::printf("%s: %.3f\n", it.key().c_str(), it.value().get<double>());
+    for (auto it = ratios.begin(); it != ratios.end(); ++it)
+        std::printf("%s: %.3f\n", it.key().c_str(), it.value().get<double>());
 }
 
 int run_trace(trace_args a) {
@@ -480,18 +496,31 @@ int run_trace(trace_args a) {
 
 void register_trace_bench(CLI::App & bench, int & rc) {
     auto a = std::make_shared<trace_args>();
-    auto * c = bench.add_subcommand("trace", "replay a seeded multi-workspace agent trace against warmctx (semantic, LRU) and llama-server under one KV budget");
+    auto * c = bench.add_subcommand("trace",
+                                    "replay a seeded multi-workspace agent trace against warmctx (semantic, LRU) and "
+                                    "llama-server under one KV budget");
     a->mf.add_to(*c, false);
     c->add_option("--workspaces", a->t.n_workspaces, "workspaces")->capture_default_str();
     c->add_option("--turns", a->t.n_turns, "turns")->capture_default_str();
     c->add_option("--zipf", a->t.zipf_s, "Zipf exponent of workspace popularity")->capture_default_str();
-    c->add_option("--stable-tokens", a->t.stable_tokens, "mean stable context per workspace, tokens (0.5x..1.5x)")->capture_default_str();
+    c->add_option("--stable-tokens", a->t.stable_tokens, "mean stable context per workspace, tokens (0.5x..1.5x)")
+        ->capture_default_str();
     c->add_option("--tail-tokens", a->t.tail_tokens, "mean diff + test output per turn, tokens")->capture_default_str();
-    c->add_option("--edit-prob", a->t.edit_prob, "chance per turn that a stable segment changes")->capture_default_str();
+    c->add_option("--edit-prob", a->t.edit_prob, "chance per turn that a stable segment changes")
+        ->capture_default_str();
     c->add_option("--seed", a->t.seed, "trace seed")->capture_default_str();
-    c->add_option("--budget-mib", a->budget_mib, "KV every system allocates, MiB: streams/slots + pool/--cache-ram (0 = two streams + 40% of all stable prompts' KV)")->capture_default_str();
-    c->add_option("--server-cache-ram-mib", a->server_cache_ram_mib, "llama-server's --cache-ram, MiB (0 = the budget less its slot)")->capture_default_str();
-    c->add_option("--systems", a->systems, "systems: warmctx-semantic, warmctx-lru, llama-server (equal allocated KV), warmctx-defaults, llama-server-defaults")->delimiter(',')->capture_default_str();
+    c->add_option("--budget-mib", a->budget_mib,
+                  "KV every system allocates, MiB: streams/slots + pool/--cache-ram (0 = two streams + 40% of all "
+                  "stable prompts' KV)")
+        ->capture_default_str();
+    c->add_option("--server-cache-ram-mib", a->server_cache_ram_mib,
+                  "llama-server's --cache-ram, MiB (0 = the budget less its slot)")
+        ->capture_default_str();
+    c->add_option("--systems", a->systems,
+                  "systems: warmctx-semantic, warmctx-lru, llama-server (equal allocated KV), warmctx-defaults, "
+                  "llama-server-defaults")
+        ->delimiter(',')
+        ->capture_default_str();
     c->add_option("--llama-server", a->llama_server, "llama-server binary")->capture_default_str();
     c->add_option("--history-window", a->t.history_window,
                   "earlier messages of its workspace's conversation each turn sends, the last N (the window "

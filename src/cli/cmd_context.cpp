@@ -155,14 +155,17 @@ int run_verify(const verify_args & a) {
     if (a.json) {
         std::printf("%s\n", r.to_json().dump(2).c_str());
     } else {
-        std::printf("mode %s, %s memory%s: %d scenarios, %d turns, %d mismatching scenarios (%zu turns), "
-                    "max |logit diff| %g, token agreement %.4f, %zu expectation failures, %.1f s\n",
-                    r.mode.c_str(), r.memory.c_str(), r.memory == "unsupported" ? " (no reuse expected)" : "", r.scenarios, r.turns, r.mismatched_scenarios, r.mismatches.size(), r.max_logit_diff,
-                    r.token_agreement(), r.failures.size(), r.elapsed_ms / 1000);
+        std::printf(
+            "mode %s, %s memory%s: %d scenarios, %d turns, %d mismatching scenarios (%zu turns), "
+            "max |logit diff| %g, token agreement %.4f, %zu expectation failures, %.1f s\n",
+            r.mode.c_str(), r.memory.c_str(), r.memory == "unsupported" ? " (no reuse expected)" : "", r.scenarios,
+            r.turns, r.mismatched_scenarios, r.mismatches.size(), r.max_logit_diff, r.token_agreement(),
+            r.failures.size(), r.elapsed_ms / 1000);
         if (r.n_drafted > 0)
-            std::printf("drafts (the turns sent again): %llu of %llu draft tokens chosen, the same tokens as cold, "
-                        "max |logit diff| %g (rows decoded together)\n",
-                        (unsigned long long)r.n_draft_accepted, (unsigned long long)r.n_drafted, r.max_drafted_logit_diff);
+            std::printf(
+                "drafts (the turns sent again): %llu of %llu draft tokens chosen, the same tokens as cold, "
+                "max |logit diff| %g (rows decoded together)\n",
+                (unsigned long long)r.n_draft_accepted, (unsigned long long)r.n_drafted, r.max_drafted_logit_diff);
         for (const auto & f : r.failures) std::printf("  expectation failed: %s\n", f.to_string().c_str());
     }
     return r.passed() ? 0 : 1;
@@ -194,7 +197,8 @@ result<std::vector<segment>> read_segments(const std::string & path) {
         const std::string where = "segment #" + std::to_string(i);
         if (!s.is_object()) return invalid_argument(where + " is not an object");
         for (const char * k : {"id", "kind", "content"})
-            if (!s.contains(k) || !s[k].is_string()) return invalid_argument(where + ": missing string field '" + k + "'");
+            if (!s.contains(k) || !s[k].is_string())
+                return invalid_argument(where + ": missing string field '" + k + "'");
         auto kind = parse_segment_kind(s["kind"].get<std::string>());
         if (!kind) return kind.error().with_context(where);
         segment seg;
@@ -243,38 +247,57 @@ void register_context_commands(CLI::App & app, int & rc) {
     auto * demo = app.add_subcommand("demo", "cold, warm and three stable-edited turns on one workspace, with explain");
     d->mf.add_to(*demo);
     d->cf.add_to(*demo);
-    demo->add_option("--prefix-tokens", d->prefix_tokens, "stable prefix size, tokens (up to ~47k and beyond)")->capture_default_str();
-    demo->add_option("-n,--max-tokens", d->max_tokens, "tokens generated per turn")->capture_default_str()->check(CLI::Range(1, 4096));
+    demo->add_option("--prefix-tokens", d->prefix_tokens, "stable prefix size, tokens (up to ~47k and beyond)")
+        ->capture_default_str();
+    demo->add_option("-n,--max-tokens", d->max_tokens, "tokens generated per turn")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 4096));
     demo->add_option("--seed", d->seed, "workspace content seed")->capture_default_str();
     demo->add_flag("--json", d->json, "print {\"rows\": [...]} as JSON");
     on_run(demo, rc, [d] { return run_demo(*d); });
 
     auto v = std::make_shared<verify_args>();
-    auto * verify = app.add_subcommand("verify", "replay seeded random workspace scenarios warm and cold; exact mode must match bit for bit");
+    auto * verify = app.add_subcommand(
+        "verify", "replay seeded random workspace scenarios warm and cold; exact mode must match bit for bit");
     v->mf.add_to(*verify);
     v->cf.add_to(*verify);
     verify->add_option("--scenarios", v->scenarios, "number of scenarios")->capture_default_str();
     verify->add_option("--seed", v->seed, "scenario seed")->capture_default_str();
-    verify->add_option("--stable-tokens", v->stable_tokens_max, "largest stable prefix of a scenario, tokens")->capture_default_str()->check(CLI::Range(200, 100000));
-    verify->add_option("-n,--max-tokens", v->max_tokens, "greedy tokens per turn")->capture_default_str()->check(CLI::Range(1, 1024));
-    verify->add_option("--holders", v->holders, "cached prefixes the pool keeps at most (a small number makes scenarios evict)")->capture_default_str()->check(CLI::Range(1, 32));
+    verify->add_option("--stable-tokens", v->stable_tokens_max, "largest stable prefix of a scenario, tokens")
+        ->capture_default_str()
+        ->check(CLI::Range(200, 100000));
+    verify->add_option("-n,--max-tokens", v->max_tokens, "greedy tokens per turn")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1024));
+    verify
+        ->add_option("--holders", v->holders,
+                     "cached prefixes the pool keeps at most (a small number makes scenarios evict)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 32));
     verify->add_option("--draft-max", v->draft_max,
                        "draft tokens a warm turn checks per decode, from its workspace's text (0 = none; the cold "
                        "reference never drafts)")->capture_default_str()->check(CLI::Range(0, 64));
-    verify->add_option("--tiers", v->tiers, "also replay host-RAM and disk restores (true/false)")->capture_default_str();
-    verify->add_option("--stream-copies", v->stream_copies,
-                       "serve a prefix another stream holds by copying the stream, as serve does on a GPU: auto (where the "
-                       "layers run on a GPU), on, off")
+    verify->add_option("--tiers", v->tiers, "also replay host-RAM and disk restores (true/false)")
+        ->capture_default_str();
+    verify
+        ->add_option(
+            "--stream-copies", v->stream_copies,
+            "serve a prefix another stream holds by copying the stream, as serve does on a GPU: auto (where the "
+            "layers run on a GPU), on, off")
         ->check(CLI::IsMember({"auto", "on", "off"}))
         ->capture_default_str();
     verify->add_flag("--json", v->json, "print one JSON object");
     on_run(verify, rc, [v] { return run_verify(*v); });
 
     auto as = std::make_shared<assemble_args>();
-    auto * asm_cmd = app.add_subcommand("assemble", "assemble segments from a JSON file; print the manifest and the explain");
+    auto * asm_cmd =
+        app.add_subcommand("assemble", "assemble segments from a JSON file; print the manifest and the explain");
     as->mf.add_to(*asm_cmd);
     as->cf.add_to(*asm_cmd);
-    asm_cmd->add_option("segments", as->segments_file, "JSON file: [{\"id\",\"kind\",\"content\",\"path\"?,\"role\"?}, ...]")->required();
+    asm_cmd
+        ->add_option("segments", as->segments_file,
+                     "JSON file: [{\"id\",\"kind\",\"content\",\"path\"?,\"role\"?}, ...]")
+        ->required();
     asm_cmd->add_option("--workspace", as->workspace, "workspace name")->capture_default_str();
     asm_cmd->add_flag("--json", as->json, "print JSON");
     on_run(asm_cmd, rc, [as] { return run_assemble(*as); });

@@ -31,7 +31,8 @@ int run_info(const model_flags & mf, bool json) {
         {"memory", c.memory.note},
     };
     if (json) { std::printf("%s\n", j.dump(2).c_str()); return 0; }
-    for (auto & [k, v] : j.items()) std::printf("%-20s %s\n", k.c_str(), v.is_string() ? v.get<std::string>().c_str() : v.dump().c_str());
+    for (auto & [k, v] : j.items())
+        std::printf("%-20s %s\n", k.c_str(), v.is_string() ? v.get<std::string>().c_str() : v.dump().c_str());
     return 0;
 }
 
@@ -91,11 +92,14 @@ void register_model_commands(CLI::App & app, int & rc) {
     std::string shapes;
     for (const auto & s : model_shapes()) {
         const int hd = s.head_dim_or_default();
-        shapes += "\n  " + s.name + " (" + s.arch + ", " + std::to_string(s.n_layer) + " layers, n_embd " + std::to_string(s.n_embd) +
-                  ", " + std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) + " heads of " + std::to_string(hd);
-        if (s.n_expert > 0) shapes += ", " + std::to_string(s.n_expert) + " experts (" + std::to_string(s.n_expert_used) + " used)";
+        shapes += "\n  " + s.name + " (" + s.arch + ", " + std::to_string(s.n_layer) + " layers, n_embd " +
+                  std::to_string(s.n_embd) + ", " + std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) +
+                  " heads of " + std::to_string(hd);
+        if (s.n_expert > 0)
+            shapes += ", " + std::to_string(s.n_expert) + " experts (" + std::to_string(s.n_expert_used) + " used)";
         if (s.n_swa > 0) shapes += ", window " + std::to_string(s.n_swa) + " every other layer";
-        if (s.full_attn_interval > 0) shapes += ", full attention every " + std::to_string(s.full_attn_interval) + " layers";
+        if (s.full_attn_interval > 0)
+            shapes += ", full attention every " + std::to_string(s.full_attn_interval) + " layers";
         shapes += std::string(s.for_tests ? "; for tests" : "") + "; template " + s.template_name + ")";
     }
     c->footer("Every shape declares a 65,536-token training context and carries the real Qwen2 tokenizer.\n"
@@ -105,7 +109,8 @@ void register_model_commands(CLI::App & app, int & rc) {
               "output while quantizing.");
     c->add_option("--shape", mm->o.shape, "model shape:" + shapes)->capture_default_str();
     c->add_option("--type", mm->o.type, "weight type: f16, q8_0, q4_0")->capture_default_str();
-    c->add_option("--seed", mm->o.seed, "weight seed (same arguments give a byte-identical file)")->capture_default_str();
+    c->add_option("--seed", mm->o.seed, "weight seed (same arguments give a byte-identical file)")
+        ->capture_default_str();
     c->add_option("-o,--out", mm->o.out_path, "output GGUF path")->required();
     c->add_option("--vocab", mm->o.vocab_path, "tokenizer source GGUF (default: " + default_vocab_path() + ")");
     c->add_option("-t,--threads", mm->o.n_threads, "threads for quantization (0 = all)");
@@ -128,8 +133,12 @@ void register_model_commands(CLI::App & app, int & rc) {
     g->add_option("-p,--prompt", ga->prompt, "user message")->required();
     g->add_option("--system", ga->system, "system message");
     g->add_flag("--raw", ga->raw, "send the prompt as is, without the chat template");
-    g->add_option("-n,--max-tokens", ga->sp.max_tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(0, 1 << 20));
-    g->add_option("--temperature", ga->sp.temperature, "0 = greedy")->capture_default_str()->check(CLI::Range(0.0, 100.0));
+    g->add_option("-n,--max-tokens", ga->sp.max_tokens, "tokens to generate")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 20));
+    g->add_option("--temperature", ga->sp.temperature, "0 = greedy")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 100.0));
     g->add_option("--top-p", ga->sp.top_p, "nucleus sampling")->capture_default_str()->check(CLI::Range(0.0, 1.0));
     g->add_option("--top-k", ga->sp.top_k, "0 = off")->capture_default_str()->check(CLI::NonNegativeNumber);
     g->add_option("--seed", ga->sp.seed, "sampler seed")->capture_default_str();

@@ -73,14 +73,15 @@ struct serve_args {
 std::string where_the_model_runs(const context_info & ci, const model_info & mi, const model_flags & mf) {
     const std::string fa = std::string("flash attention ") + (ci.flash_attn ? "on" : "off (--no-flash-attn)");
     if (ci.n_gpu_layers > 0) {
-        std::string why = mf.gpu_layers < 0 ? "--gpu-layers -1, the default in a CUDA build" : "--gpu-layers " + std::to_string(mf.gpu_layers);
+        std::string why = mf.gpu_layers < 0 ? "--gpu-layers -1, the default in a CUDA build"
+                                            : "--gpu-layers " + std::to_string(mf.gpu_layers);
         return "model on " + ci.backend + ": " + std::to_string(ci.n_gpu_layers) + " of " + std::to_string(mi.n_layer) +
-               " layers on the GPU (" + why + "), " + fa +
-               "; " + std::to_string(ci.device_free_bytes >> 20) + " of " + std::to_string(ci.device_total_bytes >> 20) +
-               " MiB of device memory were free after the model";
+               " layers on the GPU (" + why + "), " + fa + "; " + std::to_string(ci.device_free_bytes >> 20) + " of " +
+               std::to_string(ci.device_total_bytes >> 20) + " MiB of device memory were free after the model";
     }
     if (ci.backend == "CPU")
-        return "model on the CPU (this build has no GPU backend; WARMCTX_CUDA=1 bash scripts/setup.sh builds one), " + fa;
+        return "model on the CPU (this build has no GPU backend; WARMCTX_CUDA=1 bash scripts/setup.sh builds one), " +
+               fa;
     if (ci.device_total_bytes == 0) return "model on the CPU: this " + ci.backend + " build found no GPU, " + fa;
     return "model on the CPU (--gpu-layers 0), " + fa;
 }
@@ -119,7 +120,8 @@ result<int> lock_cache_dir(const std::string & dir, bool shared) {
             return failed_precondition("replicas started with --shared-cache-dir use the cache directory " + dir +
                                        " (they hold " + path + "); add --shared-cache-dir to share it with them, or "
                                        "give this one its own --cache-dir");
-        return failed_precondition("another warmctx serve (" + (holder.empty() ? std::string("its pid unknown") : holder) +
+        return failed_precondition("another warmctx serve (" +
+                                   (holder.empty() ? std::string("its pid unknown") : holder) +
                                    ") uses the cache directory " + dir + " (it holds " + path +
                                    "); two servers on one directory would serve different content for the same "
                                    "segment and overwrite each other's files: give this one its own --cache-dir (or "
@@ -149,14 +151,15 @@ status check_serve_args(const serve_args & a) {
     const size_t need = min_http_threads(a.n_parallel, a.max_queue);
     if (need > static_cast<size_t>(http_server::k_max_http_threads)) {
         return invalid_argument("--parallel " + std::to_string(a.n_parallel) + " + --queue " +
-                                            std::to_string(a.max_queue) + " + " + std::to_string(k_http_thread_headroom) +
-                                            " need " + std::to_string(need) + " HTTP threads, more than the " +
-                                            std::to_string(http_server::k_max_http_threads) + " allowed: lower --queue");
+                                std::to_string(a.max_queue) + " + " + std::to_string(k_http_thread_headroom) +
+                                " need " + std::to_string(need) + " HTTP threads, more than the " +
+                                std::to_string(http_server::k_max_http_threads) + " allowed: lower --queue");
     }
     if (a.http_threads > 0 && static_cast<size_t>(a.http_threads) < need) {
         return invalid_argument(
-            "--http-threads " + std::to_string(a.http_threads) + " is too few: --parallel " + std::to_string(a.n_parallel) +
-            " + --queue " + std::to_string(a.max_queue) + " + " + std::to_string(k_http_thread_headroom) +
+            "--http-threads " + std::to_string(a.http_threads) + " is too few: --parallel " +
+            std::to_string(a.n_parallel) + " + --queue " + std::to_string(a.max_queue) + " + " +
+            std::to_string(k_http_thread_headroom) +
             " (for /health, /metrics and quick answers) = " + std::to_string(need) +
             " are needed so that a full queue answers 429 instead of leaving requests unanswered (0 = that many)");
     }
@@ -207,18 +210,19 @@ void report_start(const serve_args & a, const server_options & sv, const schedul
                  "; --resident-streams, --resident-share): a workspace's prefix stays where the model runs between "
                  "its turns");
     progress("serve: memory: " + std::string(memory_kind_name(ci.memory.kind)) + ": " + ci.memory.note +
-             (ci.memory.checkpoints
-                  ? "; the streams' checkpoints up to " +
-                        (so.engine.stream_checkpoint_max_bytes ? std::to_string(so.engine.stream_checkpoint_max_bytes >> 20) + " MiB"
-                                                              : std::string("unlimited")) +
-                        " of RAM (--checkpoint-budget-bytes)"
-                  : std::string()));
+             (ci.memory.checkpoints ? "; the streams' checkpoints up to " +
+                                          (so.engine.stream_checkpoint_max_bytes
+                                               ? std::to_string(so.engine.stream_checkpoint_max_bytes >> 20) + " MiB"
+                                               : std::string("unlimited")) +
+                                          " of RAM (--checkpoint-budget-bytes)"
+                                    : std::string()));
     progress("serve: context " + std::to_string(ci.n_ctx_seq) + " tokens per sequence (" + ci.n_ctx_reason +
              (ci.pads_rows ? "; 64 cells of each stream pad small batches on the CPU" : "") +
              "; -c to change); KV streams " + std::to_string(ci.n_seq_max) + " x " +
-             std::to_string((ci.kv_streams_bytes / std::max<uint32_t>(ci.n_seq_max, 1)) >> 20) + " MiB = " +
-             std::to_string(ci.kv_streams_bytes >> 20) + " MiB allocated; cached prefixes up to " +
-             (so.engine.budget.max_bytes ? std::to_string(so.engine.budget.max_bytes >> 20) + " MiB" : std::string("unlimited")) +
+             std::to_string((ci.kv_streams_bytes / std::max<uint32_t>(ci.n_seq_max, 1)) >> 20) +
+             " MiB = " + std::to_string(ci.kv_streams_bytes >> 20) + " MiB allocated; cached prefixes up to " +
+             (so.engine.budget.max_bytes ? std::to_string(so.engine.budget.max_bytes >> 20) + " MiB"
+                                         : std::string("unlimited")) +
              " of RAM (--budget-bytes)");
     {
         const model_info & mi = sched.model();
@@ -235,11 +239,12 @@ void report_start(const serve_args & a, const server_options & sv, const schedul
     if (cf.cache_dir.empty()) {
         progress("serve: nothing kept on disk (--no-disk): a restart starts cold and forgets stored workspaces");
     } else {
-        progress("serve: disk tier " + cf.cache_dir + ", up to " +
-                 (cf.disk_budget_bytes ? std::to_string(cf.disk_budget_bytes >> 20) + " MiB" : std::string("unlimited")) +
-                 " (--disk-budget-bytes); stored workspaces persist in " + sv.workspace_dir +
-                 " and are brought warm on start (--no-disk keeps nothing)" +
-                 (a.shared_cache_dir ? "; shared with the other replicas (--shared-cache-dir)" : ""));
+        progress(
+            "serve: disk tier " + cf.cache_dir + ", up to " +
+            (cf.disk_budget_bytes ? std::to_string(cf.disk_budget_bytes >> 20) + " MiB" : std::string("unlimited")) +
+            " (--disk-budget-bytes); stored workspaces persist in " + sv.workspace_dir +
+            " and are brought warm on start (--no-disk keeps nothing)" +
+            (a.shared_cache_dir ? "; shared with the other replicas (--shared-cache-dir)" : ""));
     }
 }
 
@@ -327,8 +332,40 @@ int run_serve(const serve_args & a) {
 std::string env_name_of(const CLI::Option & o) {
     if (o.get_lnames().empty()) return {};
     std::string n = "WARMCTX_";
-    for (char ch : o.get_lnames().front()) n += ch == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    for (char ch : o.get_lnames().front())
+        n += ch == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
     return n;
+}
+
+// What one request may hold (--max-body-bytes, --max-messages, the tool and schema bounds).
+void add_request_bounds(CLI::App & c, serve_args & a) {
+    c.add_option("--max-body-bytes", a.max_body_bytes, "larger request bodies get 413")
+        ->capture_default_str()
+        ->check(CLI::Range(size_t{1024}, size_t{1} << 32));
+    c.add_option("--max-messages", a.bounds.max_messages, "messages in one chat (more get 400 too_many_messages)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{10000}));
+    c.add_option("--max-tools", a.bounds.max_tools, "function tools in one request (more get 400 too_many_tools)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{100000}));
+    c.add_option("--max-tools-bytes", a.bounds.max_tools_bytes,
+                  "a request's tools as canonical JSON, bytes (more get 400 tools_too_large)")
+        ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 30));
+    c.add_option("--max-enum-values", a.bounds.max_enum_values,
+                  "enum values over a request's schemas (more get 400 too_many_enum_values)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1000000}));
+    c.add_option("--max-optional-properties", a.bounds.max_optional_properties,
+                  "properties not required in one object schema (more get 400 too_many_optional_properties)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{100000}));
+    c.add_option("--max-schema-alternatives", a.bounds.max_schema_alternatives,
+                  "anyOf/oneOf alternatives over a request's schemas (more get 400 too_many_alternatives)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1000000}));
+    c.add_option("--max-pattern-bytes", a.bounds.max_pattern_bytes,
+                  "one schema pattern's length, bytes (longer get 400 pattern_too_long)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 20));
+    c.add_option(
+         "--max-pattern-nesting", a.bounds.max_pattern_nesting,
+         "groups open at once in one pattern (deeper get 400 pattern_too_deep; llama.cpp converts at most 100)")
+        ->capture_default_str()
+        ->check(CLI::Range(size_t{1}, size_t{100}));
 }
 
 }  // namespace
@@ -338,37 +375,21 @@ void register_serve_command(CLI::App & app, int & rc) {
     auto * c = app.add_subcommand("serve", "serve the OpenAI-compatible and workspace HTTP API (docs/api.md)");
     a->mf.add_to(*c);
     c->add_option("--host", a->host, "address to listen on")->capture_default_str();
-    c->add_option("--port", a->port, "port to listen on (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
-    c->add_option("--parallel", a->n_parallel, "requests decoded at once (each in a work stream)")->capture_default_str()->check(CLI::Range(1, 64));
-    c->add_option("--queue", a->max_queue, "requests waiting for a work sequence; beyond it 429")->capture_default_str()->check(CLI::Range(1, 100000));
+    c->add_option("--port", a->port, "port to listen on (0 = any free port)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 65535));
+    c->add_option("--parallel", a->n_parallel, "requests decoded at once (each in a work stream)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 64));
+    c->add_option("--queue", a->max_queue, "requests waiting for a work sequence; beyond it 429")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 100000));
     a->cf.add_to(*c);
     c->add_option("--api-key", a->api_key,
                   "require the key on every route but /health, as \"Authorization: Bearer KEY\" (OpenAI's clients) or "
                   "\"x-api-key: KEY\" (Anthropic's)")
         ->envname("WARMCTX_API_KEY");
-    c->add_option("--max-body-bytes", a->max_body_bytes, "larger request bodies get 413")->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 32));
-    c->add_option("--max-messages", a->bounds.max_messages, "messages in one chat (more get 400 too_many_messages)")
-        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{10000}));
-    c->add_option("--max-tools", a->bounds.max_tools, "function tools in one request (more get 400 too_many_tools)")
-        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{100000}));
-    c->add_option("--max-tools-bytes", a->bounds.max_tools_bytes,
-                  "a request's tools as canonical JSON, bytes (more get 400 tools_too_large)")
-        ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 30));
-    c->add_option("--max-enum-values", a->bounds.max_enum_values,
-                  "enum values over a request's schemas (more get 400 too_many_enum_values)")
-        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1000000}));
-    c->add_option("--max-optional-properties", a->bounds.max_optional_properties,
-                  "properties not required in one object schema (more get 400 too_many_optional_properties)")
-        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{100000}));
-    c->add_option("--max-schema-alternatives", a->bounds.max_schema_alternatives,
-                  "anyOf/oneOf alternatives over a request's schemas (more get 400 too_many_alternatives)")
-        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1000000}));
-    c->add_option("--max-pattern-bytes", a->bounds.max_pattern_bytes,
-                  "one schema pattern's length, bytes (longer get 400 pattern_too_long)")
-        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 20));
-    c->add_option("--max-pattern-nesting", a->bounds.max_pattern_nesting,
-                  "groups open at once in one pattern (deeper get 400 pattern_too_deep; llama.cpp converts at most 100)")
-        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{100}));
+    add_request_bounds(*c, *a);
     c->add_option("--http-threads", a->http_threads,
                   "HTTP threads, at least parallel + queue + 4 so that a full queue answers 429 (0 = that many)")
         ->capture_default_str()
@@ -398,21 +419,25 @@ void register_serve_command(CLI::App & app, int & rc) {
                   "same decode (the answer is the same as without; not a recurrent or hybrid model; 0 = no drafts)")
         ->capture_default_str()
         ->check(CLI::Range(0, 64));
-    c->add_option("--model-name", a->model_name, "model id in /v1/models and responses (default: the model file's name)");
+    c->add_option("--model-name", a->model_name,
+                  "model id in /v1/models and responses (default: the model file's name)");
     c->add_flag("-q,--quiet", a->quiet, "no per-request log lines on stderr");
     c->add_flag("--no-disk", a->no_disk,
                 "keep nothing on disk: no disk tier, no durable workspace store (default: both in the cache directory, "
                 "$WARMCTX_HOME or $XDG_CACHE_HOME/warmctx or ~/.cache/warmctx, under kv/, the disk tier up to 8 GiB)");
-    c->add_flag("--isolate-workspaces", a->isolate_workspaces,
-                "keep each workspace's prefix cache apart (its blocks salted with the workspace): no request reuses, or "
-                "can tell by its cached tokens, what another workspace sent (default: blocks are shared by content, "
-                "so two workspaces with the same system prompt share its KV)");
-    c->add_flag("--no-prewarm", a->no_prewarm,
-                "do not pre-warm a workspace when its stored stable segments change, nor the stored workspaces on start");
-    c->add_option("--prefill-ahead", a->prefill_ahead,
-                  "prefill a cold prompt's leading segments (system, tools, rules: up to 32 KiB of new text) while the "
-                  "rest of it, at least 64 KiB of new text, is still tokenized: gpu (only when the model's layers run on "
-                  "a GPU; on the CPU prefill and tokenizing share the cores), always, never")
+    c->add_flag(
+        "--isolate-workspaces", a->isolate_workspaces,
+        "keep each workspace's prefix cache apart (its blocks salted with the workspace): no request reuses, or "
+        "can tell by its cached tokens, what another workspace sent (default: blocks are shared by content, "
+        "so two workspaces with the same system prompt share its KV)");
+    c->add_flag(
+        "--no-prewarm", a->no_prewarm,
+        "do not pre-warm a workspace when its stored stable segments change, nor the stored workspaces on start");
+    c->add_option(
+         "--prefill-ahead", a->prefill_ahead,
+         "prefill a cold prompt's leading segments (system, tools, rules: up to 32 KiB of new text) while the "
+         "rest of it, at least 64 KiB of new text, is still tokenized: gpu (only when the model's layers run on "
+         "a GPU; on the CPU prefill and tokenizing share the cores), always, never")
         ->check(CLI::IsMember({"gpu", "always", "never"}))
         ->capture_default_str();
     c->add_option("--resident-streams", a->resident_streams,

@@ -99,7 +99,8 @@ int run_ls(const snapshot_args & a) {
         std::printf("%s\n", j.dump(2).c_str());
         return 0;
     }
-    std::printf("%-14s  %-20s  %8s  %12s  %-8s  %-12s  %6s\n", "key", "workspace", "tokens", "bytes", "class", "profile", "age");
+    std::printf("%-14s  %-20s  %8s  %12s  %-8s  %-12s  %6s\n", "key", "workspace", "tokens", "bytes", "class",
+                "profile", "age");
     for (const auto & e : entries) {
         std::string ws = e.key.workspace.size() > 20 ? e.key.workspace.substr(0, 17) + "..." : e.key.workspace;
         std::printf("%-14s  %-20s  %8d  %12llu  %-8s  %-12s  %6s\n", e.key.chain.short_hex().c_str(), ws.c_str(),
@@ -107,7 +108,8 @@ int run_ls(const snapshot_args & a) {
                     std::string(retention_class_name(e.meta.last_class())).c_str(),
                     e.meta.profile_fingerprint.short_hex().c_str(), age_text(e.meta.created_unix_ms, now).c_str());
     }
-    std::printf("%zu files, %llu bytes in %s\n", entries.size(), (unsigned long long)total, store.options().dir.c_str());
+    std::printf("%zu files, %llu bytes in %s\n", entries.size(), (unsigned long long)total,
+                store.options().dir.c_str());
     for (const auto & r : rejected)
         std::printf("BAD %s: %s\n", r.file_name.c_str(), r.reason.c_str());
     return 0;
@@ -175,7 +177,8 @@ int run_verify(const snapshot_args & a) {
         // Scan-only, so a bad file is reported and left where it is.
         auto l = store.load(e.key);
         if (l.ok())
-            report(e.file_name, std::to_string(e.meta.n_tokens()) + " tokens, " + std::to_string(e.file_bytes) + " bytes", true);
+            report(e.file_name,
+                   std::to_string(e.meta.n_tokens()) + " tokens, " + std::to_string(e.file_bytes) + " bytes", true);
         else
             report(e.file_name, l.error().message(), false);
     }

@@ -57,14 +57,15 @@ std::string system_prompt(int setup) {
 }
 
 json tools_for(int setup) {
-    return json::array({json{{"type", "function"},
-                             {"function",
-                              {{"name", "run_tests_" + std::to_string(setup)},
-                               {"description", "Runs the test suite and returns its output."},
-                               {"parameters",
-                                {{"type", "object"},
-                                 {"properties", {{"filter", {{"type", "string"}, {"description", "a test name pattern"}}}}},
-                                 {"required", json::array()}}}}}}});
+    return json::array(
+        {json{{"type", "function"},
+              {"function",
+               {{"name", "run_tests_" + std::to_string(setup)},
+                {"description", "Runs the test suite and returns its output."},
+                {"parameters",
+                 {{"type", "object"},
+                  {"properties", {{"filter", {{"type", "string"}, {"description", "a test name pattern"}}}}},
+                  {"required", json::array()}}}}}}});
 }
 
 json msg(const std::string & role, std::string content) { return {{"role", role}, {"content", std::move(content)}}; }
@@ -112,7 +113,8 @@ class soak_client {
 
     std::string question() {
         return "Question " + std::to_string(id_) + "." + std::to_string(n_sent_) + ": why does test_" +
-               std::to_string(uniform(0, 400)) + " fail after the change to step_" + std::to_string(uniform(0, 10000)) + "?";
+               std::to_string(uniform(0, 400)) + " fail after the change to step_" + std::to_string(uniform(0, 10000)) +
+               "?";
     }
 
     json sampling(json body, int max_lo = 4, int max_hi = 24) {
@@ -132,8 +134,10 @@ class soak_client {
         json messages = json::array({msg("system", system_prompt(setup))});
         const int turns = uniform(0, 3);
         for (int i = 0; i < turns; ++i) {
-            messages.push_back(msg("user", "Earlier question " + std::to_string(i) + " of set-up " + std::to_string(setup)));
-            messages.push_back(msg("assistant", "Earlier answer " + std::to_string(i) + ": I changed step_" + std::to_string(i) + "."));
+            messages.push_back(
+                msg("user", "Earlier question " + std::to_string(i) + " of set-up " + std::to_string(setup)));
+            messages.push_back(msg(
+                "assistant", "Earlier answer " + std::to_string(i) + ": I changed step_" + std::to_string(i) + "."));
         }
         messages.push_back(msg("user", question()));
         json body = {{"messages", std::move(messages)}};
@@ -143,17 +147,20 @@ class soak_client {
 
     json diff_segment() {
         return seg("diff", "diff",
-                   "--- a/src/step.cc\n+++ b/src/step.cc\n@@ -" + std::to_string(uniform(1, 500)) + " +1 @@\n-    return v;\n+    return v + " +
-                       std::to_string(uniform(0, 99999)) + ";\n");
+                   "--- a/src/step.cc\n+++ b/src/step.cc\n@@ -" + std::to_string(uniform(1, 500)) +
+                       " +1 @@\n-    return v;\n+    return v + " + std::to_string(uniform(0, 99999)) + ";\n");
     }
 
     json segments_chat_body() {
         const int k = uniform(0, a_.segment_workspaces - 1);
-        json segs = json::array({seg("rules", "instructions", "Workspace " + std::to_string(k) + " rules: always run ctest; keep commits small."),
-                                 seg("map", "repo_map", code_text(1000 + (uint64_t)k, 300)), diff_segment()});
+        json segs =
+            json::array({seg("rules", "instructions",
+                             "Workspace " + std::to_string(k) + " rules: always run ctest; keep commits small."),
+                         seg("map", "repo_map", code_text(1000 + (uint64_t)k, 300)), diff_segment()});
         if (coin(0.5))
-            segs.push_back(seg("t1", "test_output", "1 test failed: test_" + std::to_string(uniform(0, 400)) + " (exit " +
-                                                         std::to_string(uniform(1, 3)) + ")"));
+            segs.push_back(seg("t1", "test_output",
+                               "1 test failed: test_" + std::to_string(uniform(0, 400)) + " (exit " +
+                                   std::to_string(uniform(1, 3)) + ")"));
         json body = {{"workspace", "soak-seg-" + std::to_string(k)},
                      {"messages", json::array({msg("user", question())})},
                      {"segments", std::move(segs)}};
@@ -181,7 +188,8 @@ class soak_client {
             auto j = parse_json(r->body);
             if (j && j->contains("usage")) o.prompt_tokens = (*j)["usage"].value("prompt_tokens", 0);
         }
-        if (o.status != 200 && o.status != 201) o.note = method + " " + path + " -> " + std::to_string(o.status) + ": " + r->body.substr(0, 300);
+        if (o.status != 200 && o.status != 201)
+            o.note = method + " " + path + " -> " + std::to_string(o.status) + ": " + r->body.substr(0, 300);
         return o;
     }
 
@@ -216,7 +224,8 @@ class soak_client {
                 auto j = parse_json(payload);
                 if (!j) { o.stream_error = true; o.note = "unparsable event: " + payload.substr(0, 200); return true; }
                 if (j->contains("error")) { o.stream_error = true; o.note = "error event: " + payload.substr(0, 300); }
-                if (j->contains("usage") && (*j)["usage"].is_object()) o.prompt_tokens = (*j)["usage"].value("prompt_tokens", 0);
+                if (j->contains("usage") && (*j)["usage"].is_object())
+                    o.prompt_tokens = (*j)["usage"].value("prompt_tokens", 0);
                 if (leave_after > 0 && ++n_events >= leave_after) { left = true; return false; }
                 return true;
             });
@@ -281,9 +290,21 @@ class soak_client {
         if (base_stored_) return;
         const std::string base = "/v1/workspaces/" + own_ws_ + "/segments/";
         record(out, req_type::workspace_api,
-               plain("PUT", base + "rules", json{{"kind", "instructions"}, {"content", "Client " + std::to_string(id_) + " rules: run ctest first."}}.dump()), 201);
-        record(out, req_type::workspace_api, plain("PUT", base + "src/map.txt", json{{"kind", "repo_map"}, {"content", code_text(5000 + (uint64_t)id_, 400)}, {"path", "src/map.txt"}}.dump()), 201);
-        record(out, req_type::workspace_api, plain("PUT", base + "summary", json{{"kind", "task_summary"}, {"content", "Make test_" + std::to_string(id_) + " pass."}}.dump()), 201);
+               plain("PUT", base + "rules",
+                     json{{"kind", "instructions"},
+                          {"content", "Client " + std::to_string(id_) + " rules: run ctest first."}}
+                         .dump()),
+               201);
+        record(
+            out, req_type::workspace_api,
+            plain("PUT", base + "src/map.txt",
+                  json{{"kind", "repo_map"}, {"content", code_text(5000 + (uint64_t)id_, 400)}, {"path", "src/map.txt"}}
+                      .dump()),
+            201);
+        record(out, req_type::workspace_api,
+               plain("PUT", base + "summary",
+                     json{{"kind", "task_summary"}, {"content", "Make test_" + std::to_string(id_) + " pass."}}.dump()),
+               201);
         base_stored_ = true;
     }
 
@@ -292,14 +313,18 @@ class soak_client {
         const int missing = 404;
         switch (uniform(0, 8)) {
         case 0: {  // a new diff (created or replaced)
-            auto o = plain("PUT", ws + "/segments/diff", json{{"kind", "diff"}, {"content", diff_segment()["content"]}}.dump());
+            auto o = plain("PUT", ws + "/segments/diff",
+                           json{{"kind", "diff"}, {"content", diff_segment()["content"]}}.dump());
             record(out, req_type::workspace_api, o, diff_stored_ ? 200 : 201);
             if (o.status / 100 == 2) diff_stored_ = true;
             break;
         }
         case 1: record(out, req_type::workspace_api, plain("GET", ws + "/segments"), stored() ? 200 : missing); break;
         case 2: record(out, req_type::workspace_api, plain("GET", ws + "/manifest"), stored() ? 200 : missing); break;
-        case 3: record(out, req_type::workspace_api, plain("GET", ws + "/explain?question=what%20next"), stored() ? 200 : missing); break;
+        case 3:
+            record(out, req_type::workspace_api, plain("GET", ws + "/explain?question=what%20next"),
+                   stored() ? 200 : missing);
+            break;
         case 4: {
             record(out, req_type::workspace_api, plain("DELETE", ws + "/segments/diff"), diff_stored_ ? 200 : missing);
             diff_stored_ = false;
@@ -312,7 +337,8 @@ class soak_client {
         }
         case 6: {  // branch, then drop the branch
             const std::string to = own_ws_ + "-branch";
-            record(out, req_type::workspace_api, plain("POST", ws + "/branch", json{{"to", to}}.dump()), had_turn_ ? 200 : missing);
+            record(out, req_type::workspace_api, plain("POST", ws + "/branch", json{{"to", to}}.dump()),
+                   had_turn_ ? 200 : missing);
             record(out, req_type::workspace_api, plain("DELETE", "/v1/workspaces/" + to), 200);
             break;
         }
@@ -330,30 +356,62 @@ class soak_client {
         const std::string chat = "/v1/chat/completions";
         const json user = json::array({msg("user", "hi")});
         switch (uniform(0, 12)) {
-        case 0: record(out, req_type::bad_request, plain("POST", chat, "{\"messages\": [{\"role\": \"user\", \"content\": "), 400); break;
-        case 1: record(out, req_type::bad_request, plain("POST", chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}"), 400); break;
-        case 2: record(out, req_type::bad_request, plain("POST", chat, json{{"messages", json::array({msg("wizard", "hi")})}}.dump()), 400); break;
-        case 3: record(out, req_type::bad_request, plain("POST", chat, json{{"workspace", "no spaces allowed"}, {"messages", user}}.dump()), 400); break;
-        case 4:
-            record(out, req_type::bad_request,
-                   plain("POST", chat, json{{"messages", user}, {"segments", json::array({seg("u2", "user", "and this")})}}.dump()), 400);
-            break;
-        case 5: record(out, req_type::bad_request, plain("POST", chat, json{{"messages", user}, {"n", 2}}.dump()), 400); break;
-        case 6: record(out, req_type::bad_request, plain("POST", chat, json{{"messages", user}, {"temperature", -1}}.dump()), 400); break;
-        case 7: {  // longer than the context: refused after assembly, before any prefill
-            const int n = 2 * (int)a_.mf.n_ctx;  // tokens, by code_text's rough count
-            record(out, req_type::bad_request,
-                   plain("POST", chat, json{{"messages", json::array({msg("system", code_text(77, n)), msg("user", "hi")})}, {"max_tokens", 4}}.dump()),
-                   400);
-            break;
+            case 0:
+                record(out, req_type::bad_request,
+                       plain("POST", chat, "{\"messages\": [{\"role\": \"user\", \"content\": "), 400);
+                break;
+            case 1:
+                record(out, req_type::bad_request,
+                       plain("POST", chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}"), 400);
+                break;
+            case 2:
+                record(out, req_type::bad_request,
+                       plain("POST", chat, json{{"messages", json::array({msg("wizard", "hi")})}}.dump()), 400);
+                break;
+            case 3:
+                record(out, req_type::bad_request,
+                       plain("POST", chat, json{{"workspace", "no spaces allowed"}, {"messages", user}}.dump()), 400);
+                break;
+            case 4:
+                record(
+                    out, req_type::bad_request,
+                    plain("POST", chat,
+                          json{{"messages", user}, {"segments", json::array({seg("u2", "user", "and this")})}}.dump()),
+                    400);
+                break;
+            case 5:
+                record(out, req_type::bad_request, plain("POST", chat, json{{"messages", user}, {"n", 2}}.dump()), 400);
+                break;
+            case 6:
+                record(out, req_type::bad_request,
+                       plain("POST", chat, json{{"messages", user}, {"temperature", -1}}.dump()), 400);
+                break;
+            case 7: {  // longer than the context: refused after assembly, before any prefill
+                const int n = 2 * (int)a_.mf.n_ctx;  // tokens, by code_text's rough count
+                record(out, req_type::bad_request,
+                       plain("POST", chat,
+                             json{{"messages", json::array({msg("system", code_text(77, n)), msg("user", "hi")})},
+                                  {"max_tokens", 4}}
+                                 .dump()),
+                       400);
+                break;
         }
         case 8:
-            record(out, req_type::bad_request, plain("PUT", "/v1/workspaces/" + own_ws_ + "/segments/q", json{{"kind", "user"}, {"content", "stored question"}}.dump()), 400);
+            record(out, req_type::bad_request,
+                   plain("PUT", "/v1/workspaces/" + own_ws_ + "/segments/q",
+                         json{{"kind", "user"}, {"content", "stored question"}}.dump()),
+                   400);
             break;
-        case 9: record(out, req_type::bad_request, plain("GET", "/v1/workspaces/" + own_ws_ + "/segments/no-such-segment"), 404); break;
+        case 9:
+            record(out, req_type::bad_request, plain("GET", "/v1/workspaces/" + own_ws_ + "/segments/no-such-segment"),
+                   404);
+            break;
         case 10: record(out, req_type::bad_request, plain("GET", "/v1/no/such/route"), 404); break;
         case 11: record(out, req_type::bad_request, plain("DELETE", chat), 405); break;
-        default: record(out, req_type::bad_request, plain("POST", "/v1/completions", json{{"prompt", json::array({"a", "b"})}}.dump()), 400); break;
+        default:
+            record(out, req_type::bad_request,
+                   plain("POST", "/v1/completions", json{{"prompt", json::array({"a", "b"})}}.dump()), 400);
+            break;
         }
     }
 
@@ -362,7 +420,9 @@ class soak_client {
         switch (t) {
         case req_type::chat: record(out, t, chat("/v1/chat/completions", agent_chat_body(), false), 200); break;
         case req_type::chat_stream: record(out, t, chat("/v1/chat/completions", agent_chat_body(), true), 200); break;
-        case req_type::chat_segments: record(out, t, chat("/v1/chat/completions", segments_chat_body(), coin(0.5)), 200); break;
+        case req_type::chat_segments:
+            record(out, t, chat("/v1/chat/completions", segments_chat_body(), coin(0.5)), 200);
+            break;
         case req_type::workspace_chat: {
             ensure_stored(out);
             json body = sampling(json{{"messages", json::array({msg("user", question())})}});
@@ -378,7 +438,10 @@ class soak_client {
             std::string file = fresh ? code_text(1000000 + (uint64_t)id_ * 100000 + n_sent_, a_.large_prompt_tokens)
                                      : large_files_[(size_t)uniform(0, (int)large_files_.size() - 1)];
             json body = {{"messages", json::array({msg("system", system_prompt(0)), msg("user", question())})},
-                         {"segments", json::array({json{{"id", "src/big.cc"}, {"kind", "pinned_file"}, {"path", "src/big.cc"}, {"content", std::move(file)}}})}};
+                         {"segments", json::array({json{{"id", "src/big.cc"},
+                                                        {"kind", "pinned_file"},
+                                                        {"path", "src/big.cc"},
+                                                        {"content", std::move(file)}}})}};
             record(out, t, chat("/v1/chat/completions", sampling(std::move(body), 4, 8), coin(0.5)), 200);
             break;
         }
@@ -398,7 +461,8 @@ class soak_client {
                 if (r) o.status = r->status;
                 else if (r.error() == httplib::Error::Read) o.abandoned = true;
                 else { o.conn_error = true; o.note = "timed-out chat: " + httplib::to_string(r.error()); }
-                if (r && r->status != 200) o.note = "timed-out chat -> " + std::to_string(r->status) + ": " + r->body.substr(0, 300);
+                if (r && r->status != 200)
+                    o.note = "timed-out chat -> " + std::to_string(r->status) + ": " + r->body.substr(0, 300);
                 record(out, t, std::move(o), 200);
             }
             break;

@@ -32,10 +32,21 @@ struct soak_args {
 };
 
 // What the clients send. Weights are per mille of a client's picks.
-enum class req_type { chat, chat_stream, chat_segments, workspace_chat, large_prompt, abandoned, workspace_api, bad_request, monitoring };
+enum class req_type {
+    chat,
+    chat_stream,
+    chat_segments,
+    workspace_chat,
+    large_prompt,
+    abandoned,
+    workspace_api,
+    bad_request,
+    monitoring
+};
 inline constexpr int k_n_types = 9;
-inline constexpr const char * k_type_names[k_n_types] = {"chat",         "chat_stream",   "chat_segments", "workspace_chat", "large_prompt",
-                                                  "abandoned",    "workspace_api", "bad_request",   "monitoring"};
+inline constexpr const char * k_type_names[k_n_types] = {"chat",           "chat_stream",  "chat_segments",
+                                                         "workspace_chat", "large_prompt", "abandoned",
+                                                         "workspace_api",  "bad_request",  "monitoring"};
 inline constexpr const char * k_type_what[k_n_types] = {
     "chat completion, not streamed, an agent set-up's system prompt (+ tools) and 0-3 earlier turns",
     "the same, streamed, read to [DONE]",

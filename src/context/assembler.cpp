@@ -40,7 +40,8 @@ status validate_segment_id(std::string_view id) {
         const size_t slash = id.find('/', start);
         const std::string_view part = id.substr(start, slash == std::string_view::npos ? id.npos : slash - start);
         if (part.empty())
-            return invalid_argument("segment id " + quote_input(id) + " has an empty path component (leading, trailing or doubled '/')");
+            return invalid_argument("segment id " + quote_input(id) +
+                                    " has an empty path component (leading, trailing or doubled '/')");
         if (part == "." || part == "..")
             return invalid_argument("segment id " + quote_input(id) + " has a '" + std::string(part) + "' component");
         if (slash == std::string_view::npos) break;
@@ -206,7 +207,8 @@ std::vector<std::optional<size_t>> fine_segments(std::span<const segment * const
 // turn. Pieces' segment_index is the segment's index in `order`.
 void fuse_conversation(std::vector<piece> & pieces, std::span<const segment * const> order) {
     size_t p = 0;
-    while (p < pieces.size() && !(pieces[p].segment_index >= 0 && is_chat_message(*order[(size_t)pieces[p].segment_index])))
+    while (p < pieces.size() &&
+           !(pieces[p].segment_index >= 0 && is_chat_message(*order[(size_t)pieces[p].segment_index])))
         ++p;
     for (; p < pieces.size(); ++p) pieces[p].retention = retention_class::none;
 }
@@ -216,7 +218,8 @@ void fuse_conversation(std::vector<piece> & pieces, std::span<const segment * co
 static status append_generation_prompt(assembled_prompt & out, std::vector<piece> & pieces, const text_model & model,
                                 std::optional<std::vector<token_id>> gen_tokens, std::string_view continuation) {
     manifest & m = out.man;
-    auto toks = gen_tokens ? result<std::vector<token_id>>(std::move(*gen_tokens)) : model.tokenize(model.generation_prompt());
+    auto toks =
+        gen_tokens ? result<std::vector<token_id>>(std::move(*gen_tokens)) : model.tokenize(model.generation_prompt());
     if (!toks.ok()) return toks.error().with_context("generation prompt: tokenizing");
     m.generation_prompt_begin = static_cast<pos_t>(out.tokens.size());
     WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, *toks));
@@ -227,7 +230,8 @@ static status append_generation_prompt(assembled_prompt & out, std::vector<piece
     }
     m.generation_prompt_end = static_cast<pos_t>(out.tokens.size());
     if (m.generation_prompt_end > m.generation_prompt_begin)
-        pieces.push_back({m.generation_prompt_begin, m.generation_prompt_end, retention_class::none, k_generation_prompt_index});
+        pieces.push_back(
+            {m.generation_prompt_begin, m.generation_prompt_end, retention_class::none, k_generation_prompt_index});
     return {};
 }
 
@@ -310,7 +314,8 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
             piece_begin = at;
         }
         if (e.token_end > piece_begin)
-            pieces.push_back({piece_begin, e.token_end, piece_cls[i], static_cast<int>(prompt_manifest.segments.size())});
+            pieces.push_back(
+                {piece_begin, e.token_end, piece_cls[i], static_cast<int>(prompt_manifest.segments.size())});
         prompt_manifest.segments.push_back(std::move(e));
     }
 

@@ -144,7 +144,8 @@ std::vector<job> jobs_of(const std::vector<span_of> & spans, const rendered_conv
             // whole text's).
             const std::string_view data = std::string_view(f.text).substr(r.begin, r.end - r.begin);
             size_t from_at = r.begin;
-            for (size_t c : spans[i].fine ? line_block_cuts(data, k_line_block_bytes, any_line) : diff_unit_cuts(data)) {
+            for (size_t c :
+                 spans[i].fine ? line_block_cuts(data, k_line_block_bytes, any_line) : diff_unit_cuts(data)) {
                 if (spans[i].fine && input_before + c < spans[i].fine_from) continue;  // whole chunks before it
                 jobs.push_back({i, {from_at, r.begin + c, true}, std::nullopt, {}, from_at != r.begin});
                 from_at = r.begin + c;
@@ -216,7 +217,8 @@ result<conversation_tokens> detail::tokenize_conversation(std::span<const segmen
             return j.err.with_context(where + ": tokenizing");
         }
         std::vector<token_id> & dst = sp.seg < n ? *out.seg[sp.seg] : out.gen;
-        if (j.starts_piece && sp.seg < n && !dst.empty() && !j.toks->empty()) out.sub_cuts[sp.seg].push_back(dst.size());
+        if (j.starts_piece && sp.seg < n && !dst.empty() && !j.toks->empty())
+            out.sub_cuts[sp.seg].push_back(dst.size());
         dst.insert(dst.end(), j.toks->begin(), j.toks->end());
     }
     return out;

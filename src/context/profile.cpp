@@ -124,7 +124,8 @@ std::vector<std::string> profile::describe_drift(const profile & other) const {
     const auto a = canonical_fields(), b = other.canonical_fields();
     for (size_t i = 0; i < a.size(); ++i)
         if (a[i].second != b[i].second)
-            out.push_back(std::string(a[i].first) + ": " + quote_input(a[i].second) + " -> " + quote_input(b[i].second));
+            out.push_back(std::string(a[i].first) + ": " + quote_input(a[i].second) + " -> " +
+                          quote_input(b[i].second));
     return out;
 }
 
@@ -180,7 +181,8 @@ result<profile> profile::from_json(const nlohmann::json & j) {
         WARMCTX_RETURN_IF_ERROR(st);
     }
     if (p.kv_mode != "exact" && p.kv_mode != "shared")
-        return invalid_argument("profile: field 'kv_mode' must be \"exact\" or \"shared\", not " + quote_input(p.kv_mode));
+        return invalid_argument("profile: field 'kv_mode' must be \"exact\" or \"shared\", not " +
+                                quote_input(p.kv_mode));
     return p;
 }
 
@@ -263,12 +265,13 @@ result<hash128> digest_bytes(const std::string & path, uint64_t offset, uint64_t
         }
 
         if (offset > id.size)
-            return out_of_range("digest: offset " + std::to_string(offset) + " is past the end of " + quote_input(path) +
-                                " (" + std::to_string(id.size) + " bytes)");
+            return out_of_range("digest: offset " + std::to_string(offset) + " is past the end of " +
+                                quote_input(path) + " (" + std::to_string(id.size) + " bytes)");
         const uint64_t n = n_bytes == k_to_end_of_file ? id.size - offset : n_bytes;
         if (n > id.size - offset)
             return out_of_range("digest: range [" + std::to_string(offset) + ", +" + std::to_string(n) +
-                                ") is past the end of " + quote_input(path) + " (" + std::to_string(id.size) + " bytes)");
+                                ") is past the end of " + quote_input(path) + " (" + std::to_string(id.size) +
+                                " bytes)");
 
         // Read outside the lock: digesting a multi-GB model must not block other files.
         auto f = fs.open_readable(path);

@@ -108,7 +108,8 @@ struct skeleton_map {
 
 // Aligns the skeleton with F. nullopt when F is not the skeleton with each content (or
 // the content stripped of surrounding whitespace) in its placeholder's place.
-std::optional<skeleton_map> align(std::string_view skel, std::string_view f, const std::vector<conversation_message> & msgs) {
+std::optional<skeleton_map> align(std::string_view skel, std::string_view f,
+                                  const std::vector<conversation_message> & msgs) {
     skeleton_map m;
     size_t sp = 0, fp = 0;
     while (true) {
@@ -121,7 +122,8 @@ std::optional<skeleton_map> align(std::string_view skel, std::string_view f, con
         size_t q = at + k_placeholder.size();
         size_t idx = 0;
         bool digits = false;
-        while (q < skel.size() && skel[q] >= '0' && skel[q] <= '9') idx = idx * 10 + size_t(skel[q++] - '0'), digits = true;
+        while (q < skel.size() && skel[q] >= '0' && skel[q] <= '9')
+            idx = idx * 10 + size_t(skel[q++] - '0'), digits = true;
         if (!digits || q >= skel.size() || skel[q] != 'Z' || idx >= msgs.size()) return std::nullopt;
         ++q;
         // The literal after this placeholder decides between the content as given and
@@ -180,7 +182,8 @@ constexpr size_t k_max_window_head = 32;
 // tools, rarely which, and rendering the real ones per window would cost their size
 // per message.
 constexpr std::string_view k_window_tools =
-    R"([{"type":"function","function":{"name":"warmctx_window","description":"","parameters":{"type":"object","properties":{}}}}])";
+    R"([{"type":"function","function":{"name":"warmctx_window","description":"",)"
+    R"("parameters":{"type":"object","properties":{}}}}])";
 
 // A placeholder in a skeleton's rendering: its message and its [begin, end).
 struct placeholder_at {
@@ -260,8 +263,9 @@ class cut_finder {
         if (skeleton_) {
             auto sk = model_.render_conversation(msgs_upto(cp_.skel, cp_, k), tools_.upto(k), false);
             if (!sk.ok() || whole_skel_->text.compare(0, sk->text.size(), sk->text) != 0) {
-                auto c = asks_for_query(sk, k, cp_.skel, whole_skel_->text) ? sentinel_cut(k, cp_.skel, whole_skel_->text)
-                                                                            : std::nullopt;
+                auto c = asks_for_query(sk, k, cp_.skel, whole_skel_->text)
+                             ? sentinel_cut(k, cp_.skel, whole_skel_->text)
+                             : std::nullopt;
                 return c ? to_f(*c) : std::nullopt;
             }
             return to_f(sk->text.size());
@@ -306,7 +310,8 @@ class cut_finder {
 
     // For such a template, [0, k) is rendered with a user query after it, and cut where
     // its last message closes (below); or not at all.
-    std::optional<size_t> sentinel_cut(size_t k, const std::vector<conversation_message> & all, const std::string & whole) {
+    std::optional<size_t> sentinel_cut(size_t k, const std::vector<conversation_message> & all,
+                                       const std::string & whole) {
         static constexpr std::string_view k_sentinel = "WARMCTXSENTINELQUERY";
         auto m = msgs_upto(all, cp_, k);
         if (m.empty()) return std::nullopt;

@@ -240,7 +240,8 @@ std::vector<result<std::vector<token_id>>> detail::tokenize_segments(std::span<c
         else out[todo[k]] = toks[k].error().with_context("segment " + quote_input(order[todo[k]]->id) + ": tokenizing");
     }
     for (size_t i = 0; i < order.size(); ++i)
-        if (known[i]) out[i] = tokenize_segment(*order[i], kinds.policy(order[i]->kind), roles[i], model, std::move(known[i]));
+        if (known[i])
+            out[i] = tokenize_segment(*order[i], kinds.policy(order[i]->kind), roles[i], model, std::move(known[i]));
     return out;
 }
 

@@ -173,7 +173,8 @@ void choose_order(order_decision & d, const std::vector<const item *> & cur, con
         d.reordered = true;
         d.note = "stable order changed: " + describe_moves(cur, best->order) + "; " + numbers(*best);
     } else {
-        d.note = "stable order kept: moving " + describe_moves(cur, whole.order) + " would not pay (" + numbers(whole) + ")";
+        d.note =
+            "stable order kept: moving " + describe_moves(cur, whole.order) + " would not pay (" + numbers(whole) + ")";
     }
 }
 
@@ -227,7 +228,8 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
     // first chat message) forward.
     d.hints.fuse_generation_prompt = !st.tail.carried_by(order) && st.tail.habit();
     // A conversation of one message (a question alone) has no boundary to save.
-    const auto n_chat = std::count_if(order.begin(), order.end(), [](const segment * s) { return is_chat_message(*s); });
+    const auto n_chat =
+        std::count_if(order.begin(), order.end(), [](const segment * s) { return is_chat_message(*s); });
     d.hints.fuse_conversation = n_chat >= 2 && !st.head.carried_by(order) && st.head.habit();
     std::vector<const item *> cur;
     for (const item & it : items) cur.push_back(&it);
@@ -345,7 +347,8 @@ status watch_from_json(const nlohmann::json & j, const std::string & name, carry
     auto bad = [](const std::string & what) { return invalid_argument("volatility state: " + what); };
     const std::string bits = name + "_carried_bits", observed = name + "_observed", last = "last_" + name;
     if (j.contains(bits) || j.contains(observed)) {
-        if (!j.contains(bits) || !j[bits].is_number_unsigned() || !j.contains(observed) || !j[observed].is_number_unsigned())
+        if (!j.contains(bits) || !j[bits].is_number_unsigned() || !j.contains(observed) ||
+            !j[observed].is_number_unsigned())
             return bad(bits + ", " + observed);
         w.carried_bits = j[bits].get<uint64_t>();
         w.observed = (uint32_t)std::min<uint64_t>(j[observed].get<uint64_t>(), 64);
@@ -382,7 +385,8 @@ result<volatility_state> volatility_from_json(std::string_view text) {
     if (!parsed.ok()) return invalid_argument("volatility state: " + parsed.error().message());
     const nlohmann::json & j = *parsed;
     auto bad = [](const std::string & what) { return invalid_argument("volatility state: " + what); };
-    if (!j.is_object() || !j.contains("format") || j["format"] != k_volatility_format) return bad("not " + std::string(k_volatility_format));
+    if (!j.is_object() || !j.contains("format") || j["format"] != k_volatility_format)
+        return bad("not " + std::string(k_volatility_format));
     volatility_state st;
     if (!j.contains("n_turns") || !j["n_turns"].is_number_unsigned()) return bad("n_turns");
     st.n_turns = j["n_turns"].get<uint64_t>();
@@ -395,8 +399,8 @@ result<volatility_state> volatility_from_json(std::string_view text) {
     for (const auto & [id, v] : j["segs"].items()) {
         if (!v.is_object() || !v.contains("content_hash") || !v["content_hash"].is_string() ||
             !v.contains("content_bytes") || !v["content_bytes"].is_number_unsigned() || !v.contains("changed_bits") ||
-            !v["changed_bits"].is_number_unsigned() || !v.contains("n_observed") || !v["n_observed"].is_number_unsigned() ||
-            !v.contains("fine") || !v["fine"].is_boolean())
+            !v["changed_bits"].is_number_unsigned() || !v.contains("n_observed") ||
+            !v["n_observed"].is_number_unsigned() || !v.contains("fine") || !v["fine"].is_boolean())
             return bad("segment '" + id.substr(0, 64) + "'");
         auto h = parse_hash128(v["content_hash"].get<std::string>());
         if (!h.ok()) return bad("segment '" + id.substr(0, 64) + "': content_hash");

@@ -29,7 +29,8 @@ class common_parser final : public chat_output_parser {
             parsed_answer a;
             a.content = std::move(m.content);
             a.reasoning = std::move(m.reasoning_content);
-            for (auto & c : m.tool_calls) a.tool_calls.push_back({std::move(c.id), std::move(c.name), std::move(c.arguments)});
+            for (auto & c : m.tool_calls)
+                a.tool_calls.push_back({std::move(c.id), std::move(c.name), std::move(c.arguments)});
             return a;
         } catch (const std::exception & e) {
             return invalid_argument(std::string("the answer does not parse as the template's format: ") + e.what());
@@ -50,7 +51,8 @@ std::vector<common_chat_tool> parse_tools(std::string_view tools_json, const std
         std::vector<common_chat_tool> one;
         for (auto & t : out)
             if (t.name == only) one.push_back(std::move(t));
-        if (one.empty()) throw std::invalid_argument("tool_choice names the function '" + only + "', which is not in tools");
+        if (one.empty())
+            throw std::invalid_argument("tool_choice names the function '" + only + "', which is not in tools");
         out = std::move(one);
     }
     return out;
@@ -76,10 +78,12 @@ std::string calls_first(const std::string & grammar) {
 std::string one_reasoning_block(const std::string & grammar) {
     static const std::regex k_blocks(
         R"((^|\n)root ::= \(start (any|analysis)\)\* start (tool-call|response-format)(\n|$))");
-    const bool has_analysis = grammar.rfind("analysis ::= ", 0) == 0 || grammar.find("\nanalysis ::= ") != std::string::npos;
+    const bool has_analysis =
+        grammar.rfind("analysis ::= ", 0) == 0 || grammar.find("\nanalysis ::= ") != std::string::npos;
     std::smatch m;
     if (!has_analysis || !std::regex_search(grammar, m, k_blocks)) return grammar;
-    return m.prefix().str() + m[1].str() + "root ::= (start analysis)? start " + m[3].str() + m[4].str() + m.suffix().str();
+    return m.prefix().str() + m[1].str() + "root ::= (start analysis)? start " + m[3].str() + m[4].str() +
+           m.suffix().str();
 }
 
 // The grammar's rule-name form of a name (llama.cpp's: runs of other characters as "-").
@@ -191,8 +195,9 @@ class chat_templates_impl final : public chat_templates {
             std::string where;
             const std::string * hit = nullptr;
             for (size_t i = 0; i < msgs.size() && !hit; ++i)
-                for (auto [f, name] : {std::pair{&msgs[i].content, "content"}, std::pair{&msgs[i].tool_calls, "tool_calls"},
-                                       std::pair{&msgs[i].tool_call_id, "tool_call_id"}})
+                for (auto [f, name] :
+                     {std::pair{&msgs[i].content, "content"}, std::pair{&msgs[i].tool_calls, "tool_calls"},
+                      std::pair{&msgs[i].tool_call_id, "tool_call_id"}})
                     if ((hit = first_control(*f))) {
                         where = "message " + std::to_string(i) + "'s " + name;
                         break;
@@ -218,7 +223,8 @@ class chat_templates_impl final : public chat_templates {
         }
     }
 
-    result<answer_format> answer(std::span<const conversation_message> tail, const answer_request & req) const override {
+    result<answer_format> answer(std::span<const conversation_message> tail,
+                                 const answer_request & req) const override {
         std::string key;
         for (const auto & m : tail) key += m.role + '\x1f' + m.tool_calls + '\x1e';
         key += '\x1d' + req.tools_json + '\x1d' + std::to_string((int)req.choice) + req.named_function + '\x1d' +
@@ -242,7 +248,8 @@ class chat_templates_impl final : public chat_templates {
     // True when the template refuses a second system message but takes one.
     bool probe_one_system() const {
         const std::vector<conversation_message> one = {{"system", "a", "", ""}, {"user", "b", "", ""}};
-        const std::vector<conversation_message> two = {{"system", "a", "", ""}, {"system", "c", "", ""}, {"user", "b", "", ""}};
+        const std::vector<conversation_message> two = {
+            {"system", "a", "", ""}, {"system", "c", "", ""}, {"user", "b", "", ""}};
         try {
             (void)render_impl(one, "", true);
         } catch (const std::exception &) {
@@ -258,10 +265,18 @@ class chat_templates_impl final : public chat_templates {
 
     bool probe_verbatim() const {
         static const char * const k_probes[] = {
-            "plain words", "  padded on both sides  \n", "\n", "a\n\n\nb", "<think>\nr\n</think>\n\nanswer",
-            "<tool_response>\nx\n</tool_response>", "<tool_call>\n{}\n</tool_call>", "[TOOL_CALLS]", "{\"json\": [1, 2]}",
+            "plain words",
+            "  padded on both sides  \n",
+            "\n",
+            "a\n\n\nb",
+            "<think>\nr\n</think>\n\nanswer",
+            "<tool_response>\nx\n</tool_response>",
+            "<tool_call>\n{}\n</tool_call>",
+            "[TOOL_CALLS]",
+            "{\"json\": [1, 2]}",
         };
-        const std::string call = R"([{"id":"call0001a","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}])";
+        const std::string call =
+            R"([{"id":"call0001a","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}])";
         const std::string tools = R"([{"type":"function","function":{"name":"f","description":"d",)"
                                   R"("parameters":{"type":"object","properties":{"a":{"type":"integer"}}}}}])";
         const std::vector<std::vector<conversation_message>> shapes = {
@@ -376,8 +391,8 @@ class chat_templates_impl final : public chat_templates {
                 common_json out = common_json::array();
                 for (size_t i = 0; i < calls.size(); ++i) {
                     common_json c = calls[i];
-                    if (caps.supports_object_arguments && c.contains("function") && c["function"].contains("arguments") &&
-                        c["function"]["arguments"].is_string()) {
+                    if (caps.supports_object_arguments && c.contains("function") &&
+                        c["function"].contains("arguments") && c["function"]["arguments"].is_string()) {
                         const std::string a = c["function"]["arguments"].get<std::string>();
                         common_json parsed = common_json::parse_no_throw(a);
                         if (!parsed.is_discarded() && parsed.is_object()) c["function"]["arguments"] = parsed;

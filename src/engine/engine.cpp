@@ -58,7 +58,8 @@ result<std::vector<token_id>> engine::tokenize(std::string_view text, bool parse
 
 result<std::string> engine::detokenize(std::span<const token_id> tokens) const {
     for (token_id t : tokens)
-        if (t < 0 || t >= p_->minfo.n_vocab) return invalid_argument("token id " + std::to_string(t) + " out of vocabulary");
+        if (t < 0 || t >= p_->minfo.n_vocab)
+            return invalid_argument("token id " + std::to_string(t) + " out of vocabulary");
     std::string out(tokens.size() * 8 + 16, '\0');
     int32_t n = llama_detokenize(p_->vocab, tokens.data(), (int32_t)tokens.size(), out.data(), (int32_t)out.size(),
                                  false, false);
@@ -183,7 +184,8 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
         return failed_precondition("prefill: sequence " + std::to_string(seq) + " holds " +
                                    std::to_string(seq_n_tokens(seq)) + " tokens, expected " + std::to_string(pos0));
     for (token_id t : tokens)
-        if (t < 0 || t >= p_->minfo.n_vocab) return invalid_argument("prefill: token id " + std::to_string(t) + " out of vocabulary");
+        if (t < 0 || t >= p_->minfo.n_vocab)
+            return invalid_argument("prefill: token id " + std::to_string(t) + " out of vocabulary");
     auto chunks = plan_chunks(pos0, (int32_t)tokens.size(), boundaries, chunk_tokens);
     for (size_t i = 0; i < chunks.size(); ++i) {
         auto [b, e] = chunks[i];
@@ -208,13 +210,15 @@ result<engine::decode_timing> engine::timed_decode(seq_id seq, std::span<const t
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
     if (tokens.empty() || tokens.size() > p_->cinfo.chunk_tokens)
         return invalid_argument("timed_decode: 1 to " + std::to_string(p_->cinfo.chunk_tokens) + " tokens");
-    if (pos < 0 || (uint64_t)pos + tokens.size() > p_->cinfo.n_ctx_seq) return out_of_range("timed_decode: past the sequence's context");
+    if (pos < 0 || (uint64_t)pos + tokens.size() > p_->cinfo.n_ctx_seq)
+        return out_of_range("timed_decode: past the sequence's context");
     for (token_id t : tokens)
         if (t < 0 || t >= p_->minfo.n_vocab) return invalid_argument("timed_decode: token id out of vocabulary");
     llama_synchronize(p_->ctx.get());
     using clk = std::chrono::steady_clock;
     const auto t0 = clk::now();
-    WARMCTX_RETURN_IF_ERROR(p_->decode(seq, tokens.data(), (int32_t)tokens.size(), pos, true).with_context("timed_decode"));
+    WARMCTX_RETURN_IF_ERROR(
+        p_->decode(seq, tokens.data(), (int32_t)tokens.size(), pos, true).with_context("timed_decode"));
     const auto t1 = clk::now();
     std::vector<float> logits;
     p_->copy_logits(&logits);  // waits for the device
@@ -225,13 +229,15 @@ result<engine::decode_timing> engine::timed_decode(seq_id seq, std::span<const t
 
 status engine::decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits) {
     if (inputs.empty()) return invalid_argument("decode_step: no inputs");
-    if (inputs.size() > p_->cinfo.chunk_tokens) return invalid_argument("decode_step: more inputs than the batch holds");
+    if (inputs.size() > p_->cinfo.chunk_tokens)
+        return invalid_argument("decode_step: more inputs than the batch holds");
     auto & batch = p_->batch;
     batch.n_tokens = (int32_t)inputs.size();
     for (size_t i = 0; i < inputs.size(); ++i) {
         const auto & in = inputs[i];
         WARMCTX_RETURN_IF_ERROR(p_->check_seq(in.seq));
-        if (in.token < 0 || in.token >= p_->minfo.n_vocab) return invalid_argument("decode_step: token out of vocabulary");
+        if (in.token < 0 || in.token >= p_->minfo.n_vocab)
+            return invalid_argument("decode_step: token out of vocabulary");
         if ((uint32_t)in.pos >= p_->cinfo.n_ctx_seq) return out_of_range("decode_step: sequence is full");
         // A sequence's rows (its token and a draft after it) are adjacent, at consecutive positions.
         const bool continues = i > 0 && inputs[i - 1].seq == in.seq;

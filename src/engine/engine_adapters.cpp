@@ -128,7 +128,8 @@ class engine_text_model final : public text_model {
                                                       bool add_generation_prompt) const override {
         if (!jinja_) return failed_precondition("the model's chat template is not rendered as Jinja");
         size_t in_bytes = tools_json.size();
-        for (const auto & m : msgs) in_bytes += m.role.size() + m.content.size() + m.tool_calls.size() + m.tool_call_id.size();
+        for (const auto & m : msgs)
+            in_bytes += m.role.size() + m.content.size() + m.tool_calls.size() + m.tool_call_id.size();
         if (in_bytes > k_render_memo_max_input) return jinja_->render(msgs, tools_json, add_generation_prompt);
         std::string key;
         key.reserve(in_bytes + 8 * msgs.size() + 2);

@@ -72,7 +72,8 @@ struct engine::impl {
     // The staging buffer, at least n bytes (nullptr: none, or its allocation failed).
     uint8_t * staging_of(size_t n) {
         if (!staging_buft) return nullptr;
-        if (staging && ggml_backend_buffer_get_size(staging) >= n) return (uint8_t *)ggml_backend_buffer_get_base(staging);
+        if (staging && ggml_backend_buffer_get_size(staging) >= n)
+            return (uint8_t *)ggml_backend_buffer_get_base(staging);
         if (staging) ggml_backend_buffer_free(staging);
         const size_t step = size_t{64} << 20;  // grow in 64 MiB steps: few reallocations
         staging = ggml_backend_buft_alloc_buffer(staging_buft, (n + step - 1) / step * step);

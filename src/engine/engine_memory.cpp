@@ -110,7 +110,8 @@ status engine::impl::probe_memory(memory_info & mi, uint64_t & kv_per_token) {
         llama_memory_seq_rm(mem(), 0, -1, -1);
         WARMCTX_RETURN_IF_ERROR(decode(0, toks, n, 0, false));
         full = llama_state_seq_get_size_ext(ctx.get(), 0, 0);
-        partial = layout.has_partial() ? llama_state_seq_get_size_ext(ctx.get(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) : 0;
+        partial =
+            layout.has_partial() ? llama_state_seq_get_size_ext(ctx.get(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) : 0;
         return {};
     };
     size_t full1 = 0, part1 = 0, full2 = 0, part2 = 0;
@@ -157,7 +158,8 @@ status engine::impl::probe_memory(memory_info & mi, uint64_t & kv_per_token) {
         case memory_kind::recurrent:
         case memory_kind::hybrid:
             mi.note = std::string(memory_kind_name(mi.kind)) + " memory: a recurrent state of " + ck +
-                      " bytes per sequence, kept as a checkpoint at every block end; reuse resumes from the deepest one shared";
+                      " bytes per sequence, kept as a checkpoint at every block end; reuse resumes from the deepest "
+                      "one shared";
             break;
         case memory_kind::unsupported:
             mi.note = "this model's memory is not one warmctx can save and cut (" + why +
@@ -305,7 +307,8 @@ pos_t engine::seq_n_tokens(seq_id seq) const {
 
 status engine::apply_pending_copies(seq_id scratch) {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(scratch));
-    if (seq_n_tokens(scratch) != 0) return failed_precondition("apply_pending_copies: the scratch sequence is not empty");
+    if (seq_n_tokens(scratch) != 0)
+        return failed_precondition("apply_pending_copies: the scratch sequence is not empty");
     const token_id t = 0;
     status st = p_->decode(scratch, &t, 1, 0, false);  // llama_decode applies pending copies first
     clear_seq(scratch);

@@ -100,7 +100,8 @@ result<model_info> read_model_info(const std::string & path) {
     mi.n_layer = (int32_t)u32(a + ".block_count");
     mi.n_embd = (int32_t)u32(a + ".embedding_length");
     int64_t fb = gguf_find_key(g.get(), (a + ".rope.freq_base").c_str());
-    if (fb >= 0 && gguf_get_kv_type(g.get(), fb) == GGUF_TYPE_FLOAT32) mi.rope_freq_base = gguf_get_val_f32(g.get(), fb);
+    if (fb >= 0 && gguf_get_kv_type(g.get(), fb) == GGUF_TYPE_FLOAT32)
+        mi.rope_freq_base = gguf_get_val_f32(g.get(), fb);
     int64_t tok = gguf_find_key(g.get(), "tokenizer.ggml.tokens");
     if (tok >= 0) mi.n_vocab = (int32_t)gguf_get_arr_n(g.get(), tok);
     for (int64_t i = 0; i < gguf_get_n_tensors(g.get()); ++i) {
@@ -270,11 +271,13 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = opts.n_gpu_layers < 0 ? 999 : opts.n_gpu_layers;
     p->model.reset(llama_model_load_from_file(opts.model_path.c_str(), mp));
-    if (!p->model) return engine_error("llama.cpp could not load model '" + opts.model_path + "' (see the error above)");
+    if (!p->model)
+        return engine_error("llama.cpp could not load model '" + opts.model_path + "' (see the error above)");
     p->vocab = llama_model_get_vocab(p->model.get());
     describe_loaded_model(p->model.get(), p->vocab, opts, p->minfo);
 
-    const int32_t n_threads = opts.n_threads > 0 ? opts.n_threads : (int32_t)std::max(1u, std::thread::hardware_concurrency());
+    const int32_t n_threads =
+        opts.n_threads > 0 ? opts.n_threads : (int32_t)std::max(1u, std::thread::hardware_concurrency());
     const uint64_t kv_per_token = kv_bytes_per_token(p->model.get(), p->minfo, *kvt);
     const uint32_t n_ctx = choose_n_ctx(opts, p->minfo, kv_per_token, p->cinfo.n_ctx_reason);
     // The GPU's memory once the model is in it, and the resident streams it has room for.

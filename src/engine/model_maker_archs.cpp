@@ -80,12 +80,14 @@ void set_arch_kvs(gguf_context * g, const model_shape & s, uint64_t seed) {
         // llama.cpp keeps it as a hybrid of a recurrent state and a windowed KV.
         std::vector<uint32_t> heads, heads_kv;
         for (int32_t il = 0; il < s.n_layer; ++il) {
-            const bool attn = il % std::max(1, s.full_attn_interval) == 0;  // llama.cpp reads the head size from layer 0
+            const bool attn =
+                il % std::max(1, s.full_attn_interval) == 0;  // llama.cpp reads the head size from layer 0
             heads.push_back(attn ? (uint32_t)s.n_head : 0);
             heads_kv.push_back(attn ? (uint32_t)s.n_head_kv : 0);
         }
         gguf_set_arr_data(g, (a + "attention.head_count").c_str(), GGUF_TYPE_UINT32, heads.data(), heads.size());
-        gguf_set_arr_data(g, (a + "attention.head_count_kv").c_str(), GGUF_TYPE_UINT32, heads_kv.data(), heads_kv.size());
+        gguf_set_arr_data(g, (a + "attention.head_count_kv").c_str(), GGUF_TYPE_UINT32, heads_kv.data(),
+                          heads_kv.size());
         u32("shortconv.l_cache", s.ssm_d_conv);
     }
 }
@@ -265,16 +267,19 @@ status finish_arch_model(const std::string & in_path, const model_shape & shape,
     }
     std::unique_ptr<FILE, file_closer> src(std::fopen(in_path.c_str(), "rb"));
     std::unique_ptr<FILE, file_closer> dst(std::fopen(out_path.c_str(), "wb"));
-    if (!src || !dst) return io_error("cannot open '" + in_path + "' or create '" + out_path + "': " + std::strerror(errno));
+    if (!src || !dst)
+        return io_error("cannot open '" + in_path + "' or create '" + out_path + "': " + std::strerror(errno));
     std::vector<uint8_t> buf(gguf_get_meta_size(out.get()));
     gguf_get_meta_data(out.get(), buf.data());
-    if (std::fwrite(buf.data(), 1, buf.size(), dst.get()) != buf.size()) return io_error("write failed on '" + out_path + "'");
+    if (std::fwrite(buf.data(), 1, buf.size(), dst.get()) != buf.size())
+        return io_error("write failed on '" + out_path + "'");
     // Each kept tensor's bytes, at the offsets gguf gave them (each padded to the alignment).
     const size_t align = gguf_get_alignment(out.get());
     size_t at = 0;
     buf.assign(1 << 22, 0);
     for (size_t i = 0; i < kept.size(); ++i) {
-        if (gguf_get_tensor_offset(out.get(), (int64_t)i) != at) return engine_error("unexpected tensor offset in '" + out_path + "'");
+        if (gguf_get_tensor_offset(out.get(), (int64_t)i) != at)
+            return engine_error("unexpected tensor offset in '" + out_path + "'");
         if (fseeko(src.get(), (off_t)src_offset[i], SEEK_SET) != 0) return io_error("seek failed on '" + in_path + "'");
         const size_t nbytes = ggml_nbytes(kept[i]), padded = GGML_PAD(nbytes, align);
         for (size_t done = 0; done < nbytes;) {
@@ -292,7 +297,8 @@ status finish_arch_model(const std::string & in_path, const model_shape & shape,
         at += padded;
     }
     if (std::ferror(src.get())) return io_error("read failed on '" + in_path + "'");
-    if (std::fflush(dst.get()) != 0 || fsync(fileno(dst.get())) != 0) return io_error("flush failed on '" + out_path + "'");
+    if (std::fflush(dst.get()) != 0 || fsync(fileno(dst.get())) != 0)
+        return io_error("flush failed on '" + out_path + "'");
     return {};
 }
 

@@ -76,10 +76,12 @@ result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params
     if (sp.temperature > 0 || penalties || !bias.empty() || !sp.grammar.empty()) {
         p->chain.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
         if (!bias.empty())
-            llama_sampler_chain_add(p->chain.get(), llama_sampler_init_logit_bias(n_vocab, (int32_t)bias.size(), bias.data()));
+            llama_sampler_chain_add(p->chain.get(),
+                                    llama_sampler_init_logit_bias(n_vocab, (int32_t)bias.size(), bias.data()));
         if (penalties)
-            llama_sampler_chain_add(p->chain.get(), llama_sampler_init_penalties(n_vocab, k_penalty_window, 1.0f,
-                                                                                 sp.frequency_penalty, sp.presence_penalty));
+            llama_sampler_chain_add(p->chain.get(),
+                                    llama_sampler_init_penalties(n_vocab, k_penalty_window, 1.0f, sp.frequency_penalty,
+                                                                 sp.presence_penalty));
         if (!sp.grammar.empty()) {
             llama_sampler * g = nullptr;
             if (sp.grammar_lazy) {
@@ -92,8 +94,8 @@ result<std::unique_ptr<token_sampler>> token_sampler::make(const sampling_params
                 }
                 std::vector<const char *> pc;
                 for (const auto & s : patterns) pc.push_back(s.c_str());
-                g = llama_sampler_init_grammar_lazy_patterns(e.p_->vocab, sp.grammar.c_str(), "root", pc.data(), pc.size(),
-                                                             tokens.data(), tokens.size());
+                g = llama_sampler_init_grammar_lazy_patterns(e.p_->vocab, sp.grammar.c_str(), "root", pc.data(),
+                                                             pc.size(), tokens.data(), tokens.size());
             } else {
                 g = llama_sampler_init_grammar(e.p_->vocab, sp.grammar.c_str(), "root");
             }
@@ -344,7 +346,8 @@ token_logprobs logprobs_of(const engine & e, std::span<const float> logits, toke
         std::partial_sort(idx.begin(), idx.begin() + (long)n, idx.end(), [&](token_id a, token_id b) {
             return logits[(size_t)a] > logits[(size_t)b] || (logits[(size_t)a] == logits[(size_t)b] && a < b);
         });
-        for (size_t i = 0; i < n; ++i) out.top.push_back({idx[i], logits[(size_t)idx[i]] - log_z, e.token_piece(idx[i])});
+        for (size_t i = 0; i < n; ++i)
+            out.top.push_back({idx[i], logits[(size_t)idx[i]] - log_z, e.token_piece(idx[i])});
     }
     return out;
 }
@@ -461,7 +464,8 @@ result<generation> engine::generate(seq_id seq, std::vector<float> logits, const
             g.drafts.n_steps++;
             g.drafts.n_drafted += batch.size() - 1;
             g.drafts.n_accepted += i;
-            if (i + 1 < batch.size()) WARMCTX_RETURN_IF_ERROR(trim_seq(seq, pos).with_context("generate: dropping a draft"));
+            if (i + 1 < batch.size())
+                WARMCTX_RETURN_IF_ERROR(trim_seq(seq, pos).with_context("generate: dropping a draft"));
         }
     }
     g.finish = d.finish;

@@ -201,7 +201,8 @@ status check_positions(std::span<const uint8_t> src, const stream_record & rec, 
     for (uint32_t i = 0; i < k; ++i) {
         uint32_t pos = 0;
         std::memcpy(&pos, src.data() + cells + (size_t)i * rec.cell_bytes, 4);
-        if ((pos_t)pos != (pos_t)i) return bad_state("cell " + std::to_string(i) + " holds position " + std::to_string(pos));
+        if ((pos_t)pos != (pos_t)i)
+            return bad_state("cell " + std::to_string(i) + " holds position " + std::to_string(pos));
     }
     return {};
 }
@@ -347,7 +348,8 @@ status truncate_state(std::vector<uint8_t> & state, pos_t n_keep, const state_la
         return out_of_range("truncate_seq_state: the state holds " + std::to_string(n) + " tokens, not " +
                             std::to_string(n_keep));
     const std::span<const uint8_t> src(state);
-    if (!first.recurrent && first.record) WARMCTX_RETURN_IF_ERROR(check_positions(src, *first.record, (uint32_t)n_keep));
+    if (!first.recurrent && first.record)
+        WARMCTX_RETURN_IF_ERROR(check_positions(src, *first.record, (uint32_t)n_keep));
     const checkpoint_ref * ckpt = nullptr;
     if (layout.has_partial() && n_keep < n) {
         for (const auto & c : parsed->checkpoints)

@@ -8,8 +8,9 @@ void answer_memory::remember(const std::string & workspace, std::span<const toke
                              std::span<const token_id> answer) {
     if (answer.empty()) return;
     if (!by_ws_.contains(workspace) && by_ws_.size() >= k_workspaces) {
-        auto oldest = std::min_element(by_ws_.begin(), by_ws_.end(),
-                                       [](const auto & a, const auto & b) { return a.second.t_last < b.second.t_last; });
+        auto oldest = std::min_element(by_ws_.begin(), by_ws_.end(), [](const auto & a, const auto & b) {
+            return a.second.t_last < b.second.t_last;
+        });
         by_ws_.erase(oldest);
     }
     entry & e = by_ws_[workspace];

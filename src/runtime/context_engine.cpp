@@ -91,8 +91,9 @@ status context_engine::impl::plausible(const turn_request & req) const {
     const uint64_t n_ctx = eng->context().n_ctx_seq;
     if (max_piece_bytes > 0 && bytes / max_piece_bytes > n_ctx)
         return out_of_range("the request's segments hold " + std::to_string(bytes) + " bytes of text, at least " +
-                            std::to_string(bytes / max_piece_bytes) + " tokens (no token of this model covers more than " +
-                            std::to_string(max_piece_bytes) + " bytes), but the context holds " + std::to_string(n_ctx) +
+                            std::to_string(bytes / max_piece_bytes) +
+                            " tokens (no token of this model covers more than " + std::to_string(max_piece_bytes) +
+                            " bytes), but the context holds " + std::to_string(n_ctx) +
                             " per sequence (start the server with a larger -c/--n-ctx)");
     return {};
 }
@@ -115,8 +116,8 @@ void context_engine::impl::count(const std::string & ws, const explain_report & 
     }
 }
 
-explain_report context_engine::impl::explain(const std::string & ws, const assembled_prompt & ap, const match & m, pos_t reuse,
-                                             kv_tier tier) const {
+explain_report context_engine::impl::explain(const std::string & ws, const assembled_prompt & ap, const match & m,
+                                             pos_t reuse, kv_tier tier) const {
     const workspace_history * h = history(ws);
     explain_report r = explain_turn({ws, ap, m, reuse, h, prof, *cache, prefill_tokens_per_ms,
                                      h && h->has_turn ? std::nullopt : tiers->newest_profile(ws)});
@@ -148,8 +149,8 @@ std::vector<pos_t> block_ends(const assembled_prompt & ap) {
 }
 }  // namespace
 
-status context_engine::impl::prefill(seq_id seq, const assembled_prompt & ap, pos_t from, pos_t end, std::vector<float> & logits,
-               double & ms) {
+status context_engine::impl::prefill(seq_id seq, const assembled_prompt & ap, pos_t from, pos_t end,
+                                     std::vector<float> & logits, double & ms) {
     auto tp = clock_type::now();
     std::span<const token_id> part(ap.tokens.data() + from, (size_t)(end - from));
     const bool last = (size_t)end == ap.tokens.size();
@@ -170,7 +171,8 @@ status context_engine::impl::generate(seq_id seq, const turn_request & req, std:
     std::unique_ptr<draft_index> drafts;
     if (seq != cold_seq && req.sampling.draft_max > 0 && drops_a_draft(eng->context().memory))
         drafts = answers.index_for(req.workspace, prompt);
-    auto g = eng->generate(seq, std::move(logits), req.sampling, req.keep_logits ? &out.gen_logits : nullptr, drafts.get());
+    auto g =
+        eng->generate(seq, std::move(logits), req.sampling, req.keep_logits ? &out.gen_logits : nullptr, drafts.get());
     if (!g.ok()) return g.error();
     if (seq != cold_seq && req.cache) answers.remember(req.workspace, prompt, g->tokens);
     out.gen = std::move(g.value());
@@ -357,7 +359,8 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     auto tl = clock_type::now();
     t.t_write_back_ms = ms_between(tw, tl);
     // In place: this stream still holds at least as much from the turn it ran last.
-    match m = p_->prefer_in_place(p_->best_match(p_->cache->lookup(ap.blocks, t.tick, req.workspace), ap.blocks, seq), ap, seq);
+    match m = p_->prefer_in_place(p_->best_match(p_->cache->lookup(ap.blocks, t.tick, req.workspace), ap.blocks, seq),
+                                  ap, seq);
     reuse_point at = snap_reuse(ap, m.n_blocks);
     bool in_place = at.n_tokens > 0 && m.holder == seq;
     p_->keep_deferred_of(seq, in_place ? at.n_tokens : 0);
@@ -532,7 +535,8 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             std::unique_lock lock(p_->volatility_mu);
             volatility_state * st = p_->volatility_of(t.workspace, lock);
             if (!st) st = &p_->volatility[t.workspace];
-            if (observe_turn(*st, t.ap.man, t.ap.first_chat_message, t.ap.hints, t.ap.content_digests) || st->n_turns % impl::k_volatility_save_every == 0)
+            if (observe_turn(*st, t.ap.man, t.ap.first_chat_message, t.ap.hints, t.ap.content_digests) ||
+                st->n_turns % impl::k_volatility_save_every == 0)
                 p_->vol_dirty.insert(t.workspace);
         }
         p_->count(t.workspace, t.explain, n_generated);
@@ -618,7 +622,8 @@ result<turn_result> context_engine::run_turn(const turn_request & req, seq_id se
 }
 
 result<turn_result> context_engine::run_cold(const turn_request & req) {
-    if (p_->cold_seq < 0) return failed_precondition("run_cold needs the cold stream (context_engine_options::cold_stream)");
+    if (p_->cold_seq < 0)
+        return failed_precondition("run_cold needs the cold stream (context_engine_options::cold_stream)");
     auto t0 = clock_type::now();
     auto ap = p_->assemble(req);
     if (!ap.ok()) return ap.error();
@@ -658,6 +663,8 @@ const profile & context_engine::current_profile() const { return p_->prof; }
 const model_info & context_engine::model() const { return p_->eng->model(); }
 const chat_templates * context_engine::chat_template() const { return engine_chat_templates(*p_->tm); }
 const context_info & context_engine::context() const { return p_->eng->context(); }
-result<std::vector<token_id>> context_engine::tokenize(std::string_view text) const { return p_->eng->tokenize(text, true); }
+result<std::vector<token_id>> context_engine::tokenize(std::string_view text) const {
+    return p_->eng->tokenize(text, true);
+}
 const prefix_cache & context_engine::cache() const { return *p_->cache; }
 }  // namespace warmctx

@@ -150,7 +150,8 @@ void context_engine::impl::clear_stream(seq_id seq) {
 seq_id context_engine::pick_work_seq(std::string_view workspace, std::span<const seq_id> free_seqs) const {
     std::vector<stream_view> views;
     views.reserve(p_->streams.size());
-    for (const work_stream & st : p_->streams) views.push_back({st.busy, st.blocks.empty(), st.workspace, st.t_finished});
+    for (const work_stream & st : p_->streams)
+        views.push_back({st.busy, st.blocks.empty(), st.workspace, st.t_finished});
     return choose_stream(workspace, views, free_seqs);
 }
 
@@ -196,7 +197,8 @@ bool context_engine::write_back_ahead(std::chrono::milliseconds * retry_in) {
     // displaced. Saving it now (a copy of its whole prefix, 370 ms for 47k tokens out of
     // an H200) would hold that turn in the queue; it waits k_write_ahead_delay first.
     if (victim == p_->last_finished_seq) {
-        const auto since = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - p_->last_finished_at);
+        const auto since =
+            std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - p_->last_finished_at);
         if (since < k_write_ahead_delay) {
             if (retry_in) *retry_in = k_write_ahead_delay - since;
             return false;

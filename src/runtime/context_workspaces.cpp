@@ -65,7 +65,8 @@ static std::optional<volatility_state> read_volatility_file(file_system & fs, co
     return std::move(*st);
 }
 
-volatility_state * context_engine::impl::volatility_of(const std::string & ws, std::unique_lock<std::mutex> & lock) const {
+volatility_state * context_engine::impl::volatility_of(const std::string & ws,
+                                                       std::unique_lock<std::mutex> & lock) const {
     if (auto it = volatility.find(ws); it != volatility.end()) return &it->second;
     if (vol_dir.empty() || vol_looked_up.count(ws)) return nullptr;
     if (vol_looked_up.size() >= k_max_looked_up) vol_looked_up.clear();
@@ -258,7 +259,8 @@ context_counters context_engine::counters() const {
     const uint64_t bpt = ci.kv_bytes_per_token;
     m.streams_allocated_bytes = ci.kv_streams_bytes;
     m.n_padded_decodes = p_->eng->padded_decodes();
-    for (uint32_t s = 0; s < ci.n_seq_max; ++s) m.streams_used_bytes += (uint64_t)p_->eng->seq_n_tokens((seq_id)s) * bpt;
+    for (uint32_t s = 0; s < ci.n_seq_max; ++s)
+        m.streams_used_bytes += (uint64_t)p_->eng->seq_n_tokens((seq_id)s) * bpt;
     const kv_pool_counters pc = p_->pool->counters();
     m.pool_bytes = pc.used_bytes;
     m.pool_allocated_bytes = pc.allocated_bytes;

@@ -134,12 +134,14 @@ explain_report explain_turn(const explain_inputs & in) {
                        ") was evicted at t=" + std::to_string(ev->at) + ": " + ev->reason + " (policy " +
                        std::string(eviction_policy_name(ev->policy)) + ")";
         } else if (st && st->has_turn) {
-            const std::optional<segment_change> cause = change_that_stopped_reuse(st->last_manifest, ap.man, b, ap.reordered);
+            const std::optional<segment_change> cause =
+                change_that_stopped_reuse(st->last_manifest, ap.man, b, ap.reordered);
             std::string changed;
             if (cause) {
                 changed = cause->to_string();
                 // The segment whose edit stopped reuse is the one the miss is about.
-                if (cause->what != segment_change_kind::tokens_changed && cause->what != segment_change_kind::disappeared)
+                if (cause->what != segment_change_kind::tokens_changed &&
+                    cause->what != segment_change_kind::disappeared)
                     r.missed_segment = cause->id;
             }
             if (!changed.empty()) {
@@ -164,8 +166,9 @@ explain_report explain_turn(const explain_inputs & in) {
     // but reuse can only stop at a block end.
     if (std::min(r.n_common_tokens, r.n_cacheable) > reuse) {
         r.snapped_from = std::min(r.n_common_tokens, r.n_cacheable);
-        r.reason += "; " + std::to_string(r.snapped_from) + " cacheable tokens match the previous turn, reuse snapped to " +
-                    std::to_string(reuse) + " (a canonical block boundary)";
+        r.reason += "; " + std::to_string(r.snapped_from) +
+                    " cacheable tokens match the previous turn, reuse snapped to " + std::to_string(reuse) +
+                    " (a canonical block boundary)";
     }
     return r;
 }

@@ -117,7 +117,8 @@ disk_kv_tier::hit disk_kv_tier::find(const assembled_prompt & ap, pos_t better_t
             h.queued = q.snap;
         }
     }
-    snapshot_match file = counted ? disk_->lookup(ap.blocks, max_file_tokens_) : disk_->peek(ap.blocks, max_file_tokens_);
+    snapshot_match file =
+        counted ? disk_->lookup(ap.blocks, max_file_tokens_) : disk_->peek(ap.blocks, max_file_tokens_);
     if (file.n_blocks > h.file.n_blocks) {  // on a tie the queued bytes win: no file read
         h.file = file;
         h.queued.reset();
@@ -127,7 +128,9 @@ disk_kv_tier::hit disk_kv_tier::find(const assembled_prompt & ap, pos_t better_t
     return h;
 }
 
-disk_kv_tier::hit disk_kv_tier::peek(const assembled_prompt & ap, pos_t better_than) const { return find(ap, better_than, false); }
+disk_kv_tier::hit disk_kv_tier::peek(const assembled_prompt & ap, pos_t better_than) const {
+    return find(ap, better_than, false);
+}
 
 std::optional<profile> disk_kv_tier::newest_profile(const std::string & workspace) const {
     if (!disk_) return std::nullopt;
@@ -186,8 +189,8 @@ std::pair<disk_kv_tier::hit, std::shared_ptr<const snapshot>> disk_kv_tier::fetc
     return {h, std::move(snap)};
 }
 
-disk_kv_tier::hit disk_kv_tier::restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than,
-                                seq_id seq) {
+disk_kv_tier::hit disk_kv_tier::restore(engine & e, const profile & prof, const assembled_prompt & ap,
+                                        pos_t better_than, seq_id seq) {
     auto [h, snap] = fetch(prof, ap, better_than);
     if (!snap) return h;  // a miss, or a candidate that failed (h.failed says why)
     e.clear_seq(seq);

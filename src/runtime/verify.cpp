@@ -32,7 +32,8 @@ comparison compare(const turn_result & w, const turn_result & c) {
     comparison o;
     o.tokens_equal = w.gen.tokens == c.gen.tokens;
     o.n_tokens = c.gen.tokens.size();
-    for (size_t i = 0; i < std::min(w.gen.tokens.size(), c.gen.tokens.size()); ++i) o.n_agree += w.gen.tokens[i] == c.gen.tokens[i];
+    for (size_t i = 0; i < std::min(w.gen.tokens.size(), c.gen.tokens.size()); ++i)
+        o.n_agree += w.gen.tokens[i] == c.gen.tokens[i];
     auto diff = [&](const float * a, const float * b, size_t n) {
         for (size_t i = 0; i < n; ++i) o.max_diff = std::max(o.max_diff, std::fabs(a[i] - b[i]));
     };
@@ -42,9 +43,10 @@ comparison compare(const turn_result & w, const turn_result & c) {
     const size_t n_vocab = w.prompt_logits.size();
     const size_t same = o.tokens_equal ? w.gen_logits.size() : std::min(w.gen_logits.size(), (o.n_agree + 1) * n_vocab);
     diff(w.gen_logits.data(), c.gen_logits.data(), std::min({same, w.gen_logits.size(), c.gen_logits.size()}));
-    o.logits_equal = w.prompt_logits.size() == c.prompt_logits.size() && w.gen_logits.size() == c.gen_logits.size() &&
-                     std::memcmp(w.prompt_logits.data(), c.prompt_logits.data(), w.prompt_logits.size() * sizeof(float)) == 0 &&
-                     std::memcmp(w.gen_logits.data(), c.gen_logits.data(), w.gen_logits.size() * sizeof(float)) == 0;
+    o.logits_equal =
+        w.prompt_logits.size() == c.prompt_logits.size() && w.gen_logits.size() == c.gen_logits.size() &&
+        std::memcmp(w.prompt_logits.data(), c.prompt_logits.data(), w.prompt_logits.size() * sizeof(float)) == 0 &&
+        std::memcmp(w.gen_logits.data(), c.gen_logits.data(), w.gen_logits.size() * sizeof(float)) == 0;
     return o;
 }
 
@@ -136,7 +138,8 @@ class scenario_runner {
         // finer blocks or moved it: warmctx/volatility.h) or the edited turn's.
         segs_[edited_i].content = before_edit;
         segs_.back().content = g_.test_output(3);
-        const pos_t undone = std::max(std::min(stable_end(), shared_block_end(before_edit_blocks)), shared_block_end(prev_blocks_));
+        const pos_t undone =
+            std::max(std::min(stable_end(), shared_block_end(before_edit_blocks)), shared_block_end(prev_blocks_));
         WARMCTX_RETURN_IF_ERROR(step("edit undone", at_least(undone, undone > 0 ? "engine" : "")));
         // Edited again, twice: ranked as often edited, the segment moves after the others
         // of its class (a reorder is a miss from its old place on), then an edit keeps its
@@ -178,7 +181,8 @@ class scenario_runner {
             // cached under its drifted size by an earlier one: a legitimate hit, bounded
             // by the cache model.
             const uint32_t chunk = ce_.context().chunk_tokens;
-            const uint32_t drifted = std::max<uint32_t>(1, chunk - 1 - (uint32_t)sc_ % std::max<uint32_t>(1, chunk / 2));
+            const uint32_t drifted =
+                std::max<uint32_t>(1, chunk - 1 - (uint32_t)sc_ % std::max<uint32_t>(1, chunk / 2));
             WARMCTX_RETURN_IF_ERROR(ce_.set_chunk_tokens(drifted));
             status st = step("profile drift", after_drift_of("chunk_tokens"));
             WARMCTX_RETURN_IF_ERROR(ce_.set_chunk_tokens(chunk));
@@ -242,7 +246,8 @@ class scenario_runner {
         const bool prompt_equal = w->prompt_logits == c->prompt_logits;
         if (!cmp.tokens_equal || (drafted ? !prompt_equal : !cmp.logits_equal)) {
             mismatch_ = true;
-            rep_.mismatches.push_back({sc_, what, cmp.tokens_equal, cmp.logits_equal, cmp.max_diff, cmp.n_agree, cmp.n_tokens});
+            rep_.mismatches.push_back(
+                {sc_, what, cmp.tokens_equal, cmp.logits_equal, cmp.max_diff, cmp.n_agree, cmp.n_tokens});
         }
         rep_.n_drafted += w->gen.drafts.n_drafted;
         rep_.n_draft_accepted += w->gen.drafts.n_accepted;
@@ -252,8 +257,10 @@ class scenario_runner {
                                      " memory drafted", 0, ""});
         // Every token but the first (sampled after the prompt) and the last (never decoded).
         if (want.drafted && can_draft && w->gen.drafts.n_accepted + 2 < w->gen.tokens.size())
-            rep_.failures.push_back({sc_, what, "the answer before drafted " + std::to_string(w->gen.drafts.n_accepted) +
-                                     " of its " + std::to_string(w->gen.tokens.size()) + " tokens", 0, ""});
+            rep_.failures.push_back({sc_, what,
+                                     "the answer before drafted " + std::to_string(w->gen.drafts.n_accepted) +
+                                         " of its " + std::to_string(w->gen.tokens.size()) + " tokens",
+                                     0, ""});
         const explain_report & ex = w->explain;
         rep_.tokens_reused += (uint64_t)ex.n_reused;
         rep_.tokens_prefilled += (uint64_t)ex.n_prefilled;
@@ -263,7 +270,8 @@ class scenario_runner {
             rep_.drift_turns++;
             if (ex.n_reused > 0) rep_.drift_turns_reused++;
         }
-        for (auto & m : check_turn(want, ex)) rep_.failures.push_back({sc_, what, std::move(m), ex.n_reused, ex.reason});
+        for (auto & m : check_turn(want, ex))
+            rep_.failures.push_back({sc_, what, std::move(m), ex.n_reused, ex.reason});
         return {};
     }
 
@@ -293,9 +301,11 @@ class scenario_runner {
         return snap_reuse(*ap, n).n_tokens;
     }
     void drop_oldest_history() {
-        auto it = std::find_if(segs_.begin(), segs_.end(), [](const segment & s) { return s.kind == segment_kind::history; });
+        auto it =
+            std::find_if(segs_.begin(), segs_.end(), [](const segment & s) { return s.kind == segment_kind::history; });
         const std::string exchange = it == segs_.end() ? "" : it->id.substr(0, 5);  // "h0001" of "h0001a"
-        std::erase_if(segs_, [&](const segment & s) { return s.kind == segment_kind::history && s.id.starts_with(exchange); });
+        std::erase_if(segs_,
+                      [&](const segment & s) { return s.kind == segment_kind::history && s.id.starts_with(exchange); });
     }
     // An exchange: a question and an answer (`brief`: a few words each, as an agent's
     // small tool calls and results are).
@@ -304,7 +314,8 @@ class scenario_runner {
         char id[32];
         std::snprintf(id, sizeof id, "h%04d", n_hist_);
         const std::string n = std::to_string(n_hist_);
-        segs_.push_back({std::string(id) + "a", segment_kind::history, "", "user", brief ? "ok, step " + n : g_.question()});
+        segs_.push_back(
+            {std::string(id) + "a", segment_kind::history, "", "user", brief ? "ok, step " + n : g_.question()});
         segs_.push_back({std::string(id) + "b", segment_kind::history, "", "assistant",
                          brief ? "ran tool " + n + ": exit 0" : g_.terminal_log(2)});
     }
@@ -326,7 +337,8 @@ class scenario_runner {
 
 result<verify_report> run_verify(const verify_options & opts, const verify_progress & progress) {
     if (opts.scenarios < 1) return invalid_argument("verify needs at least one scenario");
-    if (opts.stable_tokens_max < 200) return invalid_argument("verify's largest stable prefix must be at least 200 tokens");
+    if (opts.stable_tokens_max < 200)
+        return invalid_argument("verify's largest stable prefix must be at least 200 tokens");
     context_engine_options co = opts.engine;
     co.n_work_seqs = std::max<uint32_t>(co.n_work_seqs, 2);  // a step runs in another stream
     const uint32_t need = (uint32_t)opts.stable_tokens_max + 12288;  // and the long conversation

@@ -18,8 +18,8 @@ std::string verify_mismatch::to_string() const {
 }
 
 std::string verify_failure::to_string() const {
-    return "scenario-" + std::to_string(scenario) + " " + step + ": " + message + " (reused " + std::to_string(n_reused) +
-           ", " + reason + ")";
+    return "scenario-" + std::to_string(scenario) + " " + step + ": " + message + " (reused " +
+           std::to_string(n_reused) + ", " + reason + ")";
 }
 
 double verify_report::token_agreement() const {
@@ -32,17 +32,37 @@ nlohmann::json verify_report::to_json() const {
     std::vector<std::string> f;
     for (const auto & x : failures) f.push_back(x.to_string());
     return {
-        {"mode", mode}, {"model", model}, {"scenarios", scenarios}, {"turns", turns},
-        {"mismatches", mismatched_scenarios}, {"turn_mismatches", mismatches.size()}, {"max_logit_diff", max_logit_diff},
-        {"token_agreement", token_agreement()}, {"expectation_failures", failures.size()},
-        {"failures", f}, {"tokens_reused", tokens_reused}, {"tokens_prefilled", tokens_prefilled}, {"results", results},
-        {"elapsed_ms", elapsed_ms}, {"seed", seed}, {"policy", policy},
-        {"budget_tokens", budget_tokens}, {"evictions_by_class", evictions_by_class},
+        {"mode", mode},
+        {"model", model},
+        {"scenarios", scenarios},
+        {"turns", turns},
+        {"mismatches", mismatched_scenarios},
+        {"turn_mismatches", mismatches.size()},
+        {"max_logit_diff", max_logit_diff},
+        {"token_agreement", token_agreement()},
+        {"expectation_failures", failures.size()},
+        {"failures", f},
+        {"tokens_reused", tokens_reused},
+        {"tokens_prefilled", tokens_prefilled},
+        {"results", results},
+        {"elapsed_ms", elapsed_ms},
+        {"seed", seed},
+        {"policy", policy},
+        {"budget_tokens", budget_tokens},
+        {"evictions_by_class", evictions_by_class},
         {"whole_holder_evictions", whole_holder_evictions},
-        {"backend", backend}, {"memory", memory}, {"stream_copies", stream_copies}, {"n_stream_copies", n_stream_copies},
-        {"n_branches_parked", n_branches_parked}, {"n_pool_loads", n_pool_loads}, {"n_write_backs", n_write_backs},
-        {"n_padded_decodes", n_padded_decodes}, {"n_fused_turns", n_fused_turns},
-        {"n_fused_conversations", n_fused_conversations}, {"n_drafted", n_drafted}, {"n_draft_accepted", n_draft_accepted},
+        {"backend", backend},
+        {"memory", memory},
+        {"stream_copies", stream_copies},
+        {"n_stream_copies", n_stream_copies},
+        {"n_branches_parked", n_branches_parked},
+        {"n_pool_loads", n_pool_loads},
+        {"n_write_backs", n_write_backs},
+        {"n_padded_decodes", n_padded_decodes},
+        {"n_fused_turns", n_fused_turns},
+        {"n_fused_conversations", n_fused_conversations},
+        {"n_drafted", n_drafted},
+        {"n_draft_accepted", n_draft_accepted},
         {"max_drafted_logit_diff", max_drafted_logit_diff},
     };
 }
@@ -75,7 +95,8 @@ std::vector<std::string> check_turn(const turn_expectation & want, const explain
     if (!want.tier.empty() && kv_tier_name(ex.tier) != want.tier)
         out.push_back("expected a restore from the " + want.tier + " tier, got " + std::string(kv_tier_name(ex.tier)));
     if (want.in_place == 1 && !ex.in_place) out.push_back("expected the turn to reuse its work stream in place");
-    if (want.in_place == 0 && ex.in_place) out.push_back("expected the prefix loaded into the work stream, not in place");
+    if (want.in_place == 0 && ex.in_place)
+        out.push_back("expected the prefix loaded into the work stream, not in place");
     if (!want.changed_segment.empty() &&
         (ex.kind != miss_kind::segment_changed || ex.missed_segment != want.changed_segment))
         out.push_back("expected the miss to be explained as a change of segment '" + want.changed_segment + "'");

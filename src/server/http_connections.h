@@ -38,7 +38,8 @@ using std::chrono::milliseconds;
 constexpr size_t k_max_header_bytes = 64u << 10;      // request line + headers
 constexpr auto k_slice = milliseconds(100);           // how late a waiting read notices a stop or a shed
 constexpr auto k_linger = milliseconds(1000);         // drain after a refused body, at most this long
-constexpr auto k_idle_grace = milliseconds(5);        // a kept-alive connection given up: a request already sent is looked for
+constexpr auto k_idle_grace =
+    milliseconds(5);  // a kept-alive connection given up: a request already sent is looked for
 constexpr size_t k_linger_bytes = 8u << 20;           // ... and this many bytes
 
 // ---- connections ---------------------------------------------------------------------------
@@ -62,7 +63,8 @@ struct conn_state {
     bool body_framed = false;    // the request has a body (Content-Length > 0 or Transfer-Encoding)
     bool body_consumed = false;  // ... and it was read to its end
     bool said_close = false;     // the last answer carried `Connection: close`
-    bool close_after = false;    // the answer refused the request (400, 408, 413, 431), or threads ran short: the connection ends
+    bool close_after =
+        false;  // the answer refused the request (400, 408, 413, 431), or threads ran short: the connection ends
     std::string content_type;    // the request's Content-Type (the library's copy is erased)
     size_t n_requests = 0;       // requests answered on this connection
 
@@ -129,7 +131,8 @@ class conn_registry {
     // Connections shed whose threads have not let go yet.
     size_t shedding() const {
         std::lock_guard<std::mutex> lk(mu_);
-        return static_cast<size_t>(std::count_if(live_.begin(), live_.end(), [](conn_state * c) { return c->shed.load(); }));
+        return static_cast<size_t>(
+            std::count_if(live_.begin(), live_.end(), [](conn_state * c) { return c->shed.load(); }));
     }
     // The server stops: every connection not answering a request is closed now.
     void shed_all() {

@@ -29,7 +29,8 @@ bool is_token(std::string_view s) {
 bool iequals(std::string_view a, std::string_view b) {
     if (a.size() != b.size()) return false;
     for (size_t i = 0; i < a.size(); ++i)
-        if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+        if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i])))
+            return false;
     return true;
 }
 
@@ -86,7 +87,8 @@ head_verdict check_request_head(std::string_view b, size_t scan_from) {
     const std::string_view rl = lines.empty() ? std::string_view() : lines[0];
     const size_t sp1 = rl.find(' ');
     const size_t sp2 = sp1 == std::string_view::npos ? sp1 : rl.find(' ', sp1 + 1);
-    if (sp1 == std::string_view::npos || sp2 == std::string_view::npos || rl.find(' ', sp2 + 1) != std::string_view::npos)
+    if (sp1 == std::string_view::npos || sp2 == std::string_view::npos ||
+        rl.find(' ', sp2 + 1) != std::string_view::npos)
         return refuse("malformed request line \"" + shown(rl) + "\" (method SP target SP HTTP-version)");
     const std::string_view method = rl.substr(0, sp1);
     const std::string_view target = rl.substr(sp1 + 1, sp2 - sp1 - 1);
@@ -128,7 +130,8 @@ head_verdict check_request_head(std::string_view b, size_t scan_from) {
     if (n_length) {
         if (length.empty() || length.size() > 19) return refuse("malformed Content-Length");
         for (unsigned char c : length)
-            if (c < '0' || c > '9') return refuse("malformed Content-Length \"" + shown(length) + "\" (decimal digits only)");
+            if (c < '0' || c > '9')
+                return refuse("malformed Content-Length \"" + shown(length) + "\" (decimal digits only)");
     }
     if (n_te) {
         if (version == "HTTP/1.0") return refuse("Transfer-Encoding on an HTTP/1.0 request");
@@ -136,7 +139,8 @@ head_verdict check_request_head(std::string_view b, size_t scan_from) {
             return refuse("unsupported Transfer-Encoding \"" + shown(te) + "\" (only \"chunked\")");
     }
     if (n_host > 1) return refuse("more than one Host header");
-    if (n_host == 0 && version == "HTTP/1.1") return refuse("an HTTP/1.1 request without a Host header (RFC 9112, 3.2)");
+    if (n_host == 0 && version == "HTTP/1.1")
+        return refuse("an HTTP/1.1 request without a Host header (RFC 9112, 3.2)");
 
     head_verdict v;
     v.kind = head_verdict::complete;

@@ -112,8 +112,10 @@ class guarded_server final : public httplib::Server {
     bool serve_connection(conn_state & c) {
         using std::chrono::seconds;
         using std::chrono::microseconds;
-        const auto rt = std::chrono::duration_cast<milliseconds>(seconds(read_timeout_sec_) + microseconds(read_timeout_usec_));
-        const auto wt = std::chrono::duration_cast<milliseconds>(seconds(write_timeout_sec_) + microseconds(write_timeout_usec_));
+        const auto rt =
+            std::chrono::duration_cast<milliseconds>(seconds(read_timeout_sec_) + microseconds(read_timeout_usec_));
+        const auto wt =
+            std::chrono::duration_cast<milliseconds>(seconds(write_timeout_sec_) + microseconds(write_timeout_usec_));
         conn_stream strm(c, svr_sock_, rt, wt);
 #if WARMCTX_HTTPLIB_V2
         std::string remote_addr, local_addr;
@@ -316,7 +318,9 @@ struct http_server::impl {
     maybe_error read_body(conn_state & c, const httplib::Request & req, httplib::Response & res,
                           const httplib::ContentReader & reader, std::string & body) {
         const size_t max = ctx.opts.max_body_bytes;
-        const auto too_large = [&] { return payload_too_large("request body larger than " + std::to_string(max) + " bytes"); };
+        const auto too_large = [&] {
+            return payload_too_large("request body larger than " + std::to_string(max) + " bytes");
+        };
         bool valid = true;
         if (content_length(req, valid) > max) return too_large();
         // The wire may carry a little more than the body: chunk-size lines.
@@ -334,8 +338,8 @@ struct http_server::impl {
         if (over || c.over_cap || res.status == 413) return too_large();
         if (c.shed.load()) return busy_error();
         if (c.timed_out)
-            return request_timeout("the request body did not arrive within " + std::to_string(ctx.opts.body_timeout_ms) +
-                                   " ms");
+            return request_timeout("the request body did not arrive within " +
+                                   std::to_string(ctx.opts.body_timeout_ms) + " ms");
         if (!ok) {
             if (res.status == 415) {
                 api_error e = bad_request("unsupported_content_encoding", "unsupported Content-Encoding");
@@ -452,7 +456,8 @@ struct http_server::impl {
 result<std::unique_ptr<http_server>> http_server::start(server_options opts) {
     if (opts.port < 0 || opts.port > 65535) return invalid_argument("port must be in [0, 65535]");
     if (opts.n_http_threads < 0 || opts.n_http_threads > k_max_http_threads)
-        return invalid_argument("HTTP threads must be in [0, " + std::to_string(k_max_http_threads) + "] (0 = derived)");
+        return invalid_argument("HTTP threads must be in [0, " + std::to_string(k_max_http_threads) +
+                                "] (0 = derived)");
     if (opts.max_body_bytes == 0) return invalid_argument("max body bytes must be positive");
     if (opts.host.empty()) return invalid_argument("host is empty");
     if (opts.header_timeout_ms <= 0 || opts.body_timeout_ms <= 0) return invalid_argument("timeouts must be positive");
@@ -499,7 +504,9 @@ result<std::unique_ptr<http_server>> http_server::start(server_options opts) {
     });
     for (const route & r : s.routes.routes()) {
         const route * rp = &r;
-        auto plain = [&s, rp](const httplib::Request & req, httplib::Response & res) { s.serve(*rp, req, res, nullptr); };
+        auto plain = [&s, rp](const httplib::Request & req, httplib::Response & res) {
+            s.serve(*rp, req, res, nullptr);
+        };
         auto with_body = [&s, rp](const httplib::Request & req, httplib::Response & res,
                                   const httplib::ContentReader & reader) { s.serve(*rp, req, res, &reader); };
         if (r.method == "GET") s.svr.Get(r.regex_text, plain);
@@ -561,9 +568,10 @@ status http_server::attach(scheduler & sched) {
     const size_t need = min_http_threads(sched.n_parallel(), p_->ctx.opts.max_queue);
     if (need > static_cast<size_t>(k_max_http_threads))
         return invalid_argument(std::to_string(sched.n_parallel()) + " parallel sequences + a queue of " +
-                                std::to_string(p_->ctx.opts.max_queue) + " + " + std::to_string(k_http_thread_headroom) +
-                                " need " + std::to_string(need) + " HTTP threads, more than the " +
-                                std::to_string(k_max_http_threads) + " allowed: lower the queue");
+                                std::to_string(p_->ctx.opts.max_queue) + " + " +
+                                std::to_string(k_http_thread_headroom) + " need " + std::to_string(need) +
+                                " HTTP threads, more than the " + std::to_string(k_max_http_threads) +
+                                " allowed: lower the queue");
     p_->set_threads(sched.n_parallel());
     p_->ctx.attach(sched);
     p_->attached = true;

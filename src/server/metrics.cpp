@@ -98,8 +98,10 @@ namespace {
 // The scheduler's queue and jobs, and the server-side store.
 void render_scheduler(std::string & out, const engine_snapshot & snap) {
     const scheduler_stats & s = snap.sched;
-    scalar(out, "warmctx_queue_depth", "gauge", "Jobs waiting for a work sequence.", static_cast<double>(s.queue_depth));
-    scalar(out, "warmctx_active_sequences", "gauge", "Jobs holding a work sequence.", static_cast<double>(s.active_jobs));
+    scalar(out, "warmctx_queue_depth", "gauge", "Jobs waiting for a work sequence.",
+           static_cast<double>(s.queue_depth));
+    scalar(out, "warmctx_active_sequences", "gauge", "Jobs holding a work sequence.",
+           static_cast<double>(s.active_jobs));
     scalar(out, "warmctx_prefilling_sequences", "gauge", "Admitted jobs whose prompt is still being prefilled.",
            static_cast<double>(s.prefilling_jobs));
     scalar(out, "warmctx_prefill_remaining_tokens", "gauge", "Prompt tokens those jobs have still to prefill.",
@@ -115,12 +117,14 @@ void render_scheduler(std::string & out, const engine_snapshot & snap) {
     scalar(out, "warmctx_jobs_cancelled_total", "counter", "Jobs cancelled (client disconnected, shutdown).",
            static_cast<double>(s.n_cancelled));
     scalar(out, "warmctx_jobs_completed_total", "counter", "Jobs finished.", static_cast<double>(s.n_completed));
-    scalar(out, "warmctx_jobs_failed_total", "counter", "Jobs that ended in an error.", static_cast<double>(s.n_failed));
+    scalar(out, "warmctx_jobs_failed_total", "counter", "Jobs that ended in an error.",
+           static_cast<double>(s.n_failed));
     scalar(out, "warmctx_batched_steps_total", "counter", "Decode steps that served more than one job.",
            static_cast<double>(s.n_batched_steps));
     scalar(out, "warmctx_draft_steps_total", "counter", "Decode steps that carried a draft from the workspace.",
            static_cast<double>(s.drafts.n_steps));
-    scalar(out, "warmctx_draft_tokens_total", "counter", "Draft tokens decoded.", static_cast<double>(s.drafts.n_drafted));
+    scalar(out, "warmctx_draft_tokens_total", "counter", "Draft tokens decoded.",
+           static_cast<double>(s.drafts.n_drafted));
     scalar(out, "warmctx_draft_accepted_tokens_total", "counter", "Draft tokens sampling chose (decoded ahead).",
            static_cast<double>(s.drafts.n_accepted));
 
@@ -186,7 +190,8 @@ void render_cache(std::string & out, const engine_snapshot & snap) {
            "Snapshot files found removed when loaded (with --shared-cache-dir: evicted by another replica; a miss).",
            static_cast<double>(t.n_gone_files_disk));
     scalar(out, "warmctx_tier_restore_failures_total", "counter",
-           "Tier files that failed their checks at restore (served as a miss).", static_cast<double>(t.n_restore_failures));
+           "Tier files that failed their checks at restore (served as a miss).",
+           static_cast<double>(t.n_restore_failures));
     scalar(out, "warmctx_cache_capacity_entries", "gauge", "Holders the cache may use.",
            static_cast<double>(c.n_holders_total), tier);
     scalar(out, "warmctx_cache_pinned_blocks", "gauge", "Distinct pinned blocks.",
@@ -209,9 +214,11 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
     scalar(out, "warmctx_kv_allocated_bytes", "gauge",
            "Every byte of KV the process allocated: work streams (whole) and the RAM pool of cached prefixes.",
            static_cast<double>(m.allocated_bytes));
-    scalar(out, "warmctx_kv_used_bytes", "gauge", "Bytes of that KV holding tokens.", static_cast<double>(m.used_bytes));
+    scalar(out, "warmctx_kv_used_bytes", "gauge", "Bytes of that KV holding tokens.",
+           static_cast<double>(m.used_bytes));
     header(out, "warmctx_kv_allocated_bytes_by_part", "gauge", "Allocated KV bytes, by where they live.");
-    sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"streams\"", static_cast<double>(m.streams_allocated_bytes));
+    sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"streams\"",
+           static_cast<double>(m.streams_allocated_bytes));
     sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"pool\"", static_cast<double>(m.pool_allocated_bytes));
     scalar(out, "warmctx_pool_loads_total", "counter", "Cached prefixes loaded from the pool into a work stream.",
            static_cast<double>(m.n_pool_loads));
@@ -221,7 +228,8 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
            "Decodes of fewer than 64 tokens padded to 64 rows (flash attention on the CPU).",
            static_cast<double>(m.n_padded_decodes));
     scalar(out, "warmctx_in_place_turns_total", "counter",
-           "Warm turns whose work stream still held the prefix (nothing copied).", static_cast<double>(m.n_in_place_turns));
+           "Warm turns whose work stream still held the prefix (nothing copied).",
+           static_cast<double>(m.n_in_place_turns));
     {
         // One account across the tiers: the streams (in device memory when the
         // model's layers run on a GPU), the RAM pool, the disk tier.
@@ -234,12 +242,14 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
                static_cast<double>(m.streams_allocated_bytes));
         sample(out, "warmctx_tier_bytes", "tier=\"" + streams + "\",state=\"used\"",
                static_cast<double>(m.streams_used_bytes));
-        sample(out, "warmctx_tier_bytes", "tier=\"ram\",state=\"allocated\"", static_cast<double>(m.pool_allocated_bytes));
+        sample(out, "warmctx_tier_bytes", "tier=\"ram\",state=\"allocated\"",
+               static_cast<double>(m.pool_allocated_bytes));
         sample(out, "warmctx_tier_bytes", "tier=\"ram\",state=\"used\"", static_cast<double>(m.pool_bytes));
         sample(out, "warmctx_tier_bytes", "tier=\"disk\",state=\"allocated\"", static_cast<double>(tc.disk_bytes));
         sample(out, "warmctx_tier_bytes", "tier=\"disk\",state=\"used\"", static_cast<double>(tc.disk_bytes));
     }
-    scalar(out, "warmctx_kv_streams", "gauge", "KV streams, the resident ones included.", static_cast<double>(m.n_streams));
+    scalar(out, "warmctx_kv_streams", "gauge", "KV streams, the resident ones included.",
+           static_cast<double>(m.n_streams));
     scalar(out, "warmctx_kv_resident_streams", "gauge",
            "Resident KV streams (the device tier): beside --parallel's, they keep workspaces' prefixes between turns.",
            static_cast<double>(m.n_resident_streams));
@@ -272,7 +282,8 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
            "Turns served cold because their cached prefix could not be taken (say, no checkpoint there).",
            static_cast<double>(m.n_reuse_refused));
     scalar(out, "warmctx_branches_parked_total", "counter",
-           "Blocks a turn trimmed away, kept by copying the stream into a free one.", static_cast<double>(m.n_branches_parked));
+           "Blocks a turn trimmed away, kept by copying the stream into a free one.",
+           static_cast<double>(m.n_branches_parked));
     scalar(out, "warmctx_branches_dropped_total", "counter",
            "Blocks of low retention a turn trimmed away (history out of a window), not saved.",
            static_cast<double>(m.n_branches_dropped));
@@ -293,8 +304,8 @@ void render_prewarm(std::string & out, const engine_snapshot & snap) {
     const prewarm_counters & pw = snap.counters.prewarm;
     scalar(out, "warmctx_prewarms_total", "counter", "Pre-warms run to their end or stopped early.",
            static_cast<double>(pw.n_prewarms));
-    scalar(out, "warmctx_prewarms_already_cached_total", "counter", "Pre-warms that found everything cached (did nothing).",
-           static_cast<double>(pw.n_already_cached));
+    scalar(out, "warmctx_prewarms_already_cached_total", "counter",
+           "Pre-warms that found everything cached (did nothing).", static_cast<double>(pw.n_already_cached));
     scalar(out, "warmctx_prewarms_preempted_total", "counter",
            "Pre-warms stopped at a chunk boundary for a chat (what they did stays cached).",
            static_cast<double>(pw.n_preempted));

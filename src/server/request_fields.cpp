@@ -10,7 +10,8 @@ namespace warmctx::server_detail {
 using json = nlohmann::json;
 
 api_error wrong_type(std::string_view param, std::string_view expected, const json & got) {
-    return bad_request("invalid_type", std::string(param) + " " + json_type_mismatch(expected, got), std::string(param));
+    return bad_request("invalid_type", std::string(param) + " " + json_type_mismatch(expected, got),
+                       std::string(param));
 }
 
 const json * field(const json & obj, const char * key) {
@@ -54,7 +55,8 @@ maybe_error get_number(const json & obj, const char * key, std::string_view para
     if (!f) return std::nullopt;
     if (!f->is_number()) return wrong_type(param, "a number", *f);
     double v = f->get<double>();
-    if (!std::isfinite(v)) return bad_request("invalid_value", std::string(param) + " must be finite", std::string(param));
+    if (!std::isfinite(v))
+        return bad_request("invalid_value", std::string(param) + " must be finite", std::string(param));
     out = v;
     return std::nullopt;
 }

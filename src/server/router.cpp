@@ -437,11 +437,13 @@ bool router::answered_on_headers(const route & r, const http_request & req, http
         return true;
     }
     if (r.auth && !authorized(req.authorization, ctx_.opts.api_key) &&
-        !(ctx_.opts.api_key.size() > 0 && !req.api_key.empty() && constant_time_equal(req.api_key, ctx_.opts.api_key))) {
+        !(ctx_.opts.api_key.size() > 0 && !req.api_key.empty() &&
+          constant_time_equal(req.api_key, ctx_.opts.api_key))) {
         respond_as(r, res, log,
-                   unauthorized(r.anthropic_errors
-                                    ? "missing or wrong API key: send \"x-api-key: <key>\" (or \"Authorization: Bearer <key>\")"
-                                    : "missing or wrong API key: send \"Authorization: Bearer <key>\""));
+                   unauthorized(
+                       r.anthropic_errors
+                           ? "missing or wrong API key: send \"x-api-key: <key>\" (or \"Authorization: Bearer <key>\")"
+                           : "missing or wrong API key: send \"Authorization: Bearer <key>\""));
         return true;
     }
     // Without a key, nothing but the network stands between a web page and the server:
@@ -523,10 +525,12 @@ void router::preflight(const http_request & req, http_response & res) {
     log.route = pattern;
     res.status = 204;
     res.headers.emplace_back("Access-Control-Allow-Origin", cors_any_ ? "*" : req.origin);
-    res.headers.emplace_back("Vary", cors_any_ ? "Access-Control-Request-Headers" : "Origin, Access-Control-Request-Headers");
+    res.headers.emplace_back("Vary",
+                             cors_any_ ? "Access-Control-Request-Headers" : "Origin, Access-Control-Request-Headers");
     res.headers.emplace_back("Access-Control-Allow-Methods", allow + ", OPTIONS");
-    res.headers.emplace_back("Access-Control-Allow-Headers",
-                             req.cors_request_headers.empty() ? "Authorization, Content-Type" : req.cors_request_headers);
+    res.headers.emplace_back("Access-Control-Allow-Headers", req.cors_request_headers.empty()
+                                                                 ? "Authorization, Content-Type"
+                                                                 : req.cors_request_headers);
     res.headers.emplace_back("Access-Control-Max-Age", "600");
     ctx_.finish(log, res.status);
 }

@@ -77,7 +77,8 @@ const json * resolve_pointer(const json & root, std::string_view ref) {
             if (it == at->end()) return nullptr;
             at = &*it;
         } else if (at->is_array()) {
-            if (tok.empty() || tok.size() > 9 || tok.find_first_not_of("0123456789") != std::string::npos) return nullptr;
+            if (tok.empty() || tok.size() > 9 || tok.find_first_not_of("0123456789") != std::string::npos)
+                return nullptr;
             const size_t n = std::stoul(tok);
             if (n >= at->size()) return nullptr;
             at = &(*at)[n];
@@ -105,8 +106,8 @@ std::string with_commas(size_t v) {
 maybe_error check_tools_count(size_t n, std::string_view param, const request_bounds & b) {
     if (n > b.max_tools)
         return bad_request("too_many_tools",
-                           std::string(param) + " has " + with_commas(n) + " tools; at most " + with_commas(b.max_tools) +
-                               " are allowed (the server's --max-tools)",
+                           std::string(param) + " has " + with_commas(n) + " tools; at most " +
+                               with_commas(b.max_tools) + " are allowed (the server's --max-tools)",
                            std::string(param));
     return std::nullopt;
 }
@@ -159,7 +160,8 @@ maybe_error check_schema_bounds(const json & schema, std::string_view param, con
                 if (auto r = n->find("required"); r != n->end() && r->is_array())
                     for (const json & name : *r)
                         if (name.is_string() && v.contains(name.get_ref<const std::string &>())) ++required;
-                if (const size_t optional = v.size() - std::min(required, v.size()); optional > b.max_optional_properties)
+                if (const size_t optional = v.size() - std::min(required, v.size());
+                    optional > b.max_optional_properties)
                     return refuse("too_many_optional_properties",
                                   "an object schema with " + with_commas(optional) + " optional properties; at most " +
                                       with_commas(b.max_optional_properties) +
@@ -257,7 +259,8 @@ maybe_error parse_segment_body(const json & obj, std::string id, std::string_vie
     out.path = path.value_or("");
     out.role = role.value_or("");
     if (!out.role.empty() && !is_chat_role(out.role))
-        return bad_request("unknown_role", fname("role") + ": unknown role '" + out.role.substr(0, 40) + "'", fname("role"));
+        return bad_request("unknown_role", fname("role") + ": unknown role '" + out.role.substr(0, 40) + "'",
+                           fname("role"));
     return std::nullopt;
 }
 

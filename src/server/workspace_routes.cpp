@@ -72,7 +72,8 @@ maybe_error path_segment(const std::string & param, std::string & id) {
 }
 
 // Registers `pattern` ({id} matches one path component, {segment} the rest of the path).
-void add_route(route_table & t, const char * method, const std::string & pattern, std::function<reply(ws_call &)> body) {
+void add_route(route_table & t, const char * method, const std::string & pattern,
+               std::function<reply(ws_call &)> body) {
     std::string regex = pattern;
     const size_t at_id = regex.find("{id}");
     if (at_id != std::string::npos) regex.replace(at_id, 4, "([^/]+)");
@@ -262,7 +263,8 @@ void add_workspace_routes(route_table & t, route_context & ctx) {
             ids.push_back(s.id);
             bytes += s.content.size();
         }
-        return {200, {{"id", call.ws}, {"object", "workspace"}, {"segments", std::move(ids)}, {"content_bytes", bytes}}};
+        return {200,
+                {{"id", call.ws}, {"object", "workspace"}, {"segments", std::move(ids)}, {"content_bytes", bytes}}};
     });
     add_route(t, "DELETE", "/v1/workspaces/{id}", [c](ws_call & call) -> reply {
         auto dropped = c->store.drop(call.ws);

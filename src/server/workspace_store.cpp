@@ -25,8 +25,12 @@ maybe_error workspace_store::put(const std::string & ws, segment seg, bool & cre
 }
 
 api_error store_write_error(const status & st) {
-    return api_error{507, "server_error", "store_write_failed",
-                     "the workspace store could not be written, nothing changed: " + without_paths(st.message()), "", 0};
+    return api_error{507,
+                     "server_error",
+                     "store_write_failed",
+                     "the workspace store could not be written, nothing changed: " + without_paths(st.message()),
+                     "",
+                     0};
 }
 
 std::vector<segment> merge_stored_segments(std::vector<segment> stored, std::vector<segment> request) {

@@ -32,7 +32,8 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 bool is_store_file_name(std::string_view n) {
     if (n == k_uses_name || is_temp_file_name(n)) return true;
     if (n.size() != 32 + std::string_view(k_seg_ext).size() || n.substr(32) != k_seg_ext) return false;
-    return std::all_of(n.begin(), n.begin() + 32, [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+    return std::all_of(n.begin(), n.begin() + 32,
+                       [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 int64_t unix_ms_now() {
@@ -138,7 +139,8 @@ void segment_store::quarantine(const std::string & path, const std::string & nam
     // Keep the newest few: names sort by when they were quarantined.
     auto names = fs.list_dir(qdir);
     if (names.ok() && names->size() > k_quarantine_max_files)
-        for (size_t i = 0; i + k_quarantine_max_files < names->size(); ++i) (void)fs.remove_file(qdir + "/" + (*names)[i]);
+        for (size_t i = 0; i + k_quarantine_max_files < names->size(); ++i)
+            (void)fs.remove_file(qdir + "/" + (*names)[i]);
 }
 
 result<store_load_report> segment_store::load(const kind_table & kinds,

@@ -101,10 +101,13 @@ status check_blocks(const std::vector<block> & blocks, size_t n_segments) {
     for (size_t i = 0; i < blocks.size(); ++i) {
         const block & b = blocks[i];
         std::string where = "block " + std::to_string(i);
-        if (b.begin != at) return invalid_argument(where + " begins at " + std::to_string(b.begin) + ", expected " + std::to_string(at));
+        if (b.begin != at)
+            return invalid_argument(where + " begins at " + std::to_string(b.begin) + ", expected " +
+                                    std::to_string(at));
         if (b.end <= b.begin) return invalid_argument(where + " is empty or reversed");
         if ((int)b.cls >= k_retention_class_count) return invalid_argument(where + " has an unknown class");
-        if (b.segment_index < k_generation_prompt_index || (b.segment_index >= 0 && (size_t)b.segment_index >= n_segments))
+        if (b.segment_index < k_generation_prompt_index ||
+            (b.segment_index >= 0 && (size_t)b.segment_index >= n_segments))
             return invalid_argument(where + " names segment " + std::to_string(b.segment_index) + " of " +
                                     std::to_string(n_segments));
         at = b.end;
@@ -117,7 +120,8 @@ status check_chain(const std::vector<block> & blocks, std::span<const token_id> 
     for (size_t i = 1; i < blocks.size(); ++i) {
         const block & b = blocks[i];
         hash128 h = chain_hash(blocks[i - 1].chain, tokens.subspan((size_t)b.begin, (size_t)(b.end - b.begin)));
-        if (h != b.chain) return invalid_argument("block " + std::to_string(i) + "'s chain hash does not match its tokens");
+        if (h != b.chain)
+            return invalid_argument("block " + std::to_string(i) + "'s chain hash does not match its tokens");
     }
     return {};
 }
@@ -230,7 +234,8 @@ struct layout {
 // fixed-header length and checksum, then layout, then the file's size against it.
 result<layout> decode_layout(std::span<const uint8_t> p, uint64_t file_size, snapshot_defect * why) {
     if (p.size() < sf::k_magic.size())
-        return defect(snapshot_defect::truncated, why, "file has " + std::to_string(file_size) + " bytes, not even a magic");
+        return defect(snapshot_defect::truncated, why,
+                      "file has " + std::to_string(file_size) + " bytes, not even a magic");
     if (std::memcmp(p.data(), sf::k_magic.data(), sf::k_magic.size()) != 0)
         return defect(snapshot_defect::bad_magic, why, "not a warmctx snapshot (magic is not WCTXSNAP)");
     if (p.size() < sf::k_off_version + 4)
@@ -239,7 +244,8 @@ result<layout> decode_layout(std::span<const uint8_t> p, uint64_t file_size, sna
     l.version = get_u32(p.data() + sf::k_off_version);
     if (l.version != sf::k_version)
         return defect(snapshot_defect::foreign_version, why,
-                      "format version " + std::to_string(l.version) + " (this build reads " + std::to_string(sf::k_version) + ")");
+                      "format version " + std::to_string(l.version) + " (this build reads " +
+                          std::to_string(sf::k_version) + ")");
     if (p.size() < sf::k_fixed_header_bytes)
         return defect(snapshot_defect::truncated, why,
                       "file has " + std::to_string(file_size) + " bytes, the fixed header alone " +
@@ -276,9 +282,12 @@ result<layout> decode_layout(std::span<const uint8_t> p, uint64_t file_size, sna
         at += l.bytes[s];
     }
     if (at + sf::k_checksum_bytes != l.file_bytes) return bad("file length field disagrees with the sections");
-    if (l.head_bytes() > sf::k_max_head_bytes) return bad("metadata sections exceed " + std::to_string(sf::k_max_head_bytes) + " bytes");
-    if (l.bytes[sf::s_blocks] != (uint64_t)l.n_blocks * sf::k_block_record_bytes) return bad("blocks section size disagrees with the block count");
-    if (l.bytes[sf::s_tokens] != (uint64_t)l.n_tokens * sizeof(int32_t)) return bad("tokens section size disagrees with the token count");
+    if (l.head_bytes() > sf::k_max_head_bytes)
+        return bad("metadata sections exceed " + std::to_string(sf::k_max_head_bytes) + " bytes");
+    if (l.bytes[sf::s_blocks] != (uint64_t)l.n_blocks * sf::k_block_record_bytes)
+        return bad("blocks section size disagrees with the block count");
+    if (l.bytes[sf::s_tokens] != (uint64_t)l.n_tokens * sizeof(int32_t))
+        return bad("tokens section size disagrees with the token count");
     if (l.n_tokens > (uint32_t)INT32_MAX) return bad("token count out of range");
     if (l.bytes[sf::s_kv] == 0) return bad("no KV bytes");
     if (l.bytes[sf::s_workspace] > sf::k_max_workspace_bytes) return bad("workspace section too large");
@@ -331,7 +340,8 @@ result<snapshot_meta> decode_meta(const layout & l, std::span<const uint8_t> hea
             b.end = (pos_t)get_u32(p + 20);
             b.segment_index = (int)(int32_t)get_u32(p + 24);
             if (p[28] >= k_retention_class_count || p[29] || p[30] || p[31])
-                return defect(snapshot_defect::malformed_blocks, why, "block " + std::to_string(i) + " has a bad class or padding");
+                return defect(snapshot_defect::malformed_blocks, why,
+                              "block " + std::to_string(i) + " has a bad class or padding");
             b.cls = (retention_class)p[28];
         }
         status st = check_blocks(m.blocks, m.man.segments.size());
@@ -345,8 +355,9 @@ result<snapshot_meta> decode_meta(const layout & l, std::span<const uint8_t> hea
         return inconsistent("the manifest's profile fingerprint " + hex_or_empty(m.man.profile_fingerprint) +
                             " is not the header's");
     if (m.key() != l.key) return inconsistent("the header's key is not the last block's chain hash");
-    if ((uint32_t)m.n_tokens() != l.n_tokens) return inconsistent("the blocks end at " + std::to_string(m.n_tokens()) +
-                                                                  ", the header says " + std::to_string(l.n_tokens) + " tokens");
+    if ((uint32_t)m.n_tokens() != l.n_tokens)
+        return inconsistent("the blocks end at " + std::to_string(m.n_tokens()) + ", the header says " +
+                            std::to_string(l.n_tokens) + " tokens");
     if ((uint32_t)m.last_class() != l.last_class) return inconsistent("the header's class is not the last block's");
     return m;
 }
@@ -505,7 +516,8 @@ result<snapshot> read_snapshot(const readable_file & f, snapshot_defect * why) {
     return s;
 }
 
-status check_snapshot_profile(const snapshot_meta & meta, const profile & expected, std::vector<std::string> * drifted) {
+status check_snapshot_profile(const snapshot_meta & meta, const profile & expected,
+                              std::vector<std::string> * drifted) {
     std::vector<std::string> fields = meta.prof.drifted_fields(expected);
     if (drifted) *drifted = fields;
     if (fields.empty()) return {};

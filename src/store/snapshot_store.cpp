@@ -42,7 +42,8 @@ result<std::unique_ptr<snapshot_store>> snapshot_store::open(snapshot_store_opti
     std::unique_ptr<snapshot_store> s(new snapshot_store(std::move(opts)));
     if (!s->opts_.scan_only) {
         WARMCTX_RETURN_IF_ERROR(s->fs_.create_dirs(s->opts_.dir).with_context("snapshot store"));
-        if (s->opts_.quarantine) WARMCTX_RETURN_IF_ERROR(s->fs_.create_dirs(s->quarantine_dir_).with_context("snapshot store"));
+        if (s->opts_.quarantine)
+            WARMCTX_RETURN_IF_ERROR(s->fs_.create_dirs(s->quarantine_dir_).with_context("snapshot store"));
     }
     WARMCTX_RETURN_IF_ERROR(s->rescan());
     return s;
@@ -73,7 +74,8 @@ void snapshot_store::index_remove(const std::string & file_name) {
         auto c = by_chain_.find(b.chain);
         if (c == by_chain_.end()) continue;
         auto & refs = c->second;
-        refs.erase(std::remove_if(refs.begin(), refs.end(), [&](const auto & r) { return r.first == file_name; }), refs.end());
+        refs.erase(std::remove_if(refs.begin(), refs.end(), [&](const auto & r) { return r.first == file_name; }),
+                   refs.end());
         if (refs.empty()) by_chain_.erase(c);
     }
     stats_.n_bytes -= it->second.e.file_bytes;
@@ -265,8 +267,9 @@ result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta_in, std::s
     if (status st = validate_snapshot(meta, tokens, kv); !st.ok()) return fail(st);
     for (uint64_t budget : {opts_.budget_bytes, opts_.workspace_budget_bytes})
         if (budget && kv.size() > budget)
-            return fail(resource_exhausted("snapshot of " + std::to_string(kv.size()) + " KV bytes exceeds the snapshot budget of " +
-                                           std::to_string(budget) + " bytes"));
+            return fail(resource_exhausted("snapshot of " + std::to_string(kv.size()) +
+                                           " KV bytes exceeds the snapshot budget of " + std::to_string(budget) +
+                                           " bytes"));
 
     const std::string final_name = snapshot_file_name(meta.key(), meta.workspace);
     // Unique per process and call: two puts of one key never share a temp file.
@@ -293,7 +296,8 @@ result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta_in, std::s
     for (uint64_t budget : {opts_.budget_bytes, opts_.workspace_budget_bytes})
         if (budget && file_bytes > budget)
             return fail(resource_exhausted("snapshot of " + std::to_string(file_bytes) +
-                                           " bytes exceeds the snapshot budget of " + std::to_string(budget) + " bytes"));
+                                           " bytes exceeds the snapshot budget of " + std::to_string(budget) +
+                                           " bytes"));
 
     std::lock_guard commit(commit_mu_);
     // The file is complete and in place once this returns ok; a failed directory sync only

@@ -94,7 +94,8 @@ struct faulty_fs::state {
             // Draw the probability even when nothing applies, so the sequence of
             // decisions depends only on the seed and the sequence of ops.
             bool hit = std::uniform_real_distribution<double>(0, 1)(*rng) < p;
-            if (hit && !usable.empty()) v.fault = usable[std::uniform_int_distribution<size_t>(0, usable.size() - 1)(*rng)];
+            if (hit && !usable.empty())
+                v.fault = usable[std::uniform_int_distribution<size_t>(0, usable.size() - 1)(*rng)];
         }
         if (v.fault && !applies(*v.fault, op)) v.fault = fs_fault::io_error;
         if (v.fault) {
@@ -114,9 +115,12 @@ namespace {
 
 status injected(fs_op op, fs_fault f) {
     if (f == fs_fault::crash) return crashed_status();
-    if (f == fs_fault::no_space) return io_error(std::string(fs_op_name(op)) + ": No space left on device (ENOSPC, injected)");
-    if (f == fs_fault::sync_fails) return io_error(std::string(fs_op_name(op)) + ": Input/output error (failed fsync, injected)");
-    return io_error(std::string(fs_op_name(op)) + ": Input/output error (injected " + std::string(fs_fault_name(f)) + ")");
+    if (f == fs_fault::no_space)
+        return io_error(std::string(fs_op_name(op)) + ": No space left on device (ENOSPC, injected)");
+    if (f == fs_fault::sync_fails)
+        return io_error(std::string(fs_op_name(op)) + ": Input/output error (failed fsync, injected)");
+    return io_error(std::string(fs_op_name(op)) + ": Input/output error (injected " + std::string(fs_fault_name(f)) +
+                    ")");
 }
 
 class faulty_writable_file final : public writable_file {

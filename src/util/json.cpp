@@ -63,7 +63,9 @@ uint64_t json_parsed_bytes_estimate(std::string_view s) {
     uint64_t is_object[2] = {0, 0};  // per nesting level (deeper levels are refused anyway)
     size_t depth = 0;
     bool in_string = false, escaped = false, expect_key = false;
-    auto in_object = [&] { return depth > 0 && depth <= 128 && ((is_object[(depth - 1) / 64] >> ((depth - 1) % 64)) & 1); };
+    auto in_object = [&] {
+        return depth > 0 && depth <= 128 && ((is_object[(depth - 1) / 64] >> ((depth - 1) % 64)) & 1);
+    };
     for (char c : s) {
         if (in_string) {
             if (escaped) escaped = false;

@@ -181,7 +181,8 @@ std::vector<segment> make_workspace(workload_generator & g, size_t stable_tokens
                      g.source_file(path, per_file - k_overhead_tokens)});
         used += g.count(s.back().content) + k_overhead_tokens;
     }
-    const size_t map_tokens = stable_tokens > used + 2 * k_overhead_tokens ? stable_tokens - used - k_overhead_tokens : 16;
+    const size_t map_tokens =
+        stable_tokens > used + 2 * k_overhead_tokens ? stable_tokens - used - k_overhead_tokens : 16;
     s.push_back({"repo-map", segment_kind::repo_map, "", "", g.repo_map(map_tokens)});
     s.push_back({"question", segment_kind::user, "", "", g.question()});
     return s;

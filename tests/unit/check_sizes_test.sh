@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The size check passes on the tree, and fails on a copy with one planted file over 700
-# lines and, separately, one planted function over 120 lines; each refusal names the file.
+# lines and, separately, one planted function over 120 lines (at namespace scope, and in a
+# class body) and one line over 120 characters; each refusal names the file.
 set -euo pipefail
 root="$1"
 bash "$root/scripts/check-sizes.sh" "$root" || { echo "the tree itself fails the check"; exit 1; }
@@ -18,4 +19,9 @@ for i in $(seq 701); do echo "// line $i"; done | plant src/util/planted_long_fi
 # A function of 121 lines (its head, 119 statements, its closing brace) in a short file.
 { echo "int planted_long_function() {"; for i in $(seq 119); do echo "    (void)$i;"; done; echo "}"; } |
   plant src/cache/planted_long_function.cpp "a function of 121 lines"
+# A member function of 121 lines in a class body.
+{ echo "struct planted {"; echo "    int f() {"; for i in $(seq 119); do echo "        (void)$i;"; done; echo "    }"
+  echo "};"; } | plant src/cache/planted_member.cpp "a function of 121 lines"
+# A line of 121 characters.
+printf 'int planted_wide = 1;  // %095d\n' 0 | plant src/cache/planted_wide.cpp "wider than 120"
 echo "check-sizes test passed"
