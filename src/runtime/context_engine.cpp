@@ -246,16 +246,13 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     if (!tiers.ok()) return tiers.error();
     p->tiers = std::move(tiers.value());
     if (!opts.tiers.cache_dir.empty() && opts.volatility.enabled) {
-        p->vol_fs = opts.tiers.disk_fs ? opts.tiers.disk_fs : &posix_fs();
-        const std::string dir = opts.tiers.cache_dir + "/volatility";
-        // A link there could lead anywhere: memory only, as without a directory.
-        if (auto link = p->vol_fs->is_link(dir); link.ok() && *link) {
-            std::fprintf(stderr, "warmctx: %s is a symbolic link; the learned order is kept in memory only\n",
-                         dir.c_str());
-        } else if (p->vol_fs->create_dirs(dir).ok()) {  // else memory only, as without a directory
-            p->vol_dir = dir;
-            p->vol_writer = std::make_unique<impl::volatility_writer>(*p->vol_fs);
-        }
+        file_system & fs = opts.tiers.disk_fs ? *opts.tiers.disk_fs : posix_fs();
+        // A link, or a directory that cannot be made: memory only, as without a directory.
+        auto vs = volatility_store::open(fs, opts.tiers.cache_dir + "/volatility");
+        if (vs.ok()) p->vol_store = std::move(vs.value());
+        else
+            std::fprintf(stderr, "warmctx: %s; the learned order is kept in memory only\n",
+                         vs.error().message().c_str());
     }
     auto prof = engine_profile(*p->eng, p->opts.engine);
     if (!prof.ok()) return prof.error();

@@ -21,6 +21,7 @@
 #include "kv_pool.h"
 #include "tiers.h"
 #include "warmctx/context_engine.h"
+#include "warmctx/volatility_store.h"
 
 namespace warmctx {
 
@@ -109,35 +110,16 @@ struct context_engine::impl {
     // on the engine thread: guarded by volatility_mu.
     mutable std::mutex volatility_mu;
     mutable std::map<std::string, volatility_state> volatility;
-    // Kept beside the disk tier (<cache_dir>/volatility/<hash of the name>.json), so that a
-    // restart keeps each workspace's learned order and finer blocks: read when a workspace
-    // is first seen (or again after it was forgotten), written after an answer is out
-    // when its order, finer blocks or fusion habit changed (observe_turn), every
-    // k_volatility_save_every turns, and at
-    // close. No cache directory: memory only. Guarded by volatility_mu.
-    file_system * vol_fs = nullptr;
-    std::string vol_dir;                        // "" = not persisted
+    // Kept beside the disk tier (<cache_dir>/volatility/, warmctx/volatility_store.h), so
+    // that a restart keeps each workspace's learned order and finer blocks: read when a
+    // workspace is first seen (or again after it was forgotten), written after an answer is
+    // out when its order, finer blocks or fusion habit changed (observe_turn), every
+    // k_volatility_save_every turns, and at close, on the store's own thread. No cache
+    // directory: memory only. vol_looked_up and vol_dirty are guarded by volatility_mu.
+    std::unique_ptr<volatility_store> vol_store;
     mutable std::set<std::string> vol_looked_up;  // workspaces whose file was read (or found absent)
     std::set<std::string> vol_dirty;
     static constexpr uint64_t k_volatility_save_every = 16;
-    // The files are written (and removed) on a thread of their own: a slow or stuck disk
-    // never holds the engine thread. The newest content of a file wins; the destructor
-    // writes what is pending, then joins.
-    class volatility_writer {
-      public:
-        explicit volatility_writer(file_system & fs);
-        ~volatility_writer();
-        void put(const std::string & path, std::string text);  // "" removes the file
-      private:
-        void run();
-        file_system & fs_;
-        std::mutex mu_;
-        std::condition_variable cv_;
-        std::map<std::string, std::string> pending_;
-        bool stop_ = false;
-        std::thread thread_;
-    };
-    std::unique_ptr<volatility_writer> vol_writer;
     // REQUIRES `lock` holds volatility_mu. The workspace's state, read from its file the
     // first time (with the lock let go meanwhile: a slow disk holds no other thread that
     // waits for volatility_mu, the engine thread's finish_turn among them). The pointer is
@@ -145,9 +127,8 @@ struct context_engine::impl {
     // client can send any number of workspace names): a name seen again is read again.
     volatility_state * volatility_of(const std::string & ws, std::unique_lock<std::mutex> & lock) const;
     static constexpr size_t k_max_looked_up = 65536;
-    // Hands the dirty states to the writer (takes volatility_mu to copy them).
+    // Hands the dirty states to the store's writer (takes volatility_mu to copy them).
     void save_volatility();
-    std::string volatility_path(const std::string & ws) const;
     size_t n_remembered_tokens = 0;  // sum of workspaces' last_tokens
     context_counters ctr;
 

@@ -49,31 +49,14 @@ void context_engine::impl::forget(const std::string & ws) {
     ctr.workspaces.erase(ws);
 }
 
-std::string context_engine::impl::volatility_path(const std::string & ws) const {
-    return vol_dir + "/" + hash_bytes(ws.data(), ws.size()).hex() + ".json";
-}
-
-// A workspace's file, read and parsed (nullopt: none, unreadable or not this format - a
-// workspace with nothing learned yet, which learns again).
-static std::optional<volatility_state> read_volatility_file(file_system & fs, const std::string & path) {
-    auto f = fs.open_readable(path);
-    if (!f.ok() || (*f)->size() > (uint64_t{4} << 20)) return std::nullopt;
-    std::string text((size_t)(*f)->size(), '\0');
-    if (!(*f)->read_at(0, text.size(), reinterpret_cast<uint8_t *>(text.data())).ok()) return std::nullopt;
-    auto st = volatility_from_json(text);
-    if (!st.ok()) return std::nullopt;
-    return std::move(*st);
-}
-
 volatility_state * context_engine::impl::volatility_of(const std::string & ws,
                                                        std::unique_lock<std::mutex> & lock) const {
     if (auto it = volatility.find(ws); it != volatility.end()) return &it->second;
-    if (vol_dir.empty() || vol_looked_up.count(ws)) return nullptr;
+    if (!vol_store || vol_looked_up.count(ws)) return nullptr;
     if (vol_looked_up.size() >= k_max_looked_up) vol_looked_up.clear();
     vol_looked_up.insert(ws);
-    const std::string path = volatility_path(ws);
     lock.unlock();
-    std::optional<volatility_state> st = read_volatility_file(*vol_fs, path);
+    std::optional<volatility_state> st = vol_store->read(ws);
     lock.lock();
     if (auto it = volatility.find(ws); it != volatility.end()) return &it->second;  // learned meanwhile
     if (!st) return nullptr;
@@ -81,65 +64,11 @@ volatility_state * context_engine::impl::volatility_of(const std::string & ws,
 }
 
 void context_engine::impl::save_volatility() {
-    if (!vol_writer) return;
+    if (!vol_store) return;
     std::lock_guard lock(volatility_mu);
     for (const std::string & ws : vol_dirty)
-        if (auto it = volatility.find(ws); it != volatility.end())
-            vol_writer->put(volatility_path(ws), volatility_to_json(it->second));
+        if (auto it = volatility.find(ws); it != volatility.end()) vol_store->put(ws, it->second);
     vol_dirty.clear();
-}
-
-context_engine::impl::volatility_writer::volatility_writer(file_system & fs) : fs_(fs), thread_([this] { run(); }) {}
-
-context_engine::impl::volatility_writer::~volatility_writer() {
-    {
-        std::lock_guard lk(mu_);
-        stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-}
-
-void context_engine::impl::volatility_writer::put(const std::string & path, std::string text) {
-    {
-        std::lock_guard lk(mu_);
-        pending_[path] = std::move(text);
-    }
-    cv_.notify_all();
-}
-
-void context_engine::impl::volatility_writer::run() {
-    static std::atomic<uint64_t> n_writes{0};
-    std::unique_lock lk(mu_);
-    for (;;) {
-        cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
-        if (pending_.empty()) return;  // stopped, nothing left
-        std::map<std::string, std::string> todo;
-        todo.swap(pending_);
-        lk.unlock();
-        for (const auto & [path, text] : todo) {
-            if (text.empty()) {
-                (void)fs_.remove_file(path);
-                continue;
-            }
-            // Written whole under a name of this process and write, then renamed over the
-            // file: a reader (another replica on a shared directory too) sees the old state
-            // or the new one. Not synced: after a crash a torn file reads as nothing learned.
-            const std::string temp = path + "." + std::to_string(getpid()) + "-" + std::to_string(n_writes++) + ".tmp";
-            auto f = fs_.create_file(temp);
-            status st = f.ok() ? (*f)->append(std::span(reinterpret_cast<const uint8_t *>(text.data()), text.size()))
-                               : f.error();
-            if (st.ok()) st = (*f)->close();
-            if (st.ok()) st = fs_.rename_file(temp, path);
-            if (!st.ok()) {
-                (void)fs_.remove_file(temp);
-                // best effort: the order is learned again after a restart
-                std::fprintf(stderr, "warmctx: could not save a workspace's learned order (%s): %s\n", path.c_str(),
-                             st.to_string().c_str());
-            }
-        }
-        lk.lock();
-    }
 }
 
 status context_engine::pin_workspace(const std::string & workspace, bool pinned) {
@@ -160,7 +89,7 @@ void context_engine::drop_workspace(const std::string & workspace) {
     for (size_t s = 0; s < p_->streams.size(); ++s)
         if (!p_->streams[s].busy && p_->streams[s].workspace == workspace) p_->clear_stream((seq_id)s);
     p_->forget(workspace);
-    if (p_->vol_writer) p_->vol_writer->put(p_->volatility_path(workspace), "");  // what it learned goes too
+    if (p_->vol_store) p_->vol_store->remove(workspace);  // what it learned goes too
 }
 
 size_t context_engine::n_remembered_workspaces() const { return p_->workspaces.size(); }

@@ -9,6 +9,7 @@ add_executable(warmctx_store_tests
   ${CMAKE_CURRENT_LIST_DIR}/store_faults_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/disk_room_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shared_dir_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/volatility_store_test.cpp
 )
 target_link_libraries(warmctx_store_tests PRIVATE warmctx_store GTest::gtest_main)
 gtest_discover_tests(warmctx_store_tests PROPERTIES LABELS unit DISCOVERY_TIMEOUT 60)
