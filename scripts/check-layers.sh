@@ -42,7 +42,8 @@ while IFS= read -r f; do
   esac
   [ -n "$from" ] && [ -n "${rank[$from]:-}" ] || { complain "$f: in no known layer"; continue; }
   while IFS=: read -r line inc; do
-    if [[ "$inc" =~ ^#include[[:space:]]*[\<\"](llama|ggml|gguf|common|chat|sampling|log)[-./a-z0-9_]*\.h[\>\"] ]]; then
+    # llama.h, llama-cpp.h, ggml-cpu.h, gguf.h, common.h, ... (not llama_server.h, a name of ours)
+    if [[ "$inc" =~ ^#include[[:space:]]*[\<\"]((llama|ggml|gguf)([-./][-./a-z0-9_]*)?|(common|chat|sampling|log)[-./a-z0-9_]*)\.h[\>\"] ]]; then
       [ "$from" = engine ] || complain "$f:$line: includes llama.cpp ($inc) outside src/engine"
     fi
     if [[ "$inc" =~ ^#include[[:space:]]*\"warmctx/([a-z_0-9]+\.h)\" ]]; then

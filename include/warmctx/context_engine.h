@@ -25,6 +25,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -270,9 +271,12 @@ class context_engine {
     // prompts are rendered with the built-in per-message templates.
     const chat_templates * chat_template() const;
     const context_info & context() const;
-    // Text -> tokens through the model's tokenizer (control tokens parsed), e.g. to size
-    // a synthetic workload.
-    result<std::vector<token_id>> tokenize(std::string_view text) const;
+    // Text -> tokens through the model's tokenizer (`parse_special`: "<|im_start|>" becomes
+    // its one control token), e.g. to size a synthetic workload; and back (`special`: a
+    // control token written as its text, as the prompt reads). Safe on any thread (they
+    // read only the vocabulary). Errors: invalid_argument (a token outside the vocabulary).
+    result<std::vector<token_id>> tokenize(std::string_view text, bool parse_special = true) const;
+    result<std::string> detokenize(std::span<const token_id> tokens, bool special = false) const;
     context_counters counters() const;
     const prefix_cache & cache() const;
 

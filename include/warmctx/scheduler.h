@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "warmctx/context_engine.h"
@@ -202,6 +203,9 @@ class scheduler {
     result<std::unique_ptr<generation_step>> make_generation(const sampling_params & sp) const;
     // The same without the size checks (a manifest, an explain of a prompt too long to run).
     result<assembled_prompt> assemble_unchecked(const turn_request & req) const;
+    // The model's tokenizer on the calling thread (context_engine::tokenize, detokenize).
+    result<std::vector<token_id>> tokenize(std::string_view text, bool parse_special) const;
+    result<std::string> detokenize(std::span<const token_id> tokens, bool special) const;
     // The engine's counters as the engine thread last published them (after every
     // finished job and engine call, and at least every 250 ms while it works), so a
     // reader never waits on a prefill; nullptr before the first publication.

@@ -660,8 +660,18 @@ const profile & context_engine::current_profile() const { return p_->prof; }
 const model_info & context_engine::model() const { return p_->eng->model(); }
 const chat_templates * context_engine::chat_template() const { return engine_chat_templates(*p_->tm); }
 const context_info & context_engine::context() const { return p_->eng->context(); }
-result<std::vector<token_id>> context_engine::tokenize(std::string_view text) const {
-    return p_->eng->tokenize(text, true);
+result<std::vector<token_id>> context_engine::tokenize(std::string_view text, bool parse_special) const {
+    return p_->eng->tokenize(text, parse_special);
+}
+result<std::string> context_engine::detokenize(std::span<const token_id> tokens, bool special) const {
+    if (!special) return p_->eng->detokenize(tokens);
+    std::string out;
+    for (token_id t : tokens) {
+        if (t < 0 || t >= p_->eng->model().n_vocab)
+            return invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary");
+        out += p_->eng->token_piece(t, true);
+    }
+    return out;
 }
 const prefix_cache & context_engine::cache() const { return *p_->cache; }
 }  // namespace warmctx

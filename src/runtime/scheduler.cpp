@@ -389,6 +389,14 @@ result<assembled_prompt> scheduler::assemble_unchecked(const turn_request & req)
     return p_->ce->assemble_request(req);
 }
 
+result<std::vector<token_id>> scheduler::tokenize(std::string_view text, bool parse_special) const {
+    return p_->ce->tokenize(text, parse_special);
+}
+
+result<std::string> scheduler::detokenize(std::span<const token_id> tokens, bool special) const {
+    return p_->ce->detokenize(tokens, special);
+}
+
 std::shared_ptr<const context_counters> scheduler::published_counters() const {
     std::lock_guard<std::mutex> lk(p_->pub_mu);
     return p_->published;

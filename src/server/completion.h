@@ -113,4 +113,8 @@ std::shared_ptr<renderer> make_responses_renderer(std::shared_ptr<const response
 struct anthropic_request_info;
 std::shared_ptr<renderer> make_anthropic_renderer(std::shared_ptr<const anthropic_request_info> info);
 
+// The llama-server renderer (api/llama_server/render.cpp): /completion's answer, whole
+// or streamed, in llama-server's shape.
+std::shared_ptr<renderer> make_llama_server_renderer();
+
 }  // namespace warmctx::server_detail

@@ -10,7 +10,9 @@
 //   api/<api>/           one folder per API, each a request mapper (request.cpp), a
 //                        renderer (render.cpp) and its routes (routes.cpp): openai
 //                        (/v1/chat/completions, /v1/completions, /v1/models), responses
-//                        (/v1/responses), anthropic (/v1/messages, count_tokens, GET /)
+//                        (/v1/responses), anthropic (/v1/messages, count_tokens, GET /),
+//                        llama_server (/completion, /tokenize, /detokenize,
+//                        /apply-template, /props, /slots)
 //   workspace_routes.cpp /v1/workspaces/...: the segment store, explain, pins, tiers
 //   completion.{h,cpp}   the one completion path every completion route runs on, over the
 //                        API-neutral request (completion_request.h)
@@ -280,6 +282,7 @@ void add_openai_routes(route_table & t, route_context & ctx);
 void add_workspace_routes(route_table & t, route_context & ctx);
 void add_anthropic_routes(route_table & t, route_context & ctx);
 void add_responses_routes(route_table & t, route_context & ctx);
+void add_llama_server_routes(route_table & t, route_context & ctx);
 
 // The request -> job -> response flow of every completion route. `path_ws`: the
 // workspace of a /v1/workspaces/{id}/chat/completions path (already validated); its

@@ -342,6 +342,7 @@ router::router(route_context & ctx) : ctx_(ctx) {
     add_responses_routes(routes_, ctx_);
     add_workspace_routes(routes_, ctx_);
     add_anthropic_routes(routes_, ctx_);
+    add_llama_server_routes(routes_, ctx_);
     res_.reserve(routes_.size());
     for (const route & r : routes_) res_.emplace_back(r.regex_text);
 

@@ -261,6 +261,91 @@ TEST_F(routes_model_test, completions_take_the_prompt_as_given) {
     EXPECT_NE(f.body.find("no fill-in-the-middle tokens"), std::string::npos) << f.body;
 }
 
+// llama-server's routes: /tokenize and /detokenize round-trip through the model's
+// tokenizer, /apply-template is the prompt warmctx assembles for the messages, /completion
+// answers what /v1/completions answers (greedy) in llama-server's shape, with its
+// timings; /props and /slots describe the server.
+TEST_F(routes_model_test, llama_server_routes_answer_in_its_shapes) {
+    const std::string text = "<|im_start|>user\nhello world<|im_end|>";
+    http_response t = post("/tokenize", {{"content", text}});
+    ASSERT_EQ(t.status, 200) << t.body;
+    const json ids = json::parse(t.body)["tokens"];
+    size_t n_expected = 0;
+    ASSERT_TRUE(sched_->call([&](context_engine & ce) { n_expected = ce.tokenize(text)->size(); }).ok());
+    EXPECT_EQ(ids.size(), n_expected);
+    EXPECT_LT(ids.size(), 12u) << "control tokens parsed as one token each";
+    http_response d = post("/detokenize", {{"tokens", ids}});
+    ASSERT_EQ(d.status, 200) << d.body;
+    EXPECT_EQ(json::parse(d.body)["content"], text);
+    http_response plain = post("/tokenize", {{"content", text}, {"parse_special", false}, {"with_pieces", true}});
+    ASSERT_EQ(plain.status, 200) << plain.body;
+    const json pieces = json::parse(plain.body)["tokens"];
+    EXPECT_GT(pieces.size(), ids.size()) << "without parse_special the markup is text";
+    std::string joined;
+    for (const json & p : pieces) joined += p["piece"].get<std::string>();
+    EXPECT_EQ(joined, text);
+    EXPECT_EQ(post("/detokenize", {{"tokens", json::array({-1})}}).status, 400);
+    EXPECT_EQ(post("/tokenize", {{"content", 3}}).status, 400);
+
+    const json messages = json::array({{{"role", "system"}, {"content", "Be terse."}}, {{"role", "user"}, {"content", "hi"}}});
+    http_response a = post("/apply-template", {{"messages", messages}});
+    ASSERT_EQ(a.status, 200) << a.body;
+    const std::string prompt = json::parse(a.body)["prompt"];
+    EXPECT_EQ(prompt, "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+
+    std::string code;
+    for (int i = 0; code.size() < 600; ++i) code += "def f" + std::to_string(i) + "(x):\n    return x + " + std::to_string(i) + "\n";
+    http_response v1 = post("/v1/completions", {{"prompt", code}, {"max_tokens", 6}, {"temperature", 0}});
+    ASSERT_EQ(v1.status, 200) << v1.body;
+    http_response c = post("/completion", {{"prompt", code}, {"n_predict", 6}, {"temperature", 0}, {"cache_prompt", true}});
+    ASSERT_EQ(c.status, 200) << c.body;
+    const json jc = json::parse(c.body);
+    EXPECT_EQ(jc["content"], json::parse(v1.body)["choices"][0]["text"]);
+    EXPECT_EQ(jc["stop"], true);
+    EXPECT_EQ(jc["tokens_predicted"], 6);
+    EXPECT_EQ(jc["stop_type"], "limit");
+    EXPECT_GT(jc["tokens_cached"].get<int>(), 0) << "the same prompt again";
+    EXPECT_EQ(jc["timings"]["predicted_n"], 6);
+    EXPECT_GE(jc["timings"]["predicted_ms"].get<double>(), 0.0);
+    EXPECT_EQ(jc["timings"]["prompt_n"].get<int>() + jc["timings"]["cache_n"].get<int>(), jc["tokens_evaluated"].get<int>());
+    EXPECT_TRUE(jc.contains("warmctx"));
+    // Streamed: the pieces, then the whole object with stop true.
+    http_response s = post("/completion", {{"prompt", code}, {"n_predict", 6}, {"temperature", 0}, {"stream", true}});
+    ASSERT_EQ(s.status, 200) << s.body;
+    string_sink sink;
+    ASSERT_TRUE(drive(s, sink));
+    std::string streamed;
+    json last;
+    for (size_t at = 0; (at = sink.text.find("data: ", at)) != std::string::npos;) {
+        const size_t end = sink.text.find("\n\n", at);
+        last = json::parse(sink.text.substr(at + 6, end - at - 6));
+        if (!last["stop"].get<bool>()) streamed += last["content"].get<std::string>();
+        at = end;
+    }
+    EXPECT_EQ(streamed, jc["content"].get<std::string>());
+    EXPECT_EQ(last["stop"], true);
+    EXPECT_EQ(last["tokens_predicted"], 6);
+    // Refused, never ignored: token ids and grammars.
+    EXPECT_EQ(post("/completion", {{"prompt", json::array({1, 2, 3})}}).status, 400);
+    EXPECT_EQ(post("/completion", {{"prompt", "x"}, {"grammar", "root ::= \"a\""}}).status, 400);
+
+    http_request g;
+    g.method = "GET";
+    g.path = "/props";
+    http_response p = router_->handle(g);
+    ASSERT_EQ(p.status, 200) << p.body;
+    const json jp = json::parse(p.body);
+    EXPECT_EQ(jp["total_slots"], 2);
+    EXPECT_EQ(jp["default_generation_settings"]["n_ctx"], sched_->context().n_ctx_seq);
+    EXPECT_FALSE(jp["chat_template"].get<std::string>().empty());
+    g.path = "/slots";
+    http_response sl = router_->handle(g);
+    ASSERT_EQ(sl.status, 200) << sl.body;
+    const json js = json::parse(sl.body);
+    ASSERT_EQ(js.size(), 2u);
+    EXPECT_EQ(js[0]["is_processing"], false);
+}
+
 // A chat's messages reach the model as its template renders them (the tiny model's is
 // Qwen2.5's ChatML): no header line before a system message's text, so the prompt is the
 // tokens llama.cpp's own rendering gives - two system messages, an Anthropic-style
