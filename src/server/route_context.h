@@ -101,6 +101,7 @@ using steady = std::chrono::steady_clock;
 struct request_log {
     std::string method;
     std::string route;               // the route pattern (bounded label set)
+    std::string path;                // an unmatched request's path, its first 200 bytes (log line only)
     steady::time_point t_start = steady::now();
     std::string workspace;
     std::string error_code;          // for status >= 400

@@ -229,6 +229,7 @@ void route_context::finish(request_log & log, int http_status) {
                  {"ttft_ms", log.ttft_ms < 0 ? json(nullptr) : json(std::round(log.ttft_ms * 1000) / 1000)},
                  {"duration_ms", std::round(duration_ms * 1000) / 1000}};
     if (!log.error_code.empty()) line["error"] = log.error_code;
+    if (!log.path.empty()) line["path"] = log.path;
     std::string s = dump_json(line) + "\n";
     std::lock_guard<std::mutex> lk(log_mu_);
     std::fputs(s.c_str(), stderr);
@@ -598,6 +599,8 @@ void router::unmatched(const http_request & req, http_response & res) {
         if (r.method != method && allow.find(r.method) == std::string::npos)
             allow += (allow.empty() ? "" : ", ") + r.method;
     }
+    // The route label stays "unmatched" (a bounded set); the log line says which path.
+    if (log.route == "unmatched") log.path = path.substr(0, 200);
     api_error e;
     if (res.status == 404 && !allow.empty()) {
         e = method_not_allowed("method " + method + " is not allowed on " + log.route + " (allowed: " + allow + ")");

@@ -462,6 +462,16 @@ TEST(routes_log_test, one_line_per_request_with_the_error_code) {
         EXPECT_TRUE(line[f].is_null()) << f;
     EXPECT_TRUE(line["duration_ms"].is_number());
     EXPECT_TRUE(line["ts"].is_string());
+    EXPECT_FALSE(line.contains("path")) << "a matched route's pattern says it";
+    // A request no route matches: its path, in the line (the route label stays bounded).
+    ::testing::internal::CaptureStderr();
+    http_response none;
+    none.status = 404;
+    rt.unmatched(request("GET", "/v1/no-such/thing"), none);
+    line = json::parse(::testing::internal::GetCapturedStderr());
+    EXPECT_EQ(line["route"], "unmatched");
+    EXPECT_EQ(line["status"], 404);
+    EXPECT_EQ(line["path"], "/v1/no-such/thing");
 }
 
 // The router while the model loads: /health and /metrics answer, everything else is
