@@ -83,6 +83,12 @@ json warmctx_json(const answer_report & r) {
 }
 
 
+maybe_error parse_completion(const route_context & ctx, const json & body, body_mode mode, completion_request & cr) {
+    request_limits limits = ctx.limits;
+    limits.bounds = ctx.opts.bounds;  // checked while parsing
+    return parse_completion_request(body, mode, limits, cr);
+}
+
 void renderer::error_response(http_response & res, request_log & log, api_error e) { respond_error(res, log, e); }
 
 namespace {

@@ -92,6 +92,12 @@ class renderer {
     virtual std::string stream_error(const api_error & e) = 0;
 };
 
+// An OpenAI chat or text body (as sent, or the one another API's body means) into `cr`,
+// under the server's request limits and bounds (warmctx/server.h): every completion route
+// maps through it, so they accept and refuse alike.
+maybe_error parse_completion(const route_context & ctx, const nlohmann::json & body, body_mode mode,
+                             completion_request & cr);
+
 // Runs `cr` and answers it with `r`: prepares (path_ws: a /v1/workspaces/{id}/... path's
 // workspace, validated; its stored segments are merged in), submits, and answers whole
 // or streamed. Every error is answered through r.error_response / r.stream_error.

@@ -30,9 +30,7 @@ maybe_error map_messages_request(route_context & ctx, const http_request & req, 
     if (counting && body.is_object() && !body.contains("max_tokens")) body["max_tokens"] = 1;
     json chat_body;
     if (auto e = anthropic_to_chat(body, req.session_id, ctx.limits.max_tokens_cap, chat_body, info)) return e;
-    request_limits limits = ctx.limits;
-    limits.bounds = ctx.opts.bounds;
-    if (auto e = parse_completion_request(chat_body, body_mode::chat, limits, cr)) {
+    if (auto e = parse_completion(ctx, chat_body, body_mode::chat, cr)) {
         chat_error_to_anthropic(*e, info);
         return e;
     }

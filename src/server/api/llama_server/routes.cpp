@@ -26,9 +26,7 @@ void completion(route_context & ctx, const http_request & req, http_response & r
     json text_body;
     if (auto e = completion_to_openai(body, text_body)) return respond_error(res, *log, *e);
     completion_request cr;
-    request_limits limits = ctx.limits;
-    limits.bounds = ctx.opts.bounds;
-    if (auto e = parse_completion_request(text_body, body_mode::text, limits, cr)) return respond_error(res, *log, *e);
+    if (auto e = parse_completion(ctx, text_body, body_mode::text, cr)) return respond_error(res, *log, *e);
     body = json();
     text_body = json();
     held.release();

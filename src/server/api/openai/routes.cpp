@@ -17,9 +17,7 @@ void run_completion(route_context & ctx, const http_request & req, http_response
     json body;
     if (auto e = parse_body(ctx, req, body, held)) return respond_error(res, *log, *e);
     completion_request cr;
-    request_limits limits = ctx.limits;
-    limits.bounds = ctx.opts.bounds;  // the server's bounds (warmctx/server.h): checked while parsing
-    if (auto e = parse_completion_request(body, mode, limits, cr)) return respond_error(res, *log, *e);
+    if (auto e = parse_completion(ctx, body, mode, cr)) return respond_error(res, *log, *e);
     body = json();  // what the request means is in cr now
     held.release();
     serve_completion(ctx, req, res, log, std::move(cr), path_ws, make_openai_renderer());

@@ -26,9 +26,7 @@ void run_responses(route_context & ctx, const http_request & req, http_response 
     if (auto e = responses_to_chat(body, chat_body, *info)) return respond_error(res, *log, *e);
     info->model = ctx.model_name;  // the served model, as the chat routes name it
     completion_request cr;
-    request_limits limits = ctx.limits;
-    limits.bounds = ctx.opts.bounds;
-    if (auto e = parse_completion_request(chat_body, body_mode::chat, limits, cr)) {
+    if (auto e = parse_completion(ctx, chat_body, body_mode::chat, cr)) {
         chat_error_to_responses(*e, *info);
         return respond_error(res, *log, *e);
     }
