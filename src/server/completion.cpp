@@ -36,6 +36,7 @@ answer_report report_of(const std::string & workspace, const completion_event & 
     r.t_lookup_ms = done.t_lookup_ms;
     r.t_sampler_ms = done.t_sampler_ms;
     r.t_interleave_ms = done.t_interleave_ms;
+    r.n_generated = done.usage.completion_tokens;
     r.rt = rt;
     return r;
 }
@@ -65,6 +66,13 @@ json warmctx_json(const answer_report & r) {
         {"queue_ms", done.t_queue_ms},
         {"first_token_ms", done.t_first_token_ms},
         {"total_ms", done.t_total_ms},
+        // The answer after its first token: the time, and the tokens a second it took
+        // (the first token is the prompt's; llama-server's timings.predicted_*).
+        {"decode_ms", std::max(0.0, done.t_total_ms - done.t_first_token_ms)},
+        {"decode_tokens_per_second",
+         done.t_total_ms > done.t_first_token_ms && r.n_generated > 1
+             ? 1000.0 * (double)(r.n_generated - 1) / (done.t_total_ms - done.t_first_token_ms)
+             : 0.0},
         {"request_ms", rt.request_ms},
         // Every phase of the wait for the first token, each once: their sum is
         // request_ms + first_token_ms less the engine thread's bookkeeping.

@@ -317,6 +317,16 @@ TEST_F(server_test, cached_tokens_rise_on_second_turn) {
     }
     EXPECT_EQ(j1["warmctx"]["timings"]["copy_ms"].get<double>(), 0.0);
     EXPECT_GT(j2["warmctx"]["timings"]["copy_ms"].get<double>(), 0.0);
+    // And after it: the answer's decode, its time and rate (llama-server's timings have them).
+    for (const json * j : {&j1, &j2}) {
+        const json & w = (*j)["warmctx"];
+        ASSERT_TRUE(w.contains("decode_ms") && w.contains("decode_tokens_per_second")) << w;
+        EXPECT_NEAR(w["decode_ms"].get<double>(), w["total_ms"].get<double>() - w["first_token_ms"].get<double>(), 1e-6);
+        const int n = (*j)["usage"]["completion_tokens"].get<int>();
+        if (n > 1 && w["decode_ms"].get<double>() > 0)
+            EXPECT_NEAR(w["decode_tokens_per_second"].get<double>(), 1000.0 * (n - 1) / w["decode_ms"].get<double>(),
+                        1e-6);
+    }
 }
 
 // ---- concurrency -----------------------------------------------------------------
