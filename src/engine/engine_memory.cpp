@@ -55,8 +55,9 @@ status engine::impl::take_checkpoint(seq_id seq, pos_t n_tokens) {
     constexpr auto partial = LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY;
     std::vector<uint8_t> own;
     std::span<const uint8_t> raw;
-    const size_t size = llama_state_seq_get_size_ext(ctx.get(), seq, partial);
-    if (uint8_t * staged = staging_of(size)) {
+    // Sized once either way (llama.cpp sizes a state by writing it to nothing).
+    const size_t size = staging_buft ? llama_state_seq_get_size_ext(ctx.get(), seq, partial) : 0;
+    if (uint8_t * staged = staging_buft ? staging_of(size) : nullptr) {
         const size_t w = llama_state_seq_get_data_ext(ctx.get(), staged, size, seq, partial);
         if (w == 0 && size != 0) return engine_error("checkpoint: llama_state_seq_get_data failed");
         raw = std::span<const uint8_t>(staged, w);
