@@ -284,6 +284,17 @@ TEST_F(routes_model_test, llama_server_routes_answer_in_its_shapes) {
     std::string joined;
     for (const json & p : pieces) joined += p["piece"].get<std::string>();
     EXPECT_EQ(joined, text);
+    // A character split over byte tokens: each piece its bytes, which join into it.
+    http_response split = post("/tokenize", {{"content", "\xc2\x82"}, {"with_pieces", true}});
+    ASSERT_EQ(split.status, 200) << split.body;
+    std::string bytes;
+    const json split_tokens = json::parse(split.body)["tokens"];
+    for (const json & p : split_tokens) {
+        if (p["piece"].is_string()) bytes += p["piece"].get<std::string>();
+        else for (const json & b : p["piece"]) bytes.push_back((char)b.get<int>());
+    }
+    EXPECT_EQ(bytes, "\xc2\x82") << split.body;
+    EXPECT_TRUE(split_tokens[0]["piece"].is_array()) << split.body;
     EXPECT_EQ(post("/detokenize", {{"tokens", json::array({-1})}}).status, 400);
     EXPECT_EQ(post("/tokenize", {{"content", 3}}).status, 400);
 

@@ -58,7 +58,16 @@ void tokenize(route_context & ctx, const http_request & req, http_response & res
             continue;
         }
         auto piece = ctx.sched->detokenize(std::span<const token_id>(&id, 1), true);
-        out.push_back({{"id", id}, {"piece", piece.ok() ? *piece : std::string()}});
+        const std::string p = piece.ok() ? *piece : std::string();
+        // A piece that is not whole UTF-8 (a byte of a longer character): its bytes, as
+        // llama-server gives them.
+        if (find_invalid_utf8(p) == k_utf8_valid) {
+            out.push_back({{"id", id}, {"piece", p}});
+        } else {
+            json bytes = json::array();
+            for (unsigned char ch : p) bytes.push_back((int)ch);
+            out.push_back({{"id", id}, {"piece", std::move(bytes)}});
+        }
     }
     send_json(res, 200, {{"tokens", std::move(out)}});
 }
