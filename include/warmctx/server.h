@@ -71,6 +71,13 @@ struct request_bounds {
     // every candidate token is checked against, per sampled token, on the engine thread
     // (3,000 took 19 s for 4 tokens, every other request waiting).
     size_t max_schema_alternatives = 256;
+    // The grammar a request's schemas become, estimated before it is built: every object
+    // schema counts its properties plus the square of its optional ones, over every schema
+    // of the request (the converter's work; 64 objects of 128 optional properties, about
+    // 1.06 million, took 1.1 s on 2 cores). Claude Code's 24 tools count 279.
+    size_t max_schema_cost = 262144;
+    // The grammar as built (GBNF text), before llama.cpp parses it into a sampler.
+    size_t max_grammar_bytes = 4u << 20;
     size_t max_pattern_bytes = 1024;     // one `pattern` of a schema
     size_t max_pattern_nesting = 32;     // parentheses (and brackets) open at once in one `pattern`
 };
@@ -112,6 +119,14 @@ struct server_options {
     int32_t draft_max = 64;                // draft tokens of a request that names no speculative.n_max
                                            // (0: no drafts; warmctx/drafts.h)
     bool log_requests = true;              // one JSON line per request on stderr
+    // An answer's grammar (tools, a JSON schema) is built off the engine thread, at most
+    // grammar_builds at once (0 = half the cores, at least one). A request whose grammar is
+    // not built within grammar_deadline_ms (waiting for a turn included) answers 503; one
+    // whose client leaves, or whose server stops, stops waiting at once. A build already
+    // running is not interrupted (llama.cpp's converter cannot be): the bounds above keep
+    // it short, and stop() waits for it.
+    int grammar_deadline_ms = 10000;
+    unsigned grammar_builds = 0;
     request_bounds bounds;                 // what one chat request may ask for (above)
 
     // The segment kind table the scheduler's context engine uses (validates PUT

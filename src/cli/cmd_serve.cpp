@@ -50,6 +50,8 @@ struct serve_args {
     int32_t default_max_tokens = 0;
     int32_t reasoning_budget = -1;
     int32_t draft_max = 64;
+    int grammar_deadline_ms = 10000;
+    unsigned grammar_builds = 0;
     std::string model_name;
     request_bounds bounds;
     bool quiet = false;
@@ -182,6 +184,8 @@ server_options server_options_of(const serve_args & a, const cache_flags & cf, c
     sv.default_max_tokens = a.default_max_tokens;
     sv.reasoning_budget = a.reasoning_budget;
     sv.draft_max = a.draft_max;
+    sv.grammar_deadline_ms = a.grammar_deadline_ms;
+    sv.grammar_builds = a.grammar_builds;
     sv.model_name = a.model_name;
     sv.bounds = a.bounds;
     sv.log_requests = !a.quiet;
@@ -358,6 +362,13 @@ void add_request_bounds(CLI::App & c, serve_args & a) {
     c.add_option("--max-schema-alternatives", a.bounds.max_schema_alternatives,
                   "anyOf/oneOf alternatives over a request's schemas (more get 400 too_many_alternatives)")
         ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1000000}));
+    c.add_option("--max-schema-cost", a.bounds.max_schema_cost,
+                  "the grammar a request's schemas make, estimated before it is built: each object schema counts its "
+                  "properties plus the square of its optional ones (more get 400 schema_too_costly)")
+        ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 40));
+    c.add_option("--max-grammar-bytes", a.bounds.max_grammar_bytes,
+                  "an answer's grammar as built (GBNF text), bytes (larger get 400 grammar_too_large)")
+        ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 40));
     c.add_option("--max-pattern-bytes", a.bounds.max_pattern_bytes,
                   "one schema pattern's length, bytes (longer get 400 pattern_too_long)")
         ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 20));
@@ -404,6 +415,15 @@ void register_serve_command(CLI::App & app, int & rc) {
                   "comment this often")
         ->capture_default_str()
         ->check(CLI::Range(50, 600000));
+    c->add_option("--grammar-deadline-ms", a->grammar_deadline_ms,
+                  "a request whose answer grammar (tools, a JSON schema) is not built within this answers 503 "
+                  "grammar_timeout")
+        ->capture_default_str()
+        ->check(CLI::Range(100, 600000));
+    c->add_option("--grammar-builds", a->grammar_builds,
+                  "answer grammars built at once, off the engine thread (0 = half the cores, at least one)")
+        ->capture_default_str()
+        ->check(CLI::Range(0u, 256u));
     c->add_option("--default-max-tokens", a->default_max_tokens,
                   "max_tokens of a request that names none (0 = to the end of the context, as OpenAI and llama-server)")
         ->capture_default_str()

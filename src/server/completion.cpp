@@ -6,8 +6,8 @@
 #include <cmath>
 #include <ctime>
 #include <deque>
-#include <future>
 
+#include "answer_build.h"
 #include "api/openai/openai.h"
 #include "json_util.h"
 #include "segments_json.h"
@@ -166,17 +166,6 @@ api_error job_error(const status & st) {
     return error_from_status(st);
 }
 
-// The client left a request that is not streamed: its job is cancelled, and the log and
-// metrics say 499 (nobody reads the answer).
-api_error client_gone_error() {
-    api_error e;
-    e.http_status = k_status_client_closed;
-    e.type = "invalid_request_error";
-    e.code = "client_closed";
-    e.message = "the client closed the connection";
-    return e;
-}
-
 bool is_cut(finish_reason f) { return f == finish_reason::length || f == finish_reason::context_full; }
 
 // ---- preparing ------------------------------------------------------------------------
@@ -206,52 +195,6 @@ maybe_error merge_workspace(route_context & ctx, completion_request & cr, const 
     return std::nullopt;
 }
 
-void apply_answer_format(answer_format & af, sampling_params & s) {
-    s.grammar = std::move(af.grammar);
-    s.grammar_lazy = af.grammar_lazy;
-    s.grammar_trigger_patterns = std::move(af.trigger_patterns);
-    s.grammar_trigger_words = std::move(af.trigger_words);
-    s.reasoning_start = af.reasoning_start;
-    s.reasoning_ends = af.reasoning_ends;
-    s.reasoning_prompt = af.generation_prompt;
-    s.preserved_tokens = af.preserved_tokens;
-    s.grammar_prefill = std::move(af.generation_prompt);
-    for (auto & st : af.additional_stops) s.stop.push_back(std::move(st));
-}
-
-// The answer's format (the tools' or a JSON schema's grammar, its triggers, the parser),
-// the sampling it makes, and that sampling's generation, built on another thread while
-// this one assembles the prompt: a large tools array's grammar takes milliseconds the
-// first time, and its sampler a few hundred microseconds every time.
-struct answer_ready {
-    answer_format af;          // the parser (its grammar moved into `sampling`)
-    sampling_params sampling;  // the request's, with the format applied
-    std::unique_ptr<generation_step> gen;  // null: made at admission (which reports its error)
-};
-
-std::future<result<answer_ready>> start_answer_format(const completion_request & cr, const chat_templates * ct,
-                                                      bool with_tools, const scheduler * sched) {
-    return std::async(std::launch::async, [&cr, ct, with_tools, sched]() -> result<answer_ready> {
-        answer_ready out;
-        if (ct && (with_tools || (ct->reasons() && cr.sampling.n_logprobs < 0))) {
-            answer_request ar{with_tools ? cr.tools_json : std::string(),
-                              with_tools ? cr.tool_choice : tool_choice_mode::none,
-                              with_tools ? cr.tool_choice_name : std::string(), cr.parallel_tool_calls, cr.json_schema};
-            auto af = ct->answer({}, ar);
-            if (!af.ok()) return af.error();
-            out.af = std::move(*af);
-        } else if (!cr.json_schema.empty()) {
-            auto g = json_schema_grammar(cr.json_schema);
-            if (!g.ok()) return g.error();
-            out.af.grammar = std::move(*g);
-        }
-        out.sampling = cr.sampling;
-        apply_answer_format(out.af, out.sampling);
-        if (auto gen = sched->make_generation(out.sampling); gen.ok()) out.gen = std::move(*gen);
-        return out;
-    });
-}
-
 // A request made ready for the scheduler: its job (prompt assembled and tokenized here,
 // not on the engine thread: a prompt that does not fit is refused without queueing),
 // the answer's parser, and the time it took.
@@ -261,7 +204,7 @@ struct prepared {
     request_timings rt;
 };
 
-maybe_error prepare(route_context & ctx, completion_request & cr, prepared & out) {
+maybe_error prepare(route_context & ctx, const http_request & req, completion_request & cr, prepared & out) {
     const bool with_tools = !cr.tools_json.empty() && cr.tool_choice != tool_choice_mode::none;
     const chat_templates * ct = ctx.sched->chat_template();
     // A template whose answers reason has every chat answer parsed (the reasoning apart
@@ -283,8 +226,9 @@ maybe_error prepare(route_context & ctx, completion_request & cr, prepared & out
                            "tool_choice requires a call, which needs the model's Jinja chat template "
                            "(the server runs with --no-jinja, or the template did not load)",
                            "tool_choice");
-    std::future<result<answer_ready>> answer;
-    if (with_answer) answer = start_answer_format(cr, ct, with_tools, ctx.sched);
+    const auto t_build = steady::now();
+    std::shared_ptr<answer_build> answer;
+    if (with_answer) answer = start_answer_format(ctx, cr, ct, with_tools);
 
     completion_job & job = out.job;
     job.turn.workspace = cr.workspace;
@@ -299,12 +243,23 @@ maybe_error prepare(route_context & ctx, completion_request & cr, prepared & out
     ctx.sched->prefill_ahead(job.turn);
     auto ap = ctx.sched->assemble(job.turn);
     out.rt.assemble_ms = ms_since(t_asm);
-    if (answer.valid()) {
+    if (answer) {
         // Its error first, as when it was built before the prompt.
         const auto t_wait = steady::now();
-        auto af = answer.get();
+        maybe_error refusal;
+        auto af = wait_answer_format(ctx, req, *answer,
+                                     t_build + std::chrono::milliseconds(ctx.opts.grammar_deadline_ms), refusal);
         out.rt.answer_wait_ms = ms_since(t_wait);
-        if (!af.ok()) return error_from_status(af.error(), with_tools && ct ? "tool_choice" : "response_format");
+        if (refusal) return refusal;
+        const char * param = with_tools && ct ? "tool_choice" : "response_format";
+        if (!af.ok()) return error_from_status(af.error(), param);
+        if (af->grammar_bytes > ctx.opts.bounds.max_grammar_bytes)
+            return bad_request("grammar_too_large",
+                               std::string("the answer's grammar (tools, or a JSON schema) is ") +
+                                   with_commas(af->grammar_bytes) + " bytes as built; at most " +
+                                   with_commas(ctx.opts.bounds.max_grammar_bytes) +
+                                   " are allowed (the server's --max-grammar-bytes)",
+                               param);
         cr.sampling = std::move(af->sampling);
         out.parser = std::move(af->af.parser);
         job.gen = std::move(af->gen);
@@ -621,7 +576,7 @@ void serve_completion(route_context & ctx, const http_request & req, http_respon
     if (!ctx.sched) return fail(unavailable("the engine is stopping: no engine", 1));
 
     prepared p;
-    if (auto e = prepare(ctx, cr, p)) return fail(*e);
+    if (auto e = prepare(ctx, req, cr, p)) return fail(*e);
     p.rt.request_ms = ms_since(t_arrival);
     // Gone while the prompt and the grammar were built: nothing is queued.
     if (req.client_gone && req.client_gone()) return fail(client_gone_error());

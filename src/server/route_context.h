@@ -40,6 +40,7 @@
 #include "api_error.h"
 #include "metrics.h"
 #include "completion_request.h"
+#include "grammar_builds.h"
 #include "prewarmer.h"
 #include "request_channel.h"
 #include "workspace_store.h"
@@ -199,6 +200,8 @@ class route_context {
     server_metrics metrics;
     json_budget json_memory{opts.max_json_bytes_in_flight};  // parse_body's shares
     std::atomic<bool> stopping{false};
+    // The threads answer grammars are built on (stopped by stop_background()).
+    grammar_builds grammars{opts.grammar_builds};
     // Background pre-warm (null until attach(), or when opts.prewarm is off).
     std::unique_ptr<prewarmer> prewarm;
 
@@ -211,7 +214,7 @@ class route_context {
     void forget_carried(const std::string & ws);
 
     ~route_context();
-    // Stops the pre-warm thread (before the scheduler stops).
+    // Stops the pre-warm thread and the grammar builds (before the scheduler stops).
     void stop_background();
     // One JSON line on the request log (stderr), with a timestamp, unless logging is off.
     void log_event(nlohmann::json line);

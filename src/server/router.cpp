@@ -150,6 +150,7 @@ void route_context::forget_carried(const std::string & ws) {
 
 void route_context::stop_background() {
     if (prewarm) prewarm->stop();
+    grammars.stop();
 }
 
 void route_context::log_event(json line) {

@@ -167,6 +167,15 @@ maybe_error check_schema_bounds(const json & schema, std::string_view param, con
                                       with_commas(b.max_optional_properties) +
                                       " are allowed (the server's --max-optional-properties; list the others in "
                                       "\"required\")");
+                const size_t optional = v.size() - std::min(required, v.size());
+                tally.cost += v.size() + optional * optional;
+                if (tally.cost > b.max_schema_cost)
+                    return refuse("schema_too_costly",
+                                  "the request's schemas would make a grammar of about " + with_commas(tally.cost) +
+                                      " units (each object schema counts its properties plus the square of its "
+                                      "optional ones); at most " + with_commas(b.max_schema_cost) +
+                                      " are allowed (the server's --max-schema-cost; list properties in \"required\" "
+                                      "or send fewer object schemas)");
             }
             if (key == "pattern" && v.is_string()) {
                 const std::string & pat = v.get_ref<const std::string &>();

@@ -30,12 +30,14 @@ maybe_error check_tools_bytes(size_t bytes, std::string_view param, const reques
 // schema of a request) at most bounds.max_enum_values, each pattern at most
 // max_pattern_bytes long and max_pattern_nesting deep, anyOf/oneOf alternatives (counted
 // into `tally`) at most max_schema_alternatives, each object at most
-// max_optional_properties properties not `required`, and each $ref a pointer into the
+// max_optional_properties properties not `required`, the converter's estimated work
+// (counted into `tally`) at most max_schema_cost, and each $ref a pointer into the
 // schema itself that resolves (a remote one, or a chain of references that comes back to
 // itself, would be converted to "any value"). A 400 naming `param` and the bound.
 struct schema_tally {
     size_t enum_values = 0;
     size_t alternatives = 0;  // anyOf / oneOf
+    size_t cost = 0;          // per object schema: its properties + its optional ones squared
 };
 maybe_error check_schema_bounds(const nlohmann::json & schema, std::string_view param, const request_bounds & bounds,
                                 schema_tally & tally);

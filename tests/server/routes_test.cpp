@@ -331,6 +331,47 @@ TEST(routes_bounds_test, schemas_the_grammar_cannot_afford_are_refused) {
     EXPECT_EQ(post({{"anyOf", alts}}).status, 503);
 }
 
+// The converter's work is estimated before it runs: every object schema counts its
+// properties plus its optional ones squared, over the request (48 objects of 128 optional
+// properties took about a second on 2 cores, each alone within max_optional_properties).
+TEST(routes_bounds_test, schemas_whose_grammar_would_cost_the_converter_too_much_are_refused) {
+    server_options o;
+    o.log_requests = false;
+    o.bounds.max_schema_cost = 100;
+    route_context ctx(nullptr, o);
+    router r(ctx);
+    auto object = [](int n, int n_required) {
+        json props = json::object(), required = json::array();
+        for (int i = 0; i < n; ++i) props["p" + std::to_string(i)] = {{"type", "string"}};
+        for (int i = 0; i < n_required; ++i) required.push_back("p" + std::to_string(i));
+        return json{{"type", "object"}, {"properties", props}, {"required", required}};
+    };
+    auto post = [&](const json & schema) {
+        json body = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                     {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}}}}}};
+        return r.handle(request("POST", "/v1/chat/completions", body.dump()));
+    };
+    // 10 properties, 9 optional: 10 + 81 = 91; two of them nested: 2 + 182 = 184.
+    EXPECT_EQ(post(object(10, 1)).status, 503);  // past the bounds: no engine here
+    json two = {{"type", "object"},
+                {"properties", {{"a", object(10, 1)}, {"b", object(10, 1)}}},
+                {"required", {"a", "b"}}};
+    http_response res = post(two);
+    EXPECT_EQ(res.status, 400) << res.body;
+    EXPECT_EQ(json::parse(res.body)["error"]["code"], "schema_too_costly");
+    EXPECT_NE(json::parse(res.body)["error"]["message"].get<std::string>().find("--max-schema-cost"), std::string::npos);
+    // Required properties count once each: 40 of them, none optional.
+    EXPECT_EQ(post(object(40, 40)).status, 503);
+    // The tools' schemas too.
+    json tools = json::array();
+    for (int i = 0; i < 2; ++i)
+        tools.push_back({{"type", "function"}, {"function", {{"name", "f" + std::to_string(i)}, {"parameters", object(10, 1)}}}});
+    json body = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"tools", tools}};
+    http_response t = r.handle(request("POST", "/v1/chat/completions", body.dump()));
+    EXPECT_EQ(t.status, 400) << t.body;
+    EXPECT_EQ(json::parse(t.body)["error"]["code"], "schema_too_costly");
+}
+
 TEST(routes_bounds_test, the_servers_bounds_hold_on_every_chat_route_before_the_engine) {
     server_options o;
     o.log_requests = false;
