@@ -593,8 +593,10 @@ server_options http_server::options() const {
 void http_server::stop() {
     std::unique_lock<std::mutex> lk(p_->stop_mu);
     if (p_->stopped) return;
-    p_->ctx.stop_background();  // no pre-warm is queued after this
+    // Requests waiting (for the scheduler, for their grammar) are answered 503 first; then
+    // no pre-warm is queued and the grammar builds still running are waited for.
     p_->ctx.stop_channels("the server is shutting down");
+    p_->ctx.stop_background();
     p_->svr.stop();
     p_->reg.shed_all();  // idle and half-received connections end now, not at their timeouts
     if (p_->listener.joinable()) p_->listener.join();
