@@ -17,8 +17,9 @@ jobs="${WARMCTX_JOBS:-$(nproc)}"
 # --- Debian packages ---------------------------------------------------------
 pkgs=(build-essential cmake ninja-build ccache git openssl ca-certificates
       pkg-config libxxhash-dev nlohmann-json3-dev libsimdjson-dev libcli11-dev libgtest-dev libgmock-dev
-      libcpp-httplib-dev jq gnuplot-nox haproxy
+      libcpp-httplib-dev jq gnuplot-nox haproxy chromium
       clang libclang-rt-dev)  # the libFuzzer harnesses (scripts/fuzz.sh); libFuzzer is in libclang-rt-dev
+# chromium: the page at /ui is tested in a real browser, headless (tests/server/ui_page.sh)
 command -v npm >/dev/null || pkgs+=(npm)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

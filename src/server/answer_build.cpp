@@ -66,8 +66,10 @@ std::shared_ptr<answer_build> start_answer_format(route_context & ctx, const com
         std::optional<result<answer_ready>> r;
         if (run) r.emplace(build_answer_format(ar, use_template, sp, ct, sched, max_bytes));
         std::lock_guard<std::mutex> lk(b->mu);
-        if (r) b->out = std::move(*r);
-        else b->skipped = true;
+        if (r)
+            b->out = std::move(*r);
+        else
+            b->skipped = true;
         b->cv.notify_all();
     };
     if (!ctx.grammars.start(std::move(work), b->abandoned)) {
@@ -87,8 +89,10 @@ result<answer_ready> wait_answer_format(route_context & ctx, const http_request 
         if (b.skipped) break;
         b.cv.wait_for(lk, std::chrono::milliseconds(20));
         if (b.out || b.skipped) continue;
-        if (req.client_gone && req.client_gone()) refusal = client_gone_error();
-        else if (ctx.stopping.load()) break;
+        if (req.client_gone && req.client_gone())
+            refusal = client_gone_error();
+        else if (ctx.stopping.load())
+            break;
         else if (steady::now() >= deadline) {
             refusal = unavailable("the answer's grammar (tools, or a JSON schema) was not built within " +
                                       std::to_string(ctx.opts.grammar_deadline_ms) +

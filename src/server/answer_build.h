@@ -29,10 +29,10 @@ api_error client_gone_error();
 void apply_answer_format(answer_format & af, sampling_params & s);
 
 struct answer_ready {
-    answer_format af;          // the parser (its grammar moved into `sampling`)
-    sampling_params sampling;  // the request's, with the format applied
+    answer_format af;                      // the parser (its grammar moved into `sampling`)
+    sampling_params sampling;              // the request's, with the format applied
     std::unique_ptr<generation_step> gen;  // null: made at admission (which reports its error)
-    size_t grammar_bytes = 0;  // the grammar as built; over the bound: no sampler was made
+    size_t grammar_bytes = 0;              // the grammar as built; over the bound: no sampler was made
 };
 
 struct answer_build {

@@ -166,6 +166,11 @@ api_error job_error(const status & st) {
     return error_from_status(st);
 }
 
+int64_t unix_ms_now() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
 bool is_cut(finish_reason f) { return f == finish_reason::length || f == finish_reason::context_full; }
 
 // ---- preparing ------------------------------------------------------------------------
@@ -366,6 +371,7 @@ void answer_whole(route_context & ctx, const http_request & req, http_response &
                 }
                 answer_end end{ev.finish, parsed && !parsed->tool_calls.empty() && !is_cut(ev.finish), ev.usage,
                                report_of(cr.workspace, ev, p.rt)};
+                ctx.turns.note({unix_ms_now(), end.report, ev.usage});
                 whole_answer a{text, parsed ? &*parsed : nullptr,
                                cr.sampling.n_logprobs >= 0 ? logprobs_json(meta.shape, lps) : json(nullptr),
                                std::move(end)};
@@ -407,6 +413,7 @@ struct stream_state {
 
 // Writes `data`; on failure (the client went away) cancels the job.
 bool write_or_cancel(stream_state & st, chunk_sink & sink, const std::string & data) {
+    if (data.empty()) return true;  // a chunk of nothing would end a chunked body
     st.t_last_write = steady::now();
     if (sink.write(data)) return true;
     st.ch->cancel();
@@ -458,6 +465,7 @@ step stream_event(stream_state & st, chunk_sink & sink, const completion_event &
                 if (auto d = st.parse->step("", /*partial=*/false, st.response_id)) out += r.delta(*d);
             answer_end end{ev.finish, st.parse && st.parse->any_call && !is_cut(ev.finish), ev.usage,
                            report_of(st.workspace, ev, st.timings)};
+            st.ctx->turns.note({unix_ms_now(), end.report, ev.usage});
             out += r.finish(end);
             return write_last(st, sink, out);
         }
@@ -532,7 +540,7 @@ void answer_streamed(route_context & ctx, http_response & res, const std::shared
     res.status = 200;
     res.headers.emplace_back("Cache-Control", "no-cache");
     res.headers.emplace_back("X-Accel-Buffering", "no");
-    res.content_type = "text/event-stream";
+    res.content_type = st->r->stream_content_type();
     res.stream = [st](chunk_sink & sink) { return stream_step(*st, sink); };
     res.stream_end = [st] {
         // Called once the response is done with, however it ended.

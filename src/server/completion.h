@@ -81,7 +81,10 @@ class renderer {
 
     virtual nlohmann::json whole(const whole_answer & a) = 0;
 
-    // Stream bytes. open(): at once, before any token (the headers go with it).
+    // The stream's media type: server-sent events, or Ollama's JSON lines.
+    virtual const char * stream_content_type() const { return "text/event-stream"; }
+    // Stream bytes (an empty string writes nothing). open(): at once, before any token
+    // (the headers go with it).
     virtual std::string open() = 0;
     // Nothing to send for a while (queued, prefilling): `comment` is the SSE comment that
     // keeps the connection alive (": keep-alive[ prefill P/N]\n\n").
@@ -118,6 +121,11 @@ std::shared_ptr<renderer> make_responses_renderer(std::shared_ptr<const response
 // events; errors in Anthropic's shape.
 struct anthropic_request_info;
 std::shared_ptr<renderer> make_anthropic_renderer(std::shared_ptr<const anthropic_request_info> info);
+
+// The Ollama renderer (api/ollama/render.cpp): /api/chat's and /api/generate's answers,
+// whole or as JSON lines; errors in Ollama's shape.
+struct ollama_request_info;
+std::shared_ptr<renderer> make_ollama_renderer(ollama_request_info info);
 
 // The llama-server renderer (api/llama_server/render.cpp): /completion's answer, whole
 // or streamed, in llama-server's shape.

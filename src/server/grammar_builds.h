@@ -52,8 +52,8 @@ class grammar_builds {
     const unsigned slots_;
     mutable std::mutex mu_;
     std::condition_variable cv_;
-    unsigned busy_ = 0;     // guarded by mu_
-    bool stopping_ = false; // guarded by mu_
+    unsigned busy_ = 0;                // guarded by mu_
+    bool stopping_ = false;            // guarded by mu_
     std::list<build_thread> threads_;  // guarded by mu_
 };
 

@@ -255,6 +255,7 @@ http_request from_httplib(const httplib::Request & req) {
     r.api_key = req.get_header_value("x-api-key");
     r.session_id = req.get_header_value("x-claude-code-session-id");
     r.origin = req.get_header_value("Origin");
+    r.accept = req.get_header_value("Accept");
     r.cors_request_headers = req.get_header_value("Access-Control-Request-Headers");
     r.host = req.get_header_value("Host");
     if (t_conn) {

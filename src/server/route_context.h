@@ -12,7 +12,8 @@
 //                        (/v1/chat/completions, /v1/completions, /v1/models), responses
 //                        (/v1/responses), anthropic (/v1/messages, count_tokens, GET /),
 //                        llama_server (/completion, /tokenize, /detokenize,
-//                        /apply-template, /props, /slots)
+//                        /apply-template, /props, /slots), ollama (/api/chat,
+//                        /api/generate, /api/tags, /api/show, /api/ps, /api/version)
 //   workspace_routes.cpp /v1/workspaces/...: the segment store, explain, pins, tiers
 //   completion.{h,cpp}   the one completion path every completion route runs on, over the
 //                        API-neutral request (completion_request.h)
@@ -43,6 +44,7 @@
 #include "grammar_builds.h"
 #include "prewarmer.h"
 #include "request_channel.h"
+#include "turn_history.h"
 #include "workspace_store.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
@@ -60,6 +62,7 @@ struct http_request {
     std::string origin;                        // the Origin header (CORS), "" when absent
     std::string cors_request_headers;          // Access-Control-Request-Headers (preflight)
     std::string host;                          // the Host header, "" when absent
+    std::string accept;                        // the Accept header, "" when absent
     // The Content-Type header as the transport received it ("" when absent); nullopt
     // when the request did not come through the transport (a test calling the router),
     // and then no media type is required.
@@ -200,6 +203,8 @@ class route_context {
     server_metrics metrics;
     json_budget json_memory{opts.max_json_bytes_in_flight};  // parse_body's shares
     std::atomic<bool> stopping{false};
+    // The last turns answered (GET /v1/status, the page).
+    turn_history turns;
     // The threads answer grammars are built on (stopped by stop_background()).
     grammar_builds grammars{opts.grammar_builds};
     // Background pre-warm (null until attach(), or when opts.prewarm is off).
@@ -255,6 +260,8 @@ void respond_error(http_response & res, request_log & log, const api_error & e);
 
 // The error in Anthropic's shape ({"type":"error","error":{"type","message"}}).
 void respond_anthropic_error(http_response & res, request_log & log, const api_error & e);
+// The error in Ollama's shape ({"error": message}; api/ollama/routes.cpp).
+void respond_ollama_error(http_response & res, request_log & log, const api_error & e);
 
 // The request body as JSON, through warmctx::parse_json (UTF-8, nesting depth, exactly
 // one value): 400 invalid_utf8 or invalid_json otherwise. Every route that reads a body
@@ -270,13 +277,17 @@ maybe_error parse_body(route_context & ctx, const http_request & req, nlohmann::
 using route_handler =
     std::function<void(const http_request &, http_response &, const std::shared_ptr<request_log> &)>;
 
+// The error shape of a route's API: OpenAI's {"error": {message, type, code, param}},
+// Anthropic's {"type": "error", "error": {type, message}}, Ollama's {"error": message}.
+enum class error_style { openai, anthropic, ollama };
+
 struct route {
     std::string method;
     std::string pattern;     // the label in metrics, e.g. /v1/workspaces/{id}/segments
     std::string regex_text;  // what the transport matches (the whole path); captures = params
     bool auth = true;        // needs the API key (when the server has one)
     route_handler fn;
-    bool anthropic_errors = false;  // the router's own refusals in Anthropic's error shape
+    error_style errors = error_style::openai;  // the shape of the router's own refusals
 };
 
 using route_table = std::vector<route>;
@@ -287,6 +298,8 @@ void add_workspace_routes(route_table & t, route_context & ctx);
 void add_anthropic_routes(route_table & t, route_context & ctx);
 void add_responses_routes(route_table & t, route_context & ctx);
 void add_llama_server_routes(route_table & t, route_context & ctx);
+void add_ollama_routes(route_table & t, route_context & ctx);
+void add_ui_routes(route_table & t, route_context & ctx);  // ui/routes.cpp: /, /ui, /v1/status
 
 // The request -> job -> response flow of every completion route. `path_ws`: the
 // workspace of a /v1/workspaces/{id}/chat/completions path (already validated); its

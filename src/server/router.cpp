@@ -345,6 +345,8 @@ router::router(route_context & ctx) : ctx_(ctx) {
     add_workspace_routes(routes_, ctx_);
     add_anthropic_routes(routes_, ctx_);
     add_llama_server_routes(routes_, ctx_);
+    add_ollama_routes(routes_, ctx_);
+    add_ui_routes(routes_, ctx_);
     res_.reserve(routes_.size());
     for (const route & r : routes_) res_.emplace_back(r.regex_text);
 
@@ -414,8 +416,12 @@ bool router::host_allowed(const std::string & host_header) const {
 namespace {
 // A refusal of the router's own, in the route's API's error shape.
 void respond_as(const route & r, http_response & res, request_log & log, const api_error & e) {
-    if (r.anthropic_errors) respond_anthropic_error(res, log, e);
-    else respond_error(res, log, e);
+    switch (r.errors) {
+        case error_style::anthropic: return respond_anthropic_error(res, log, e);
+        case error_style::ollama: return respond_ollama_error(res, log, e);
+        case error_style::openai: break;
+    }
+    respond_error(res, log, e);
 }
 
 // Routes that answer while the model loads: they tell how the server is.
@@ -444,7 +450,7 @@ bool router::answered_on_headers(const route & r, const http_request & req, http
           constant_time_equal(req.api_key, ctx_.opts.api_key))) {
         respond_as(r, res, log,
                    unauthorized(
-                       r.anthropic_errors
+                       r.errors != error_style::openai
                            ? "missing or wrong API key: send \"x-api-key: <key>\" (or \"Authorization: Bearer <key>\")"
                            : "missing or wrong API key: send \"Authorization: Bearer <key>\""));
         return true;

@@ -1,7 +1,7 @@
-// The Anthropic Messages routes: POST /v1/messages (whole or streamed), POST
-// /v1/messages/count_tokens, and GET / (HEAD /) for clients that check the server is
-// there. A request mapper (anthropic.h) in front of the one completion path
-// (completion.h) with the Anthropic renderer. See docs/api.md.
+// The Anthropic Messages routes: POST /v1/messages (whole or streamed) and POST
+// /v1/messages/count_tokens (GET /, which its clients check, is in ui/routes.cpp). A
+// request mapper (anthropic.h) in front of the one completion path (completion.h) with
+// the Anthropic renderer. See docs/api.md.
 #include "anthropic.h"
 #include "../openai/openai.h"
 #include "completion.h"
@@ -65,10 +65,6 @@ void count_tokens(route_context & ctx, const http_request & req, http_response &
     send_json(res, 200, {{"input_tokens", ap->tokens.size()}});
 }
 
-// GET / (and HEAD /): the server is there.
-void root(route_context & ctx, const http_request &, http_response & res, const std::shared_ptr<request_log> &) {
-    send_json(res, 200, {{"status", "ok"}, {"service", "warmctx"}, {"model", ctx.model_name}});
-}
 
 }  // namespace
 
@@ -79,12 +75,11 @@ void add_anthropic_routes(route_table & t, route_context & ctx) {
                 [c, fn](const http_request & req, http_response & res, const std::shared_ptr<request_log> & log) {
                     fn(*c, req, res, log);
                 }};
-        r.anthropic_errors = anthropic_errors;
+        r.errors = anthropic_errors ? error_style::anthropic : error_style::openai;
         t.push_back(std::move(r));
     };
     add("POST", "/v1/messages", true, true, messages);
     add("POST", "/v1/messages/count_tokens", true, true, count_tokens);
-    add("GET", "/", false, false, root);
 }
 
 }  // namespace warmctx::server_detail
