@@ -7,11 +7,13 @@
 #           dimensions with every layer full attention; "default" is the qwen2.5-0.5b
 #           shape), warmctx and llama-server each at its defaults
 #   verify  warm against cold on CUDA for tiny-hybrid and tiny-swa (VERIFY_SCENARIOS each)
-# usage: bench/gpu-memory-kinds.sh STAGE...     results: $OUT (default bench/results/gpu-run)
+# usage: bench/gpu-memory-kinds.sh STAGE...     results: $OUT (default bench/results/<YYYY-MM-DD>-<gpu>/memory-kinds,
+#        the day and the GPU's model as nvidia-smi names it, h100 or h200)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-out="${OUT:-$root/bench/results/gpu-run}"
+gpu_tag="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h[0-9]{3}' | head -1 | tr 'A-Z' 'a-z' || true)"
+out="${OUT:-$root/bench/results/$(date -u +%F)-${gpu_tag:-gpu}/memory-kinds}"
 mkdir -p "$out"
 build="$root/build-cuda"
 models="${WARMCTX_MODELS:-/tmp/warmctx-models}"

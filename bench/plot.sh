@@ -2,6 +2,7 @@
 # Draws one PNG chart per benchmark result (gnuplot, jq; both Debian packages) into
 # docs/img/. Reads the JSON that `warmctx-bench s2|trace|s3|soak --json` writes.
 # usage: bench/plot.sh [RESULTS_DIR] [IMG_DIR]   (default: bench/results docs/img)
+# RESULTS_DIR's JSON files and those one folder down (bench/results/<date>-<machine>/) are read.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 res="${1:-$root/bench/results}"
@@ -9,6 +10,7 @@ img="${2:-$root/docs/img}"
 command -v gnuplot >/dev/null || { echo "plot: gnuplot is not installed (apt-get install gnuplot-nox)" >&2; exit 1; }
 command -v jq >/dev/null || { echo "plot: jq is not installed (apt-get install jq)" >&2; exit 1; }
 mkdir -p "$img"
+shopt -s nullglob
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 term='set terminal pngcairo size 960,540 font "DejaVu Sans,11" noenhanced; set grid ytics; set key top left'
 
@@ -21,7 +23,7 @@ where_of() {  # the machine a result file is from, for titles
 }
 
 # S2: cold and warm time to first token per prompt size, per system (log scale).
-for f in "$res"/s2-*.json; do
+for f in "$res"/s2-*.json "$res"/*/s2-*.json; do
   earlier "$f" && continue
   [ -s "$f" ] && jq -e ".rows // .systems" "$f" >/dev/null 2>&1 || { echo "plot: skipping $f (not a finished result)"; continue; }
   name="$(basename "$f" .json)"
@@ -45,7 +47,7 @@ GP
 done
 
 # Trace: time to first token per turn per system, and prefilled tokens per system.
-for f in "$res"/trace-*.json; do
+for f in "$res"/trace-*.json "$res"/*/trace-*.json; do
   earlier "$f" && continue
   [ -s "$f" ] && jq -e ".rows // .systems" "$f" >/dev/null 2>&1 || { echo "plot: skipping $f (not a finished result)"; continue; }
   name="$(basename "$f" .json)"
@@ -78,7 +80,7 @@ GP
 done
 
 # S3: warmctx vs llama-bench tok/s per shape, one panel per test.
-for f in "$res"/s3-*.json; do
+for f in "$res"/s3-*.json "$res"/*/s3-*.json; do
   earlier "$f" && continue
   [ -s "$f" ] && jq -e ".rows // .systems" "$f" >/dev/null 2>&1 || { echo "plot: skipping $f (not a finished result)"; continue; }
   name="$(basename "$f" .json)"
@@ -103,7 +105,7 @@ GP
 done
 
 # Soak: RSS over time (and the heap in use), the warm-up third shaded.
-for f in "$res"/soak-*.json; do
+for f in "$res"/soak-*.json "$res"/*/soak-*.json; do
   earlier "$f" && continue
   [ -s "$f" ] && jq -e ".rss.samples" "$f" >/dev/null 2>&1 || { echo "plot: skipping $f (not a finished result)"; continue; }
   name="$(basename "$f" .json)"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates every CPU result under bench/results/ (one at a time: the runs are timed).
+# Runs the CPU results again (one at a time: the runs are timed) into a folder of the day,
+# bench/results/<YYYY-MM-DD>-cpu<cores>/ (bench/results/README.md lists the folders), or $OUT.
 # usage: bench/run-cpu.sh [BUILD_DIR] [all|side-by-side]     (default: build all)
 #   side-by-side: only the runs against llama-server / llama-bench (s2, trace, s3)
 set -euo pipefail
@@ -7,7 +8,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 b="${1:-$root/build}"
 w="$b/warmctx"
 wb="$b/warmctx-bench"
-out="$root/bench/results"
+out="${OUT:-$root/bench/results/$(date -u +%F)-cpu$(nproc)}"
 tiny="$b/test-models/tiny-f16-seed1.gguf"
 which="${2:-all}"
 mkdir -p "$out"

@@ -7,7 +7,8 @@
 # usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace window s3 calls contention verify render restore replay floor
 #                                             (default: build s2 trace s3)
 # environment:
-#   OUT                 where results go (default: bench/results/h200-run)
+#   OUT                 where results go (default: bench/results/<YYYY-MM-DD>-<gpu>/, the day and the GPU's
+#                       model as nvidia-smi names it, h100 or h200; bench/results/README.md lists the folders)
 #   WARMCTX_DEADLINE_S  start no bench stage after this many seconds (default: none)
 #   S2_SIZES            the s2 stage's prompt sizes (default: 2048,8192,32768,47000)
 #   TRACE_ARGS          more arguments for the trace and window stages (e.g. --systems warmctx-defaults,llama-server-defaults)
@@ -27,7 +28,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-out="${OUT:-$root/bench/results/h200-run}"
+gpu_tag="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h[0-9]{3}' | head -1 | tr 'A-Z' 'a-z' || true)"
+out="${OUT:-$root/bench/results/$(date -u +%F)-${gpu_tag:-gpu}}"
 mkdir -p "$out"
 build="$root/build-cuda"
 export WARMCTX_HOME="$root/.warmctx-home"

@@ -6,7 +6,7 @@
 # The generated model never ends an answer on its own, so CLAUDE_CODE_MAX_OUTPUT_TOKENS
 # bounds each answer (as against llama-server).
 #
-# usage: scripts/trial-claude-code.sh [OUT_DIR]   (default: bench/results/claude-code-trial)
+# usage: scripts/trial-claude-code.sh [OUT_DIR]   (default: bench/results/<YYYY-MM-DD>-cpu<cores>/claude-code-trial)
 # env:   WARMCTX_BIN (build/warmctx), WARMCTX_TINY_MODEL (build/test-models/tiny-f16-seed1.gguf),
 #        CLAUDE_CODE_VERSION (2.1.197), TRIAL_MAX_OUTPUT_TOKENS (64), TRIAL_CTX (32768)
 #        TRIAL_CAPTURE=DIR  also records every request Claude Code sends (through
@@ -15,7 +15,7 @@
 #                           keep it out of the repository
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-out="${1:-$root/bench/results/claude-code-trial}"
+out="${1:-$root/bench/results/$(date -u +%F)-cpu$(nproc)/claude-code-trial}"
 bin="${WARMCTX_BIN:-$root/build/warmctx}"
 model="${WARMCTX_TINY_MODEL:-$root/build/test-models/tiny-f16-seed1.gguf}"
 version="${CLAUDE_CODE_VERSION:-2.1.197}"
