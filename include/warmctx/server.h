@@ -85,7 +85,7 @@ struct request_bounds {
 struct server_options {
     std::string host = "127.0.0.1";
     int port = 8080;                       // 0 = an ephemeral port (tests); see port()
-    std::string api_key;                   // non-empty: every route but /health needs
+    std::string api_key;                   // non-empty: every route but /health, / and /ui needs
                                            // "Authorization: Bearer <api_key>"
     size_t max_body_bytes = 8u << 20;      // larger request bodies get 413
     // What request bodies may become as parsed JSON (json_parsed_bytes_estimate, checked

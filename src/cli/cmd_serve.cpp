@@ -397,8 +397,8 @@ void register_serve_command(CLI::App & app, int & rc) {
         ->check(CLI::Range(1, 100000));
     a->cf.add_to(*c);
     c->add_option("--api-key", a->api_key,
-                  "require the key on every route but /health, as \"Authorization: Bearer KEY\" (OpenAI's clients) or "
-                  "\"x-api-key: KEY\" (Anthropic's)")
+                  "require the key on every route but /health, / and /ui (the page asks for it), as "
+                  "\"Authorization: Bearer KEY\" (OpenAI's clients) or \"x-api-key: KEY\" (Anthropic's)")
         ->envname("WARMCTX_API_KEY");
     add_request_bounds(*c, *a);
     c->add_option("--http-threads", a->http_threads,

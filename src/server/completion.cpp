@@ -41,6 +41,11 @@ answer_report report_of(const std::string & workspace, const completion_event & 
     return r;
 }
 
+const char * reuse_result(const explain_report & ex) {
+    if (ex.n_reused <= 0) return "cold";
+    return ex.n_reused >= ex.n_cacheable ? "warm" : "partial";
+}
+
 json warmctx_json(const answer_report & r) {
     const explain_report & ex = r.explain;
     const answer_report & done = r;
@@ -53,7 +58,8 @@ json warmctx_json(const answer_report & r) {
         // The prompt's token prefix shared with the workspace's last turn (-1: none):
         // what reuse exact to the token could keep at most.
         {"tokens_common_with_previous_turn", ex.n_common_tokens},
-        {"result", miss_kind_name(ex.kind)},
+        {"result", reuse_result(ex)},
+        {"miss", miss_kind_name(ex.kind)},
         {"tier", kv_tier_name(ex.tier)},
         {"reason", ex.reason},
         {"missed_segment", ex.missed_segment},

@@ -91,6 +91,10 @@ struct answer_report {
 // The report of a job that ended with `done` (its explain, drafts and timings).
 answer_report report_of(const std::string & workspace, const completion_event & done, const request_timings & rt);
 
+// What reuse did for a turn, by its tokens: "warm" (every cacheable token reused), "partial"
+// (some), "cold" (none) - whatever the miss kind says of why it stopped.
+const char * reuse_result(const explain_report & ex);
+
 // The `warmctx` extension object of a response.
 nlohmann::json warmctx_json(const answer_report & r);
 

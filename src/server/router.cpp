@@ -471,8 +471,11 @@ bool router::answered_on_headers(const route & r, const http_request & req, http
         }
         // A body a browser sends without a preflight (text/plain, a form, none) from a
         // page of any origin; application/json needs a preflight, which CORS decides.
+        // Ollama's clients and its documented curl lines send JSON as a form (curl -d): a
+        // request without an Origin is no browser's, and is read as JSON on its routes.
+        const bool ollama_tool = r.errors == error_style::ollama && req.origin.empty();
         if ((r.method == "POST" || r.method == "PUT") && req.content_type && !cors_allows(req.origin) &&
-            !is_json_media_type(*req.content_type)) {
+            !is_json_media_type(*req.content_type) && !ollama_tool) {
             if (req.has_body) {
                 api_error e = bad_request("unsupported_media_type",
                                           "Content-Type must be application/json (got '" +

@@ -4,6 +4,7 @@
 // errors in Ollama's shape.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { Ollama } from 'ollama';
 import { startServer } from './server.mjs';
 import { TURNS, systemPrompt, QUESTION, chatTools, checkValue, toolResult, checkReuse } from './common.mjs';
@@ -20,6 +21,41 @@ before(async () => {
 });
 
 after(async () => { await server?.stop(); });
+
+// Ollama's answers as its documentation shows them: every key with a value of its type.
+const SHAPES = JSON.parse(readFileSync(new URL('./ollama-shapes.json', import.meta.url), 'utf8'));
+function sameShape(example, got, where) {
+  if (example === null) return;
+  const type = (v) => (v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v);
+  assert.equal(type(got), type(example), `${where}: ${JSON.stringify(got)?.slice(0, 120)} is not a ${type(example)}`);
+  if (Array.isArray(example)) { if (example.length && got.length) sameShape(example[0], got[0], `${where}[0]`); return; }
+  if (type(example) !== 'object') return;
+  for (const [k, v] of Object.entries(example)) {
+    assert.ok(Object.hasOwn(got, k), `${where}: no '${k}' in ${JSON.stringify(got).slice(0, 200)}`);
+    sameShape(v, got[k], `${where}.${k}`);
+  }
+}
+async function raw(path, body) {
+  const r = await fetch(server.url + path, body === undefined ? {} : { method: 'POST', body: JSON.stringify(body) });
+  assert.equal(r.status, 200, `${path}: ${r.status}`);
+  return (await r.text()).split('\n').filter((l) => l.length > 0).map((l) => JSON.parse(l));
+}
+
+test('ollama answers have the shapes of Ollama\'s own, whole and line by line', async () => {
+  const messages = [{ role: 'user', content: 'Why is the sky blue?' }];
+  const [chat] = await raw('/api/chat', { model, messages, stream: false, options: OPTIONS });
+  sameShape(SHAPES.chat, chat, 'chat');
+  const lines = await raw('/api/chat', { model, messages, options: OPTIONS });
+  for (const l of lines.slice(0, -1)) sameShape(SHAPES.chat_chunk, l, 'chat line');
+  sameShape(SHAPES.chat_last, lines.at(-1), 'chat last line');
+  sameShape(SHAPES.chat_load, (await raw('/api/chat', { model, messages: [] }))[0], 'chat load');
+  sameShape(SHAPES.generate, (await raw('/api/generate', { model, prompt: 'Hi', stream: false, options: OPTIONS }))[0], 'generate');
+  sameShape(SHAPES.generate_load, (await raw('/api/generate', { model }))[0], 'generate load');
+  sameShape(SHAPES.tags, (await raw('/api/tags'))[0], 'tags');
+  sameShape(SHAPES.show, (await raw('/api/show', { model }))[0], 'show');
+  sameShape(SHAPES.ps, (await raw('/api/ps'))[0], 'ps');
+  sameShape(SHAPES.version, (await raw('/api/version'))[0], 'version');
+});
 
 const OPTIONS = { temperature: 0, num_predict: 24 };
 

@@ -23,7 +23,9 @@ TEST(Ollama, AChatBodyBecomesTheOpenAiBodyItMeans) {
         {"role": "tool", "tool_name": "f", "content": "1"}]})");
     json out;
     ollama_request_info info;
-    ASSERT_FALSE(ollama_chat_to_openai(body, out, info));
+    bool load = true;
+    ASSERT_FALSE(ollama_chat_to_openai(body, out, load, info));
+    EXPECT_FALSE(load);
     EXPECT_EQ(info.model, "m:latest");
     EXPECT_FALSE(info.generate);
     EXPECT_EQ(out["stream"], false);
@@ -46,29 +48,32 @@ TEST(Ollama, AChatBodyBecomesTheOpenAiBodyItMeans) {
 TEST(Ollama, StreamingIsTheDefaultAndNoLimitIsNoMaxTokens) {
     json out;
     ollama_request_info info;
-    ASSERT_FALSE(ollama_chat_to_openai(json::parse(R"({"messages": [], "options": {"num_predict": -1}})"), out, info));
+    bool load = false;
+    ASSERT_FALSE(
+        ollama_chat_to_openai(json::parse(R"({"messages": [], "options": {"num_predict": -1}})"), out, load, info));
+    EXPECT_TRUE(load);  // no messages: Ollama loads the model and answers done_reason "load"
     EXPECT_EQ(out["stream"], true);
     EXPECT_FALSE(out.contains("max_tokens"));
-    ASSERT_FALSE(ollama_chat_to_openai(json::parse(R"({"messages": [], "format": "json"})"), out, info));
+    ASSERT_FALSE(ollama_chat_to_openai(json::parse(R"({"messages": [], "format": "json"})"), out, load, info));
     EXPECT_EQ(out["response_format"], json({{"type", "json_object"}}));
 }
 
 TEST(Ollama, WhatATextModelCannotDoIsRefusedNamingTheField) {
     json out;
     ollama_request_info info;
+    bool load = false;
     auto e = ollama_chat_to_openai(json::parse(R"({"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]})"),
-                                   out, info);
+                                   out, load, info);
     ASSERT_TRUE(e);
     EXPECT_EQ(e->param, "messages[0].images");
     body_mode mode;
-    bool load = false;
     e = ollama_generate_to_openai(json::parse(R"({"prompt": "x", "context": [1, 2]})"), out, mode, load, info);
     ASSERT_TRUE(e);
     EXPECT_EQ(e->param, "context");
     e = ollama_generate_to_openai(json::parse(R"({"prompt": "x", "template": "{{ .Prompt }}"})"), out, mode, load, info);
     ASSERT_TRUE(e);
     EXPECT_EQ(e->param, "template");
-    e = ollama_chat_to_openai(json::parse(R"({"messages": [], "format": "yaml"})"), out, info);
+    e = ollama_chat_to_openai(json::parse(R"({"messages": [], "format": "yaml"})"), out, load, info);
     ASSERT_TRUE(e);
     EXPECT_EQ(e->param, "format");
 }

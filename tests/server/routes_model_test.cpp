@@ -728,7 +728,8 @@ TEST_F(routes_model_test, stored_stable_segments_are_prewarmed_and_the_next_chat
     http_response res = post("/v1/workspaces/pw1/chat/completions", user_chat("What is here?"));
     ASSERT_EQ(res.status, 200) << res.body;
     const json w = json::parse(res.body)["warmctx"];
-    EXPECT_EQ(w["result"], "full_hit") << w.dump();
+    EXPECT_EQ(w["miss"], "full_hit") << w.dump();
+    EXPECT_EQ(w["result"], "warm") << w.dump();
     EXPECT_EQ(w["tokens_reused"], w["tokens_cacheable"]);
     ASSERT_TRUE(w["prewarm"].is_object()) << w.dump();
     EXPECT_TRUE(w["prewarm"]["complete"].get<bool>());
@@ -769,7 +770,8 @@ TEST_F(routes_model_test, a_prewarm_includes_the_tools_the_last_chat_carried) {
     http_response res = post("/v1/workspaces/pw2/chat/completions", chat_body);
     ASSERT_EQ(res.status, 200) << res.body;
     const json w = json::parse(res.body)["warmctx"];
-    EXPECT_EQ(w["result"], "full_hit") << w.dump();
+    EXPECT_EQ(w["miss"], "full_hit") << w.dump();
+    EXPECT_EQ(w["result"], "warm") << w.dump();
     EXPECT_EQ(w["tokens_reused"], w["tokens_cacheable"]) << w.dump();
     EXPECT_TRUE(w["prewarm"].is_object()) << w.dump();
 }
@@ -794,7 +796,8 @@ TEST_F(routes_model_test, stored_tools_in_any_json_layout_make_the_first_chat_wi
     http_response res = post("/v1/workspaces/pw3/chat/completions", chat_body);
     ASSERT_EQ(res.status, 200) << res.body;
     const json w = json::parse(res.body)["warmctx"];
-    EXPECT_EQ(w["result"], "full_hit") << w.dump();
+    EXPECT_EQ(w["miss"], "full_hit") << w.dump();
+    EXPECT_EQ(w["result"], "warm") << w.dump();
     EXPECT_EQ(w["tokens_reused"], w["tokens_cacheable"]) << w.dump();
     EXPECT_GT(w["tokens_reused"].get<int>(), 0) << w.dump();
     // GET answers the stored form: the canonical JSON.
@@ -1054,6 +1057,32 @@ TEST_F(routes_model_test, a_json_schema_response_format_is_followed) {
     EXPECT_EQ(out.size(), 2u);
     EXPECT_TRUE(out["color"] == "red" || out["color"] == "green") << out.dump();
     EXPECT_TRUE(out["ok"].is_boolean()) << out.dump();
+}
+
+// Anthropic's structured output (output_config.format, as Claude Code's title request
+// sends it): the text block is JSON that follows the schema; a format that is not a JSON
+// schema is a 400 naming the field.
+TEST_F(routes_model_test, messages_output_config_format_is_followed) {
+    const json schema = {{"type", "object"},
+                         {"properties", {{"title", {{"type", "string"}, {"enum", {"Fix a bug", "Add a test"}}}}}},
+                         {"required", {"title"}},
+                         {"additionalProperties", false}};
+    json body = {{"model", "claude-haiku"},
+                 {"max_tokens", 60},
+                 {"temperature", 0},
+                 {"messages", json::array({{{"role", "user"}, {"content", "Title this session."}}})},
+                 {"output_config", {{"format", {{"type", "json_schema"}, {"schema", schema}}}}}};
+    http_response res = post("/v1/messages", body);
+    ASSERT_EQ(res.status, 200) << res.body;
+    const json j = json::parse(res.body);
+    ASSERT_EQ(j["stop_reason"], "end_turn") << res.body;
+    const json out = json::parse(j["content"][0]["text"].get<std::string>(), nullptr, false);
+    ASSERT_TRUE(out.is_object()) << res.body;
+    EXPECT_TRUE(out["title"] == "Fix a bug" || out["title"] == "Add a test") << out.dump();
+    body["output_config"]["format"]["type"] = "text";
+    http_response bad = post("/v1/messages", body);
+    EXPECT_EQ(bad.status, 400) << bad.body;
+    EXPECT_NE(bad.body.find("output_config.format.type"), std::string::npos) << bad.body;
 }
 
 // POST /v1/responses: Codex's request shape (instructions, input items, function tools,

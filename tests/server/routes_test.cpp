@@ -372,6 +372,28 @@ TEST(routes_bounds_test, schemas_whose_grammar_would_cost_the_converter_too_much
     EXPECT_EQ(json::parse(t.body)["error"]["code"], "schema_too_costly");
 }
 
+// Without a key, a body that is not application/json is refused (a page of any origin can
+// send one) - but on Ollama's routes a request with no Origin (curl -d, as Ollama's own
+// documentation sends it; no browser) is read as JSON. Errors there are Ollama's shape.
+TEST(routes_ollama_test, a_form_body_without_an_origin_is_read_as_json_on_ollamas_routes_only) {
+    server_options o;
+    o.log_requests = false;
+    route_context ctx(nullptr, o);
+    router r(ctx);
+    auto post = [&](const std::string & path, const std::string & origin) {
+        http_request q = request("POST", path, R"({"model":"m","messages":[{"role":"user","content":"hi"}]})");
+        q.content_type = "application/x-www-form-urlencoded";
+        q.has_body = true;
+        q.origin = origin;
+        return r.handle(q);
+    };
+    http_response ollama = post("/api/chat", "");
+    EXPECT_EQ(ollama.status, 503) << ollama.body;  // read, mapped, then no engine here
+    EXPECT_TRUE(json::parse(ollama.body)["error"].is_string()) << ollama.body;  // {"error": message}
+    EXPECT_EQ(post("/api/chat", "http://evil.example").status, 415);
+    EXPECT_EQ(post("/v1/chat/completions", "").status, 415);
+}
+
 TEST(routes_bounds_test, the_servers_bounds_hold_on_every_chat_route_before_the_engine) {
     server_options o;
     o.log_requests = false;

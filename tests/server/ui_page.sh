@@ -42,8 +42,8 @@ grep -q "$ws" "$work/nokey.html" && fail "without the key the page shows a works
 # With the key: the workspace, its turns' results, the phases of the last turn.
 dom "$url/ui#key=$key" >"$work/page.html"
 grep -q "$ws" "$work/page.html" || fail "the workspace $ws is not on the page"
-grep -q '>full hit<' "$work/page.html" || fail "no turn shows its full hit"
-grep -q '>cold<' "$work/page.html" || fail "the first turn does not show cold"
+grep -q '>warm<' "$work/page.html" || fail "no turn shows warm"
+grep -q '>cold (cold)<' "$work/page.html" || fail "the first turn does not show cold"
 grep -q 'prefill [0-9.]* ms' "$work/page.html" || fail "the last turn's phases are not drawn"
 grep -q 'work stream (in place)' "$work/page.html" || fail "where the reuse came from is not shown"
 grep -q 'live, ' "$work/page.html" || fail "the page did not draw the status"

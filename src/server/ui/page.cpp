@@ -109,8 +109,9 @@ function fillRows(table, rows) {
 }
 function td(text, cls) { return el("td", text, cls); }
 function resultCell(t) {
-  const hit = t.result === "full_hit";
-  return el("td", t.result.replace("_", " "), hit ? "hit" : "miss");
+  const cell = el("td", t.result + (t.miss === "full_hit" ? "" : " (" + t.miss.replace("_", " ") + ")"),
+    t.result === "warm" ? "hit" : "miss");
+  return cell;
 }
 
 function drawMemory(m) {
@@ -174,7 +175,7 @@ function drawChart(turns) {
       r.setAttribute("x", x); r.setAttribute("y", y); r.setAttribute("width", bw);
       r.setAttribute("height", Math.max(0, hh)); r.setAttribute("fill", color);
       const title = document.createElementNS(NS, "title");
-      title.textContent = t.workspace + ": " + t.result + ", " + num(t.reused) + " reused, " +
+      title.textContent = t.workspace + ": " + t.result + " (" + t.miss + "), " + num(t.reused) + " reused, " +
         num(t.prefilled) + " prefilled" + (t.reason ? " - " + t.reason : "");
       r.append(title); nodes.push(r);
     }

@@ -54,7 +54,8 @@ json turn_json(const turn_record & t) {
     const explain_report & ex = t.report.explain;
     return {{"unix_ms", t.unix_ms},
             {"workspace", t.report.workspace},
-            {"result", miss_kind_name(ex.kind)},
+            {"result", reuse_result(ex)},
+            {"miss", miss_kind_name(ex.kind)},
             {"tier", kv_tier_name(ex.tier)},
             {"in_place", ex.in_place},
             {"reason", ex.reason},

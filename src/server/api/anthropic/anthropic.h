@@ -36,8 +36,11 @@
 //   the session (x-claude-code-session-id,     prompt_cache_key (names the workspace)
 //     else metadata.user_id's "session_...")
 //
+//   output_config.format {type json_schema,    response_format json_schema: JSON that follows it
+//     schema} (or output_format)
+//
 // Accepted and ignored (nothing to apply on a local server): thinking, context_management,
-// output_config, metadata (but its session), service_tier, container, mcp_servers and
+// output_config's other fields (effort), metadata (but its session), service_tier, container, mcp_servers and
 // cache_control on any block (every system block, message and the tools are already
 // segments of their own, so a breakpoint always falls on a block boundary); headers
 // anthropic-version and anthropic-beta. Unknown fields are ignored, as on the chat routes.

@@ -241,6 +241,33 @@ maybe_error translate_sampling(const json & body, int32_t max_tokens_cap, json &
     return std::nullopt;
 }
 
+// Structured output: output_config.format (or the earlier top-level output_format)
+// {"type": "json_schema", "schema"} as chat's response_format json_schema: the answer's
+// text is JSON that follows the schema (Claude Code asks so for a session's title).
+maybe_error translate_output_format(const json & body, json & chat_body) {
+    std::string param = "output_config.format";
+    const json * f = nullptr;
+    if (const json * oc = field(body, "output_config")) {
+        if (!oc->is_object()) return wrong_type("output_config", "an object", *oc);
+        f = field(*oc, "format");
+    }
+    if (!f) {
+        f = field(body, "output_format");
+        param = "output_format";
+    }
+    if (!f) return std::nullopt;
+    if (!f->is_object()) return wrong_type(param, "an object", *f);
+    const json * type = field(*f, "type");
+    if (!type || *type != "json_schema")
+        return bad_request("invalid_value", param + ".type must be \"json_schema\"", param + ".type");
+    const json * schema = field(*f, "schema");
+    if (!schema || !schema->is_object())
+        return bad_request("missing_field", param + ".schema must be a JSON schema object", param + ".schema");
+    chat_body["response_format"] = {{"type", "json_schema"},
+                                    {"json_schema", {{"name", "output"}, {"schema", *schema}}}};
+    return std::nullopt;
+}
+
 // Claude Code's metadata.user_id: "user_<hash>_account_<uuid>_session_<uuid>" (or a JSON
 // object text with a session_id): the session's part, "" when there is none.
 std::string session_of_user_id(const std::string & user_id) {
@@ -277,6 +304,7 @@ maybe_error anthropic_to_chat(const json & body, std::string_view session, int32
 
     if (auto e = translate_tools(body, chat_body)) return e;
     if (auto e = translate_sampling(body, max_tokens_cap, chat_body, info)) return e;
+    if (auto e = translate_output_format(body, chat_body)) return e;
 
     std::string key(session);
     if (key.empty())
@@ -303,6 +331,9 @@ void chat_error_to_anthropic(api_error & e, const anthropic_request_info & info)
             p = p.substr(0, p.find(".function")) + p.substr(p.find(".function") + 9);
     } else if (p == "stop") {
         p = "stop_sequences";
+    } else if (p.rfind("response_format", 0) == 0) {
+        p = "output_config.format" + (p.rfind("response_format.json_schema.schema", 0) == 0 ? ".schema" + p.substr(34)
+                                                                                            : std::string());
     } else if (p.rfind("tool_choice.function.", 0) == 0) {
         p = "tool_choice." + p.substr(21);
     }

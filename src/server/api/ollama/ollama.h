@@ -44,8 +44,10 @@ struct ollama_request_info {
     std::string model;      // as the request named it (Ollama answers with the request's name)
 };
 
-// An /api/chat body -> the OpenAI chat body it means.
-maybe_error ollama_chat_to_openai(const nlohmann::json & body, nlohmann::json & chat_body, ollama_request_info & info);
+// An /api/chat body -> the OpenAI chat body it means. `load_only`: no messages, nothing to
+// generate (Ollama loads the model and answers done_reason "load").
+maybe_error ollama_chat_to_openai(const nlohmann::json & body, nlohmann::json & chat_body, bool & load_only,
+                                  ollama_request_info & info);
 
 // An /api/generate body -> the OpenAI chat body it means (`mode` chat), or with "raw": true
 // the text completion body (`mode` text). `load_only`: the prompt is empty, nothing to

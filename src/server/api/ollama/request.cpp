@@ -115,7 +115,7 @@ std::string model_of(const json & body) {
 
 }  // namespace
 
-maybe_error ollama_chat_to_openai(const json & body, json & chat_body, ollama_request_info & info) {
+maybe_error ollama_chat_to_openai(const json & body, json & chat_body, bool & load_only, ollama_request_info & info) {
     if (!body.is_object()) return wrong_type("body", "an object", body);
     info.generate = false;
     info.model = model_of(body);
@@ -123,6 +123,7 @@ maybe_error ollama_chat_to_openai(const json & body, json & chat_body, ollama_re
     const json * messages = field(body, "messages");
     if (!messages) return bad_request("missing_field", "messages is required", "messages");
     if (!messages->is_array()) return wrong_type("messages", "an array", *messages);
+    load_only = messages->empty();
     json msgs = json::array();
     for (size_t i = 0; i < messages->size(); ++i) {
         json m;

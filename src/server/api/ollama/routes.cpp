@@ -71,15 +71,16 @@ void complete(route_context & ctx, const http_request & req, http_response & res
     body_mode mode = body_mode::chat;
     bool load_only = false;
     maybe_error e = generate ? ollama_generate_to_openai(body, openai_body, mode, load_only, info)
-                             : ollama_chat_to_openai(body, openai_body, info);
+                             : ollama_chat_to_openai(body, openai_body, load_only, info);
     if (e) return respond_ollama_error(res, *log, *e);
     if (load_only) {  // nothing to generate: the model is loaded (it always is)
-        return send_json(res, 200,
-                         {{"model", info.model.empty() ? tagged(ctx.model_name) : info.model},
-                          {"created_at", ollama_time_now()},
-                          {"response", ""},
-                          {"done", true},
-                          {"done_reason", "load"}});
+        json out = {{"model", info.model.empty() ? tagged(ctx.model_name) : info.model},
+                    {"created_at", ollama_time_now()}};
+        if (generate) out["response"] = "";
+        else out["message"] = {{"role", "assistant"}, {"content", ""}};
+        out["done"] = true;
+        out["done_reason"] = "load";
+        return send_json(res, 200, out);
     }
     completion_request cr;
     if (auto pe = parse_completion(ctx, openai_body, mode, cr)) {
