@@ -18,6 +18,12 @@ struct workspace_counters {
     uint64_t n_prefilled_tokens = 0;  // miss tokens
     uint64_t n_generated_tokens = 0;
     std::map<std::string, uint64_t> misses_by_kind;
+    // Where the workspace's last prompt's prefix is now (context_engine::counters, for the
+    // workspaces used last): "stream" (a KV stream, on the device when the model is),
+    // "pool" (the RAM pool), "disk" (a snapshot file; the engine holds none of it) or
+    // "none"; and how many of its tokens the stream or the pool holds. Not in `total`.
+    std::string held_in;
+    uint64_t n_held_tokens = 0;
 };
 
 struct tier_counters {

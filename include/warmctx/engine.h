@@ -78,6 +78,10 @@ struct engine_options {
                                   // training context, or the largest (a multiple of 256)
                                   // whose n_seq_max streams fit auto_ctx_max_bytes
     uint64_t auto_ctx_max_bytes = 0;  // for n_ctx 0: the streams' KV bytes at most (0 = no bound)
+    // Where small batches are padded (context_info::pads_rows), the k_pad_cells cells the
+    // padding needs come beyond n_ctx: a sequence holds n_ctx tokens. True: they come out of
+    // n_ctx (a bench comparing a layout cell for cell with another server's).
+    bool padding_within_n_ctx = false;
     uint32_t n_seq_max = 4;       // sequences the context can hold at once
     // Resident streams beyond n_seq_max (the device tier): KV streams of n_ctx cells that
     // keep workspaces' prefixes where the model runs. >= 0: that many; -1: on a GPU, as
@@ -138,8 +142,8 @@ struct context_info {
     uint64_t kv_bytes_per_token = 0;  // K+V, all attention layers (a sliding window's too)
     uint64_t kv_streams_bytes = 0;    // the KV the context allocated: n_seq_max streams of
                                       // n_ctx_seq cells (exact mode), or one of as many
-                                      // (with pads_rows a sequence may fill all but
-                                      // k_pad_cells of a stream: n_ctx_seq)
+                                      // (with pads_rows each stream has k_pad_cells more,
+                                      // and llama.cpp rounds a stream up to 256 cells)
     bool pads_rows = false;           // small batches are padded (engine::pad_rows)
     std::string n_ctx_reason;      // how n_ctx_seq was chosen, for a start-up line
     memory_info memory;            // what the model's memory is and what can be reused

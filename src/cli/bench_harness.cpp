@@ -293,6 +293,7 @@ result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_
     scheduler_options so;
     so.engine.engine = *eo;
     so.engine.engine.n_seq_resident = o.resident_streams;
+    so.engine.engine.padding_within_n_ctx = o.padding_within_n_ctx;
     so.engine.cold_stream = false;  // as serve: every stream runs turns
     so.engine.n_holders = o.holders;
     if (status st = cf.apply(so.engine); !st.ok()) return st;

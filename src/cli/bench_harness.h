@@ -103,6 +103,9 @@ struct warmctx_system_options {
     // in a fresh directory with serve's default budget, removed when the system stops.
     bool default_disk = false;
     int32_t draft_max = 64;         // serve's --draft-max (0: no drafts from the workspace)
+    // The cells small batches' padding needs come out of mf.n_ctx (engine_options::
+    // padding_within_n_ctx): a stream of exactly another server's slot's cells.
+    bool padding_within_n_ctx = false;
 };
 result<std::unique_ptr<bench_system>> start_warmctx_system(const warmctx_system_options & o);
 

@@ -40,7 +40,7 @@ void model_flags::add_to(CLI::App & app, bool with_ctx) {
                "streams fit " +
                    std::to_string(default_kv_share_bytes() >> 20) +
                    " MiB, a quarter of RAM up to 8 GiB; "
-                   "with flash attention on the CPU a sequence may fill all but 64 of them, which pad small batches)")
+                   "with flash attention on the CPU each stream has 64 cells more, which pad small batches)")
             ->capture_default_str();
     app.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
     app.add_option("--gpu-layers", gpu_layers,

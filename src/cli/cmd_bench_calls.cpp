@@ -85,6 +85,7 @@ int run_calls(const calls_args & a) {
     // By default room for the prefix, the largest size and the cells flash attention's
     // padding of small batches keeps (engine::pad_rows), rounded up as llama.cpp does.
     eo->n_ctx = a.cells ? a.cells : (uint32_t)((a.depth + max_size + engine::k_pad_cells + 255) / 256 * 256);
+    eo->padding_within_n_ctx = true;  // --cells: the cells a stream has, the padding's among them
     progress("calls: opening the engine (" + std::to_string(a.streams) + " streams, " + std::to_string(eo->n_ctx) +
              " cells each, resident " + std::to_string(a.resident) + ")");
     auto eng_r = engine::open(*eo);

@@ -279,6 +279,7 @@ result<std::unique_ptr<bench_system>> start_trace_system(const std::string & nam
     } else {
         o.cf.budget_bytes = b.budget_bytes;
         o.cf.policy = name == "warmctx-lru" ? "lru" : "semantic";
+        o.padding_within_n_ctx = true;  // one stream of the slot's cells (n_ctx has room for the padding)
     }
     return start_warmctx_system(o);
 }

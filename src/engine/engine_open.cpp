@@ -299,7 +299,13 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     // Not with a recurrent state: the padded rows would advance it.
     const bool pads = opts.flash_attn && !on_gpu && opts.chunk_tokens >= (uint32_t)k_pad_to &&
                       !llama_model_is_recurrent(p->model.get()) && !llama_model_is_hybrid(p->model.get());
-    llama_context_params cp = context_params(opts, n_ctx, n_seq_total, n_threads, *kvt);
+    // Where small batches are padded, a stream's last k_pad_cells cells hold a padded
+    // batch's extra rows for the moment they exist: the streams get those cells beyond
+    // n_ctx, so that a sequence holds all n_ctx tokens it was asked for (the model's
+    // training context is then whole, not 64 tokens short), unless padding_within_n_ctx.
+    const uint32_t reserve = pads ? k_pad_cells : 0;
+    const uint32_t beyond = opts.padding_within_n_ctx ? 0 : reserve;
+    llama_context_params cp = context_params(opts, n_ctx + beyond, n_seq_total, n_threads, *kvt);
     // A sliding window's cache as large as the rest: a stream keeps every cell at the
     // cold run's place, so it is cut back like plain KV (engine.h, memory_kind).
     cp.swa_full = llama_model_n_swa(p->model.get()) > 0;
@@ -312,9 +318,6 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     if (p->threadpool) llama_attach_threadpool(p->ctx.get(), p->threadpool.get(), p->threadpool.get());
 
     p->cinfo.n_ctx_seq = opts.mode == kv_mode::exact ? llama_n_ctx_seq(p->ctx.get()) : n_ctx;
-    // Where small batches are padded, a stream's last k_pad_cells cells hold a padded
-    // batch's extra rows for the moment they exist: a sequence may fill the rest.
-    const uint32_t reserve = pads ? k_pad_cells : 0;
     if (p->cinfo.n_ctx_seq <= reserve)
         return invalid_argument("n_ctx " + std::to_string(n_ctx) + " leaves no room beside the " +
                                 std::to_string(reserve) + " cells flash attention's padding keeps; ask for more");

@@ -149,6 +149,8 @@ struct context_engine::impl {
 
     status fits(const assembled_prompt & ap) const;
 
+    // Where the last-used workspaces' last prefixes are now (workspace_counters::held_in).
+    void note_where_held(context_counters & c) const;
     const workspace_history * history(const std::string & ws) const {
         auto it = workspaces.find(ws);
         return it == workspaces.end() ? nullptr : &it->second;

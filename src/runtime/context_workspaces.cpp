@@ -211,7 +211,44 @@ context_counters context_engine::counters() const {
     m.n_streams = p_->streams.size();
     m.n_resident_streams = ci.n_seq_resident;
     m.streams_on_device = ci.n_gpu_layers > 0;
+    p_->note_where_held(c);
     return c;
+}
+
+// Where each of the last-used workspaces' last prefix is now: the cache's holder of it (a
+// stream, or the pool), else a snapshot on disk. Bounded: the 64 used last.
+void context_engine::impl::note_where_held(context_counters & c) const {
+    std::vector<std::pair<uint64_t, const std::string *>> recent;
+    for (const auto & [ws, h] : workspaces)
+        if (h.has_turn) recent.emplace_back(h.t_last_used, &ws);
+    const size_t n = std::min<size_t>(recent.size(), 64);
+    std::partial_sort(recent.begin(), recent.begin() + (long)n, recent.end(),
+                      [](const auto & a, const auto & b) { return a.first > b.first; });
+    for (size_t i = 0; i < n; ++i) {
+        const std::string & ws = *recent[i].second;
+        const workspace_history & h = workspaces.at(ws);
+        workspace_counters & w = c.workspaces[ws];
+        // A stream whose last turn was the workspace's holds its prefix (offered to the
+        // cache lazily); else the cache's holder of it (the pool, or another stream).
+        uint64_t in_stream = 0;
+        for (const work_stream & st : streams)
+            if (st.workspace == ws && !st.blocks.empty()) {
+                size_t k = 0;
+                while (k < st.blocks.size() && k < h.last_blocks.size() && st.blocks[k].chain == h.last_blocks[k].chain)
+                    ++k;
+                if (k > 0) in_stream = std::max<uint64_t>(in_stream, (uint64_t)st.blocks[k - 1].end);
+            }
+        const match m = cache->peek(h.last_blocks, ws);
+        if (in_stream > 0 && in_stream >= (uint64_t)m.n_tokens) {
+            w.held_in = "stream";
+            w.n_held_tokens = in_stream;
+        } else if (m.n_blocks > 0 && m.holder >= 0) {
+            w.held_in = m.holder >= k_first_pool_holder ? "pool" : "stream";
+            w.n_held_tokens = (uint64_t)m.n_tokens;
+        } else {
+            w.held_in = tiers && tiers->newest_profile(ws) ? "disk" : "none";
+        }
+    }
 }
 
 }  // namespace warmctx

@@ -45,7 +45,8 @@ grep -q "$ws" "$work/page.html" || fail "the workspace $ws is not on the page"
 grep -q '>warm<' "$work/page.html" || fail "no turn shows warm"
 grep -q '>cold (cold)<' "$work/page.html" || fail "the first turn does not show cold"
 grep -q 'prefill [0-9.]* ms' "$work/page.html" || fail "the last turn's phases are not drawn"
-grep -q 'work stream (in place)' "$work/page.html" || fail "where the reuse came from is not shown"
+grep -q 'RAM (a KV stream) ([0-9,]* tokens)' "$work/page.html" || fail "where the workspace's prefix is now is not shown"
+grep -q 'work stream (in place)' "$work/page.html" || fail "where a turn's reuse came from is not shown"
 grep -q 'live, ' "$work/page.html" || fail "the page did not draw the status"
 if [ -n "$shot" ]; then
   timeout 60 "$browser" --headless=new --no-sandbox --disable-gpu --no-first-run --user-data-dir="$work/profile2" \

@@ -57,10 +57,11 @@ constexpr const char k_page[] = R"HTML(<!doctype html>
   </section>
   <section class="wide"><h2>Workspaces</h2><table id="workspaces"><thead><tr><th>workspace</th>
     <th class="num">turns</th><th class="num">reused</th><th class="num">prefilled</th><th>last turn</th>
-    <th>reused from</th><th>stored segments</th><th>misses</th></tr></thead><tbody></tbody></table></section>
+    <th>its prefix is now in</th><th>stored segments</th><th>misses</th></tr></thead><tbody></tbody></table></section>
   <section class="wide"><h2>Last turns</h2><table id="turns"><thead><tr><th>time</th><th>workspace</th>
     <th>result</th><th class="num">prompt</th><th class="num">reused</th><th class="num">prefilled</th>
-    <th class="num">first token</th><th class="num">total</th><th>why</th></tr></thead><tbody></tbody></table></section>
+    <th class="num">first token</th><th class="num">total</th><th>reused from</th><th>why</th></tr></thead>
+    <tbody></tbody></table></section>
   <section class="wide"><h2>Running now</h2><table id="jobs"><thead><tr><th>workspace</th><th>state</th>
     <th class="num">prompt</th><th class="num">cached</th><th class="num">prefilled</th><th class="num">written</th>
     </tr></thead><tbody></tbody></table></section>
@@ -98,6 +99,16 @@ function source(t) {
   if (!t || t.tier === "none") return "nothing reused";
   if (t.tier === "disk") return "disk";
   return t.in_place ? "work stream (in place)" : "RAM pool or a stream copy";
+}
+// Where a workspace's last prefix is now: a work stream (on the GPU when the model is),
+// the RAM pool, a file of the disk tier, or nowhere.
+function heldIn(w, onDevice) {
+  const n = w.held_tokens ? " (" + num(w.held_tokens) + " tokens)" : "";
+  if (w.held_in === "stream") return (onDevice ? "device (a KV stream)" : "RAM (a KV stream)") + n;
+  if (w.held_in === "pool") return "RAM pool" + n;
+  if (w.held_in === "disk") return "disk";
+  if (w.held_in === "none") return "nowhere (evicted)";
+  return "-";
 }
 function fillRows(table, rows) {
   const body = $(table).tBodies[0];
@@ -197,13 +208,14 @@ function draw(s) {
   const last = (w) => (w.last || {}).unix_ms || 0;
   const ws = Object.entries(s.workspaces).sort((a, b) => last(b[1]) - last(a[1]));
   fillRows("workspaces", ws.map(([id, w]) => [td(id), td(num(w.turns), "num"), td(num(w.reused), "num"),
-    td(num(w.prefilled), "num"), w.last ? resultCell(w.last) : td("-"), td(source(w.last)),
+    td(num(w.prefilled), "num"), w.last ? resultCell(w.last) : td("-"),
+    td(heldIn(w, s.memory && s.memory.streams_on_device)),
     td(w.segments ? w.segments.map((g) => g.kind + ":" + g.id).join(", ") : "-"),
     td(Object.entries(w.misses || {}).map(([k, v]) => k + " " + v).join(", "))]));
   fillRows("turns", s.turns.slice(-20).reverse().map((t) => [td(new Date(t.unix_ms).toLocaleTimeString()),
     td(t.workspace), resultCell(t), td(num(t.prompt_tokens), "num"), td(num(t.reused), "num"),
     td(num(t.prefilled), "num"), td(ms(t.ttft_ms), "num"), td(ms(t.total_ms), "num"),
-    td(t.reason || source(t))]));
+    td(source(t)), td(t.reason)]));
   fillRows("jobs", s.jobs.map((j) => [td(j.workspace), td(j.state), td(num(j.prompt_tokens), "num"),
     td(num(j.cached_tokens), "num"), td(num(j.prefill_pos), "num"), td(num(j.generated), "num")]));
 }

@@ -114,7 +114,9 @@ void status_route(route_context & ctx, const http_request &, http_response & res
                               {"prompt_tokens", w.n_prompt_tokens},
                               {"reused", w.n_reused_tokens},
                               {"prefilled", w.n_prefilled_tokens},
-                              {"misses", w.misses_by_kind}};
+                              {"misses", w.misses_by_kind},
+                              {"held_in", w.held_in.empty() ? "unknown" : w.held_in},
+                              {"held_tokens", w.n_held_tokens}};
     }
     for (const std::string & ws : ctx.store.workspaces()) {
         json segs = json::array();
