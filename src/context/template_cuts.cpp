@@ -279,16 +279,17 @@ class cut_finder {
     }
 
     // Whether [0, k) may render as it does in the whole only with a user query after it:
-    // refused for want of one, or ending with an assistant message while its rendering
-    // agrees with the whole through its last user message (the Qwen3 family renders the
-    // answers after the last user query with their reasoning, earlier ones without;
-    // Mistral's, which writes the system text into the last user message, differs before
-    // that, and is not asked again).
+    // refused for want of one, or ending with an assistant message or a tool result while
+    // its rendering agrees with the whole through its last user message (the Qwen3 family
+    // renders the answers after the last user query with their reasoning, earlier ones
+    // without: an agent's next question after a call's result moves the call before the
+    // last query; Mistral's, which writes the system text into the last user message,
+    // differs before that, and is not asked again).
     bool asks_for_query(const result<rendered_conversation> & prefix, size_t k,
                         const std::vector<conversation_message> & all, const std::string & whole) const {
         if (!prefix.ok()) return wants_user_query(prefix.error());
         const auto m = msgs_upto(all, cp_, k);
-        if (m.size() < 2 || m.back().role != "assistant") return false;
+        if (m.size() < 2 || (m.back().role != "assistant" && m.back().role != "tool")) return false;
         auto user = std::find_if(m.rbegin(), m.rend(), [](const conversation_message & x) { return x.role == "user"; });
         if (user == m.rend()) return false;
         const std::string content = strip_ws(user->content);
@@ -297,6 +298,14 @@ class cut_finder {
         if (at == std::string::npos) return false;
         size_t lcp = 0;
         while (lcp < text.size() && lcp < whole.size() && text[lcp] == whole[lcp]) ++lcp;
+        if (m.back().role == "tool") {
+            // Only where an answer before the result renders otherwise (the reasoning rule):
+            // where the result's own frame differs (a template that groups the results of
+            // one call), the rendering is no prefix for another reason.
+            const std::string result = strip_ws(m.back().content);
+            const size_t result_at = result.empty() ? std::string::npos : text.rfind(result);
+            if (result_at == std::string::npos || lcp >= result_at) return false;
+        }
         return lcp >= at + content.size();
     }
 
@@ -323,10 +332,15 @@ class cut_finder {
         size_t lcp = 0;
         while (lcp < sent && lcp < whole.size() && r->text[lcp] == whole[lcp]) ++lcp;
         if (auto c = joined_system_cut(k, m[m.size() - 2], all, whole, lcp)) return c;
-        // The end of the prefix's last content in that rendering (a template may trim it).
+        // The end of the prefix's last content in that rendering (a template may trim it);
+        // a message with no content (an assistant's tool calls alone): the end of the last
+        // run of request data before the sentinel (its calls' names and arguments).
         const std::string last = strip_ws(m[m.size() - 2].content);
         const size_t last_at = last.empty() ? std::string::npos : r->text.rfind(last, sent);
-        const size_t data_end = last_at == std::string::npos ? 0 : last_at + last.size();
+        size_t data_end = last_at == std::string::npos ? 0 : last_at + last.size();
+        if (last.empty() && !m[m.size() - 2].tool_calls.empty())
+            for (size_t i = 0, begin = 0; i < r->runs.size(); begin = r->runs[i].end, ++i)
+                if (r->runs[i].input && r->runs[i].end <= sent && begin < r->runs[i].end) data_end = r->runs[i].end;
         // The template's own text right after the prefix's last data closes its last
         // message (and opens the next): the cut is its first line end, or else its end,
         // where that rendering and the whole still agree. Data there (Mistral's template

@@ -1119,6 +1119,42 @@ TEST(AssemblerJinjaQwen35, SystemSegmentsShareOneMessageAndEndAStablePiece) {
     EXPECT_EQ(entry(*r, "h0003").token_end, entry(*r, "user").token_begin);
 }
 
+// An agent's next question after a call's result (Qwen3.5, whose answers before the last
+// user query render without their reasoning): the result ends a piece of its own, of the
+// history's class, so the turn after keeps the blocks into it. Before, no prefix
+// ending in a tool result (or in a call with no text) was a cut: the result joined the
+// question's uncacheable piece, and every later turn prefilled the conversation again
+// from the first call on.
+TEST(AssemblerJinjaQwen35, AToolResultBeforeTheNextQuestionEndsAPieceTheNextTurnKeeps) {
+    template_case tc;
+    tc.name = "Qwen35";
+    tc.file = "Qwen3.5-4B.jinja";
+    tc.eos = "<|im_end|>";
+    jinja_text_model m(templates_of(tc));
+    const chat n1 = next_turn(base_chat());  // ..., user, assistant's call, its result, user
+    auto r1 = try_assemble(to_segments(n1), m);
+    ASSERT_TRUE(r1.ok()) << r1.error().to_string();
+    const auto & result = entry(*r1, "h0006");
+    EXPECT_GT(result.n_tokens(), 0);
+    EXPECT_EQ(result.token_end, entry(*r1, "user").token_begin);
+    chat n2 = n1;
+    n2.history.push_back({"user", *n1.user, "", ""});
+    n2.history.push_back({"assistant", "", call_json("call00003", "read_file", R"({"path":"tests/parse.cc"})"), ""});
+    n2.history.push_back({"tool", "EXPECT_EQ(parse(\"7\"), 7);", "", "call00003"});
+    n2.user = "And now?";
+    auto r2 = try_assemble(to_segments(n2), m);
+    ASSERT_TRUE(r2.ok()) << r2.error().to_string();
+    size_t kept = 0;
+    for (; kept < r1->blocks.size() && kept < r2->blocks.size() && r1->blocks[kept].end <= result.token_end; ++kept) {
+        EXPECT_EQ(r1->blocks[kept], r2->blocks[kept]) << "block " << kept;
+        EXPECT_NE(r1->blocks[kept].cls, retention_class::none) << "block " << kept;
+    }
+    ASSERT_GT(kept, 0u);
+    // The conversation is chunked as one text (blocks of the chunk size across messages):
+    // the blocks kept reach into the result, past the call before it.
+    EXPECT_GT(r1->blocks[kept - 1].end, entry(*r1, "h0005").token_end);
+}
+
 // Each system segment still ends a piece of its own inside the one system message: the
 // next segment's content starts after the join's blank line, at a line start, so a turn
 // whose later system segment differs (another session's attribution line) resumes from
