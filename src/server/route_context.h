@@ -257,6 +257,8 @@ class route_context {
 void send_json(http_response & res, int http_status, const nlohmann::json & j);
 // The error object (with Retry-After when the error has one); the log keeps its code.
 void respond_error(http_response & res, request_log & log, const api_error & e);
+// The same with the body in another API's error shape.
+void respond_error_as(http_response & res, request_log & log, const api_error & e, std::string body);
 
 // The error in Anthropic's shape ({"type":"error","error":{"type","message"}}).
 void respond_anthropic_error(http_response & res, request_log & log, const api_error & e);

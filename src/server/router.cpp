@@ -251,12 +251,16 @@ void send_json(http_response & res, int http_status, const json & j) {
     res.body = dump_json(j);
 }
 
-void respond_error(http_response & res, request_log & log, const api_error & e) {
+void respond_error_as(http_response & res, request_log & log, const api_error & e, std::string body) {
     res.status = e.http_status;
     if (e.retry_after_s > 0) res.headers.emplace_back("Retry-After", std::to_string(e.retry_after_s));
     res.content_type = "application/json";
-    res.body = e.body();
+    res.body = std::move(body);
     log.error_code = e.code;
+}
+
+void respond_error(http_response & res, request_log & log, const api_error & e) {
+    respond_error_as(res, log, e, e.body());
 }
 
 maybe_error parse_body(route_context & ctx, const http_request & req, json & out, json_budget::ticket & held,

@@ -106,6 +106,11 @@ TEST(Ollama, TheOpenAiMappersErrorsNameOllamasFields) {
     openai_error_to_ollama(f);
     EXPECT_EQ(f.param, "format.json_schema");
     EXPECT_EQ(ollama_error_json(f), json({{"error", f.message}}));
+    api_error g = bad_request("unsupported_schema", "response_format.json_schema.schema.properties: bad",
+                              "response_format.json_schema.schema.properties");
+    openai_error_to_ollama(g);  // the schema is `format` itself
+    EXPECT_EQ(g.param, "format.properties");
+    EXPECT_EQ(g.message, "format.properties: bad");
 }
 
 }  // namespace

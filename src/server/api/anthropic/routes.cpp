@@ -13,9 +13,7 @@ namespace warmctx::server_detail {
 using json = nlohmann::json;
 
 void respond_anthropic_error(http_response & res, request_log & log, const api_error & e) {
-    log.error_code = e.code;
-    send_json(res, e.http_status, anthropic_error_json(e));
-    if (e.retry_after_s > 0) res.headers.emplace_back("Retry-After", std::to_string(e.retry_after_s));
+    respond_error_as(res, log, e, dump_json(anthropic_error_json(e)));
 }
 
 namespace {

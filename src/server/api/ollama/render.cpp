@@ -36,9 +36,7 @@ class ollama_renderer final : public renderer {
 
     void error_response(http_response & res, request_log & log, api_error e) override {
         openai_error_to_ollama(e);
-        log.error_code = e.code;
-        send_json(res, e.http_status, ollama_error_json(e));
-        if (e.retry_after_s > 0) res.headers.emplace_back("Retry-After", std::to_string(e.retry_after_s));
+        respond_ollama_error(res, log, e);
     }
 
     json whole(const whole_answer & a) override {

@@ -46,8 +46,8 @@ maybe_error map_message(const json & m, size_t i, json & out) {
             const std::string cp = index_param(p + ".tool_calls", k);
             if (!c.is_object()) return wrong_type(cp, "an object", c);
             const json * fn = field(c, "function");
-            if (!fn || !fn->is_object())
-                return bad_request("missing_field", cp + ".function is required", cp + ".function");
+            if (!fn) return bad_request("missing_field", cp + ".function is required", cp + ".function");
+            if (!fn->is_object()) return wrong_type(cp + ".function", "an object", *fn);
             json f = {{"name", field(*fn, "name") ? *field(*fn, "name") : json()}};
             if (const json * args = field(*fn, "arguments"))
                 f["arguments"] = *args;
@@ -183,6 +183,13 @@ void openai_error_to_ollama(api_error & e) {
         {"response_format", "format"},
         {"reasoning_budget_tokens", "think"},
     };
+    // response_format.json_schema.schema is `format` itself.
+    static const std::string schema = "response_format.json_schema.schema";
+    if (e.param.rfind(schema, 0) == 0) {
+        if (e.message.rfind(schema, 0) == 0) e.message = "format" + e.message.substr(schema.size());
+        e.param = "format" + e.param.substr(schema.size());
+        return;
+    }
     for (const auto & [openai, ollama] : names) {
         const std::string o(openai);
         if (e.param != o && e.param.rfind(o + ".", 0) != 0) continue;
