@@ -263,7 +263,9 @@ struct reasoning_budget {
         if (st == state::idle) {
             const size_t at = seen.find(start, from);
             if (at == std::string::npos) {
-                from = seen.size() > longest() ? seen.size() - longest() : 0;
+                // What may still begin an open; never back before what was searched (an
+                // open already closed there would open again).
+                from = std::max(from, seen.size() > longest() ? seen.size() - longest() : 0);
                 return;
             }
             st = state::counting;
@@ -399,10 +401,12 @@ generation_step::decision generation_step::next(std::span<const float> logits, p
         if (p_->raw.size() > 8) p_->raw.erase(0, p_->raw.size() - 8);
         if (!d.forced) {
             rb.took(piece);
-        } else if (rb.next_forced == rb.forced.size()) {  // closed: watch for the next block
-            rb.seen.append(piece);
-            rb.st = reasoning_budget::state::idle;
-            rb.from = rb.seen.size();
+        } else {
+            rb.seen.append(piece);  // the whole closing text, so that no search finds the open before it
+            if (rb.next_forced == rb.forced.size()) {  // closed: watch for the next block
+                rb.st = reasoning_budget::state::idle;
+                rb.from = rb.seen.size();
+            }
         }
     }
     d.delta = p_->text.push(piece);

@@ -312,6 +312,18 @@ TEST(Engine, AReasoningBudgetClosesTheReasoningForTheModel) {
     sampling_params none = sp;  // no budget
     none.reasoning_budget = -1;
     EXPECT_EQ(run(none).tokens, free.tokens);
+
+    // A budget of none (Ollama's think: false): closed at once, and only once - the open
+    // the prompt ends with is not found again by the searches after the close (it was,
+    // and the close forced again in the answer: under a JSON schema's grammar a 500).
+    sampling_params zero = sp;
+    zero.reasoning_budget = 0;
+    zero.reasoning_prompt = "<think>";
+    zero.reasoning_ends = {"</think>", std::string(48, '#')};  // a long end looks back further (gpt-oss's)
+    const generation z = run(zero);
+    ASSERT_GE(z.tokens.size(), close->size() + 4);
+    EXPECT_TRUE(std::equal(close->begin(), close->end(), z.tokens.begin()));
+    EXPECT_EQ(z.text.find("</think>"), z.text.rfind("</think>")) << z.text;
 }
 
 TEST(Engine, StopStringEndsGeneration) {
