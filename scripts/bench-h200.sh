@@ -23,6 +23,8 @@
 #   FLOOR_SHAPES        the floor stage's shapes: llama-bench prefill (-n 0, flash attention, all layers on the GPU)
 #                       into floor-<shape>-h200.json (default: qwen3.5-hybrid qwen3.5-plain)
 #   FLOOR_SIZES         the floor stage's prompt sizes (default: 512,4096,16384)
+#   FLOOR_DEPTH         tokens in the context before each measured prompt (llama-bench -d; default 0)
+#   FLOOR_REPS          llama-bench's repetitions (default 5)
 # e.g. REPLAY_SHAPES="qwen3.5-hybrid qwen3.5-plain" REPLAY_SYSTEMS=warmctx scripts/bench-h200.sh build replay floor
 # Every stage writes <stage>-h200.json and a log; the build is skipped when present.
 set -euo pipefail
@@ -140,8 +142,9 @@ for s in "${stages[@]}"; do
     floor)  # llama.cpp's own prefill rate on the same models: the floor serve's cold prompts are compared with
       for shape in ${FLOOR_SHAPES:-qwen3.5-hybrid qwen3.5-plain}; do
         model="$(shape_model "$shape")" || { log "floor $shape: no model"; continue; }
-        log "floor $shape: llama-bench -p ${FLOOR_SIZES:-512,4096,16384} -n 0 -fa 1 -ngl 99"
-        if "$build/bin/llama-bench" -m "$model" -p "${FLOOR_SIZES:-512,4096,16384}" -n 0 -fa 1 -ngl 99 -o json \
+        log "floor $shape: llama-bench -p ${FLOOR_SIZES:-512,4096,16384} -d ${FLOOR_DEPTH:-0} -n 0 -fa 1 -ngl 99"
+        if "$build/bin/llama-bench" -m "$model" -p "${FLOOR_SIZES:-512,4096,16384}" -d "${FLOOR_DEPTH:-0}" \
+             -r "${FLOOR_REPS:-5}" -n 0 -fa 1 -ngl 99 -o json \
              >"$out/floor-$shape-h200.json" 2>"$out/floor-$shape-h200.log"; then
           log "floor $shape: done"; jq -r '.[] | "  pp\(.n_prompt): \(.avg_ts) tok/s"' "$out/floor-$shape-h200.json" || true
         else log "floor $shape: FAILED"; tail -20 "$out/floor-$shape-h200.log"; fi

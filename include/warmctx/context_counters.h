@@ -79,6 +79,8 @@ struct kv_memory {
     uint64_t checkpoint_max_bytes = 0;     // their bound (context_engine_options::stream_checkpoint_max_bytes; 0: none)
     uint64_t n_checkpoint_evictions = 0;   // streams cleared to keep their checkpoints within it
     uint64_t n_checkpoints_taken = 0;      // checkpoints prefills took (engine::checkpoints_taken)
+    uint64_t n_checkpoints_thinned = 0;    // dropped past a stream's count or the bytes' bound
+    double checkpoint_ms = 0;              // the engine thread's time taking them (engine::checkpoint_ms)
     uint64_t n_reuse_refused = 0;          // turns served cold: their prefix could not be taken
     std::string memory_kind = "plain";     // memory_kind_name of the model (warmctx/engine.h)
     bool reuse_across_turns = true;        // false: the model's memory is served without reuse

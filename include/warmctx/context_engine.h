@@ -88,6 +88,7 @@ struct turn_result {
     double t_copy_ms = 0;             // holder -> work sequence
     double t_restore_ms = 0;          // the disk tier -> work sequence (read, check, load)
     double t_prefill_ms = 0;
+    double t_checkpoint_ms = 0;       // checkpoints taken during the prefill (outside t_prefill_ms)
     double t_first_token_ms = 0;      // assemble .. first token chosen
     double t_decode_ms = 0;
     double t_cache_update_ms = 0;     // insert after the turn
@@ -108,6 +109,9 @@ class pending_turn {
     uint64_t tick = 0;      // its tick of the engine's turn clock (LRU order)
     bool cache = true;
     double t_assemble_ms = 0, t_copy_ms = 0, t_restore_ms = 0, t_prefill_ms = 0;
+    // Taking checkpoints at block ends during the prefill (a model with them: the state
+    // out of the device into host memory), apart from t_prefill_ms.
+    double t_checkpoint_ms = 0;
     // Before the lookup: blocks of other streams or of this one that the turn would
     // overwrite saved to the pool (or parked in a free stream); the lookup itself and
     // the turn's explain.

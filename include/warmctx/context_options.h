@@ -58,8 +58,17 @@ struct context_engine_options {
     // or a window at each block end of what a stream holds; 0 = no bound). Past it, after
     // a turn, the idle stream finished longest ago gives its prefix to the pool (under
     // the pool's budget, with its checkpoints) and is cleared, until the rest fit or only
-    // busy streams hold any.
+    // busy streams hold any; then the busy ones are thinned (below).
     uint64_t stream_checkpoint_max_bytes = 0;
+    // The most checkpoints one stream keeps (a long conversation takes one or more every
+    // turn). Past it, the one whose loss costs the least goes: the nearest to the one
+    // before it (a turn that would resume there prefills that distance more); never the
+    // deepest. As llama-server's 32 a slot, but at block ends.
+    uint32_t stream_checkpoint_max_count = 32;
+    // How far apart (tokens) the block ends a prefill takes checkpoints at must be: -1 =
+    // what taking one costs in prefilled tokens (its measured time at the measured rate;
+    // on a CPU nearly every block end, out of a GPU's 4B hybrid ~100 tokens); 0 = every one.
+    int32_t checkpoint_gap_tokens = -1;
     eviction_policy policy = eviction_policy::semantic;
     kind_table kinds;
     // Per workspace, the learned order of its stable segments and their finer blocks

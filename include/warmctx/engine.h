@@ -222,6 +222,10 @@ class engine {
     int32_t pad_rows(int32_t n, pos_t pos) const;
     uint64_t padded_decodes() const;  // decodes padded so far
     uint64_t checkpoints_taken() const;  // checkpoints taken so far (models that keep them)
+    // The engine thread's time in taking them so far (out of the device and into host
+    // memory), and the mean time one took (0 before the first).
+    double checkpoint_ms() const;
+    double checkpoint_mean_ms() const;
     static constexpr int32_t k_pad_to = 64;     // ggml's flash-attention query tile
     static constexpr uint32_t k_pad_cells = 64;  // cells each stream keeps for the padding
 
@@ -261,6 +265,12 @@ class engine {
     // The positions a sequence keeps checkpoints at, and the bytes they take.
     std::vector<pos_t> checkpoints(seq_id seq) const;
     uint64_t checkpoint_bytes_held() const;
+    // Whether trim_seq(seq, from) can cut there: any position of plain KV (or of a window
+    // whose cells there are real), else where a checkpoint is or at the sequence's end.
+    bool can_trim(seq_id seq, pos_t from) const;
+    // Forgets the checkpoint of `seq` at `n_tokens` (nothing where there is none): a cut
+    // there then takes the one before it and prefills the rest.
+    void drop_checkpoint(seq_id seq, pos_t n_tokens);
     void clear_seq(seq_id seq);
     void clear_all();
     pos_t seq_n_tokens(seq_id seq) const;      // max pos + 1, 0 if empty

@@ -66,6 +66,8 @@ struct completion_event {
     // sequence (llama.cpp copies the data at the next decode, so inside t_prefill_ms),
     // prefilling the rest.
     double t_assemble_ms = 0, t_restore_ms = 0, t_copy_ms = 0, t_prefill_ms = 0;
+    // Taking checkpoints at block ends while prefilling (models that keep them).
+    double t_checkpoint_ms = 0;
     // And: saving blocks the turn would overwrite (to the pool, or parked in a free
     // stream), the lookup and explain, building the sampler chain, and waiting while
     // other jobs' prefill chunks and decode steps ran. With queue_ms, these add up to

@@ -80,6 +80,11 @@ void cache_flags::add_to(CLI::App & app) {
                    "used longest ago moves its prefix to the RAM pool")
         ->check(CLI::Range(int64_t{-1}, std::numeric_limits<int64_t>::max()))
         ->capture_default_str();
+    app.add_option("--checkpoints-per-stream", checkpoints_per_stream,
+                   "the most checkpoints one KV stream keeps (hybrid, recurrent and sliding-window models; a long "
+                   "conversation takes some every turn); past it the one nearest to the one before it goes")
+        ->check(CLI::Range(1u, 65536u))
+        ->capture_default_str();
     app.add_option("--policy", policy,
                    "eviction policy: semantic (volatile content first, then stable content least reused first; see "
                    "docs/architecture.md) or lru")
@@ -109,6 +114,7 @@ status cache_flags::apply(context_engine_options & o) const {
     o.budget.workspace_max_tokens = workspace_budget_tokens;
     o.workspace_max_bytes = workspace_budget_bytes;
     o.stream_checkpoint_max_bytes = checkpoint_budget_bytes >= 0 ? (uint64_t)checkpoint_budget_bytes : budget_bytes / 2;
+    o.stream_checkpoint_max_count = checkpoints_per_stream;
     auto p = parse_eviction_policy(policy);
     if (!p.ok()) return p.error();
     o.policy = *p;

@@ -37,6 +37,7 @@ pending_turn & pending_turn::operator=(pending_turn && o) noexcept {
     t_copy_ms = o.t_copy_ms;
     t_restore_ms = o.t_restore_ms;
     t_prefill_ms = o.t_prefill_ms;
+    t_checkpoint_ms = o.t_checkpoint_ms;
     t_write_back_ms = o.t_write_back_ms;
     t_lookup_ms = o.t_lookup_ms;
     prefill_pos = o.prefill_pos;
@@ -135,7 +136,11 @@ namespace {
 // keeps its blocks up to the turn's own message; the generation prompt and the answer go),
 // and on a GPU a checkpoint is a copy of the recurrent state out of the device (52.7 MB for
 // Qwen3.5-4B). A generation prompt fused with the message before it is kept with it.
-std::vector<pos_t> block_ends(const assembled_prompt & ap) {
+// Of those, an end nearer than `gap` tokens to the next one kept is left out (a turn that
+// would resume there resumes from the one before and prefills at most `gap` tokens more),
+// but never the last two: the end of the cacheable blocks and the turn's own message,
+// where the next turn of the workspace resumes.
+std::vector<pos_t> checkpoint_ends(const assembled_prompt & ap, size_t n_cacheable, pos_t gap) {
     std::vector<pos_t> ends;
     ends.reserve(ap.blocks.size());
     for (const block & b : ap.blocks) ends.push_back(b.end);
@@ -144,21 +149,39 @@ std::vector<pos_t> block_ends(const assembled_prompt & ap) {
     if (!ends.empty() && ends.back() == n && m.generation_prompt_begin >= 0 && m.generation_prompt_end == n &&
         m.generation_prompt_end > m.generation_prompt_begin && ap.blocks.back().begin >= m.generation_prompt_begin)
         ends.pop_back();
+    if (gap > 0 && ends.size() > 2) {
+        const pos_t cacheable_end = n_cacheable > 0 ? ap.blocks[n_cacheable - 1].end : -1;
+        std::vector<pos_t> kept{ends.back()};
+        for (size_t i = ends.size() - 1; i-- > 0;)
+            if (i + 2 >= ends.size() || ends[i] == cacheable_end || kept.back() - ends[i] >= gap)
+                kept.push_back(ends[i]);
+        ends.assign(kept.rbegin(), kept.rend());
+    }
     if (ends.empty()) ends.push_back(-1);  // none (engine::prefill reads an empty list as every chunk end)
     return ends;
 }
 }  // namespace
 
+pos_t context_engine::impl::checkpoint_gap() const {
+    if (opts.checkpoint_gap_tokens >= 0) return opts.checkpoint_gap_tokens;
+    // What taking one costs, in the tokens a prefill computes meanwhile.
+    return (pos_t)std::min(1e6, eng->checkpoint_mean_ms() * prefill_tokens_per_ms);
+}
+
 status context_engine::impl::prefill(seq_id seq, const assembled_prompt & ap, pos_t from, pos_t end,
-                                     std::vector<float> & logits, double & ms) {
+                                     std::vector<float> & logits, double & ms, double & checkpoint_ms) {
     auto tp = clock_type::now();
+    const double c0 = eng->checkpoint_ms();
     std::span<const token_id> part(ap.tokens.data() + from, (size_t)(end - from));
     const bool last = (size_t)end == ap.tokens.size();
-    WARMCTX_RETURN_IF_ERROR(
-        eng->prefill(seq, part, from, ap.boundaries, last ? &logits : nullptr, (int32_t)prof.chunk_tokens,
-                     eng->context().memory.checkpoints ? block_ends(ap) : std::vector<pos_t>{}));
-    const double took = ms_between(tp, clock_type::now());
+    WARMCTX_RETURN_IF_ERROR(eng->prefill(
+        seq, part, from, ap.boundaries, last ? &logits : nullptr, (int32_t)prof.chunk_tokens,
+        eng->context().memory.checkpoints ? checkpoint_ends(ap, n_cacheable_blocks(ap), checkpoint_gap())
+                                          : std::vector<pos_t>{}));
+    const double ckpt = eng->checkpoint_ms() - c0;
+    const double took = ms_between(tp, clock_type::now()) - ckpt;
     ms += took;
+    checkpoint_ms += ckpt;
     note_prefill_rate((pos_t)part.size(), took);
     return {};
 }
@@ -369,11 +392,20 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     kv_tier tier = at.n_tokens > 0 ? kv_tier::engine : kv_tier::none;
     std::string restore_failed;
     if (!p_->tiers->empty()) p_->restore_from_tiers(ap, seq, m, at, in_place, tier, restore_failed, t.t_restore_ms);
+    std::string refused;
+    if (tier == kv_tier::engine) {
+        auto tc = clock_type::now();
+        p_->take_prefix(seq, ap, m, at, in_place, refused);
+        t.t_copy_ms = ms_between(tc, clock_type::now());
+        if (in_place) p_->ctr.memory.n_in_place_turns++;
+        if (at.n_tokens == 0) tier = kv_tier::none;
+    }
     t.explain = p_->explain(req.workspace, ap, m, at.n_tokens, tier);
+    if (!refused.empty()) t.explain.reason = refused;
     if (!restore_failed.empty())
         t.explain.reason += "; a longer prefix on disk could not be restored (" + restore_failed + ")";
     t.explain.in_place = in_place;
-    t.t_lookup_ms = ms_between(tl, clock_type::now()) - t.t_restore_ms;
+    t.t_lookup_ms = ms_between(tl, clock_type::now()) - t.t_restore_ms - t.t_copy_ms;
     if (!req.prewarm && at.n_tokens > 0) {
         // The first turn after a pre-warm of this workspace says it was served from it.
         auto h = p_->workspaces.find(req.workspace);
@@ -382,25 +414,6 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
             h->second.prewarm.reset();
             p_->ctr.prewarm.n_served_turns++;
         }
-    }
-    if (in_place) p_->ctr.memory.n_in_place_turns++;
-    if (tier == kv_tier::engine) {
-        auto tc = clock_type::now();
-        status st = in_place ? p_->eng->trim_seq(seq, at.n_tokens) : p_->copy_from_holder(m.holder, seq, at.n_tokens);
-        if (st.ok() && !in_place && p_->is_stream(m.holder)) p_->ctr.memory.n_stream_copies++;
-        if (!st.ok()) {
-            // The prefix could not be taken (a model state with no checkpoint there, an
-            // engine error): the turn is served cold, never refused, and says why.
-            p_->eng->clear_seq(seq);
-            p_->ctr.memory.n_reuse_refused++;
-            const std::string why = st.message();
-            t.explain = p_->explain(req.workspace, ap, match{}, 0, kv_tier::none);
-            t.explain.reason = "the cached prefix of " + std::to_string(at.n_tokens) +
-                               " tokens could not be reused (" + why + "); prefilled cold";
-            at = reuse_point{};
-            in_place = false;
-        }
-        t.t_copy_ms = ms_between(tc, clock_type::now());
     }
     p_->streams[(size_t)seq].blocks.clear();  // until finish_turn says what it keeps
     t.prefill_pos = at.n_tokens;
@@ -437,7 +450,7 @@ status context_engine::prefill_some(pending_turn & t, pos_t max_tokens, std::vec
         end = e;
         if (end - t.prefill_pos >= max_tokens) break;
     }
-    WARMCTX_RETURN_IF_ERROR(p_->prefill(t.seq, ap, t.prefill_pos, end, logits, t.t_prefill_ms));
+    WARMCTX_RETURN_IF_ERROR(p_->prefill(t.seq, ap, t.prefill_pos, end, logits, t.t_prefill_ms, t.t_checkpoint_ms));
     t.prefill_pos = end;
     return {};
 }
@@ -472,6 +485,9 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             ++n_stream;
         }
     }
+    // Where the state cannot be cut there (a checkpoint left out by the gap), fewer.
+    while (n_stream > 0 && !p_->eng->can_trim(t.seq, t.ap.blocks[n_stream - 1].end)) --n_stream;
+    n_keep = std::min(n_keep, n_stream);
     if (n_stream > 0) {
         // The stream keeps the cacheable blocks (the tail and the generated tokens go)
         // for the next turn to reuse in place; the pool gets a copy only when something
@@ -608,6 +624,7 @@ result<turn_result> context_engine::run_turn(const turn_request & req, seq_id se
     out.t_copy_ms = t.t_copy_ms;
     out.t_restore_ms = t.t_restore_ms;
     out.t_prefill_ms = t.t_prefill_ms;
+    out.t_checkpoint_ms = t.t_checkpoint_ms;
     WARMCTX_RETURN_IF_ERROR(p_->generate(t.seq, req, t.ap.tokens, std::move(logits), out, t0));  // aborts t on error
     auto ti = clock_type::now();
     WARMCTX_RETURN_IF_ERROR(finish_turn(t, out.gen.tokens.size()));
@@ -629,7 +646,8 @@ result<turn_result> context_engine::run_cold(const turn_request & req) {
     engine & e = *p_->eng;
     e.clear_seq(p_->cold_seq);
     std::vector<float> logits;
-    status st = p_->prefill(p_->cold_seq, *ap, 0, (pos_t)ap->tokens.size(), logits, out.t_prefill_ms);
+    status st =
+        p_->prefill(p_->cold_seq, *ap, 0, (pos_t)ap->tokens.size(), logits, out.t_prefill_ms, out.t_checkpoint_ms);
     if (st.ok()) st = p_->generate(p_->cold_seq, req, {}, std::move(logits), out, t0);
     e.clear_seq(p_->cold_seq);
     if (!st.ok()) return st;

@@ -172,8 +172,12 @@ struct context_engine::impl {
     // The one prefill path: `seq` holds exactly [0, from) of `ap`; computes [from, end)
     // in canonical chunks (REQUIRES both chunk boundaries of `ap`). When `end` is the
     // prompt's end, `logits` receives the logits after it. Adds the time to `ms`.
+    // The time taking checkpoints is added to `checkpoint_ms`, not to `ms`.
     status prefill(seq_id seq, const assembled_prompt & ap, pos_t from, pos_t end, std::vector<float> & logits,
-                   double & ms);
+                   double & ms, double & checkpoint_ms);
+    // How far apart the block ends a prefill takes checkpoints at must be, in tokens
+    // (context_engine_options::checkpoint_gap_tokens, else what taking one costs).
+    pos_t checkpoint_gap() const;
 
     // Generates after a prefill (run_turn, run_cold): fills out.gen and the timings. A
     // work stream's turn drafts from its workspace (`prompt`, earlier answers) where
@@ -184,7 +188,17 @@ struct context_engine::impl {
     // Loads a pool holder's prefix into `seq` (cleared first) and trims it at `reuse`;
     // a holder that is another stream is copied whole, the data at once, so that what
     // happens to either stream before the next decode (a load, a save) sees it done.
-    status copy_from_holder(seq_id holder, seq_id seq, pos_t reuse);
+    // Where the copy cannot be cut at `at` (a checkpoint left out or thinned), at the
+    // deepest block end before it that it can: `at` says which.
+    status copy_from_holder(seq_id holder, seq_id seq, const assembled_prompt & ap, reuse_point & at);
+    // Into `seq`, m.holder's prefix `at`: cut back in place or copied, at the deepest block
+    // end at or before `at` the state can be cut at (`at` and `m` say where). Where it
+    // cannot be taken (an engine error), `seq` is cleared, `at`, `m` and `in_place` reset,
+    // and `refused` says why.
+    void take_prefix(seq_id seq, const assembled_prompt & ap, match & m, reuse_point & at, bool & in_place,
+                     std::string & refused);
+    // The deepest block end at or before `at` where `seq` can be cut (engine::can_trim).
+    reuse_point resumable(seq_id seq, const assembled_prompt & ap, reuse_point at) const;
 
     // How many leading blocks of `blocks` work stream `seq` still holds (equal chain
     // hashes name equal whole prefixes).
@@ -239,6 +253,9 @@ struct context_engine::impl {
     // gives its blocks to the pool (write_back: the pool's budget decides what it keeps)
     // and is cleared. Returns how many streams were cleared.
     size_t bound_stream_checkpoints(seq_id keep);
+    // Drops checkpoints of `seq` past `max_count` (context_engine_options::
+    // stream_checkpoint_max_count says which); returns how many.
+    size_t thin_checkpoints(seq_id seq, size_t max_count);
     // A tier may hold a longer prefix than the engine (evicted, or before a restart):
     // restores it into `seq`, updating the match, reuse point, in_place and tier; a
     // candidate that failed leaves `failed` saying why. `ms`: the restore's time.

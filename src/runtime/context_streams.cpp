@@ -10,9 +10,13 @@
 
 namespace warmctx {
 
-status context_engine::impl::copy_from_holder(seq_id holder, seq_id seq, pos_t reuse) {
+status context_engine::impl::copy_from_holder(seq_id holder, seq_id seq, const assembled_prompt & ap,
+                                              reuse_point & at) {
     status st = is_stream(holder) ? eng->copy_seq_now(holder, seq) : pool->copy_seq(holder, seq);
-    if (st.ok()) st = eng->trim_seq(seq, reuse);
+    if (st.ok()) {
+        at = resumable(seq, ap, at);
+        st = eng->trim_seq(seq, at.n_tokens);
+    }
     if (!st.ok()) eng->clear_seq(seq);
     return st;
 }
@@ -118,9 +122,27 @@ match context_engine::impl::prefer_in_place(match m, const assembled_prompt & ap
     return m;
 }
 
+size_t context_engine::impl::thin_checkpoints(seq_id seq, size_t max_count) {
+    std::vector<pos_t> at = eng->checkpoints(seq);
+    size_t n = 0;
+    while (at.size() > std::max<size_t>(max_count, 1)) {
+        // The one nearest to the one before it (the first: nearest to the start), never the deepest.
+        size_t drop = 0;
+        for (size_t i = 1; i + 1 < at.size(); ++i)
+            if (at[i] - at[i - 1] < at[drop] - (drop == 0 ? 0 : at[drop - 1])) drop = i;
+        eng->drop_checkpoint(seq, at[drop]);
+        at.erase(at.begin() + (long)drop);
+        ++n;
+    }
+    ctr.memory.n_checkpoints_thinned += n;
+    return n;
+}
+
 size_t context_engine::impl::bound_stream_checkpoints(seq_id keep) {
+    if (!eng->context().memory.checkpoints) return 0;
+    for (size_t s = 0; s < streams.size(); ++s) thin_checkpoints((seq_id)s, opts.stream_checkpoint_max_count);
     const uint64_t max = opts.stream_checkpoint_max_bytes;
-    if (max == 0 || !eng->context().memory.checkpoints) return 0;
+    if (max == 0) return 0;
     size_t n = 0;
     while (eng->checkpoint_bytes_held() > max) {
         seq_id victim = -1;
@@ -135,7 +157,53 @@ size_t context_engine::impl::bound_stream_checkpoints(seq_id keep) {
         ctr.memory.n_checkpoint_evictions++;
         ++n;
     }
+    // Still over: the streams left (turns in flight, `keep`) thinned, the most held first,
+    // down to their deepest checkpoint each at most.
+    for (size_t count = opts.stream_checkpoint_max_count; eng->checkpoint_bytes_held() > max && count > 1;) {
+        count = count / 2;
+        for (size_t s = 0; s < streams.size() && eng->checkpoint_bytes_held() > max; ++s)
+            thin_checkpoints((seq_id)s, count);
+    }
     return n;
+}
+
+void context_engine::impl::take_prefix(seq_id seq, const assembled_prompt & ap, match & m, reuse_point & at,
+                                       bool & in_place, std::string & refused) {
+    const pos_t wanted = at.n_tokens;
+    status st;
+    if (in_place) {
+        at = resumable(seq, ap, at);
+        st = eng->trim_seq(seq, at.n_tokens);
+    } else {
+        st = copy_from_holder(m.holder, seq, ap, at);
+        if (st.ok() && is_stream(m.holder)) ctr.memory.n_stream_copies++;
+    }
+    if (st.ok()) {
+        m.n_blocks = at.n_blocks;
+        m.n_tokens = at.n_tokens;
+        if (at.n_tokens == 0) {
+            m = match{};
+            in_place = false;
+        }
+        return;
+    }
+    // The prefix could not be taken (an engine error): the turn is served cold, never
+    // refused, and says why.
+    eng->clear_seq(seq);
+    ctr.memory.n_reuse_refused++;
+    refused = "the cached prefix of " + std::to_string(wanted) + " tokens could not be reused (" + st.message() +
+              "); prefilled cold";
+    at = reuse_point{};
+    m = match{};
+    in_place = false;
+}
+
+reuse_point context_engine::impl::resumable(seq_id seq, const assembled_prompt & ap, reuse_point at) const {
+    while (at.n_blocks > 0 && !eng->can_trim(seq, at.n_tokens)) {
+        --at.n_blocks;
+        at.n_tokens = at.n_blocks == 0 ? 0 : ap.blocks[at.n_blocks - 1].end;
+    }
+    return at;
 }
 
 void context_engine::impl::clear_stream(seq_id seq) {

@@ -200,6 +200,7 @@ context_counters context_engine::counters() const {
     m.checkpoint_size_bytes = ci.memory.checkpoints ? ci.memory.checkpoint_bytes : 0;
     m.checkpoint_max_bytes = p_->opts.stream_checkpoint_max_bytes;
     m.n_checkpoints_taken = p_->eng->checkpoints_taken();
+    m.checkpoint_ms = p_->eng->checkpoint_ms();
     m.allocated_bytes = m.streams_allocated_bytes + m.pool_allocated_bytes + m.checkpoint_bytes;
     m.used_bytes = m.streams_used_bytes + m.pool_bytes + m.checkpoint_bytes;
     m.n_pool_loads = pc.n_loads;

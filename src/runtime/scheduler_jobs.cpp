@@ -68,6 +68,7 @@ void scheduler::impl::set_phases(completion_event & ev, const active_job & j) {
     ev.t_restore_ms = t.t_restore_ms;
     ev.t_copy_ms = t.t_copy_ms;
     ev.t_prefill_ms = t.t_prefill_ms;
+    ev.t_checkpoint_ms = t.t_checkpoint_ms;
     ev.t_write_back_ms = t.t_write_back_ms;
     ev.t_lookup_ms = t.t_lookup_ms;
     ev.t_sampler_ms = j.t_sampler_ms;

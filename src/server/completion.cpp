@@ -32,6 +32,7 @@ answer_report report_of(const std::string & workspace, const completion_event & 
     r.t_restore_ms = done.t_restore_ms;
     r.t_copy_ms = done.t_copy_ms;
     r.t_prefill_ms = done.t_prefill_ms;
+    r.t_checkpoint_ms = done.t_checkpoint_ms;
     r.t_write_back_ms = done.t_write_back_ms;
     r.t_lookup_ms = done.t_lookup_ms;
     r.t_sampler_ms = done.t_sampler_ms;
@@ -93,6 +94,7 @@ json warmctx_json(const answer_report & r) {
           {"restore_ms", done.t_restore_ms},
           {"copy_ms", done.t_copy_ms},
           {"prefill_ms", done.t_prefill_ms},
+          {"checkpoint_ms", done.t_checkpoint_ms},
           {"interleave_ms", done.t_interleave_ms}}}};
 }
 

@@ -83,7 +83,7 @@ struct answer_report {
     draft_counters drafts;   // what drafts from the workspace did for this answer
     // The scheduler's timings of the job (completion_event's, same names).
     double t_queue_ms = 0, t_first_token_ms = 0, t_total_ms = 0;
-    double t_assemble_ms = 0, t_restore_ms = 0, t_copy_ms = 0, t_prefill_ms = 0;
+    double t_assemble_ms = 0, t_restore_ms = 0, t_copy_ms = 0, t_prefill_ms = 0, t_checkpoint_ms = 0;
     double t_write_back_ms = 0, t_lookup_ms = 0, t_sampler_ms = 0, t_interleave_ms = 0;
     int64_t n_generated = 0;  // the answer's tokens (its decode rate)
     request_timings rt;      // the HTTP thread's

@@ -275,6 +275,13 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
            "Checkpoints taken at block ends while prefilling (each a copy of the window or recurrent state; on a GPU "
            "out of the device).",
            static_cast<double>(m.n_checkpoints_taken));
+    scalar(out, "warmctx_checkpoints_thinned_total", "counter",
+           "Checkpoints a stream dropped past --checkpoints-per-stream or the checkpoints' byte bound (the one nearest "
+           "to the one before it goes; a turn that would resume there prefills from that one).",
+           static_cast<double>(m.n_checkpoints_thinned));
+    scalar(out, "warmctx_checkpoint_seconds_total", "counter",
+           "The engine thread's time taking checkpoints (in each turn's timings as checkpoint_ms).",
+           m.checkpoint_ms / 1000.0);
     scalar(out, "warmctx_checkpoint_size_bytes", "gauge",
            "Bytes of one checkpoint of this model (0: its memory is cut back without any).",
            static_cast<double>(m.checkpoint_size_bytes));

@@ -1263,6 +1263,7 @@ std::unique_ptr<context_engine> hybrid_engine(uint64_t checkpoint_max) {
     o.n_work_seqs = 3;
     o.n_holders = 16;
     o.stream_checkpoint_max_bytes = checkpoint_max;
+    o.checkpoint_gap_tokens = 0;  // every block end, as these tests count them
     auto r = context_engine::open(o);
     EXPECT_TRUE(r.ok()) << r.error().to_string();
     return r.ok() ? std::move(r.value()) : nullptr;

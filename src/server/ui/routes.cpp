@@ -38,13 +38,15 @@ void page(route_context &, const http_request &, http_response & res, const std:
 json phases_json(const answer_report & r) {
     // Where the client's wait went, in the order it happened: the HTTP thread's work, the
     // queue, the engine's (lookup, restore, copy, prefill, write-back), then the decode.
-    const double engine_before = r.t_lookup_ms + r.t_restore_ms + r.t_copy_ms + r.t_prefill_ms + r.t_write_back_ms;
+    const double engine_before =
+        r.t_lookup_ms + r.t_restore_ms + r.t_copy_ms + r.t_prefill_ms + r.t_checkpoint_ms + r.t_write_back_ms;
     return {{"request", r.rt.request_ms},
             {"queue", r.t_queue_ms},
             {"lookup", r.t_lookup_ms},
             {"restore", r.t_restore_ms},
             {"copy", r.t_copy_ms},
             {"prefill", r.t_prefill_ms},
+            {"checkpoint", r.t_checkpoint_ms},
             {"write_back", r.t_write_back_ms},
             {"first_token_other", std::max(0.0, r.t_first_token_ms - r.t_queue_ms - engine_before)},
             {"decode", std::max(0.0, r.t_total_ms - r.t_first_token_ms)}};

@@ -1,0 +1,127 @@
+// A hybrid model's checkpoints (its recurrent state at block ends, warmctx/engine.h): how
+// many a stream keeps over a long conversation, which block ends a prefill takes them at,
+// and a turn resuming from the one before a block end that has none - always equal to a
+// cold run.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "tiny_model.h"
+#include "warmctx/context_engine.h"
+#include "warmctx/workload.h"
+
+namespace warmctx {
+namespace {
+
+std::unique_ptr<context_engine> open_hybrid(uint32_t max_count, int32_t gap) {
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.model_path = std::string(WARMCTX_TEST_TMP) + "/tiny-hybrid-q8_0-seed1.gguf";
+    o.engine.n_ctx = 4096;
+    o.n_work_seqs = 2;
+    o.n_holders = 16;
+    o.stream_checkpoint_max_count = max_count;
+    o.checkpoint_gap_tokens = gap;
+    auto r = context_engine::open(o);
+    EXPECT_TRUE(r.ok()) << r.error().to_string();
+    return r.ok() ? std::move(r.value()) : nullptr;
+}
+
+// A workspace and a conversation of `n_history` earlier messages, then the question.
+turn_request conversation(int n_history, const std::string & question) {
+    workload_generator g(7, [](const std::string & s) { return s.size() / 3; });
+    turn_request r;
+    r.workspace = "a";
+    r.segments = make_workspace(g, 500, 2);
+    const segment q = r.segments.back();
+    r.segments.pop_back();
+    for (int i = 0; i < n_history; ++i) {
+        segment h;
+        h.id = "h" + std::to_string(i);
+        h.kind = segment_kind::history;
+        h.role = i % 2 == 0 ? "user" : "assistant";
+        h.content = "message " + std::to_string(i) + ": the tests under src/ pass, next the docs";
+        r.segments.push_back(h);
+    }
+    segment u = q;
+    u.content = question;
+    r.segments.push_back(u);
+    r.sampling.max_tokens = 2;
+    r.keep_logits = true;
+    return r;
+}
+
+uint64_t held(const context_engine & ce) {
+    const kv_memory m = ce.counters().memory;
+    return m.checkpoint_size_bytes == 0 ? 0 : m.checkpoint_bytes / m.checkpoint_size_bytes;
+}
+
+void expect_cold(context_engine & ce, const turn_request & req, const turn_result & warm) {
+    auto c = ce.run_cold(req);
+    ASSERT_TRUE(c.ok()) << c.error().to_string();
+    EXPECT_EQ(warm.gen.tokens, c->gen.tokens);
+    ASSERT_EQ(warm.prompt_logits.size(), c->prompt_logits.size());
+    EXPECT_EQ(0, std::memcmp(warm.prompt_logits.data(), c->prompt_logits.data(), c->prompt_logits.size() * 4));
+}
+
+// A conversation takes checkpoints every turn; a stream keeps at most its count of them
+// (they would grow without bound: 52.7 MB each for a 4B hybrid), and the turns still
+// resume in place, equal to cold. The time they took is named apart from the prefill.
+TEST(Checkpoints, ALongConversationKeepsAtMostItsCountPerStream) {
+    auto ce = open_hybrid(4, 0);
+    ASSERT_TRUE(ce);
+    for (int turn = 0; turn < 8; ++turn) {
+        const turn_request req = conversation(2 * turn, "question " + std::to_string(turn));
+        auto t = ce->run_turn(req);
+        ASSERT_TRUE(t.ok()) << t.error().to_string();
+        EXPECT_LE(held(*ce), 4u) << "turn " << turn;
+        if (turn == 0) EXPECT_GT(t->t_checkpoint_ms, 0.0);
+        if (turn > 0) {
+            EXPECT_TRUE(t->explain.in_place) << "turn " << turn << ": " << t->explain.reason;
+            EXPECT_GT(t->explain.n_reused, 0) << "turn " << turn;
+        }
+        if (turn == 7) expect_cold(*ce, req, *t);
+    }
+    EXPECT_GT(ce->counters().memory.n_checkpoints_thinned, 0u);
+    EXPECT_EQ(ce->counters().memory.n_reuse_refused, 0u);
+}
+
+// Block ends nearer than the gap to the next one kept get no checkpoint (but the last two
+// and the cacheable end do). A later turn that shares up to one of those resumes from the
+// checkpoint before it - not served cold for want of one - and equals a cold run.
+TEST(Checkpoints, ATurnResumesFromTheCheckpointBeforeABlockEndLeftOut) {
+    auto every = open_hybrid(64, 0);
+    auto gapped = open_hybrid(64, 1 << 20);
+    ASSERT_TRUE(every && gapped);
+    const turn_request first = conversation(6, "first question");
+    auto ap = gapped->assemble_request(first);
+    ASSERT_TRUE(ap.ok());
+    ASSERT_GT(ap->blocks.size(), 6u);
+    ASSERT_TRUE(every->run_turn(first).ok());
+    ASSERT_TRUE(gapped->run_turn(first).ok());
+    const uint64_t all = every->counters().memory.n_checkpoints_taken;
+    const uint64_t few = gapped->counters().memory.n_checkpoints_taken;
+    EXPECT_LE(few, 3u);
+    EXPECT_LT(few, all);
+    // The next turn drops the conversation's earliest message (a window): it shares the
+    // workspace up to where the history began, a block end with no checkpoint.
+    turn_request next = conversation(6, "second question");
+    for (size_t i = 0; i < next.segments.size(); ++i)
+        if (next.segments[i].id == "h0") {
+            next.segments.erase(next.segments.begin() + (long)i);
+            break;
+        }
+    auto t = gapped->run_turn(next);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_EQ(gapped->counters().memory.n_reuse_refused, 0u) << t->explain.reason;
+    EXPECT_EQ(t->explain.reason.find("could not be reused"), std::string::npos) << t->explain.reason;
+    auto e = every->run_turn(next);
+    ASSERT_TRUE(e.ok());
+    EXPECT_GT(e->explain.n_reused, 0);
+    EXPECT_LE(t->explain.n_reused, e->explain.n_reused);
+    expect_cold(*gapped, next, *t);
+    expect_cold(*every, next, *e);
+}
+
+}  // namespace
+}  // namespace warmctx
