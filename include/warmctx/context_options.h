@@ -62,8 +62,9 @@ struct context_engine_options {
     uint64_t stream_checkpoint_max_bytes = 0;
     // The most checkpoints one stream keeps (a long conversation takes one or more every
     // turn). Past it, the one whose loss costs the least goes: the nearest to the one
-    // before it (a turn that would resume there prefills that distance more); never the
-    // deepest. As llama-server's 32 a slot, but at block ends.
+    // before it (a turn that would resume there prefills that distance more); never one
+    // of the deepest four (where the next turns resume). As llama-server's 32 a slot, but
+    // at block ends.
     uint32_t stream_checkpoint_max_count = 32;
     // How far apart (tokens) the block ends a prefill takes checkpoints at must be: -1 =
     // what taking one costs in prefilled tokens (its measured time at the measured rate;

@@ -400,6 +400,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
         if (in_place) p_->ctr.memory.n_in_place_turns++;
         if (at.n_tokens == 0) tier = kv_tier::none;
     }
+    p_->streams[(size_t)seq].resumed_at = at.n_tokens;
     t.explain = p_->explain(req.workspace, ap, m, at.n_tokens, tier);
     if (!refused.empty()) t.explain.reason = refused;
     if (!restore_failed.empty())

@@ -42,6 +42,9 @@ struct work_stream {
     // still want; those after it are per-turn content (a diff, test output, a log or
     // a snippet), which that turn's own replaces.
     size_t n_durable = 0;
+    // Where its last turn resumed: the checkpoints from there on are that turn's own
+    // prefill's (and the one it resumed from), where the workspace's next turn resumes.
+    pos_t resumed_at = 0;
 };
 
 // Content a workspace sends fresh every turn: its next turn's supersedes it.

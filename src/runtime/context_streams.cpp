@@ -124,11 +124,19 @@ match context_engine::impl::prefer_in_place(match m, const assembled_prompt & ap
 
 size_t context_engine::impl::thin_checkpoints(seq_id seq, size_t max_count) {
     std::vector<pos_t> at = eng->checkpoints(seq);
+    max_count = std::max<size_t>(max_count, 1);
+    // Those of the last turn (from where it resumed on) are where the workspace's next
+    // turn resumes: thinned only when they alone are too many, and never the deepest few
+    // (the end of what it cached, its own message).
+    const pos_t last_turn = streams[(size_t)seq].resumed_at;
+    const size_t recent = std::min<size_t>(4, max_count);
     size_t n = 0;
-    while (at.size() > std::max<size_t>(max_count, 1)) {
-        // The one nearest to the one before it (the first: nearest to the start), never the deepest.
+    while (at.size() > max_count) {
+        const size_t older = (size_t)(std::lower_bound(at.begin(), at.end(), last_turn) - at.begin());
+        const size_t upto = older > 0 ? older : at.size() - recent;  // candidates [0, upto)
+        // Of those, the one nearest to the one before it (the first: to the start).
         size_t drop = 0;
-        for (size_t i = 1; i + 1 < at.size(); ++i)
+        for (size_t i = 1; i < upto; ++i)
             if (at[i] - at[i - 1] < at[drop] - (drop == 0 ? 0 : at[drop - 1])) drop = i;
         eng->drop_checkpoint(seq, at[drop]);
         at.erase(at.begin() + (long)drop);
