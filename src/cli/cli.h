@@ -46,6 +46,7 @@ struct cache_flags {
     uint64_t workspace_budget_bytes = 0;
     int64_t checkpoint_budget_bytes = -1;  // -1: half of budget_bytes (none when that is 0)
     uint32_t checkpoints_per_stream = 32;
+    int32_t checkpoint_gap = -1;
     std::string policy = "semantic";
     std::string kinds_file;
     std::string tenant;

@@ -85,6 +85,11 @@ void cache_flags::add_to(CLI::App & app) {
                    "conversation takes some every turn); past it the one nearest to the one before it goes")
         ->check(CLI::Range(1u, 65536u))
         ->capture_default_str();
+    app.add_option("--checkpoint-gap", checkpoint_gap,
+                   "tokens between the block ends a prefill takes checkpoints at, at least (-1 = what taking one "
+                   "costs in prefilled tokens, measured; 0 = every block end)")
+        ->check(CLI::Range(-1, 1 << 20))
+        ->capture_default_str();
     app.add_option("--policy", policy,
                    "eviction policy: semantic (volatile content first, then stable content least reused first; see "
                    "docs/architecture.md) or lru")
@@ -115,6 +120,7 @@ status cache_flags::apply(context_engine_options & o) const {
     o.workspace_max_bytes = workspace_budget_bytes;
     o.stream_checkpoint_max_bytes = checkpoint_budget_bytes >= 0 ? (uint64_t)checkpoint_budget_bytes : budget_bytes / 2;
     o.stream_checkpoint_max_count = checkpoints_per_stream;
+    o.checkpoint_gap_tokens = checkpoint_gap;
     auto p = parse_eviction_policy(policy);
     if (!p.ok()) return p.error();
     o.policy = *p;

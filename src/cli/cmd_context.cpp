@@ -149,6 +149,9 @@ int run_verify(const verify_args & a) {
                               : a.stream_copies == "off" ? context_engine_options::stream_copy_mode::off
                                                          : context_engine_options::stream_copy_mode::automatic;
     if (status st = a.cf.apply(vo.engine); !st.ok()) return fail(st);
+    // The cache model expects a checkpoint at every block end; a gap given explicitly checks
+    // exactness under it (and no turn's reuse is expected then, only bounded).
+    if (a.cf.checkpoint_gap < 0) vo.engine.checkpoint_gap_tokens = 0;
     auto rep = warmctx::run_verify(vo, progress);
     if (!rep) return fail(rep.error());
     const verify_report & r = *rep;

@@ -138,8 +138,9 @@ namespace {
 // Qwen3.5-4B). A generation prompt fused with the message before it is kept with it.
 // Of those, an end nearer than `gap` tokens to the next one kept is left out (a turn that
 // would resume there resumes from the one before and prefills at most `gap` tokens more),
-// but never the last two: the end of the cacheable blocks and the turn's own message,
-// where the next turn of the workspace resumes.
+// but never the last two, the end of the cacheable blocks and the turn's own message (where
+// the workspace's next turn resumes), nor the end of the stable prefix (where one that
+// changes its volatile content resumes).
 std::vector<pos_t> checkpoint_ends(const assembled_prompt & ap, size_t n_cacheable, pos_t gap) {
     std::vector<pos_t> ends;
     ends.reserve(ap.blocks.size());
@@ -153,7 +154,8 @@ std::vector<pos_t> checkpoint_ends(const assembled_prompt & ap, size_t n_cacheab
         const pos_t cacheable_end = n_cacheable > 0 ? ap.blocks[n_cacheable - 1].end : -1;
         std::vector<pos_t> kept{ends.back()};
         for (size_t i = ends.size() - 1; i-- > 0;)
-            if (i + 2 >= ends.size() || ends[i] == cacheable_end || kept.back() - ends[i] >= gap)
+            if (i + 2 >= ends.size() || ends[i] == cacheable_end || ends[i] == ap.stable_end ||
+                kept.back() - ends[i] >= gap)
                 kept.push_back(ends[i]);
         ends.assign(kept.rbegin(), kept.rend());
     }
@@ -402,7 +404,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     }
     p_->streams[(size_t)seq].resumed_at = at.n_tokens;
     t.explain = p_->explain(req.workspace, ap, m, at.n_tokens, tier);
-    if (!refused.empty()) t.explain.reason = refused;
+    if (!refused.empty()) t.explain.reason = at.n_tokens > 0 ? t.explain.reason + "; " + refused : refused;
     if (!restore_failed.empty())
         t.explain.reason += "; a longer prefix on disk could not be restored (" + restore_failed + ")";
     t.explain.in_place = in_place;
@@ -486,8 +488,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             ++n_stream;
         }
     }
-    // Where the state cannot be cut there (a checkpoint left out by the gap), fewer.
-    while (n_stream > 0 && !p_->eng->can_trim(t.seq, t.ap.blocks[n_stream - 1].end)) --n_stream;
+    n_stream = p_->cuttable(t.seq, t.ap.blocks, n_stream);  // fewer where a checkpoint was left out
     n_keep = std::min(n_keep, n_stream);
     if (n_stream > 0) {
         // The stream keeps the cacheable blocks (the tail and the generated tokens go)
@@ -504,7 +505,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             // its blocks in the pool): no disk write of a partial prefix on that chat's way.
             // The write itself waits until the engine is idle (write_through_idle) or
             // the stream is about to change below it.
-            const size_t n_saved = p_->tiers->n_saved_blocks(t.ap, n_keep);
+            const size_t n_saved = p_->cuttable(t.seq, t.ap.blocks, p_->tiers->n_saved_blocks(t.ap, n_keep));
             if (n_saved > 0 && !(t.prewarm && !t.prefilled())) {
                 const pos_t save_end = t.ap.blocks[n_saved - 1].end;
                 impl::deferred_write d{t.seq, t.workspace, t.ap, n_keep, save_end};

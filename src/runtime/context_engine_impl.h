@@ -197,9 +197,12 @@ struct context_engine::impl {
     // Into `seq`, m.holder's prefix `at`: cut back in place or copied, at the deepest block
     // end at or before `at` the state can be cut at (`at` and `m` say where). Where it
     // cannot be taken (an engine error), `seq` is cleared, `at`, `m` and `in_place` reset,
-    // and `refused` says why.
+    // and `refused` says why; where it was taken short of `at`, it says that.
     void take_prefix(seq_id seq, const assembled_prompt & ap, match & m, reuse_point & at, bool & in_place,
                      std::string & refused);
+    // How many of the first `n` blocks `seq` can be cut after (engine::can_trim: a block
+    // end with a checkpoint, where the model needs one).
+    size_t cuttable(seq_id seq, std::span<const block> blocks, size_t n) const;
     // The deepest block end at or before `at` where `seq` can be cut (engine::can_trim).
     reuse_point resumable(seq_id seq, const assembled_prompt & ap, reuse_point at) const;
 

@@ -23,7 +23,7 @@ status context_engine::impl::copy_from_holder(seq_id holder, seq_id seq, const a
 
 void context_engine::impl::write_back(seq_id seq, size_t n_blocks) {
     work_stream & s = streams[(size_t)seq];
-    n_blocks = std::min(n_blocks, s.blocks.size());
+    n_blocks = cuttable(seq, s.blocks, n_blocks);  // saved where its state can be cut
     if (s.busy || !s.unsaved || n_blocks == 0) return;
     s.unsaved = false;
     auto t = clock_type::now();
@@ -187,6 +187,9 @@ void context_engine::impl::take_prefix(seq_id seq, const assembled_prompt & ap, 
         if (st.ok() && is_stream(m.holder)) ctr.memory.n_stream_copies++;
     }
     if (st.ok()) {
+        if (at.n_tokens < wanted)
+            refused = "the state has no checkpoint at " + std::to_string(wanted) +
+                      " tokens (left out or thinned); resumed from " + std::to_string(at.n_tokens);
         m.n_blocks = at.n_blocks;
         m.n_tokens = at.n_tokens;
         if (at.n_tokens == 0) {
@@ -204,6 +207,12 @@ void context_engine::impl::take_prefix(seq_id seq, const assembled_prompt & ap, 
     at = reuse_point{};
     m = match{};
     in_place = false;
+}
+
+size_t context_engine::impl::cuttable(seq_id seq, std::span<const block> blocks, size_t n) const {
+    n = std::min(n, blocks.size());
+    while (n > 0 && !eng->can_trim(seq, blocks[n - 1].end)) --n;
+    return n;
 }
 
 reuse_point context_engine::impl::resumable(seq_id seq, const assembled_prompt & ap, reuse_point at) const {

@@ -262,7 +262,9 @@ void disk_kv_tier::write_through(engine & e, const profile & prof, seq_id seq, c
                              const assembled_prompt & ap, size_t n_blocks_held) {
     // The leading run of cacheable blocks of at least the tier's class, of those the
     // sequence holds (a pre-warm stopped early holds fewer than the prompt has).
-    const size_t k = n_saved_blocks(ap, n_blocks_held);
+    size_t k = n_saved_blocks(ap, n_blocks_held);
+    // Up to a block end the state can be cut at (one a prefill kept a checkpoint at).
+    while (k > 0 && !e.can_trim(seq, ap.blocks[k - 1].end)) --k;
     if (k == 0 || e.seq_n_tokens(seq) < ap.blocks[k - 1].end) return;
     std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
     if (holds(path)) return;  // on disk or queued already
