@@ -66,16 +66,16 @@ void forget_calls(const testing::fake_text_model & model) {
 void check_assembly(const std::vector<segment> & segs, const kind_table & kinds, bool check_order) {
     static const testing::fake_text_model model;
     static const profile prof = fuzz::fixture_profile();
-    auto ap = assemble(segs, kinds, model, prof, "tenant", prof.chunk_tokens);
-    FUZZ_CHECK_MSG(ap.ok(), ap.error().message());
+    auto prompt = assemble(segs, kinds, model, prof, "tenant", prof.chunk_tokens);
+    FUZZ_CHECK_MSG(prompt.ok(), prompt.error().message());
     forget_calls(model);
 
-    const pos_t n = static_cast<pos_t>(ap->tokens.size());
+    const pos_t n = static_cast<pos_t>(prompt->tokens.size());
     FUZZ_CHECK(n > 0);
-    FUZZ_CHECK(ap->man.n_tokens == n);
-    FUZZ_CHECK(ap->man.segments.size() == segs.size());
+    FUZZ_CHECK(prompt->prompt_manifest.n_tokens == n);
+    FUZZ_CHECK(prompt->prompt_manifest.segments.size() == segs.size());
     pos_t at = 0;
-    for (const block & b : ap->blocks) {
+    for (const block & b : prompt->blocks) {
         FUZZ_CHECK(b.begin == at && b.end > b.begin);
         FUZZ_CHECK(b.end - b.begin <= static_cast<pos_t>(prof.chunk_tokens));
         FUZZ_CHECK(b.segment_index == k_generation_prompt_index ||
@@ -83,16 +83,16 @@ void check_assembly(const std::vector<segment> & segs, const kind_table & kinds,
         at = b.end;
     }
     FUZZ_CHECK(at == n);
-    for (pos_t bd : ap->boundaries) FUZZ_CHECK(bd > 0 && bd < n);
-    for (size_t k = 0; k <= ap->blocks.size(); ++k) {
-        reuse_point r = snap_reuse(*ap, k);
+    for (pos_t bd : prompt->boundaries) FUZZ_CHECK(bd > 0 && bd < n);
+    for (size_t k = 0; k <= prompt->blocks.size(); ++k) {
+        reuse_point r = snap_reuse(*prompt, k);
         FUZZ_CHECK(r.n_blocks <= k && r.n_tokens < n);
     }
 
-    auto man = manifest::from_json(ap->man.to_json());
-    FUZZ_CHECK_MSG(man.ok(), man.error().message());
-    FUZZ_CHECK(*man == ap->man);
-    fuzz::check_json_text(dump_json(ap->man.to_json()));
+    auto parsed = manifest::from_json(prompt->prompt_manifest.to_json());
+    FUZZ_CHECK_MSG(parsed.ok(), parsed.error().message());
+    FUZZ_CHECK(*parsed == prompt->prompt_manifest);
+    fuzz::check_json_text(dump_json(prompt->prompt_manifest.to_json()));
 
     // Canonical order: the same segments in another order give the same prompt.
     if (!check_order) return;
@@ -100,9 +100,9 @@ void check_assembly(const std::vector<segment> & segs, const kind_table & kinds,
     auto again = assemble(reversed, kinds, model, prof, "tenant", prof.chunk_tokens);
     FUZZ_CHECK(again.ok());
     forget_calls(model);
-    FUZZ_CHECK(again->tokens == ap->tokens);
-    FUZZ_CHECK(again->blocks == ap->blocks);
-    FUZZ_CHECK(again->man == ap->man);
+    FUZZ_CHECK(again->tokens == prompt->tokens);
+    FUZZ_CHECK(again->blocks == prompt->blocks);
+    FUZZ_CHECK(again->prompt_manifest == prompt->prompt_manifest);
 }
 
 void check_request(const json & body, body_mode mode) {
@@ -175,15 +175,15 @@ void check_request(const json & body, body_mode mode) {
         FUZZ_CHECK(mode == body_mode::text && segs.size() == 1);
         static const testing::fake_text_model model;  // no FIM tokens: a suffix is refused
         static const profile prof = fuzz::fixture_profile();
-        auto ap = assemble_raw(segs[0], cr.suffix, model, prof, "tenant", prof.chunk_tokens);
+        auto prompt = assemble_raw(segs[0], cr.suffix, model, prof, "tenant", prof.chunk_tokens);
         forget_calls(model);
         if (cr.suffix) {
-            FUZZ_CHECK(!ap.ok() && ap.error().code() == status_code::invalid_argument);
+            FUZZ_CHECK(!prompt.ok() && prompt.error().code() == status_code::invalid_argument);
             return;
         }
-        FUZZ_CHECK_MSG(ap.ok(), ap.error().message());
-        FUZZ_CHECK(ap->man.n_tokens == static_cast<pos_t>(ap->tokens.size()));
-        for (const block & b : ap->blocks) FUZZ_CHECK(b.cls == retention_class::low);
+        FUZZ_CHECK_MSG(prompt.ok(), prompt.error().message());
+        FUZZ_CHECK(prompt->prompt_manifest.n_tokens == static_cast<pos_t>(prompt->tokens.size()));
+        for (const block & b : prompt->blocks) FUZZ_CHECK(b.retention == retention_class::low);
         return;
     }
     // (The order check once per body: the workspace chat's segments are the most.)

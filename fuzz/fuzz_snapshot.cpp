@@ -72,7 +72,8 @@ std::vector<uint8_t> reseal(std::vector<uint8_t> b) {
             const hash128 prev = get_hash(b, rec - sf::k_block_record_bytes);
             put_hash(b, rec, chain_hash(prev, std::span<const token_id>(tokens).subspan(begin, end - begin)));
         }
-        if (n_blocks > 0) put_hash(b, sf::k_off_key, get_hash(b, blocks_at + (n_blocks - 1) * sf::k_block_record_bytes));
+        if (n_blocks > 0)
+            put_hash(b, sf::k_off_key, get_hash(b, blocks_at + (n_blocks - 1) * sf::k_block_record_bytes));
     }
     put_hash(b, sf::k_off_fixed_checksum, hash_bytes(b.data(), sf::k_off_fixed_checksum));
     if (tokens_at >= sf::k_fixed_header_bytes + sf::k_checksum_bytes && tokens_at <= b.size())
@@ -89,7 +90,7 @@ void check_refusal(const status & st, snapshot_defect why) {
 
 bool same_meta(const snapshot_meta & a, const snapshot_meta & b) {
     return a.prof == b.prof && a.profile_fingerprint == b.profile_fingerprint && a.workspace == b.workspace &&
-           a.man == b.man && a.blocks == b.blocks && a.created_unix_ms == b.created_unix_ms;
+           a.prompt_manifest == b.prompt_manifest && a.blocks == b.blocks && a.created_unix_ms == b.created_unix_ms;
 }
 
 void check_file(const std::vector<uint8_t> & bytes) {
@@ -150,7 +151,7 @@ void check_file(const std::vector<uint8_t> & bytes) {
     FUZZ_CHECK(same_meta(again->meta, s->meta) && again->tokens == s->tokens && again->kv == s->kv);
     FUZZ_CHECK(check_snapshot_profile(s->meta, s->meta.prof).ok());
     fuzz::check_json_text(dump_json(s->meta.prof.to_json()));
-    fuzz::check_json_text(dump_json(s->meta.man.to_json()));
+    fuzz::check_json_text(dump_json(s->meta.prompt_manifest.to_json()));
     (void)snapshot_file_name(s->meta.key(), s->meta.workspace);
 }
 

@@ -36,22 +36,22 @@ assembled_prompt sample_prompt(const profile & prof, bool generation_prompt) {
         {"h0000", segment_kind::history, "", "assistant", "Earlier answer."},
         {"user", segment_kind::user, "", "", "What does main do?"},
     };
-    auto ap = assemble(segs, kind_table{}, model, prof, "tenant", prof.chunk_tokens, generation_prompt);
-    FUZZ_CHECK_MSG(ap.ok(), ap.error().message());
-    return *ap;
+    auto prompt = assemble(segs, kind_table{}, model, prof, "tenant", prof.chunk_tokens, generation_prompt);
+    FUZZ_CHECK_MSG(prompt.ok(), prompt.error().message());
+    return *prompt;
 }
 
-// The snapshot of the first n_blocks blocks of `ap`, with a few bytes of stand-in KV.
-std::vector<uint8_t> snapshot_bytes(const assembled_prompt & ap, const profile & prof, size_t n_blocks,
+// The snapshot of the first n_blocks blocks of `prompt`, with a few bytes of stand-in KV.
+std::vector<uint8_t> snapshot_bytes(const assembled_prompt & prompt, const profile & prof, size_t n_blocks,
                                     const std::string & workspace) {
     snapshot_meta m;
     m.prof = prof;
     m.profile_fingerprint = prof.fingerprint();
     m.workspace = workspace;
-    m.man = ap.man;
-    m.blocks.assign(ap.blocks.begin(), ap.blocks.begin() + static_cast<ptrdiff_t>(n_blocks));
+    m.prompt_manifest = prompt.prompt_manifest;
+    m.blocks.assign(prompt.blocks.begin(), prompt.blocks.begin() + static_cast<ptrdiff_t>(n_blocks));
     m.created_unix_ms = 1'700'000'000'000;
-    std::vector<token_id> tokens(ap.tokens.begin(), ap.tokens.begin() + m.n_tokens());
+    std::vector<token_id> tokens(prompt.tokens.begin(), prompt.tokens.begin() + m.n_tokens());
     std::vector<uint8_t> kv(24);
     for (size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<uint8_t>(i * 37 + 11);
     auto bytes = encode_snapshot(m, tokens, kv);
@@ -75,16 +75,17 @@ int main(int argc, char ** argv) {
     other.n_gpu_layers = -1;
     other.rope_freq_scale = 0.25f;
 
-    const assembled_prompt ap = sample_prompt(prof, true);
-    FUZZ_CHECK(ap.blocks.size() > 4);
-    write(dir + "/snapshot/stable-prefix.wcsnap", snapshot_bytes(ap, prof, 4, "ws-a"));
-    write(dir + "/snapshot/one-block.wcsnap", snapshot_bytes(ap, prof, 1, ""));
-    write(dir + "/snapshot/whole-prompt.wcsnap", snapshot_bytes(ap, prof, ap.blocks.size(), "auto-0123456789abcdef"));
+    const assembled_prompt prompt = sample_prompt(prof, true);
+    FUZZ_CHECK(prompt.blocks.size() > 4);
+    write(dir + "/snapshot/stable-prefix.wcsnap", snapshot_bytes(prompt, prof, 4, "ws-a"));
+    write(dir + "/snapshot/one-block.wcsnap", snapshot_bytes(prompt, prof, 1, ""));
+    write(dir + "/snapshot/whole-prompt.wcsnap",
+          snapshot_bytes(prompt, prof, prompt.blocks.size(), "auto-0123456789abcdef"));
 
     write(dir + "/profile/default.json", dump_json(prof.to_json()));
     write(dir + "/profile/shared-yarn.json", dump_json(other.to_json(), 1));
-    write(dir + "/manifest/with-generation-prompt.json", dump_json(ap.man.to_json()));
-    write(dir + "/manifest/without.json", dump_json(sample_prompt(prof, false).man.to_json(), 1));
+    write(dir + "/manifest/with-generation-prompt.json", dump_json(prompt.prompt_manifest.to_json()));
+    write(dir + "/manifest/without.json", dump_json(sample_prompt(prof, false).prompt_manifest.to_json(), 1));
     write(dir + "/kind_table/defaults.json", dump_json(kind_table{}.to_json()));
     write(dir + "/kind_table/overrides.json",
           R"({"kinds": {"repo_map": {"retention": "highest", "order": 2},)"

@@ -92,7 +92,7 @@ inline constexpr int k_generation_prompt_index = -1;
 struct block {
     hash128 chain;                 // h_i: names the KV of [0, end)
     pos_t begin = 0, end = 0;      // [begin, end)
-    retention_class cls = retention_class::none;  // the segment's class
+    retention_class retention = retention_class::none;  // the segment's class
     int segment_index = 0;         // into manifest.segments, or k_generation_prompt_index
     bool operator==(const block &) const = default;
 };
@@ -103,7 +103,7 @@ struct assembled_prompt {
     // previous piece is cached (retention not `none`), sorted, unique, inside
     // (0, tokens.size()) - the engine's canonical chunking input.
     std::vector<pos_t> boundaries;
-    manifest man;
+    manifest prompt_manifest;
     // Cover [0, tokens.size()) in order, without gaps.
     std::vector<block> blocks;
     hash128 root_hash;             // h_0 = H(profile fingerprint, tenant salt); never publish
@@ -125,7 +125,7 @@ struct assembled_prompt {
     // Per reorderable stable segment, its content_digest (warmctx/volatility.h): the
     // runtime keeps it for the workspace's next turn to locate an edit.
     std::map<std::string, std::vector<uint64_t>> content_digests;
-    // The index in man.segments of the first chat message (is_chat_message), if any:
+    // The index in prompt_manifest.segments of the first chat message (is_chat_message), if any:
     // where a fused conversation begins, and what the workspace's head watch follows.
     std::optional<size_t> first_chat_message;
 };
@@ -139,7 +139,7 @@ struct reuse_point {
     size_t n_blocks = 0;  // blocks reused
     pos_t n_tokens = 0;   // == blocks[n_blocks - 1].end (0 when none)
 };
-reuse_point snap_reuse(const assembled_prompt & ap, size_t n_blocks);
+reuse_point snap_reuse(const assembled_prompt & prompt, size_t n_blocks);
 
 // The block spacing (profile::checkpoint_tokens) for a model whose memory keeps a
 // checkpoint of `checkpoint_bytes` at every block end, beside `kv_bytes_per_token` of

@@ -44,20 +44,24 @@ namespace warmctx {
 class context_engine;
 class snapshot_store;
 
+// What a turn is for. An answer prefills its prompt and generates; a pre-warm prefills
+// only the prompt's cacheable blocks (up to its first block of class none), generates
+// nothing, and finish_turn caches them - counted apart from turns
+// (context_counters::prewarm), and the workspace's next turn says it was served from it.
+// A leading pre-warm is one a request started for its own leading segments, to prefill
+// them while the rest of its prompt tokenizes (scheduler::prefill_ahead).
+enum class turn_kind { answer, prewarm, leading_prewarm };
+
+inline bool is_prewarm(turn_kind k) { return k != turn_kind::answer; }
+
 struct turn_request {
     std::string workspace = "default";
+    turn_kind kind = turn_kind::answer;
     std::vector<segment> segments;
     sampling_params sampling;
     bool add_generation_prompt = true;
     bool keep_logits = false;         // fill turn_result::prompt_logits / gen_logits
     bool cache = true;                // cache the prompt's cacheable blocks afterwards
-    // A pre-warm: prefill only the prompt's cacheable blocks (up to its first block of
-    // class none), generate nothing; finish_turn caches them. Counted apart from turns
-    // (context_counters::prewarm); the workspace's next turn says it was served from it.
-    bool prewarm = false;
-    // A pre-warm that a request started for its own leading segments, to prefill them
-    // while the rest of its prompt tokenizes (scheduler::prefill_ahead).
-    bool ahead = false;
     // A raw completion: segments[0]'s content is the prompt as given, no chat template
     // (assemble_raw); `suffix` makes it fill-in-the-middle.
     bool raw = false;
@@ -81,7 +85,7 @@ struct turn_request {
 struct turn_result {
     generation gen;
     explain_report explain;
-    manifest man;
+    manifest prompt_manifest;
     std::string stable_prefix_hash;
     double t_total_ms = 0;            // assemble .. generation done (cache update excluded)
     double t_assemble_ms = 0;
@@ -104,7 +108,7 @@ class pending_turn {
   public:
     std::string workspace;
     seq_id seq = -1;
-    assembled_prompt ap;
+    assembled_prompt prompt;
     explain_report explain;
     uint64_t tick = 0;      // its tick of the engine's turn clock (LRU order)
     bool cache = true;
@@ -120,8 +124,7 @@ class pending_turn {
     pos_t prefill_end = 0;  // prefilled when prefill_pos reaches it: the prompt's end, or
                             // a pre-warm's cacheable end
     pos_t reused = 0;       // prompt positions that came from a cache
-    bool prewarm = false;
-    bool ahead = false;     // a pre-warm of a request's leading segments (turn_request::ahead)
+    turn_kind kind = turn_kind::answer;
     int64_t t_begin_unix_ms = 0;
 
     bool prefilled() const { return prefill_pos >= prefill_end; }
@@ -226,7 +229,7 @@ class context_engine {
     result<assembled_prompt> assemble_request(const turn_request & req) const;
     // ok when the prompt fits a work sequence; else out_of_range naming the limit and
     // the flag (what begin_turn answers). Thread safety: as assemble_request.
-    status check_fits(const assembled_prompt & ap) const;
+    status check_fits(const assembled_prompt & prompt) const;
     // Before assembling: out_of_range when the request's text plainly needs more tokens
     // than a work sequence holds (its bytes over the longest token's), so that megabytes
     // are refused without being tokenized. Thread safety: as assemble_request.

@@ -45,14 +45,14 @@ struct prewarm_info {
     pos_t n_target = 0;             // the cacheable tokens it set out to cache
     pos_t n_found = 0;              // tokens it found cached ...
     kv_tier found_tier = kv_tier::none;  // ... in this tier (disk: restored after a restart)
-    bool ahead = false;             // this turn's own request started it, for its leading
+    bool leading = false;           // this turn's own request started it, for its leading
                                     // segments, while the rest of its prompt tokenized
 };
 
 struct segment_explain {
     std::string id;
     segment_kind kind = segment_kind::user;
-    retention_class cls = retention_class::none;
+    retention_class retention = retention_class::none;
     pos_t token_begin = 0, token_end = 0;
     pos_t n_reused = 0;
     pos_t n_prefilled = 0;

@@ -29,7 +29,7 @@ result<stability> parse_stability(std::string_view s);
 bool is_chat_role(std::string_view role);
 
 struct kind_policy {
-    stability stab = stability::volatile_;
+    stability how_stable = stability::volatile_;
     retention_class retention = retention_class::low;
     // Place in the canonical order: lower first. Kinds may share an order; then
     // their segments interleave by id (still deterministic).

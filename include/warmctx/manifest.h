@@ -22,8 +22,8 @@ struct manifest_entry {
     std::string path;
     std::string role;                   // the role the message was rendered with
     int order = 0;                      // the kind's order when assembled
-    stability stab = stability::volatile_;        // the kind's stability
-    retention_class cls = retention_class::none;  // the kind's retention class
+    stability how_stable = stability::volatile_;        // the kind's stability
+    retention_class retention = retention_class::none;  // the kind's retention class
     pos_t token_begin = 0;              // [token_begin, token_end) in the prompt
     pos_t token_end = 0;
     uint64_t content_bytes = 0;

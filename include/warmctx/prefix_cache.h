@@ -99,7 +99,7 @@ namespace warmctx {
 
 // `block` (one canonical block of a prompt, see "Vocabulary" above) is the assembler's
 // type, declared in warmctx/assembler.h, so a planner passes assembled_prompt::blocks
-// straight in. The cache reads only chain, begin, end and cls; segment_index is not
+// straight in. The cache reads only chain, begin, end and retention; segment_index is not
 // kept (blocks it returns, in holder_info, have segment_index 0).
 
 // The seam to the engine: the cache moves KV only through these three calls, so tests
@@ -139,7 +139,7 @@ struct match {
 
 // Why a block left the cache (or was never admitted), for explain.
 struct eviction_record {
-    retention_class cls = retention_class::none;
+    retention_class retention = retention_class::none;
     uint64_t at = 0;          // the `now` of the call that evicted it
     std::string workspace;    // of the holder it was evicted from / was being inserted by
     // "global token budget", "global byte budget", "workspace budget", "no free holder",

@@ -162,7 +162,7 @@ class scheduler {
     //   failed_precondition - the scheduler is stopping.
     status submit(completion_job job);
 
-    // Queues a pre-warm of `req.workspace` (req.prewarm is set here): its prompt's
+    // Queues a pre-warm of `req.workspace` (req.kind becomes a pre-warm here): its prompt's
     // cacheable blocks are prefilled at the lowest priority - only when no chat waits for
     // a work sequence and no chat's prompt is prefilling - and cached, as a turn would
     // cache them. A pre-warm of a prefix already cached does nothing. A queued pre-warm
@@ -176,7 +176,7 @@ class scheduler {
     // Before assembling a chat's prompt on the calling thread: when the prompt has much
     // still to tokenize (scheduler_options::prefill_ahead_min_bytes), assembles its
     // leading segments (context_engine::leading_segments) and queues them as a pre-warm
-    // of its workspace (turn_request::ahead), so that the engine prefills them while the
+    // of its workspace (turn_kind::leading_prewarm), so that the engine prefills them while the
     // caller tokenizes the rest; the chat, submitted next, stops that pre-warm at a chunk
     // boundary and continues from it in place (see prewarm). Cache semantics are a
     // pre-warm's: the warm tail is bit-identical to a cold run's, and whatever the

@@ -104,7 +104,7 @@ struct snapshot_meta {
     profile prof;
     hash128 profile_fingerprint;   // == prof.fingerprint() (decode checks it)
     std::string workspace;         // may be empty; at most 4096 bytes, no control bytes
-    manifest man;                  // of the prompt the KV was computed for (may cover more
+    manifest prompt_manifest;                  // of the prompt the KV was computed for (may cover more
                                    // than the snapshot: the uncached tail)
     std::vector<block> blocks;     // cover [0, n_tokens) in order, first begins at 0
     uint64_t created_unix_ms = 0;
@@ -112,7 +112,7 @@ struct snapshot_meta {
     pos_t n_tokens() const { return blocks.empty() ? 0 : blocks.back().end; }
     // The key: the chain hash of the last block. It names the KV of [0, n_tokens).
     hash128 key() const { return blocks.empty() ? hash128{} : blocks.back().chain; }
-    retention_class last_class() const { return blocks.empty() ? retention_class::none : blocks.back().cls; }
+    retention_class last_class() const { return blocks.empty() ? retention_class::none : blocks.back().retention; }
 };
 
 struct snapshot {

@@ -97,7 +97,7 @@ struct carry_watch {
     // Whether this request holds the watched segment at its index.
     bool carried_by(std::span<const segment * const> order) const;
     // The turn's segment at `index` (none: nothing watched from now on).
-    void observe(const manifest & man, std::optional<size_t> index);
+    void observe(const manifest & prompt_manifest, std::optional<size_t> index);
     // The last k_fuse_after_turns - 1 observed turns did not carry it forward.
     bool habit() const;
     bool operator==(const carry_watch &) const = default;
@@ -180,11 +180,11 @@ order_decision decide_order(const volatility_state & st, std::span<const segment
 // forward. Segments absent from it are forgotten. Returns whether what a restart would
 // need to assemble the next turn alike changed: the order, a segment's finer blocks, or
 // a habit a fusion follows (worth writing to disk at once).
-// `first_chat` is the index in `man` of the turn's first chat message
+// `first_chat` is the index in `prompt_manifest` of the turn's first chat message
 // (assembled_prompt::first_chat_message): what the head watch follows.
 // `hints` and `digests` are the turn's (order_decision): where its fine segments' finer
 // blocks began, and their contents' digests (none: an edit is located at the start).
-bool observe_turn(volatility_state & st, const manifest & man, std::optional<size_t> first_chat,
+bool observe_turn(volatility_state & st, const manifest & prompt_manifest, std::optional<size_t> first_chat,
                   const assembly_hints & hints = {},
                   const std::map<std::string, std::vector<uint64_t>> & digests = {});
 

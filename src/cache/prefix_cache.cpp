@@ -44,7 +44,7 @@ namespace {
 struct rank_key {
     uint8_t group = 0;        // semantic: the class if volatile, else k_stable_group
     uint32_t reuse = 0;       // semantic, stable only: hits (+ remembered hits + 1)
-    uint8_t cls = 0;
+    uint8_t retention = 0;
     uint64_t t_last_used = 0;
     seq_id seq = 0;
     auto operator<=>(const rank_key &) const = default;
@@ -138,11 +138,11 @@ class prefix_cache_planner {
         const index_holder & h = s.holder(slot);
         const index_node * leaf = s.find(h.path.back());
         if (cache_.policy() != eviction_policy::semantic) return {0, 0, 0, leaf->t_last_used, h.seq};
-        const auto cls = (uint8_t)leaf->cls;
-        if (cls < k_stable_group) return {cls, 0, cls, leaf->t_last_used, h.seq};
+        const auto retention = (uint8_t)leaf->retention;
+        if (retention < k_stable_group) return {retention, 0, retention, leaf->t_last_used, h.seq};
         // a superseded version of a workspace's context counts no reuse
         const uint32_t reuse = h.stale() ? 0u : leaf->n_hits + cache_.remembered_reuse(h.path.back());
-        return {k_stable_group, reuse, cls, leaf->t_last_used, h.seq};
+        return {k_stable_group, reuse, retention, leaf->t_last_used, h.seq};
     }
 
     struct violation {
@@ -195,7 +195,7 @@ class prefix_cache_planner {
                 const std::string & ws, std::string reason, bool was_resident, uint64_t now) const {
         prefix_cache::pending_record r;
         r.chain = chain;
-        r.record.cls = n.cls;
+        r.record.retention = n.retention;
         r.record.hits = n.n_hits + cache_.remembered_reuse(chain);
         r.record.at_lookup = cache_.n_lookups();
         r.record.at = now;
@@ -340,7 +340,7 @@ status prefix_cache::insert(const std::string & workspace, std::span<const block
     }
     // Nothing at or after a block of class none is cached: later chains include it.
     size_t n = 0;
-    while (n < path.size() && path[n].cls != retention_class::none) ++n;
+    while (n < path.size() && path[n].retention != retention_class::none) ++n;
     const std::span<const block> p = path.first(n);
     const size_t m = index_->longest_match(p);
     for (size_t i = m; i < n; ++i)
@@ -387,7 +387,7 @@ status prefix_cache::insert(const std::string & workspace, std::span<const block
     auto record_not_admitted = [&](size_t from, size_t to, const std::string & why) {
         for (size_t i = from; i < to; ++i) {
             eviction_record r;
-            r.cls = p[i].cls;
+            r.retention = p[i].retention;
             r.at = now;
             r.workspace = workspace;
             r.reason = "not admitted: " + why;
@@ -486,7 +486,7 @@ status prefix_cache::apply_insert(insert_plan & plan, seq_id src_seq, uint64_t n
 void prefix_cache::commit_records(std::vector<pending_record> & records) {
     for (auto & r : records) {
         const uint64_t n_tokens = (uint64_t)(r.record.end - r.record.begin);
-        const auto c = (size_t)r.record.cls;
+        const auto c = (size_t)r.record.retention;
         if (r.counts_as_eviction) {
             ++tickers_.evictions_by_class[c];
             tickers_.evicted_tokens_by_class[c] += n_tokens;
@@ -511,8 +511,8 @@ void prefix_cache::add_record(const hash128 & chain, eviction_record r) {
 
 eviction_record prefix_cache::lost_record(const hash128 & chain, const index_node & n, uint64_t now,
                                           const std::string & ws, const char * reason) const {
-    return {
-        n.cls, now, ws, reason, policy_, true, n.begin, n.end, n.n_hits + remembered_reuse(chain), tickers_.n_lookups};
+    return {n.retention,       now, ws, reason, policy_, true, n.begin, n.end, n.n_hits + remembered_reuse(chain),
+            tickers_.n_lookups};
 }
 
 uint32_t prefix_cache::remembered_reuse(const hash128 & chain) const {
@@ -596,9 +596,9 @@ std::vector<holder_info> prefix_cache::holders() const {
         hi.t_last_used = h.t_last_used;
         for (const hash128 & c : h.path) {
             const index_node & n = *index_->find(c);
-            hi.blocks.push_back({c, n.begin, n.end, n.cls});
+            hi.blocks.push_back({c, n.begin, n.end, n.retention});
         }
-        hi.last_class = hi.blocks.back().cls;
+        hi.last_class = hi.blocks.back().retention;
         out.push_back(std::move(hi));
     }
     std::sort(out.begin(), out.end(), [](const holder_info & a, const holder_info & b) { return a.seq < b.seq; });

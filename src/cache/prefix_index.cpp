@@ -130,7 +130,7 @@ void prefix_index::add_holder(int32_t slot, const std::string & ws, std::span<co
             n.begin = b.begin;
             n.end = b.end;
         }
-        n.cls = b.cls;
+        n.retention = b.retention;
         n.t_last_used = std::max(n.t_last_used, now);
         attach(n, slot);
         h.path.push_back(b.chain);
@@ -176,7 +176,7 @@ void prefix_index::mark_superseded(const std::string & ws, std::span<const block
         while (c < h.path.size() && c < path.size() && h.path[c] == path[c].chain) ++c;
         if (c == h.path.size()) { h.stale_from = SIZE_MAX; continue; }  // path runs through it
         if (c == path.size()) continue;                                  // it extends path
-        if (c >= 1 && nodes_.at(h.path[c]).cls == retention_class::high) h.stale_from = std::min(h.stale_from, c);
+        if (c >= 1 && nodes_.at(h.path[c]).retention == retention_class::high) h.stale_from = std::min(h.stale_from, c);
     }
 }
 
@@ -215,7 +215,7 @@ status prefix_index::check_invariants() const {
             if (n->depth != d || n->begin != expect_begin || n->end <= n->begin ||
                 n->parent != (d == 0 ? hash128{} : h.path[d - 1]))
                 return fail("holder path not contiguous from 0 in the trie");
-            if (n->cls == retention_class::none) return fail("a block of class none is cached");
+            if (n->retention == retention_class::none) return fail("a block of class none is cached");
             expect_begin = n->end;
             slots_of[h.path[d]].push_back((int32_t)s);
         }

@@ -26,7 +26,7 @@ struct index_node {
     hash128 parent;          // chain of the previous block; {} at depth 0
     uint32_t depth = 0;      // index of the block in its path
     pos_t begin = 0, end = 0;
-    retention_class cls = retention_class::none;
+    retention_class retention = retention_class::none;
     uint64_t t_last_used = 0;
     uint32_t n_hits = 0;     // lookups that reused this block while it was resident
     std::vector<int32_t> slots;  // holders (slot numbers) whose path contains this block

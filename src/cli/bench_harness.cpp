@@ -506,9 +506,9 @@ token_counter prompt_builder::counter() {
 result<std::vector<token_id>> prompt_builder::tokens(const std::vector<segment> & segs) {
     turn_request r;
     r.segments = segs;
-    auto ap = p_->ce->assemble_request(r);
-    if (!ap) return ap.error();
-    return std::move(ap->tokens);
+    auto prompt = p_->ce->assemble_request(r);
+    if (!prompt) return prompt.error();
+    return std::move(prompt->tokens);
 }
 
 uint64_t prompt_builder::kv_bytes_per_token() const { return p_->ce->context().kv_bytes_per_token; }

@@ -76,10 +76,10 @@ result<mode_result> time_assembly(const render_args & a, const std::string & mod
     workload_generator g(a.seed, [&](const std::string & t) { return (size_t)(*e)->tokenize(t, false)->size(); });
     mode_result r;
     auto t0 = clock_type::now();
-    auto ap = assemble(agent_turn(workspace, g), kinds, *tm, *prof, "", prof->chunk_tokens);
+    auto prompt = assemble(agent_turn(workspace, g), kinds, *tm, *prof, "", prof->chunk_tokens);
     r.cold_ms = ms_since(t0);
-    if (!ap) return ap.error();
-    r.n_tokens = ap->tokens.size();
+    if (!prompt) return prompt.error();
+    r.n_tokens = prompt->tokens.size();
     for (int i = 0; i < a.turns; ++i) {
         auto segs = agent_turn(workspace, g);
         segs.back().content = g.question();

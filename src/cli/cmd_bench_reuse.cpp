@@ -77,17 +77,17 @@ int run_overhead(overhead_args a) {
         tail_tokens = w->explain.n_prefilled;
         reused = w->explain.n_reused;
         if (reused <= 0) return fail(internal_error("the warm turn reused nothing"));
-        auto ap = ce.assemble_request(req);
-        if (!ap) return fail(ap.error());
+        auto prompt = ce.assemble_request(req);
+        if (!prompt) return fail(prompt.error());
         // The holder: the reused prefix, computed in the same canonical chunks.
         if (held != reused) {
             e.clear_seq(holder);
             double ms = 0;
-            std::span<const token_id> prefix(ap->tokens.data(), (size_t)reused);
-            if (status st = timed_prefill(holder, prefix, 0, ap->boundaries, ms); !st.ok()) return fail(st);
+            std::span<const token_id> prefix(prompt->tokens.data(), (size_t)reused);
+            if (status st = timed_prefill(holder, prefix, 0, prompt->boundaries, ms); !st.ok()) return fail(st);
             held = reused;
         }
-        std::span<const token_id> tail(ap->tokens.data() + reused, ap->tokens.size() - (size_t)reused);
+        std::span<const token_id> tail(prompt->tokens.data() + reused, prompt->tokens.size() - (size_t)reused);
         // 2. The same steps by hand: copy the holder, trim, prefill the tail. llama.cpp
         //    performs a sequence copy lazily inside the next decode, so the copy's cost
         //    lands in this prefill...
@@ -95,16 +95,16 @@ int run_overhead(overhead_args a) {
         e.clear_seq(work);
         if (status st = e.copy_seq(holder, work); !st.ok()) return fail(st);
         if (status st = e.trim_seq(work, reused); !st.ok()) return fail(st);
-        if (status st = timed_prefill(work, tail, reused, ap->boundaries, ms); !st.ok()) return fail(st);
+        if (status st = timed_prefill(work, tail, reused, prompt->boundaries, ms); !st.ok()) return fail(st);
         manual_copy_prefill.push_back(ms);
         // 3. ...and the same tail once more on the now-resident prefix, with no copy
         //    pending: the difference is the copy.
         if (status st = e.trim_seq(work, reused); !st.ok()) return fail(st);
-        if (status st = timed_prefill(work, tail, reused, ap->boundaries, ms); !st.ok()) return fail(st);
+        if (status st = timed_prefill(work, tail, reused, prompt->boundaries, ms); !st.ok()) return fail(st);
         nocopy_prefill.push_back(ms);
         // 4. The same tail tokens alone in a fresh sequence, same chunking.
         std::vector<pos_t> bounds;
-        for (pos_t b : ap->boundaries) if (b > reused) bounds.push_back(b - reused);
+        for (pos_t b : prompt->boundaries) if (b > reused) bounds.push_back(b - reused);
         e.clear_seq(work);
         if (status st = timed_prefill(work, tail, 0, bounds, ms); !st.ok()) return fail(st);
         fresh_prefill.push_back(ms);

@@ -229,17 +229,17 @@ int run_assemble(const assemble_args & a) {
     turn_request req;
     req.workspace = a.workspace;
     req.segments = *segs;
-    auto ap = (*ce)->assemble_request(req);
-    if (!ap) return fail(ap.error());
+    auto prompt = (*ce)->assemble_request(req);
+    if (!prompt) return fail(prompt.error());
     auto ex = (*ce)->explain(req);
     if (!ex) return fail(ex.error());
     if (a.json) {
-        nlohmann::json j = {{"manifest", ap->man.to_json()}, {"explain", explain_json(*ex)},
+        nlohmann::json j = {{"manifest", prompt->prompt_manifest.to_json()}, {"explain", explain_json(*ex)},
                             {"profile", (*ce)->current_profile().to_json()}};
         std::printf("%s\n", j.dump(2).c_str());
         return 0;
     }
-    std::printf("%s\n%s", ap->man.to_table().c_str(), explain_text(*ex).c_str());
+    std::printf("%s\n%s", prompt->prompt_manifest.to_table().c_str(), explain_text(*ex).c_str());
     return 0;
 }
 

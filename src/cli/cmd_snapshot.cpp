@@ -53,7 +53,7 @@ nlohmann::json entry_json(const snapshot_entry & e, uint64_t now_ms) {
         {"workspace", e.key.workspace},
         {"n_tokens", e.meta.n_tokens()},
         {"n_blocks", e.meta.blocks.size()},
-        {"n_segments", e.meta.man.segments.size()},
+        {"n_segments", e.meta.prompt_manifest.segments.size()},
         {"file_bytes", e.file_bytes},
         {"kv_bytes", e.kv_bytes},
         {"class", retention_class_name(e.meta.last_class())},
@@ -135,11 +135,11 @@ int run_show(const snapshot_args & a) {
     if (a.json) {
         nlohmann::json j = entry_json(e, now);
         j["profile"] = e.meta.prof.to_json();
-        j["manifest"] = e.meta.man.to_json();
+        j["manifest"] = e.meta.prompt_manifest.to_json();
         nlohmann::json blocks = nlohmann::json::array();
         for (const block & b : e.meta.blocks)
             blocks.push_back({{"chain", b.chain.hex()}, {"begin", b.begin}, {"end", b.end},
-                              {"class", retention_class_name(b.cls)}, {"segment_index", b.segment_index}});
+                              {"class", retention_class_name(b.retention)}, {"segment_index", b.segment_index}});
         j["blocks"] = blocks;
         std::printf("%s\n", j.dump(2).c_str());
         return 0;
@@ -155,7 +155,7 @@ int run_show(const snapshot_args & a) {
     std::printf("profile     %s\n", e.meta.profile_fingerprint.hex().c_str());
     for (const auto & [name, value] : e.meta.prof.canonical_fields())
         std::printf("  %-20s %s\n", std::string(name).c_str(), value.c_str());
-    std::printf("manifest\n%s", e.meta.man.to_table().c_str());
+    std::printf("manifest\n%s", e.meta.prompt_manifest.to_table().c_str());
     return 0;
 }
 

@@ -194,7 +194,7 @@ std::vector<std::optional<size_t>> fine_segments(std::span<const segment * const
                                                  const assembly_hints & hints) {
     std::vector<std::optional<size_t>> fine(order.size());
     for (size_t i = 0; i < order.size(); ++i)
-        if (kinds.policy(order[i]->kind).stab == stability::stable &&
+        if (kinds.policy(order[i]->kind).how_stable == stability::stable &&
             std::find(hints.fine.begin(), hints.fine.end(), order[i]->id) != hints.fine.end()) {
             auto from = hints.fine_from.find(order[i]->id);
             fine[i] = from == hints.fine_from.end() ? 0 : (size_t)from->second;
@@ -217,7 +217,7 @@ void fuse_conversation(std::vector<piece> & pieces, std::span<const segment * co
 // the client's start of the answer after it: one piece of class none.
 static status append_generation_prompt(assembled_prompt & out, std::vector<piece> & pieces, const text_model & model,
                                 std::optional<std::vector<token_id>> gen_tokens, std::string_view continuation) {
-    manifest & m = out.man;
+    manifest & m = out.prompt_manifest;
     auto toks =
         gen_tokens ? result<std::vector<token_id>>(std::move(*gen_tokens)) : model.tokenize(model.generation_prompt());
     if (!toks.ok()) return toks.error().with_context("generation prompt: tokenizing");
@@ -252,7 +252,7 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
 
     assembled_prompt out;
     out.hints = hints;
-    manifest & prompt_manifest = out.man;
+    manifest & prompt_manifest = out.prompt_manifest;
     std::vector<piece> pieces;
     WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, model.prefix_tokens()));
 
@@ -294,8 +294,8 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
         e.path = s->path;
         e.role = role;
         e.order = p.order;
-        e.stab = p.stab;
-        e.cls = p.retention;
+        e.how_stable = p.how_stable;
+        e.retention = p.retention;
         // The first segment's range also holds the model's prefix tokens (BOS).
         e.token_begin = prompt_manifest.segments.empty() ? 0 : static_cast<pos_t>(out.tokens.size());
         const auto toks_begin = static_cast<pos_t>(out.tokens.size());
@@ -333,13 +333,13 @@ result<assembled_prompt> assemble(std::span<const segment> segs, const kind_tabl
     // The stable prefix: the leading run of `stable` segments.
     out.stable_prefix_hash = out.root_hash;
     for (const manifest_entry & e : prompt_manifest.segments) {
-        if (e.stab != stability::stable) break;
+        if (e.how_stable != stability::stable) break;
         out.stable_end = e.token_end;
     }
     for (const block & b : out.blocks)
         if (b.end == out.stable_end) out.stable_prefix_hash = b.chain;
     for (const manifest_entry & e : prompt_manifest.segments)
-        if (e.stab == stability::stable) out.n_stable_tokens += e.n_tokens();
+        if (e.how_stable == stability::stable) out.n_stable_tokens += e.n_tokens();
 
     prompt_manifest.stable_end = out.stable_end;
     prompt_manifest.n_stable_tokens = out.n_stable_tokens;
@@ -360,7 +360,7 @@ result<assembled_prompt> assemble_raw(const segment & prompt, const std::optiona
         if (!fim) return invalid_argument("this model's vocabulary has no fill-in-the-middle tokens");
     }
     assembled_prompt out;
-    manifest & prompt_manifest = out.man;
+    manifest & prompt_manifest = out.prompt_manifest;
     std::vector<piece> pieces;
     WARMCTX_RETURN_IF_ERROR(append_tokens(out.tokens, model.prefix_tokens()));
     if (fim) out.tokens.push_back(fim->prefix);
@@ -370,19 +370,19 @@ result<assembled_prompt> assemble_raw(const segment & prompt, const std::optiona
     manifest_entry e;
     e.id = prompt.id;
     e.kind = prompt.kind;
-    e.cls = retention_class::low;
+    e.retention = retention_class::low;
     e.token_begin = 0;
     e.token_end = static_cast<pos_t>(out.tokens.size());
     e.content_bytes = prompt.content.size();
     e.content_hash = hash_string(prompt.content);
     e.token_hash = hash_tokens(out.tokens);
-    pieces.push_back({e.token_begin, e.token_end, e.cls, 0});
+    pieces.push_back({e.token_begin, e.token_end, e.retention, 0});
     prompt_manifest.segments.push_back(std::move(e));
     if (fim) {
         manifest_entry f;
         f.id = "suffix";
         f.kind = segment_kind::user;
-        f.cls = retention_class::none;
+        f.retention = retention_class::none;
         f.token_begin = static_cast<pos_t>(out.tokens.size());
         out.tokens.push_back(fim->suffix);
         auto st = model.tokenize(*suffix);
@@ -393,7 +393,7 @@ result<assembled_prompt> assemble_raw(const segment & prompt, const std::optiona
         f.content_bytes = suffix->size();
         f.content_hash = hash_string(*suffix);
         f.token_hash = hash_tokens(std::span(out.tokens).subspan(f.token_begin, f.n_tokens()));
-        pieces.push_back({f.token_begin, f.token_end, f.cls, 1});
+        pieces.push_back({f.token_begin, f.token_end, f.retention, 1});
         prompt_manifest.segments.push_back(std::move(f));
     }
     prompt_manifest.n_tokens = static_cast<pos_t>(out.tokens.size());

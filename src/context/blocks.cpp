@@ -115,15 +115,16 @@ void detail::build_blocks(assembled_prompt & out, std::span<const detail::piece>
     size_t at = 0;
     pos_t begin = 0;
     std::optional<size_t> first_piece;
-    retention_class cls = retention_class::highest;
+    retention_class retention = retention_class::highest;
     for (auto [b, e] : plan_chunks(0, n_tokens, out.boundaries, static_cast<int32_t>(chunk_tokens))) {
         while (pieces[at].end <= b) ++at;
-        if (!first_piece) first_piece = at, cls = pieces[at].retention;
-        for (size_t k = at; k < pieces.size() && pieces[k].begin < e; ++k) cls = std::min(cls, pieces[k].retention);
+        if (!first_piece) first_piece = at, retention = pieces[at].retention;
+        for (size_t k = at; k < pieces.size() && pieces[k].begin < e; ++k)
+            retention = std::min(retention, pieces[k].retention);
         const bool piece_end = e == n_tokens || std::binary_search(out.boundaries.begin(), out.boundaries.end(), e);
         if (!piece_end && prof.checkpoint_tokens > 0 && e - begin < (pos_t)prof.checkpoint_tokens) continue;
         h = chain_hash(h, std::span(out.tokens).subspan(begin, e - begin));
-        out.blocks.push_back({h, begin, e, cls, pieces[*first_piece].segment_index});
+        out.blocks.push_back({h, begin, e, retention, pieces[*first_piece].segment_index});
         begin = e;
         first_piece.reset();
     }
@@ -156,11 +157,11 @@ uint32_t conversation_span(std::string_view backend, uint32_t chunk_tokens, uint
     return std::min(span, chunk_tokens);
 }
 
-reuse_point snap_reuse(const assembled_prompt & ap, size_t n_blocks) {
-    const auto n = static_cast<pos_t>(ap.tokens.size());
-    size_t k = std::min(n_blocks, ap.blocks.size());
-    while (k > 0 && ap.blocks[k - 1].end >= n) --k;
-    return {k, k == 0 ? 0 : ap.blocks[k - 1].end};
+reuse_point snap_reuse(const assembled_prompt & prompt, size_t n_blocks) {
+    const auto n = static_cast<pos_t>(prompt.tokens.size());
+    size_t k = std::min(n_blocks, prompt.blocks.size());
+    while (k > 0 && prompt.blocks[k - 1].end >= n) --k;
+    return {k, k == 0 ? 0 : prompt.blocks[k - 1].end};
 }
 
 }  // namespace warmctx

@@ -16,7 +16,7 @@ constexpr int k_max_order = 1000000;
 kind_policy make_policy(stability how_stable, retention_class retention, int order, const char * role,
                         bool role_from_segment = false, bool header = true) {
     kind_policy p;
-    p.stab = how_stable;
+    p.how_stable = how_stable;
     p.retention = retention;
     p.order = order;
     p.role = role;
@@ -105,7 +105,7 @@ result<kind_table> kind_table::from_json_value(const nlohmann::json & doc) {
                 if (!str.ok()) return str.error();
                 auto s = parse_stability(*str);
                 if (!s.ok()) return s.error().with_context(at);
-                p.stab = *s;
+                p.how_stable = *s;
             } else if (field == "retention") {
                 auto str = json_as_string(v, at);
                 if (!str.ok()) return str.error();
@@ -148,7 +148,7 @@ nlohmann::json kind_table::to_json() const {
         const auto k = static_cast<segment_kind>(i);
         const kind_policy & p = policy(k);
         kinds[std::string(segment_kind_name(k))] = {
-            {"stability", stability_name(p.stab)},
+            {"stability", stability_name(p.how_stable)},
             {"retention", retention_class_name(p.retention)},
             {"order", p.order},
             {"role", p.role},

@@ -44,8 +44,8 @@ nlohmann::json manifest::to_json() const {
             {"path", e.path},
             {"role", e.role},
             {"order", e.order},
-            {"stability", stability_name(e.stab)},
-            {"class", retention_class_name(e.cls)},
+            {"stability", stability_name(e.how_stable)},
+            {"class", retention_class_name(e.retention)},
             {"token_begin", e.token_begin},
             {"token_end", e.token_end},
             {"n_tokens", e.n_tokens()},
@@ -137,8 +137,8 @@ result<manifest> manifest::from_json(const nlohmann::json & j) {
         WARMCTX_RETURN_IF_ERROR(read_field(s, "path", at, e.path));
         WARMCTX_RETURN_IF_ERROR(read_field(s, "role", at, e.role));
         WARMCTX_RETURN_IF_ERROR(read_field(s, "order", at, e.order));
-        WARMCTX_RETURN_IF_ERROR(read_field(s, "stability", at, e.stab));
-        WARMCTX_RETURN_IF_ERROR(read_field(s, "class", at, e.cls));
+        WARMCTX_RETURN_IF_ERROR(read_field(s, "stability", at, e.how_stable));
+        WARMCTX_RETURN_IF_ERROR(read_field(s, "class", at, e.retention));
         WARMCTX_RETURN_IF_ERROR(read_field(s, "token_begin", at, e.token_begin));
         WARMCTX_RETURN_IF_ERROR(read_field(s, "token_end", at, e.token_end));
         WARMCTX_RETURN_IF_ERROR(read_field(s, "content_bytes", at, e.content_bytes));
@@ -164,8 +164,8 @@ std::string manifest::to_table() const {
         std::string name = e.id;
         if (!e.path.empty() && e.path != e.id) name += " (" + e.path + ")";
         std::snprintf(line, sizeof line, "%3zu  %-12s  %-10s  %-7s  %-15s  %7d  %-12s  %-12s  ", i,
-                      std::string(segment_kind_name(e.kind)).c_str(), std::string(stability_name(e.stab)).c_str(),
-                      std::string(retention_class_name(e.cls)).c_str(), range, e.n_tokens(),
+                      std::string(segment_kind_name(e.kind)).c_str(), std::string(stability_name(e.how_stable)).c_str(),
+                      std::string(retention_class_name(e.retention)).c_str(), range, e.n_tokens(),
                       e.content_hash.short_hex().c_str(), e.token_hash.short_hex().c_str());
         out += line;
         out += name;

@@ -28,7 +28,7 @@ std::vector<size_t> line_block_cuts(std::string_view t, size_t block_bytes, bool
 }
 
 bool is_reorderable(const segment & s, const kind_table & kinds) {
-    return kinds.policy(s.kind).stab == stability::stable && s.kind != segment_kind::tools;
+    return kinds.policy(s.kind).how_stable == stability::stable && s.kind != segment_kind::tools;
 }
 
 hash128 segment_content_hash(const segment & s) {
@@ -241,15 +241,16 @@ bool carry_watch::carried_by(std::span<const segment * const> order) const {
     return has && index < order.size() && segment_content_hash(*order[index]) == hash;
 }
 
-void carry_watch::observe(const manifest & man, std::optional<size_t> at) {
+void carry_watch::observe(const manifest & prompt_manifest, std::optional<size_t> at) {
     if (has) {
-        const bool carried = index < man.segments.size() && man.segments[index].content_hash == hash;
+        const bool carried =
+            index < prompt_manifest.segments.size() && prompt_manifest.segments[index].content_hash == hash;
         carried_bits = (carried_bits << 1) | (carried ? 1 : 0);
         observed = std::min<uint32_t>(observed + 1, 64);
     }
-    has = at.has_value() && *at < man.segments.size();
+    has = at.has_value() && *at < prompt_manifest.segments.size();
     if (has) {
-        hash = man.segments[*at].content_hash;
+        hash = prompt_manifest.segments[*at].content_hash;
         index = (uint32_t)*at;
     }
 }
@@ -267,7 +268,7 @@ std::vector<uint64_t> content_digest(std::string_view content) {
     return out;
 }
 
-bool observe_turn(volatility_state & st, const manifest & man, std::optional<size_t> first_chat,
+bool observe_turn(volatility_state & st, const manifest & prompt_manifest, std::optional<size_t> first_chat,
                   const assembly_hints & hints,
                   const std::map<std::string, std::vector<uint64_t>> & digests) {
     const std::vector<std::string> order_before = st.order;
@@ -276,8 +277,8 @@ bool observe_turn(volatility_state & st, const manifest & man, std::optional<siz
     const bool tail_before = st.tail.habit(), head_before = st.head.habit();
     std::map<std::string, segment_volatility> next;
     std::vector<std::string> order;
-    for (const manifest_entry & e : man.segments) {
-        if (e.stab != stability::stable) continue;
+    for (const manifest_entry & e : prompt_manifest.segments) {
+        if (e.how_stable != stability::stable) continue;
         order.push_back(e.id);
         segment_volatility v;
         if (auto h = st.segs.find(e.id); h != st.segs.end()) {
@@ -300,8 +301,10 @@ bool observe_turn(volatility_state & st, const manifest & man, std::optional<siz
     st.segs = std::move(next);
     st.order = std::move(order);
     st.n_turns++;
-    st.tail.observe(man, man.segments.empty() ? std::nullopt : std::optional<size_t>(man.segments.size() - 1));
-    st.head.observe(man, first_chat < man.segments.size() ? first_chat : std::nullopt);
+    st.tail.observe(prompt_manifest, prompt_manifest.segments.empty()
+                                         ? std::nullopt
+                                         : std::optional<size_t>(prompt_manifest.segments.size() - 1));
+    st.head.observe(prompt_manifest, first_chat < prompt_manifest.segments.size() ? first_chat : std::nullopt);
     for (const auto & [id, v] : st.segs) fine_after += v.fine;
     return st.order != order_before || fine_after != fine_before || st.tail.habit() != tail_before ||
            st.head.habit() != head_before;

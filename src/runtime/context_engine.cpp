@@ -29,7 +29,7 @@ pending_turn & pending_turn::operator=(pending_turn && o) noexcept {
     if (owner_) owner_->abort_turn(*this);
     workspace = std::move(o.workspace);
     seq = o.seq;
-    ap = std::move(o.ap);
+    prompt = std::move(o.prompt);
     explain = std::move(o.explain);
     tick = o.tick;
     cache = o.cache;
@@ -43,8 +43,7 @@ pending_turn & pending_turn::operator=(pending_turn && o) noexcept {
     prefill_pos = o.prefill_pos;
     prefill_end = o.prefill_end;
     reused = o.reused;
-    prewarm = o.prewarm;
-    ahead = o.ahead;
+    kind = o.kind;
     t_begin_unix_ms = o.t_begin_unix_ms;
     owner_ = o.owner_;
     o.owner_ = nullptr;
@@ -76,14 +75,14 @@ result<assembled_prompt> context_engine::impl::assemble(const turn_request & req
         const volatility_state * st = volatility_of(req.workspace, lock);
         d = decide_order(st ? *st : volatility_state{}, req.segments, opts.kinds, opts.volatility);
     }
-    auto ap = warmctx::assemble(req.segments, opts.kinds, *tm, prof, salt, prof.chunk_tokens, req.add_generation_prompt,
-                                d.hints, req.continuation);
-    if (ap.ok()) {
-        ap->reordered = d.reordered;
-        ap->order_note = std::move(d.note);
-        ap->content_digests = std::move(d.digests);
+    auto prompt = warmctx::assemble(req.segments, opts.kinds, *tm, prof, salt, prof.chunk_tokens,
+                                    req.add_generation_prompt, d.hints, req.continuation);
+    if (prompt.ok()) {
+        prompt->reordered = d.reordered;
+        prompt->order_note = std::move(d.note);
+        prompt->content_digests = std::move(d.digests);
     }
-    return ap;
+    return prompt;
 }
 
 status context_engine::impl::plausible(const turn_request & req) const {
@@ -99,9 +98,9 @@ status context_engine::impl::plausible(const turn_request & req) const {
     return {};
 }
 
-status context_engine::impl::fits(const assembled_prompt & ap) const {
-    if (ap.tokens.size() <= eng->context().n_ctx_seq) return {};
-    return out_of_range("prompt needs " + std::to_string(ap.tokens.size()) + " tokens but the context holds " +
+status context_engine::impl::fits(const assembled_prompt & prompt) const {
+    if (prompt.tokens.size() <= eng->context().n_ctx_seq) return {};
+    return out_of_range("prompt needs " + std::to_string(prompt.tokens.size()) + " tokens but the context holds " +
                         std::to_string(eng->context().n_ctx_seq) +
                         " per sequence (start the server with a larger -c/--n-ctx)");
 }
@@ -117,10 +116,10 @@ void context_engine::impl::count(const std::string & ws, const explain_report & 
     }
 }
 
-explain_report context_engine::impl::explain(const std::string & ws, const assembled_prompt & ap, const match & m,
+explain_report context_engine::impl::explain(const std::string & ws, const assembled_prompt & prompt, const match & m,
                                              pos_t reuse, kv_tier tier) const {
     const workspace_history * h = history(ws);
-    explain_report r = explain_turn({ws, ap, m, reuse, h, prof, *cache, prefill_tokens_per_ms,
+    explain_report r = explain_turn({ws, prompt, m, reuse, h, prof, *cache, prefill_tokens_per_ms,
                                      h && h->has_turn ? std::nullopt : tiers->newest_profile(ws)});
     r.tier = tier;
     const memory_info & mi = eng->context().memory;
@@ -141,20 +140,20 @@ namespace {
 // but never the last two, the end of the cacheable blocks and the turn's own message (where
 // the workspace's next turn resumes), nor the end of the stable prefix (where one that
 // changes its volatile content resumes).
-std::vector<pos_t> checkpoint_ends(const assembled_prompt & ap, size_t n_cacheable, pos_t gap) {
+std::vector<pos_t> checkpoint_ends(const assembled_prompt & prompt, size_t n_cacheable, pos_t gap) {
     std::vector<pos_t> ends;
-    ends.reserve(ap.blocks.size());
-    for (const block & b : ap.blocks) ends.push_back(b.end);
-    const pos_t n = (pos_t)ap.tokens.size();
-    const manifest & m = ap.man;
+    ends.reserve(prompt.blocks.size());
+    for (const block & b : prompt.blocks) ends.push_back(b.end);
+    const pos_t n = (pos_t)prompt.tokens.size();
+    const manifest & m = prompt.prompt_manifest;
     if (!ends.empty() && ends.back() == n && m.generation_prompt_begin >= 0 && m.generation_prompt_end == n &&
-        m.generation_prompt_end > m.generation_prompt_begin && ap.blocks.back().begin >= m.generation_prompt_begin)
+        m.generation_prompt_end > m.generation_prompt_begin && prompt.blocks.back().begin >= m.generation_prompt_begin)
         ends.pop_back();
     if (gap > 0 && ends.size() > 2) {
-        const pos_t cacheable_end = n_cacheable > 0 ? ap.blocks[n_cacheable - 1].end : -1;
+        const pos_t cacheable_end = n_cacheable > 0 ? prompt.blocks[n_cacheable - 1].end : -1;
         std::vector<pos_t> kept{ends.back()};
         for (size_t i = ends.size() - 1; i-- > 0;)
-            if (i + 2 >= ends.size() || ends[i] == cacheable_end || ends[i] == ap.stable_end ||
+            if (i + 2 >= ends.size() || ends[i] == cacheable_end || ends[i] == prompt.stable_end ||
                 kept.back() - ends[i] >= gap)
                 kept.push_back(ends[i]);
         ends.assign(kept.rbegin(), kept.rend());
@@ -170,15 +169,15 @@ pos_t context_engine::impl::checkpoint_gap() const {
     return (pos_t)std::min(1e6, eng->checkpoint_mean_ms() * prefill_tokens_per_ms);
 }
 
-status context_engine::impl::prefill(seq_id seq, const assembled_prompt & ap, pos_t from, pos_t end,
+status context_engine::impl::prefill(seq_id seq, const assembled_prompt & prompt, pos_t from, pos_t end,
                                      std::vector<float> & logits, double & ms, double & checkpoint_ms) {
     auto tp = clock_type::now();
     const double c0 = eng->checkpoint_ms();
-    std::span<const token_id> part(ap.tokens.data() + from, (size_t)(end - from));
-    const bool last = (size_t)end == ap.tokens.size();
+    std::span<const token_id> part(prompt.tokens.data() + from, (size_t)(end - from));
+    const bool last = (size_t)end == prompt.tokens.size();
     WARMCTX_RETURN_IF_ERROR(eng->prefill(
-        seq, part, from, ap.boundaries, last ? &logits : nullptr, (int32_t)prof.chunk_tokens,
-        eng->context().memory.checkpoints ? checkpoint_ends(ap, n_cacheable_blocks(ap), checkpoint_gap())
+        seq, part, from, prompt.boundaries, last ? &logits : nullptr, (int32_t)prof.chunk_tokens,
+        eng->context().memory.checkpoints ? checkpoint_ends(prompt, n_cacheable_blocks(prompt), checkpoint_gap())
                                           : std::vector<pos_t>{}));
     const double ckpt = eng->checkpoint_ms() - c0;
     const double took = ms_between(tp, clock_type::now()) - ckpt;
@@ -286,7 +285,7 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
 }
 
 result<assembled_prompt> context_engine::assemble_request(const turn_request & req) const { return p_->assemble(req); }
-status context_engine::check_fits(const assembled_prompt & ap) const { return p_->fits(ap); }
+status context_engine::check_fits(const assembled_prompt & prompt) const { return p_->fits(prompt); }
 status context_engine::check_plausible(const turn_request & req) const { return p_->plausible(req); }
 std::vector<segment> context_engine::leading_segments(const turn_request & req, size_t min_rest_bytes,
                                                       size_t max_lead_bytes) const {
@@ -296,26 +295,26 @@ std::vector<segment> context_engine::leading_segments(const turn_request & req, 
 
 result<explain_report> context_engine::explain(const turn_request & req) const {
     // Assembled off the engine thread already when the caller could (as for a turn).
-    auto ap = req.assembled && req.assembled->root_hash == root_hash(p_->prof, p_->salt_of(req))
+    auto prompt = req.assembled && req.assembled->root_hash == root_hash(p_->prof, p_->salt_of(req))
                   ? result<assembled_prompt>(*req.assembled)
                   : p_->assemble(req);
-    if (!ap.ok()) return ap.error();
-    match m = p_->best_match(p_->cache->peek(ap->blocks, req.workspace), ap->blocks, -1);
-    reuse_point at = snap_reuse(*ap, m.n_blocks);
+    if (!prompt.ok()) return prompt.error();
+    match m = p_->best_match(p_->cache->peek(prompt->blocks, req.workspace), prompt->blocks, -1);
+    reuse_point at = snap_reuse(*prompt, m.n_blocks);
     kv_tier tier = at.n_tokens > 0 ? kv_tier::engine : kv_tier::none;
     // What a tier would restore (nothing is loaded, nothing counted).
-    if (disk_kv_tier::hit h = p_->tiers->peek(*ap, at.n_tokens); h.tier != kv_tier::none) {
+    if (disk_kv_tier::hit h = p_->tiers->peek(*prompt, at.n_tokens); h.tier != kv_tier::none) {
         tier = h.tier;
         at = h.at;
         m = h.as_match();
     }
-    return p_->explain(req.workspace, *ap, m, at.n_tokens, tier);
+    return p_->explain(req.workspace, *prompt, m, at.n_tokens, tier);
 }
 
-void context_engine::impl::restore_from_tiers(const assembled_prompt & ap, seq_id seq, match & m, reuse_point & at,
+void context_engine::impl::restore_from_tiers(const assembled_prompt & prompt, seq_id seq, match & m, reuse_point & at,
                                               bool & in_place, kv_tier & tier, std::string & failed, double & ms) {
     auto tr = clock_type::now();
-    disk_kv_tier::hit h = tiers->restore(*eng, prof, ap, at.n_tokens, seq);
+    disk_kv_tier::hit h = tiers->restore(*eng, prof, prompt, at.n_tokens, seq);
     if (h.tier != kv_tier::none) {
         tier = h.tier;
         at = h.at;
@@ -347,28 +346,28 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     const bool reusable = p_->eng->context().memory.reuse;
     t.cache = req.cache && reusable;
     if (req.assembled && req.assembled->root_hash == root_hash(p_->prof, p_->salt_of(req))) {
-        t.ap = *req.assembled;  // assembled off the engine thread, under this profile
+        t.prompt = *req.assembled;  // assembled off the engine thread, under this profile
     } else {
         auto ap_r = p_->assemble(req);
         if (!ap_r.ok()) return ap_r.error();
-        t.ap = std::move(ap_r.value());
+        t.prompt = std::move(ap_r.value());
     }
-    const assembled_prompt & ap = t.ap;
+    const assembled_prompt & prompt = t.prompt;
     t.t_assemble_ms = ms_between(t0, clock_type::now());
-    WARMCTX_RETURN_IF_ERROR(p_->fits(ap));
+    WARMCTX_RETURN_IF_ERROR(p_->fits(prompt));
     if (p_->streams[(size_t)seq].busy)
         return failed_precondition("work sequence " + std::to_string(seq) + " already runs a turn");
     t.tick = ++p_->turn_clock;
     auto tw = clock_type::now();
     // Other idle streams holding blocks this prompt starts with: into the pool, so
     // that the lookup finds them (with stream copies the lookup sees the streams).
-    if (!p_->stream_copies) p_->write_back_sharing(ap.blocks, seq);
+    if (!p_->stream_copies) p_->write_back_sharing(prompt.blocks, seq);
     {
         // Blocks of this stream the turn would overwrite go to the pool first. Every
         // write-back comes before the lookup: an insert may evict what a lookup found.
-        const match peeked =
-            p_->prefer_in_place(p_->best_match(p_->cache->peek(ap.blocks, req.workspace), ap.blocks, seq), ap, seq);
-        const reuse_point pat = snap_reuse(ap, peeked.n_blocks);
+        const match peeked = p_->prefer_in_place(
+            p_->best_match(p_->cache->peek(prompt.blocks, req.workspace), prompt.blocks, seq), prompt, seq);
+        const reuse_point pat = snap_reuse(prompt, peeked.n_blocks);
         const bool would_be_in_place = pat.n_tokens > 0 && peeked.holder == seq;
         // The stream's deferred disk write, unless the turn keeps all it saves.
         p_->keep_deferred_of(seq, would_be_in_place ? pat.n_tokens : 0);
@@ -381,9 +380,9 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     auto tl = clock_type::now();
     t.t_write_back_ms = ms_between(tw, tl);
     // In place: this stream still holds at least as much from the turn it ran last.
-    match m = p_->prefer_in_place(p_->best_match(p_->cache->lookup(ap.blocks, t.tick, req.workspace), ap.blocks, seq),
-                                  ap, seq);
-    reuse_point at = snap_reuse(ap, m.n_blocks);
+    match m = p_->prefer_in_place(
+        p_->best_match(p_->cache->lookup(prompt.blocks, t.tick, req.workspace), prompt.blocks, seq), prompt, seq);
+    reuse_point at = snap_reuse(prompt, m.n_blocks);
     bool in_place = at.n_tokens > 0 && m.holder == seq;
     p_->keep_deferred_of(seq, in_place ? at.n_tokens : 0);
     if (!in_place) p_->clear_stream(seq);
@@ -393,23 +392,23 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     // A tier may hold a longer prefix than the engine (evicted, or before a restart).
     kv_tier tier = at.n_tokens > 0 ? kv_tier::engine : kv_tier::none;
     std::string restore_failed;
-    if (!p_->tiers->empty()) p_->restore_from_tiers(ap, seq, m, at, in_place, tier, restore_failed, t.t_restore_ms);
+    if (!p_->tiers->empty()) p_->restore_from_tiers(prompt, seq, m, at, in_place, tier, restore_failed, t.t_restore_ms);
     std::string refused;
     if (tier == kv_tier::engine) {
         auto tc = clock_type::now();
-        p_->take_prefix(seq, ap, m, at, in_place, refused);
+        p_->take_prefix(seq, prompt, m, at, in_place, refused);
         t.t_copy_ms = ms_between(tc, clock_type::now());
         if (in_place) p_->ctr.memory.n_in_place_turns++;
         if (at.n_tokens == 0) tier = kv_tier::none;
     }
     p_->streams[(size_t)seq].resumed_at = at.n_tokens;
-    t.explain = p_->explain(req.workspace, ap, m, at.n_tokens, tier);
+    t.explain = p_->explain(req.workspace, prompt, m, at.n_tokens, tier);
     if (!refused.empty()) t.explain.reason = at.n_tokens > 0 ? t.explain.reason + "; " + refused : refused;
     if (!restore_failed.empty())
         t.explain.reason += "; a longer prefix on disk could not be restored (" + restore_failed + ")";
     t.explain.in_place = in_place;
     t.t_lookup_ms = ms_between(tl, clock_type::now()) - t.t_restore_ms - t.t_copy_ms;
-    if (!req.prewarm && at.n_tokens > 0) {
+    if (!is_prewarm(req.kind) && at.n_tokens > 0) {
         // The first turn after a pre-warm of this workspace says it was served from it.
         auto h = p_->workspaces.find(req.workspace);
         if (h != p_->workspaces.end() && h->second.prewarm) {
@@ -421,13 +420,12 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     p_->streams[(size_t)seq].blocks.clear();  // until finish_turn says what it keeps
     t.prefill_pos = at.n_tokens;
     t.reused = at.n_tokens;
-    t.prewarm = req.prewarm;
-    t.ahead = req.ahead;
+    t.kind = req.kind;
     t.t_begin_unix_ms = unix_ms_now();
-    t.prefill_end = (pos_t)ap.tokens.size();
-    if (req.prewarm) {
-        const size_t n = impl::n_cacheable_blocks(ap);
-        t.prefill_end = std::max(at.n_tokens, n > 0 ? ap.blocks[n - 1].end : 0);
+    t.prefill_end = (pos_t)prompt.tokens.size();
+    if (is_prewarm(req.kind)) {
+        const size_t n = impl::n_cacheable_blocks(prompt);
+        t.prefill_end = std::max(at.n_tokens, n > 0 ? prompt.blocks[n - 1].end : 0);
         t.cache = reusable;
     }
     return t;
@@ -444,8 +442,8 @@ result<pending_turn> context_engine::begin_turn(const turn_request & req, seq_id
 status context_engine::prefill_some(pending_turn & t, pos_t max_tokens, std::vector<float> & logits) {
     if (t.owner_ != this) return failed_precondition("prefill_some: the turn is not pending on this engine");
     if (t.prefilled()) return {};
-    const assembled_prompt & ap = t.ap;
-    const auto chunks = plan_chunks(t.prefill_pos, (int32_t)(t.prefill_end - t.prefill_pos), ap.boundaries,
+    const assembled_prompt & prompt = t.prompt;
+    const auto chunks = plan_chunks(t.prefill_pos, (int32_t)(t.prefill_end - t.prefill_pos), prompt.boundaries,
                                     (int32_t)p_->prof.chunk_tokens);
     // Whole chunks: [t.prefill_pos, end).
     pos_t end = t.prefill_pos;
@@ -453,7 +451,7 @@ status context_engine::prefill_some(pending_turn & t, pos_t max_tokens, std::vec
         end = e;
         if (end - t.prefill_pos >= max_tokens) break;
     }
-    WARMCTX_RETURN_IF_ERROR(p_->prefill(t.seq, ap, t.prefill_pos, end, logits, t.t_prefill_ms, t.t_checkpoint_ms));
+    WARMCTX_RETURN_IF_ERROR(p_->prefill(t.seq, prompt, t.prefill_pos, end, logits, t.t_prefill_ms, t.t_checkpoint_ms));
     t.prefill_pos = end;
     return {};
 }
@@ -464,10 +462,9 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     status result_st;
     work_stream & s = p_->streams[(size_t)t.seq];
     s.busy = false;
-    // The cacheable blocks, of those prefilled (all of them, unless a pre-warm stopped
-    // early: it stops at a chunk end, and every block end is one).
-    size_t n_keep = t.cache ? impl::n_cacheable_blocks(t.ap) : 0;
-    while (n_keep > 0 && t.ap.blocks[n_keep - 1].end > t.prefill_pos) --n_keep;
+    // The cacheable blocks prefilled (all, unless a pre-warm stopped early: at a chunk end, a block end).
+    size_t n_keep = t.cache ? impl::n_cacheable_blocks(t.prompt) : 0;
+    while (n_keep > 0 && t.prompt.blocks[n_keep - 1].end > t.prefill_pos) --n_keep;
     // The stream also keeps the blocks of the turn's own user message that follow them
     // (class none: never in the pool nor on disk), with the chat messages before it in
     // the same chunk run (from the last assistant message on). An agent's next turn
@@ -476,10 +473,10 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     // generation prompt and the answer go: the next turn renders the answer with its
     // header in one piece, so its KV would not be the cold run's.
     size_t n_stream = n_keep;
-    if (t.cache && !t.prewarm && n_keep == impl::n_cacheable_blocks(t.ap)) {
-        const auto & segs = t.ap.man.segments;
-        while (n_stream < t.ap.blocks.size()) {
-            const block & b = t.ap.blocks[n_stream];
+    if (t.cache && !is_prewarm(t.kind) && n_keep == impl::n_cacheable_blocks(t.prompt)) {
+        const auto & segs = t.prompt.prompt_manifest.segments;
+        while (n_stream < t.prompt.blocks.size()) {
+            const block & b = t.prompt.blocks[n_stream];
             const int k = b.segment_index;
             if (k < 0 || (size_t)k >= segs.size() ||
                 (segs[(size_t)k].kind != segment_kind::user && segs[(size_t)k].kind != segment_kind::history) ||
@@ -488,14 +485,14 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             ++n_stream;
         }
     }
-    n_stream = p_->cuttable(t.seq, t.ap.blocks, n_stream);  // fewer where a checkpoint was left out
+    n_stream = p_->cuttable(t.seq, t.prompt.blocks, n_stream);  // fewer where a checkpoint was left out
     n_keep = std::min(n_keep, n_stream);
     if (n_stream > 0) {
         // The stream keeps the cacheable blocks (the tail and the generated tokens go)
         // for the next turn to reuse in place; the pool gets a copy only when something
         // is about to overwrite them (lazy write-back), unless it holds them already.
-        std::span<const block> path(t.ap.blocks.data(), n_keep);
-        std::span<const block> kept(t.ap.blocks.data(), n_stream);
+        std::span<const block> path(t.prompt.blocks.data(), n_keep);
+        std::span<const block> kept(t.prompt.blocks.data(), n_stream);
         p_->keep_deferred_of(t.seq, kept.back().end);
         status st = p_->eng->trim_seq(t.seq, kept.back().end);
         if (st.ok()) {
@@ -505,10 +502,10 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             // its blocks in the pool): no disk write of a partial prefix on that chat's way.
             // The write itself waits until the engine is idle (write_through_idle) or
             // the stream is about to change below it.
-            const size_t n_saved = p_->cuttable(t.seq, t.ap.blocks, p_->tiers->n_saved_blocks(t.ap, n_keep));
-            if (n_saved > 0 && !(t.prewarm && !t.prefilled())) {
-                const pos_t save_end = t.ap.blocks[n_saved - 1].end;
-                impl::deferred_write d{t.seq, t.workspace, t.ap, n_keep, save_end};
+            const size_t n_saved = p_->cuttable(t.seq, t.prompt.blocks, p_->tiers->n_saved_blocks(t.prompt, n_keep));
+            if (n_saved > 0 && !(is_prewarm(t.kind) && !t.prefilled())) {
+                const pos_t save_end = t.prompt.blocks[n_saved - 1].end;
+                impl::deferred_write d{t.seq, t.workspace, t.prompt, n_keep, save_end};
                 // One per stream: an earlier one this turn kept in place is covered
                 // unless it reaches further.
                 if (auto old = p_->deferred.find(t.seq); old != p_->deferred.end() && old->second.save_end > d.save_end)
@@ -519,8 +516,8 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             s.n_durable = 0;
             for (size_t i = 0; i < path.size(); ++i) {
                 const int k = path[i].segment_index;
-                const bool per_turn = k >= 0 && (size_t)k < t.ap.man.segments.size() &&
-                                      is_per_turn(t.ap.man.segments[(size_t)k].kind);
+                const bool per_turn = k >= 0 && (size_t)k < t.prompt.prompt_manifest.segments.size() &&
+                                      is_per_turn(t.prompt.prompt_manifest.segments[(size_t)k].kind);
                 if (!per_turn) s.n_durable = i + 1;
             }
             if (kept.size() > path.size()) {
@@ -529,7 +526,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
                 // durable when nothing per-turn comes before it (a chat's whole tail is
                 // its one message; a diff segment's turn is not carried as history).
                 const retention_class hist = p_->opts.kinds.policy(segment_kind::history).retention;
-                for (size_t i = path.size(); i < kept.size(); ++i) s.blocks[i].cls = hist;
+                for (size_t i = path.size(); i < kept.size(); ++i) s.blocks[i].retention = hist;
                 if (s.n_durable == path.size() && hist != retention_class::none) s.n_durable = kept.size();
             }
             s.workspace = t.workspace;
@@ -545,12 +542,13 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
         p_->clear_stream(t.seq);
     }
     p_->bound_stream_checkpoints(t.seq);
-    if (!t.prewarm) {
-        if (p_->opts.volatility.enabled && !t.ap.man.segments.empty()) {
+    if (!is_prewarm(t.kind)) {
+        if (p_->opts.volatility.enabled && !t.prompt.prompt_manifest.segments.empty()) {
             std::unique_lock lock(p_->volatility_mu);
             volatility_state * st = p_->volatility_of(t.workspace, lock);
             if (!st) st = &p_->volatility[t.workspace];
-            if (observe_turn(*st, t.ap.man, t.ap.first_chat_message, t.ap.hints, t.ap.content_digests) ||
+            const assembled_prompt & pr = t.prompt;
+            if (observe_turn(*st, pr.prompt_manifest, pr.first_chat_message, pr.hints, pr.content_digests) ||
                 st->n_turns % impl::k_volatility_save_every == 0)
                 p_->vol_dirty.insert(t.workspace);
         }
@@ -563,11 +561,11 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     pw.finished_unix_ms = unix_ms_now();
     pw.duration_ms = (double)(pw.finished_unix_ms - t.t_begin_unix_ms);
     pw.n_prefilled = t.prefill_pos - t.reused;
-    pw.n_cached = result_st.ok() && n_keep > 0 ? t.ap.blocks[n_keep - 1].end : 0;
+    pw.n_cached = result_st.ok() && n_keep > 0 ? t.prompt.blocks[n_keep - 1].end : 0;
     pw.n_target = t.prefill_end;
     pw.n_found = t.reused;
     pw.found_tier = t.explain.tier;
-    pw.ahead = t.ahead;
+    pw.leading = t.kind == turn_kind::leading_prewarm;
     prewarm_counters & c = p_->ctr.prewarm;
     c.n_prewarms++;
     if (pw.n_prefilled == 0 && pw.complete) c.n_already_cached++;
@@ -594,11 +592,11 @@ result<std::unique_ptr<generation_step>> context_engine::start_generation(const 
 
 std::unique_ptr<draft_index> context_engine::drafts_for(const pending_turn & t, const sampling_params & sp) const {
     if (sp.draft_max <= 0 || !drops_a_draft(p_->eng->context().memory)) return nullptr;
-    return p_->answers.index_for(t.workspace, t.ap.tokens);
+    return p_->answers.index_for(t.workspace, t.prompt.tokens);
 }
 
 void context_engine::remember_answer(const pending_turn & t, std::span<const token_id> answer) {
-    p_->answers.remember(t.workspace, t.ap.tokens, answer);
+    p_->answers.remember(t.workspace, t.prompt.tokens, answer);
 }
 
 status context_engine::drop_draft(seq_id seq, pos_t n_tokens) {
@@ -627,13 +625,14 @@ result<turn_result> context_engine::run_turn(const turn_request & req, seq_id se
     out.t_restore_ms = t.t_restore_ms;
     out.t_prefill_ms = t.t_prefill_ms;
     out.t_checkpoint_ms = t.t_checkpoint_ms;
-    WARMCTX_RETURN_IF_ERROR(p_->generate(t.seq, req, t.ap.tokens, std::move(logits), out, t0));  // aborts t on error
+    WARMCTX_RETURN_IF_ERROR(
+        p_->generate(t.seq, req, t.prompt.tokens, std::move(logits), out, t0));  // aborts t on error
     auto ti = clock_type::now();
     WARMCTX_RETURN_IF_ERROR(finish_turn(t, out.gen.tokens.size()));
     p_->flush_deferred();  // nobody waits for an answer here: the write-through now
     out.t_cache_update_ms = ms_between(ti, clock_type::now());
-    out.man = t.ap.man;
-    out.stable_prefix_hash = t.ap.stable_prefix_hash.hex();
+    out.prompt_manifest = t.prompt.prompt_manifest;
+    out.stable_prefix_hash = t.prompt.stable_prefix_hash.hex();
     return out;
 }
 
@@ -641,23 +640,23 @@ result<turn_result> context_engine::run_cold(const turn_request & req) {
     if (p_->cold_seq < 0)
         return failed_precondition("run_cold needs the cold stream (context_engine_options::cold_stream)");
     auto t0 = clock_type::now();
-    auto ap = p_->assemble(req);
-    if (!ap.ok()) return ap.error();
+    auto prompt = p_->assemble(req);
+    if (!prompt.ok()) return prompt.error();
     turn_result out;
     out.t_assemble_ms = ms_between(t0, clock_type::now());
     engine & e = *p_->eng;
     e.clear_seq(p_->cold_seq);
     std::vector<float> logits;
-    status st =
-        p_->prefill(p_->cold_seq, *ap, 0, (pos_t)ap->tokens.size(), logits, out.t_prefill_ms, out.t_checkpoint_ms);
+    status st = p_->prefill(p_->cold_seq, *prompt, 0, (pos_t)prompt->tokens.size(), logits, out.t_prefill_ms,
+                            out.t_checkpoint_ms);
     if (st.ok()) st = p_->generate(p_->cold_seq, req, {}, std::move(logits), out, t0);
     e.clear_seq(p_->cold_seq);
     if (!st.ok()) return st;
-    out.man = ap->man;
-    out.stable_prefix_hash = ap->stable_prefix_hash.hex();
+    out.prompt_manifest = prompt->prompt_manifest;
+    out.stable_prefix_hash = prompt->stable_prefix_hash.hex();
     out.explain.workspace = req.workspace;
-    out.explain.n_prompt_tokens = (pos_t)ap->tokens.size();
-    out.explain.n_prefilled = (pos_t)ap->tokens.size();
+    out.explain.n_prompt_tokens = (pos_t)prompt->tokens.size();
+    out.explain.n_prefilled = (pos_t)prompt->tokens.size();
     out.explain.reason = "cold reference run (cache not consulted)";
     return out;
 }

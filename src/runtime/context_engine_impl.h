@@ -19,7 +19,7 @@
 #include "answer_memory.h"
 #include "explain.h"
 #include "kv_pool.h"
-#include "tiers.h"
+#include "disk_kv_tier.h"
 #include "warmctx/context_engine.h"
 #include "warmctx/volatility_store.h"
 
@@ -73,7 +73,7 @@ struct context_engine::impl {
     struct deferred_write {
         seq_id seq = -1;
         std::string workspace;
-        assembled_prompt ap;
+        assembled_prompt prompt;
         size_t n_blocks = 0;
         pos_t save_end = 0;  // the end of what the disk tier saves (n_saved_blocks): the
                              // stream must keep that much; what follows (a diff, history) may go
@@ -88,7 +88,7 @@ struct context_engine::impl {
         if (it == deferred.end()) return;
         deferred_write d = std::move(it->second);
         deferred.erase(it);
-        tiers->write_through(*eng, prof, d.seq, d.workspace, d.ap, d.n_blocks);
+        tiers->write_through(*eng, prof, d.seq, d.workspace, d.prompt, d.n_blocks);
     }
     // A turn on `seq` keeps its first `keep` tokens: the stream's deferred write, if its
     // prefix reaches past them, is made now.
@@ -150,7 +150,7 @@ struct context_engine::impl {
     // (tokenizing megabytes takes seconds).
     status plausible(const turn_request & req) const;
 
-    status fits(const assembled_prompt & ap) const;
+    status fits(const assembled_prompt & prompt) const;
 
     // Where the last-used workspaces' last prefixes are now (workspace_counters::held_in).
     void note_where_held(context_counters & c) const;
@@ -159,7 +159,7 @@ struct context_engine::impl {
         return it == workspaces.end() ? nullptr : &it->second;
     }
 
-    explain_report explain(const std::string & ws, const assembled_prompt & ap, const match & m, pos_t reuse,
+    explain_report explain(const std::string & ws, const assembled_prompt & prompt, const match & m, pos_t reuse,
                            kv_tier tier) const;
 
     void count(const std::string & ws, const explain_report & ex, size_t n_generated);
@@ -172,11 +172,11 @@ struct context_engine::impl {
         prefill_tokens_per_ms = prefill_tokens_per_ms <= 0 ? r : 0.7 * prefill_tokens_per_ms + 0.3 * r;
     }
 
-    // The one prefill path: `seq` holds exactly [0, from) of `ap`; computes [from, end)
-    // in canonical chunks (REQUIRES both chunk boundaries of `ap`). When `end` is the
+    // The one prefill path: `seq` holds exactly [0, from) of `prompt`; computes [from, end)
+    // in canonical chunks (REQUIRES both chunk boundaries of `prompt`). When `end` is the
     // prompt's end, `logits` receives the logits after it. Adds the time to `ms`.
     // The time taking checkpoints is added to `checkpoint_ms`, not to `ms`.
-    status prefill(seq_id seq, const assembled_prompt & ap, pos_t from, pos_t end, std::vector<float> & logits,
+    status prefill(seq_id seq, const assembled_prompt & prompt, pos_t from, pos_t end, std::vector<float> & logits,
                    double & ms, double & checkpoint_ms);
     // How far apart the block ends a prefill takes checkpoints at must be, in tokens
     // (context_engine_options::checkpoint_gap_tokens, else what taking one costs).
@@ -193,18 +193,18 @@ struct context_engine::impl {
     // happens to either stream before the next decode (a load, a save) sees it done.
     // Where the copy cannot be cut at `at` (a checkpoint left out or thinned), at the
     // deepest block end before it that it can: `at` says which.
-    status copy_from_holder(seq_id holder, seq_id seq, const assembled_prompt & ap, reuse_point & at);
+    status copy_from_holder(seq_id holder, seq_id seq, const assembled_prompt & prompt, reuse_point & at);
     // Into `seq`, m.holder's prefix `at`: cut back in place or copied, at the deepest block
     // end at or before `at` the state can be cut at (`at` and `m` say where). Where it
     // cannot be taken (an engine error), `seq` is cleared, `at`, `m` and `in_place` reset,
     // and `refused` says why; where it was taken short of `at`, it says that.
-    void take_prefix(seq_id seq, const assembled_prompt & ap, match & m, reuse_point & at, bool & in_place,
+    void take_prefix(seq_id seq, const assembled_prompt & prompt, match & m, reuse_point & at, bool & in_place,
                      std::string & refused);
     // How many of the first `n` blocks `seq` can be cut after (engine::can_trim: a block
     // end with a checkpoint, where the model needs one).
     size_t cuttable(seq_id seq, std::span<const block> blocks, size_t n) const;
     // The deepest block end at or before `at` where `seq` can be cut (engine::can_trim).
-    reuse_point resumable(seq_id seq, const assembled_prompt & ap, reuse_point at) const;
+    reuse_point resumable(seq_id seq, const assembled_prompt & prompt, reuse_point at) const;
 
     // How many leading blocks of `blocks` work stream `seq` still holds (equal chain
     // hashes name equal whole prefixes).
@@ -239,18 +239,18 @@ struct context_engine::impl {
     void write_back_sharing(std::span<const block> blocks, seq_id except);
 
     // The pool's match `m`, or a stream's when it holds at least as many leading blocks
-    // of `ap`: then the match's holder is that work stream. `seq` >= 0: only that
+    // of `prompt`: then the match's holder is that work stream. `seq` >= 0: only that
     // stream (in place); -1: any idle stream (explain: another stream's blocks would be
     // written back to the pool and found there).
     // With stream copies, any idle stream may serve a turn too (copied whole), and a
     // stream wins a tie with the pool (a device copy is cheaper than a load); `seq`
     // itself wins every tie (in place, nothing copied).
     match best_match(match m, std::span<const block> blocks, seq_id seq) const;
-    // `m`, unless work stream `seq` itself lets the turn reuse as many tokens of `ap`: then
+    // `m`, unless work stream `seq` itself lets the turn reuse as many tokens of `prompt`: then
     // the stream's own match (in place: nothing written back, nothing loaded). A holder
     // may match more blocks and not one token more of reuse: the prompt's last block
     // (a message fused with the generation prompt, kept as history) is never reused.
-    match prefer_in_place(match m, const assembled_prompt & ap, seq_id seq) const;
+    match prefer_in_place(match m, const assembled_prompt & prompt, seq_id seq) const;
     bool is_stream(seq_id s) const { return s >= 0 && (size_t)s < streams.size(); }
 
     void clear_stream(seq_id seq);
@@ -265,13 +265,13 @@ struct context_engine::impl {
     // A tier may hold a longer prefix than the engine (evicted, or before a restart):
     // restores it into `seq`, updating the match, reuse point, in_place and tier; a
     // candidate that failed leaves `failed` saying why. `ms`: the restore's time.
-    void restore_from_tiers(const assembled_prompt & ap, seq_id seq, match & m, reuse_point & at, bool & in_place,
+    void restore_from_tiers(const assembled_prompt & prompt, seq_id seq, match & m, reuse_point & at, bool & in_place,
                             kv_tier & tier, std::string & failed, double & ms);
 
-    // The leading blocks of `ap` the cache may keep: up to the first of class none.
-    static size_t n_cacheable_blocks(const assembled_prompt & ap) {
+    // The leading blocks of `prompt` the cache may keep: up to the first of class none.
+    static size_t n_cacheable_blocks(const assembled_prompt & prompt) {
         size_t n = 0;
-        while (n < ap.blocks.size() && ap.blocks[n].cls != retention_class::none) ++n;
+        while (n < prompt.blocks.size() && prompt.blocks[n].retention != retention_class::none) ++n;
         return n;
     }
 };

@@ -10,11 +10,11 @@
 
 namespace warmctx {
 
-status context_engine::impl::copy_from_holder(seq_id holder, seq_id seq, const assembled_prompt & ap,
+status context_engine::impl::copy_from_holder(seq_id holder, seq_id seq, const assembled_prompt & prompt,
                                               reuse_point & at) {
     status st = is_stream(holder) ? eng->copy_seq_now(holder, seq) : pool->copy_seq(holder, seq);
     if (st.ok()) {
-        at = resumable(seq, ap, at);
+        at = resumable(seq, prompt, at);
         st = eng->trim_seq(seq, at.n_tokens);
     }
     if (!st.ok()) eng->clear_seq(seq);
@@ -50,7 +50,7 @@ void context_engine::impl::save_branch(seq_id seq, size_t n_keep) {
     const size_t n = std::min(s.blocks.size(), s.n_durable);
     if (!s.unsaved || n_keep >= n) return;
     retention_class top = retention_class::none;
-    for (size_t i = n_keep; i < n; ++i) top = std::max(top, s.blocks[i].cls);
+    for (size_t i = n_keep; i < n; ++i) top = std::max(top, s.blocks[i].retention);
     if (top <= retention_class::low) {
         ctr.memory.n_branches_dropped++;
         return;
@@ -111,10 +111,10 @@ match context_engine::impl::best_match(match m, std::span<const block> blocks, s
     return m;
 }
 
-match context_engine::impl::prefer_in_place(match m, const assembled_prompt & ap, seq_id seq) const {
+match context_engine::impl::prefer_in_place(match m, const assembled_prompt & prompt, seq_id seq) const {
     if (!is_stream(seq) || m.holder == seq || streams[(size_t)seq].busy) return m;
-    const reuse_point own = snap_reuse(ap, stream_match(seq, ap.blocks));
-    if (own.n_tokens == 0 || own.n_tokens < snap_reuse(ap, m.n_blocks).n_tokens) return m;
+    const reuse_point own = snap_reuse(prompt, stream_match(seq, prompt.blocks));
+    if (own.n_tokens == 0 || own.n_tokens < snap_reuse(prompt, m.n_blocks).n_tokens) return m;
     m.n_blocks = own.n_blocks;
     m.n_tokens = own.n_tokens;
     m.holder = seq;
@@ -175,15 +175,15 @@ size_t context_engine::impl::bound_stream_checkpoints(seq_id keep) {
     return n;
 }
 
-void context_engine::impl::take_prefix(seq_id seq, const assembled_prompt & ap, match & m, reuse_point & at,
+void context_engine::impl::take_prefix(seq_id seq, const assembled_prompt & prompt, match & m, reuse_point & at,
                                        bool & in_place, std::string & refused) {
     const pos_t wanted = at.n_tokens;
     status st;
     if (in_place) {
-        at = resumable(seq, ap, at);
+        at = resumable(seq, prompt, at);
         st = eng->trim_seq(seq, at.n_tokens);
     } else {
-        st = copy_from_holder(m.holder, seq, ap, at);
+        st = copy_from_holder(m.holder, seq, prompt, at);
         if (st.ok() && is_stream(m.holder)) ctr.memory.n_stream_copies++;
     }
     if (st.ok()) {
@@ -215,10 +215,10 @@ size_t context_engine::impl::cuttable(seq_id seq, std::span<const block> blocks,
     return n;
 }
 
-reuse_point context_engine::impl::resumable(seq_id seq, const assembled_prompt & ap, reuse_point at) const {
+reuse_point context_engine::impl::resumable(seq_id seq, const assembled_prompt & prompt, reuse_point at) const {
     while (at.n_blocks > 0 && !eng->can_trim(seq, at.n_tokens)) {
         --at.n_blocks;
-        at.n_tokens = at.n_blocks == 0 ? 0 : ap.blocks[at.n_blocks - 1].end;
+        at.n_tokens = at.n_blocks == 0 ? 0 : prompt.blocks[at.n_blocks - 1].end;
     }
     return at;
 }

@@ -18,11 +18,11 @@ namespace warmctx {
 void context_engine::impl::remember(const std::string & ws, const pending_turn & t) {
     auto & h = workspaces[ws];
     n_remembered_tokens -= h.last_tokens.size();
-    h.last_manifest = t.ap.man;
+    h.last_manifest = t.prompt.prompt_manifest;
     h.last_profile = prof;
-    h.last_tokens = t.ap.tokens;
-    h.last_blocks = t.ap.blocks;
-    h.last_stable_end = t.ap.stable_end;
+    h.last_tokens = t.prompt.tokens;
+    h.last_blocks = t.prompt.blocks;
+    h.last_stable_end = t.prompt.stable_end;
     h.has_turn = true;
     h.t_last_used = t.tick;
     n_remembered_tokens += h.last_tokens.size();
@@ -141,10 +141,10 @@ status context_engine::resume_workspace(const std::string & workspace) {
         return {};  // already resident
     // The file's state, made raw and cut in RAM, becomes a holder of the pool: no KV
     // stream is involved.
-    assembled_prompt ap;
-    ap.tokens = ws->last_tokens;
-    ap.blocks = ws->last_blocks;
-    auto [h, snap] = p_->tiers->fetch(p_->prof, ap, 0);
+    assembled_prompt prompt;
+    prompt.tokens = ws->last_tokens;
+    prompt.blocks = ws->last_blocks;
+    auto [h, snap] = p_->tiers->fetch(p_->prof, prompt, 0);
     if (!snap) return not_found("no tier holds a prefix of workspace '" + workspace + "'");
     auto raw = p_->eng->raw_state(snap->kv, 0);
     status st = raw.ok() ? p_->eng->truncate_state(*raw, h.at.n_tokens) : raw.error();

@@ -59,30 +59,30 @@ std::optional<segment_change> change_that_stopped_reuse(const manifest & before,
 }  // namespace
 
 explain_report explain_turn(const explain_inputs & in) {
-    const assembled_prompt & ap = in.ap;
+    const assembled_prompt & prompt = in.prompt;
     const match & m = in.m;
     const pos_t reuse = in.reuse;
     explain_report r;
     r.workspace = in.workspace;
-    r.n_prompt_tokens = (pos_t)ap.tokens.size();
+    r.n_prompt_tokens = (pos_t)prompt.tokens.size();
     r.n_reused = reuse;
     r.n_prefilled = r.n_prompt_tokens - reuse;
     r.matched_workspace = reuse > 0 ? m.workspace : "";
-    r.stable_prefix_hash = ap.stable_prefix_hash.hex();
-    r.reordered = ap.reordered;
-    r.order_note = ap.order_note;
-    r.generation_prompt_fused = ap.hints.fuse_generation_prompt;
-    r.conversation_fused = ap.hints.fuse_conversation;
+    r.stable_prefix_hash = prompt.stable_prefix_hash.hex();
+    r.reordered = prompt.reordered;
+    r.order_note = prompt.order_note;
+    r.generation_prompt_fused = prompt.hints.fuse_generation_prompt;
+    r.conversation_fused = prompt.hints.fuse_conversation;
     r.n_cacheable = 0;
-    for (const auto & b : ap.blocks) {
-        if (b.cls == retention_class::none) break;
+    for (const auto & b : prompt.blocks) {
+        if (b.retention == retention_class::none) break;
         r.n_cacheable = b.end;
     }
-    for (const auto & e : ap.man.segments) {
+    for (const auto & e : prompt.prompt_manifest.segments) {
         segment_explain s;
         s.id = e.id;
         s.kind = e.kind;
-        s.cls = e.cls;
+        s.retention = e.retention;
         s.token_begin = e.token_begin;
         s.token_end = e.token_end;
         s.n_reused = std::clamp(reuse - e.token_begin, 0, e.n_tokens());
@@ -93,11 +93,11 @@ explain_report explain_turn(const explain_inputs & in) {
 
     const workspace_history * st = in.history;
     if (st && st->has_turn) {
-        for (const auto & c : diff_manifests(st->last_manifest, ap.man))
+        for (const auto & c : diff_manifests(st->last_manifest, prompt.prompt_manifest))
             if (c.what != segment_change_kind::moved) r.changed_segments.push_back(c.to_string());
         pos_t common = 0;
-        const size_t n = std::min(st->last_tokens.size(), ap.tokens.size());
-        while ((size_t)common < n && st->last_tokens[common] == ap.tokens[common]) ++common;
+        const size_t n = std::min(st->last_tokens.size(), prompt.tokens.size());
+        while ((size_t)common < n && st->last_tokens[common] == prompt.tokens[common]) ++common;
         r.n_common_tokens = common;
     }
     // Where did reuse stop, and why?
@@ -109,10 +109,10 @@ explain_report explain_turn(const explain_inputs & in) {
         r.reason = "nothing in this prompt is cacheable (it starts with a segment of class none)";
     } else {
         size_t next = 0;  // the first block not reused
-        while (next + 1 < ap.blocks.size() && ap.blocks[next].end <= reuse) ++next;
-        const block & b = ap.blocks[next];
-        if (b.segment_index >= 0 && (size_t)b.segment_index < ap.man.segments.size())
-            r.missed_segment = ap.man.segments[(size_t)b.segment_index].id;
+        while (next + 1 < prompt.blocks.size() && prompt.blocks[next].end <= reuse) ++next;
+        const block & b = prompt.blocks[next];
+        if (b.segment_index >= 0 && (size_t)b.segment_index < prompt.prompt_manifest.segments.size())
+            r.missed_segment = prompt.prompt_manifest.segments[(size_t)b.segment_index].id;
         auto ev = in.cache.last_eviction(b.chain);
         // The profile the workspace's KV was last computed under: its previous turn's, or
         // with none remembered (a restart), its newest snapshot's.
@@ -130,12 +130,12 @@ explain_report explain_turn(const explain_inputs & in) {
         } else if (ev) {
             r.kind = miss_kind::evicted;
             r.eviction = ev;
-            r.reason = "segment '" + r.missed_segment + "' (class " + std::string(retention_class_name(ev->cls)) +
+            r.reason = "segment '" + r.missed_segment + "' (class " + std::string(retention_class_name(ev->retention)) +
                        ") was evicted at t=" + std::to_string(ev->at) + ": " + ev->reason + " (policy " +
                        std::string(eviction_policy_name(ev->policy)) + ")";
         } else if (st && st->has_turn) {
             const std::optional<segment_change> cause =
-                change_that_stopped_reuse(st->last_manifest, ap.man, b, ap.reordered);
+                change_that_stopped_reuse(st->last_manifest, prompt.prompt_manifest, b, prompt.reordered);
             std::string changed;
             if (cause) {
                 changed = cause->to_string();

@@ -24,7 +24,7 @@ struct workspace_history {
 
 struct explain_inputs {
     const std::string & workspace;
-    const assembled_prompt & ap;
+    const assembled_prompt & prompt;
     const match & m;                      // what serves the reuse (a holder or a tier's file)
     pos_t reuse = 0;                      // snapped (snap_reuse)
     const workspace_history * history = nullptr;  // the workspace's last turn, if any

@@ -259,7 +259,7 @@ status scheduler::submit(completion_job job) {
 }
 
 status scheduler::prewarm(turn_request req) {
-    req.prewarm = true;
+    if (req.kind == turn_kind::answer) req.kind = turn_kind::prewarm;
     req.cache = true;
     // With the generation prompt (never cached) after it, the whole stored context is
     // a cacheable prefix that a lookup may match in full.
@@ -295,17 +295,17 @@ bool scheduler::prefill_ahead(const turn_request & req) {
         const profile & prof = p_->ce->current_profile();
         if (prof.n_gpu_layers == 0 || prof.backend == "CPU") return false;
     }
-    if (req.prewarm || !req.cache || !req.add_generation_prompt) return false;
+    if (is_prewarm(req.kind) || !req.cache || !req.add_generation_prompt) return false;
     if (!p_->ce->check_plausible(req).ok()) return false;
     turn_request lead;
     lead.workspace = req.workspace;
     lead.cache_salt = req.cache_salt;
     lead.segments = p_->ce->leading_segments(req, p_->opts.prefill_ahead_min_bytes, p_->opts.prefill_ahead_lead_bytes);
     if (lead.segments.empty()) return false;
-    lead.ahead = true;
-    auto ap = p_->ce->assemble_request(lead);
-    if (!ap.ok()) return false;  // the whole prompt's assembly will say why
-    lead.assembled = std::make_shared<const assembled_prompt>(std::move(*ap));
+    lead.kind = turn_kind::leading_prewarm;
+    auto prompt = p_->ce->assemble_request(lead);
+    if (!prompt.ok()) return false;  // the whole prompt's assembly will say why
+    lead.assembled = std::make_shared<const assembled_prompt>(std::move(*prompt));
     return prewarm(std::move(lead)).ok();
 }
 
@@ -376,9 +376,9 @@ scheduler_stats scheduler::stats() const {
 
 result<assembled_prompt> scheduler::assemble(const turn_request & req) const {
     WARMCTX_RETURN_IF_ERROR(p_->ce->check_plausible(req));
-    auto ap = p_->ce->assemble_request(req);
-    if (ap.ok()) WARMCTX_RETURN_IF_ERROR(p_->ce->check_fits(*ap));
-    return ap;
+    auto prompt = p_->ce->assemble_request(req);
+    if (prompt.ok()) WARMCTX_RETURN_IF_ERROR(p_->ce->check_fits(*prompt));
+    return prompt;
 }
 
 result<std::unique_ptr<generation_step>> scheduler::make_generation(const sampling_params & sp) const {

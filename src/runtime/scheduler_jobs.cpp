@@ -18,7 +18,7 @@ void scheduler::impl::publish_jobs() {
         a.p.workspace = j->turn.workspace;
         a.p.prewarm = j->prewarm;
         a.p.what = j->prefilling ? job_progress::state::prefilling : job_progress::state::generating;
-        a.p.prompt_tokens = j->prewarm ? j->turn.prefill_end : (pos_t)j->turn.ap.tokens.size();
+        a.p.prompt_tokens = j->prewarm ? j->turn.prefill_end : (pos_t)j->turn.prompt.tokens.size();
         a.p.cached_tokens = j->turn.reused;
         a.p.prefill_pos = j->turn.prefill_pos;
         a.p.generated = j->gen ? j->gen->n_generated() : 0;
@@ -106,7 +106,7 @@ void scheduler::impl::admit(size_t slot, queued_job q) {
 status scheduler::impl::start(size_t slot, active_job & j) {
     if (opts.before_admit) opts.before_admit(j.q.job.turn);
     j.t_queue_ms = ms_between(j.q.t_submit, clock_type::now());
-    j.prewarm = j.q.job.turn.prewarm;
+    j.prewarm = is_prewarm(j.q.job.turn.kind);
     if (!j.prewarm && j.q.job.gen) {
         j.gen = std::move(j.q.job.gen);  // made beside the assembly (make_generation)
     } else if (!j.prewarm) {
@@ -141,7 +141,7 @@ void scheduler::impl::prefilled(active_job & j) {
         return;
     }
     if (j.q.job.turn.keep_logits) j.prompt_logits = j.logits;
-    j.pos = (pos_t)j.turn.ap.tokens.size();
+    j.pos = (pos_t)j.turn.prompt.tokens.size();
     j.drafts = ce->drafts_for(j.turn, j.q.job.turn.sampling);
     j.t_first_token_ms = ms_between(j.q.t_submit, clock_type::now());
     completion_event ev;
@@ -174,7 +174,8 @@ void scheduler::impl::prefill_round() {
                              : j->turn.prefill_remaining() < pick->turn.prefill_remaining()))
             pick = j.get();
     }
-    if (!pick && background && (!generating || background->q.job.turn.ahead)) pick = background;
+    if (!pick && background && (!generating || background->q.job.turn.kind == turn_kind::leading_prewarm))
+        pick = background;
     a_prefilling = n;
     a_prefill_remaining = remaining;
     if (!pick) return;

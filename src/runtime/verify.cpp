@@ -214,8 +214,8 @@ class scenario_runner {
         std::shuffle(shuffled.begin(), shuffled.end(), want.drafted ? own : g_.rng());
         const turn_request req = request(std::move(shuffled), want.drafted);
         // What the cache may hold for this prompt, before the turn adds to it.
-        auto ap = ce_.assemble_request(req);
-        if (!ap) return ap.error().with_context(ws_ + " " + what);
+        auto prompt = ce_.assemble_request(req);
+        if (!prompt) return prompt.error().with_context(ws_ + " " + what);
         if (!ce_.context().memory.reuse) {
             // A memory warmctx does not cut is served without reuse: any reuse is wrong.
             want = turn_expectation{};
@@ -225,20 +225,20 @@ class scenario_runner {
             // cache model expects; only exactness and the bound below are checked.
             want = turn_expectation{};
         }
-        want.max_cached = cm_.max_reuse(ap->blocks, (pos_t)ap->tokens.size());
+        want.max_cached = cm_.max_reuse(prompt->blocks, (pos_t)prompt->tokens.size());
         auto w = ce_.run_turn(req, seq);
         if (!w) return w.error().with_context(ws_ + " " + what);
-        cm_.note_cached(ap->blocks);
-        prev_blocks_ = ap->blocks;
+        cm_.note_cached(prompt->blocks);
+        prev_blocks_ = prompt->blocks;
         // The cold reference computes the same prompt: the order and finer blocks the warm
         // turn was assembled with (its workspace's history moved on since).
         turn_request cold_req = req;
-        cold_req.hints = ap->hints;
+        cold_req.hints = prompt->hints;
         auto c = ce_.run_cold(cold_req);
         if (!c) return c.error().with_context(ws_ + " " + what + " (cold)");
         ++rep_.turns;
-        if (ap->hints.fuse_generation_prompt) ++rep_.n_fused_turns;
-        if (ap->hints.fuse_conversation) ++rep_.n_fused_conversations;
+        if (prompt->hints.fuse_generation_prompt) ++rep_.n_fused_turns;
+        if (prompt->hints.fuse_conversation) ++rep_.n_fused_conversations;
         const comparison cmp = compare(*w, *c);
         // A drafted answer's rows were decoded together: the same tokens, its logits but
         // for their last bits (warmctx/drafts.h); the prompt's stay exact.
@@ -292,17 +292,17 @@ class scenario_runner {
     }
 
     pos_t stable_end() const {
-        auto ap = ce_.assemble_request(request(segs_));
-        return ap.ok() ? ap->stable_end : 0;
+        auto prompt = ce_.assemble_request(request(segs_));
+        return prompt.ok() ? prompt->stable_end : 0;
     }
     // The end of the current segments' leading blocks that are `blocks`' (same chain
     // hashes: the same tokens in the same chunks), snapped as a reuse is.
     pos_t shared_block_end(const std::vector<block> & blocks) const {
-        auto ap = ce_.assemble_request(request(segs_));
-        if (!ap.ok()) return 0;
+        auto prompt = ce_.assemble_request(request(segs_));
+        if (!prompt.ok()) return 0;
         size_t n = 0;
-        while (n < ap->blocks.size() && n < blocks.size() && ap->blocks[n].chain == blocks[n].chain) ++n;
-        return snap_reuse(*ap, n).n_tokens;
+        while (n < prompt->blocks.size() && n < blocks.size() && prompt->blocks[n].chain == blocks[n].chain) ++n;
+        return snap_reuse(*prompt, n).n_tokens;
     }
     void drop_oldest_history() {
         auto it =

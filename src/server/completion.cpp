@@ -254,7 +254,7 @@ maybe_error prepare(route_context & ctx, const http_request & req, completion_re
     // A cold prompt with much to tokenize: its leading segments are prefilled while the
     // rest tokenizes here.
     ctx.sched->prefill_ahead(job.turn);
-    auto ap = ctx.sched->assemble(job.turn);
+    auto prompt = ctx.sched->assemble(job.turn);
     out.rt.assemble_ms = ms_since(t_asm);
     if (answer) {
         // Its error first, as when it was built before the prompt.
@@ -277,8 +277,8 @@ maybe_error prepare(route_context & ctx, const http_request & req, completion_re
         out.parser = std::move(af->af.parser);
         job.gen = std::move(af->gen);
     }
-    if (!ap.ok()) return error_from_status(ap.error());
-    job.turn.assembled = std::make_shared<const assembled_prompt>(std::move(*ap));
+    if (!prompt.ok()) return error_from_status(prompt.error());
+    job.turn.assembled = std::make_shared<const assembled_prompt>(std::move(*prompt));
     job.turn.sampling = cr.sampling;
     return std::nullopt;
 }

@@ -8,7 +8,7 @@ namespace warmctx {
 nlohmann::json explain_json(const explain_report & r) {
     nlohmann::json segs = nlohmann::json::array();
     for (const auto & s : r.segments)
-        segs.push_back({{"id", s.id}, {"kind", segment_kind_name(s.kind)}, {"class", retention_class_name(s.cls)},
+        segs.push_back({{"id", s.id}, {"kind", segment_kind_name(s.kind)}, {"class", retention_class_name(s.retention)},
                         {"token_begin", s.token_begin}, {"token_end", s.token_end},
                         {"tokens_reused", s.n_reused}, {"tokens_prefilled", s.n_prefilled}});
     nlohmann::json j = {
@@ -38,7 +38,7 @@ nlohmann::json explain_json(const explain_report & r) {
     };
     j["prewarm"] = prewarm_json(r.prewarm);
     if (r.eviction) {
-        j["eviction"] = {{"class", retention_class_name(r.eviction->cls)}, {"at", r.eviction->at},
+        j["eviction"] = {{"class", retention_class_name(r.eviction->retention)}, {"at", r.eviction->at},
                          {"workspace", r.eviction->workspace}, {"reason", r.eviction->reason},
                          {"policy", eviction_policy_name(r.eviction->policy)},
                          {"token_begin", r.eviction->begin}, {"token_end", r.eviction->end}};
@@ -58,7 +58,7 @@ nlohmann::json prewarm_json(const std::optional<prewarm_info> & p) {
             {"tokens_target", p->n_target},
             {"tokens_found", p->n_found},
             {"found_in", kv_tier_name(p->found_tier)},
-            {"ahead", p->ahead}};
+            {"ahead", p->leading}};
 }
 
 std::string explain_text(const explain_report & r) {
@@ -88,8 +88,8 @@ std::string explain_text(const explain_report & r) {
     for (const auto & s : r.segments) {
         std::string range = std::to_string(s.token_begin) + ".." + std::to_string(s.token_end);
         std::snprintf(line, sizeof line, "  %-28.28s %-13s %-8s %13s %8d %10d\n", s.id.c_str(),
-                      std::string(segment_kind_name(s.kind)).c_str(), std::string(retention_class_name(s.cls)).c_str(),
-                      range.c_str(), s.n_reused, s.n_prefilled);
+                      std::string(segment_kind_name(s.kind)).c_str(),
+                      std::string(retention_class_name(s.retention)).c_str(), range.c_str(), s.n_reused, s.n_prefilled);
         o << line;
     }
     return o.str();

@@ -58,14 +58,14 @@ void prewarmer::run_one(const std::string & ws) {
         tr.cache_salt = ctx_.cache_salt(ws, "");
         // With the stable segments its last chat carried (its tools, say).
         tr.segments = merge_stored_segments(std::move(*segs), ctx_.carried(ws));
-        auto ap = ctx_.sched->assemble(tr);  // here, not on the engine thread
-        if (ap.ok()) {
-            tr.assembled = std::make_shared<const assembled_prompt>(std::move(*ap));
+        auto prompt = ctx_.sched->assemble(tr);  // here, not on the engine thread
+        if (prompt.ok()) {
+            tr.assembled = std::make_shared<const assembled_prompt>(std::move(*prompt));
             status st = ctx_.sched->prewarm(std::move(tr));
             queued = st.ok();
             if (!st.ok()) why = st.message();
         } else {
-            why = ap.error().message();
+            why = prompt.error().message();
         }
     } else {
         why = "no stored segments";

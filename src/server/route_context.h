@@ -237,11 +237,11 @@ class route_context {
     void unregister_channel(const std::shared_ptr<request_channel> & ch);
     void stop_channels(const std::string & why);
 
-    // Records the request in the metrics and writes its log line, once (router.cpp).
+    // Records the request in the metrics and writes its log line, once (route_context.cpp).
     void finish(request_log & log, int http_status);
 
   private:
-    uint64_t make_disk_room(uint64_t bytes);  // the store's make_room (router.cpp)
+    uint64_t make_disk_room(uint64_t bytes);  // the store's make_room (route_context.cpp)
     std::atomic<bool> loading_{false};
     uint64_t id_salt_ = 0;
     std::atomic<uint64_t> next_id_{1};

@@ -192,7 +192,7 @@ reply get_manifest(route_context * c, ws_call & call) {
     if (!c->sched) return unavailable("the engine is stopping: no engine", 1);
     auto r = c->sched->assemble_unchecked(tr);  // a manifest need not fit a sequence
     if (!r.ok()) return r.error();
-    json j = r->man.to_json();
+    json j = r->prompt_manifest.to_json();
     j["workspace"] = call.ws;
     return {200, std::move(j)};
 }
@@ -210,9 +210,9 @@ reply get_explain(route_context * c, ws_call & call) {
     }
     // Tokenized here, not on the engine thread, which only looks the blocks up.
     if (c->sched) {
-        auto ap = c->sched->assemble_unchecked(tr);
-        if (!ap.ok()) return ap.error();
-        tr.assembled = std::make_shared<const assembled_prompt>(std::move(*ap));
+        auto prompt = c->sched->assemble_unchecked(tr);
+        if (!prompt.ok()) return prompt.error();
+        tr.assembled = std::make_shared<const assembled_prompt>(std::move(*prompt));
     }
     std::optional<result<explain_report>> r;
     if (auto e = c->engine_call([&](context_engine & ce) { r.emplace(ce.explain(tr)); })) return *e;

@@ -105,7 +105,7 @@ status check_blocks(const std::vector<block> & blocks, size_t n_segments) {
             return invalid_argument(where + " begins at " + std::to_string(b.begin) + ", expected " +
                                     std::to_string(at));
         if (b.end <= b.begin) return invalid_argument(where + " is empty or reversed");
-        if ((int)b.cls >= k_retention_class_count) return invalid_argument(where + " has an unknown class");
+        if ((int)b.retention >= k_retention_class_count) return invalid_argument(where + " has an unknown class");
         if (b.segment_index < k_generation_prompt_index ||
             (b.segment_index >= 0 && (size_t)b.segment_index >= n_segments))
             return invalid_argument(where + " names segment " + std::to_string(b.segment_index) + " of " +
@@ -129,12 +129,13 @@ status check_chain(const std::vector<block> & blocks, std::span<const token_id> 
 // Cross-field checks of decoded or to-be-encoded metadata (not the tokens).
 status check_meta(const snapshot_meta & m) {
     WARMCTX_RETURN_IF_ERROR(check_workspace(m.workspace));
-    WARMCTX_RETURN_IF_ERROR(check_blocks(m.blocks, m.man.segments.size()));
+    WARMCTX_RETURN_IF_ERROR(check_blocks(m.blocks, m.prompt_manifest.segments.size()));
     if (m.profile_fingerprint != m.prof.fingerprint())
         return invalid_argument("profile_fingerprint " + m.profile_fingerprint.hex() + " is not the profile's " +
                                 m.prof.fingerprint().hex());
-    if (m.man.profile_fingerprint != hash128{} && m.man.profile_fingerprint != m.profile_fingerprint)
-        return invalid_argument("the manifest's profile_fingerprint " + m.man.profile_fingerprint.hex() +
+    if (m.prompt_manifest.profile_fingerprint != hash128{} &&
+        m.prompt_manifest.profile_fingerprint != m.profile_fingerprint)
+        return invalid_argument("the manifest's profile_fingerprint " + m.prompt_manifest.profile_fingerprint.hex() +
                                 " is not the snapshot's " + m.profile_fingerprint.hex());
     return {};
 }
@@ -160,7 +161,7 @@ struct encoded_head {
 
 encoded_head encode_head(const snapshot_meta & m, size_t n_tokens, size_t kv_bytes) {
     std::string prof = m.prof.to_json().dump();
-    std::string man = m.man.to_json().dump();
+    std::string manifest_json = m.prompt_manifest.to_json().dump();
     std::vector<uint8_t> blocks(m.blocks.size() * sf::k_block_record_bytes, 0);
     for (size_t i = 0; i < m.blocks.size(); ++i) {
         uint8_t * p = blocks.data() + i * sf::k_block_record_bytes;
@@ -169,9 +170,9 @@ encoded_head encode_head(const snapshot_meta & m, size_t n_tokens, size_t kv_byt
         put_u32(p + 16, (uint32_t)b.begin);
         put_u32(p + 20, (uint32_t)b.end);
         put_u32(p + 24, (uint32_t)b.segment_index);
-        p[28] = (uint8_t)b.cls;
+        p[28] = (uint8_t)b.retention;
     }
-    const uint64_t sizes[sf::k_n_sections] = {prof.size(), m.workspace.size(), man.size(), blocks.size(),
+    const uint64_t sizes[sf::k_n_sections] = {prof.size(), m.workspace.size(), manifest_json.size(), blocks.size(),
                                               n_tokens * sizeof(int32_t), kv_bytes};
     uint64_t offsets[sf::k_n_sections];
     uint64_t at = sf::k_fixed_header_bytes;
@@ -203,7 +204,7 @@ encoded_head encode_head(const snapshot_meta & m, size_t n_tokens, size_t kv_byt
     put_hash(out.data() + sf::k_off_fixed_checksum, hash_bytes(out.data(), sf::k_off_fixed_checksum));
     out.insert(out.end(), prof.begin(), prof.end());
     out.insert(out.end(), m.workspace.begin(), m.workspace.end());
-    out.insert(out.end(), man.begin(), man.end());
+    out.insert(out.end(), manifest_json.begin(), manifest_json.end());
     out.insert(out.end(), blocks.begin(), blocks.end());
     uint8_t sum[sf::k_checksum_bytes];
     put_hash(sum, hash_bytes(out.data(), out.size()));
@@ -325,9 +326,9 @@ result<snapshot_meta> decode_meta(const layout & l, std::span<const uint8_t> hea
     {
         auto j = parse_section_json(section(sf::s_manifest), "manifest");
         if (!j) return defect(snapshot_defect::malformed_manifest, why, j.error().message());
-        auto man = manifest::from_json(*j);
-        if (!man) return defect(snapshot_defect::malformed_manifest, why, man.error().message());
-        m.man = std::move(*man);
+        auto parsed = manifest::from_json(*j);
+        if (!parsed) return defect(snapshot_defect::malformed_manifest, why, parsed.error().message());
+        m.prompt_manifest = std::move(*parsed);
     }
     {
         auto bs = section(sf::s_blocks);
@@ -342,18 +343,18 @@ result<snapshot_meta> decode_meta(const layout & l, std::span<const uint8_t> hea
             if (p[28] >= k_retention_class_count || p[29] || p[30] || p[31])
                 return defect(snapshot_defect::malformed_blocks, why,
                               "block " + std::to_string(i) + " has a bad class or padding");
-            b.cls = (retention_class)p[28];
+            b.retention = (retention_class)p[28];
         }
-        status st = check_blocks(m.blocks, m.man.segments.size());
+        status st = check_blocks(m.blocks, m.prompt_manifest.segments.size());
         if (!st.ok()) return defect(snapshot_defect::malformed_blocks, why, st.message());
     }
     auto inconsistent = [&](const std::string & d) { return defect(snapshot_defect::inconsistent, why, d); };
     if (m.prof.fingerprint() != l.fingerprint)
         return inconsistent("the header's profile fingerprint is not the profile's (" + l.fingerprint.hex() + " vs " +
                             m.prof.fingerprint().hex() + ")");
-    if (m.man.profile_fingerprint != hash128{} && m.man.profile_fingerprint != l.fingerprint)
-        return inconsistent("the manifest's profile fingerprint " + hex_or_empty(m.man.profile_fingerprint) +
-                            " is not the header's");
+    if (m.prompt_manifest.profile_fingerprint != hash128{} && m.prompt_manifest.profile_fingerprint != l.fingerprint)
+        return inconsistent("the manifest's profile fingerprint " +
+                            hex_or_empty(m.prompt_manifest.profile_fingerprint) + " is not the header's");
     if (m.key() != l.key) return inconsistent("the header's key is not the last block's chain hash");
     if ((uint32_t)m.n_tokens() != l.n_tokens)
         return inconsistent("the blocks end at " + std::to_string(m.n_tokens()) + ", the header says " +

@@ -150,8 +150,8 @@ std::string snapshot_store::pick_victim_locked(const std::function<bool(const en
                                                const std::string & keep) const {
     const entry_state * best = nullptr;
     auto order = [&](const entry_state & s) {
-        int cls = opts_.policy == eviction_policy::semantic ? (int)s.e.meta.last_class() : 0;
-        return std::tuple<int, uint64_t, const std::string &>(cls, s.e.t_last_used_ms, s.e.file_name);
+        int retention = opts_.policy == eviction_policy::semantic ? (int)s.e.meta.last_class() : 0;
+        return std::tuple<int, uint64_t, const std::string &>(retention, s.e.t_last_used_ms, s.e.file_name);
     };
     for (const auto & [name, s] : entries_) {
         if (!in_scope(s) || s.e.pinned || name == keep || inflight_.count(name)) continue;

@@ -29,7 +29,7 @@ std::string_view class_str(rc c) {  // retention_class_name belongs to src/conte
 struct spec {
     std::string label;
     pos_t n_tokens;
-    rc cls;
+    rc retention;
 };
 
 // chain_i = H(chain_{i-1}, label_i), rooted in H(tenant): the planner's hash chain in small.
@@ -39,14 +39,16 @@ std::vector<block> make_path(std::string_view tenant, const std::vector<spec> & 
     pos_t pos = 0;
     for (const spec & s : specs) {
         hash128 c = hash_combine(prev, s.label.data(), s.label.size());
-        out.push_back({c, pos, pos + s.n_tokens, s.cls});
+        out.push_back({c, pos, pos + s.n_tokens, s.retention});
         pos += s.n_tokens;
         prev = c;
     }
     return out;
 }
 
-std::vector<block> one_block(std::string_view tenant, pos_t n, rc cls) { return make_path(tenant, {{"b", n, cls}}); }
+std::vector<block> one_block(std::string_view tenant, pos_t n, rc retention) {
+    return make_path(tenant, {{"b", n, retention}});
+}
 
 // ---- the fake engine ---------------------------------------------------------
 
@@ -155,7 +157,7 @@ struct harness {
         sum_holder_tokens += hi.n_tokens;
         ws_sum[hi.workspace] += hi.n_tokens;
         for (const block & bl : hi.blocks) {
-            if (bl.cls == rc::none) return ::testing::AssertionFailure() << "a none block is cached";
+            if (bl.retention == rc::none) return ::testing::AssertionFailure() << "a none block is cached";
             distinct[bl.chain] = bl.end - bl.begin;
             ws_distinct[hi.workspace][bl.chain] = bl.end - bl.begin;
         }
@@ -229,9 +231,9 @@ TEST(PrefixCache, SemanticEvictsLowThenMediumThenHighThenHighest) {
         EXPECT_TRUE(r->was_resident);
     }
     auto c = h.cache.counters();
-    for (rc cls : {rc::low, rc::medium, rc::high, rc::highest}) {
-        EXPECT_EQ(c.evictions_by_class[(int)cls], 1u) << class_str(cls);
-        EXPECT_EQ(c.evicted_tokens_by_class[(int)cls], 10u) << class_str(cls);
+    for (rc retention : {rc::low, rc::medium, rc::high, rc::highest}) {
+        EXPECT_EQ(c.evictions_by_class[(int)retention], 1u) << class_str(retention);
+        EXPECT_EQ(c.evicted_tokens_by_class[(int)retention], 10u) << class_str(retention);
     }
 }
 
@@ -349,7 +351,8 @@ TEST(PrefixCache, SemanticReuseCountsHalveEvery256Lookups) {
         for (uint64_t t : {18, 19}) EXPECT_EQ(h.cache.lookup(b, t).n_blocks, 1u);      // b: 2, more recent
         ASSERT_EQ(h.cache.n_lookups(), 15u);
         if (aged)  // the 256th lookup halves: a 3 -> 1, b 2 -> 1; x's remembered 10 -> 5
-            for (int i = 0; i < 241; ++i) EXPECT_EQ(h.cache.lookup(one_block("missing", 10, rc::high), 20).n_blocks, 0u);
+            for (int i = 0; i < 241; ++i)
+                EXPECT_EQ(h.cache.lookup(one_block("missing", 10, rc::high), 20).n_blocks, 0u);
         h.must_insert("ws-x", x, 21);
         EXPECT_EQ(h.cached_blocks(x), 1u);
         EXPECT_EQ(h.cached_blocks(a), aged ? 0u : 1u) << "aged: a tie on reuse, a is older";
@@ -409,13 +412,13 @@ TEST(PrefixCache, SuffixIsEvictedBeforePrefix) {
     EXPECT_NE(std::find(h.kv.ops.begin(), h.kv.ops.end(), "trim " + std::to_string(ab_seq) + "@10"), h.kv.ops.end());
     EXPECT_FALSE(h.cache.last_eviction(ab[0].chain).has_value());
     ASSERT_TRUE(h.cache.last_eviction(ab[1].chain).has_value());
-    EXPECT_EQ(h.cache.last_eviction(ab[1].chain)->cls, rc::highest);
+    EXPECT_EQ(h.cache.last_eviction(ab[1].chain)->retention, rc::highest);
 
     h.must_insert("ws", one_block("f", 10, rc::highest), 5);  // now A is a last block, and the lowest
     EXPECT_EQ(h.cached_blocks(ab), 0u);
     EXPECT_EQ(h.kv.n_tokens[ab_seq], 0) << "an emptied holder is cleared";
     ASSERT_TRUE(h.cache.last_eviction(ab[0].chain).has_value());
-    EXPECT_EQ(h.cache.last_eviction(ab[0].chain)->cls, rc::low);
+    EXPECT_EQ(h.cache.last_eviction(ab[0].chain)->retention, rc::low);
     EXPECT_TRUE(consistent(h));
 }
 
@@ -820,7 +823,7 @@ TEST(PrefixCache, EvictionRecordsAreBounded) {
     auto r = h.cache.last_eviction(paths[n - 1][0].chain);
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->at, n + 1);
-    EXPECT_EQ(r->cls, rc::medium);
+    EXPECT_EQ(r->retention, rc::medium);
     EXPECT_EQ(r->begin, 0);
     EXPECT_EQ(r->end, 10);
     EXPECT_TRUE(h.cache.last_eviction(paths[n - prefix_cache::k_max_eviction_records][0].chain).has_value());
@@ -876,10 +879,10 @@ struct prompt_maker {
         std::vector<block> out;
         hash128 prev = hash_string(tenant);
         pos_t pos = 0;
-        for (auto & [label, cls] : labels) {
+        for (auto & [label, retention] : labels) {
             hash128 c = hash_combine(prev, label.data(), label.size());
             pos_t n = 1 + (pos_t)(c.lo % 12);
-            out.push_back({c, pos, pos + n, cls});
+            out.push_back({c, pos, pos + n, retention});
             pos += n;
             prev = c;
         }

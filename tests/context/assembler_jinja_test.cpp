@@ -114,7 +114,9 @@ class jinja_text_model final : public text_model {
     bool plain_splits_at_lines() const override { return splits_at_lines; }
     bool plain_splits_at_any_line() const override { return splits_at_any_line; }
 
-    result<std::vector<token_id>> tokenize(std::string_view text) const override { return tokenize_with_specials(text); }
+    result<std::vector<token_id>> tokenize(std::string_view text) const override {
+        return tokenize_with_specials(text);
+    }
     result<std::vector<token_id>> tokenize_plain(std::string_view text) const override { return tokenize_bytes(text); }
     result<std::string> render_message(std::string_view, std::string_view) const override {
         return failed_precondition("render_message is not used on the conversation path");
@@ -289,16 +291,16 @@ result<assembled_prompt> try_assemble(const std::vector<segment> & segs, const t
 }
 
 const manifest_entry & entry(const assembled_prompt & p, std::string_view id) {
-    const auto it = std::find_if(p.man.segments.begin(), p.man.segments.end(),
+    const auto it = std::find_if(p.prompt_manifest.segments.begin(), p.prompt_manifest.segments.end(),
                                  [&](const manifest_entry & e) { return e.id == id; });
     static const manifest_entry missing;
-    EXPECT_NE(it, p.man.segments.end()) << "no segment " << id;
-    return it == p.man.segments.end() ? missing : *it;
+    EXPECT_NE(it, p.prompt_manifest.segments.end()) << "no segment " << id;
+    return it == p.prompt_manifest.segments.end() ? missing : *it;
 }
 
 int pieces_with_tokens(const assembled_prompt & p) {
     int n = 0;
-    for (const auto & e : p.man.segments) n += e.n_tokens() > 0;
+    for (const auto & e : p.prompt_manifest.segments) n += e.n_tokens() > 0;
     return n;
 }
 
@@ -358,7 +360,8 @@ void expect_hashes_split_at_first_difference(const assembled_prompt & a, const a
 struct token_span {
     size_t begin = 0, end = 0;  // tokens
 };
-std::optional<token_span> find_text(const std::vector<token_id> & toks, std::string_view marker, size_t from_token = 0) {
+std::optional<token_span> find_text(const std::vector<token_id> & toks, std::string_view marker,
+                                    size_t from_token = 0) {
     std::vector<size_t> off(toks.size() + 1, 0);
     std::string text;
     for (size_t i = 0; i < toks.size(); ++i) {
@@ -405,7 +408,7 @@ TEST_P(AssemblerJinja, InputOrderNeverChangesThePrompt) {
         std::shuffle(shuffled.begin(), shuffled.end(), rng);
         const auto p = must(shuffled);
         EXPECT_EQ(p.tokens, ref.tokens) << "round " << round;
-        EXPECT_EQ(p.man, ref.man) << "round " << round;
+        EXPECT_EQ(p.prompt_manifest, ref.prompt_manifest) << "round " << round;
         EXPECT_EQ(p.blocks, ref.blocks) << "round " << round;
         EXPECT_EQ(p.boundaries, ref.boundaries) << "round " << round;
         EXPECT_EQ(p.stable_prefix_hash, ref.stable_prefix_hash) << "round " << round;
@@ -423,16 +426,16 @@ TEST_P(AssemblerJinja, PromptIsTheTemplatesOwnRendering) {
     // Without a generation prompt too.
     const auto p0 = must(to_segments(c), /*gen=*/false);
     EXPECT_EQ(detokenize(p0.tokens), direct(c, false).text);
-    EXPECT_EQ(p0.man.generation_prompt_begin, -1);
+    EXPECT_EQ(p0.prompt_manifest.generation_prompt_begin, -1);
     // The segments and the generation prompt tile the prompt in canonical order.
     pos_t at = 0;
-    for (const auto & e : p.man.segments) {
+    for (const auto & e : p.prompt_manifest.segments) {
         EXPECT_EQ(e.token_begin, at) << e.id;
         at = e.token_end;
     }
-    if (p.man.generation_prompt_begin >= 0) {
-        EXPECT_EQ(p.man.generation_prompt_begin, at);
-        at = p.man.generation_prompt_end;
+    if (p.prompt_manifest.generation_prompt_begin >= 0) {
+        EXPECT_EQ(p.prompt_manifest.generation_prompt_begin, at);
+        at = p.prompt_manifest.generation_prompt_end;
     }
     EXPECT_EQ(at, static_cast<pos_t>(p.tokens.size()));
 }
@@ -444,7 +447,8 @@ TEST_P(AssemblerJinja, PromptIsTheTemplatesOwnRendering) {
 // probe conversations it refuses: its roles must alternate).
 TEST_P(AssemblerJinja, TheSkeletonPathAssemblesWhatTheRealRenderingDoes) {
     const template_case & tc = GetParam();
-    if (tc.name == std::string("Qwen25") || tc.name == std::string("Hermes2Pro")) EXPECT_TRUE(tmpl().contents_verbatim());
+    if (tc.name == std::string("Qwen25") || tc.name == std::string("Hermes2Pro"))
+        EXPECT_TRUE(tmpl().contents_verbatim());
     if (tc.name == std::string("Llama31")) EXPECT_FALSE(tmpl().contents_verbatim());
     chat c = base_chat();
     c.history[0].content = "  leading and trailing spaces  \n";  // what a trimming template changes
@@ -456,11 +460,12 @@ TEST_P(AssemblerJinja, TheSkeletonPathAssemblesWhatTheRealRenderingDoes) {
         if (!a.ok()) continue;
         EXPECT_EQ(a->tokens, b->tokens) << tc.name;
         EXPECT_EQ(a->blocks, b->blocks) << tc.name;
-        EXPECT_EQ(a->man, b->man) << tc.name;
+        EXPECT_EQ(a->prompt_manifest, b->prompt_manifest) << tc.name;
         EXPECT_EQ(detokenize(a->tokens), direct(c, gen).text) << tc.name;
         if (tmpl().contents_verbatim()) {
             // No render with a real content: every render was of placeholders.
-            for (const auto & call : skeleton.calls()) EXPECT_TRUE(call.placeholders || call.n_messages == 0) << tc.name;
+            for (const auto & call : skeleton.calls())
+                EXPECT_TRUE(call.placeholders || call.n_messages == 0) << tc.name;
         }
     }
 }
@@ -496,19 +501,19 @@ TEST_P(AssemblerJinja, CutsOneConversation) {
     ASSERT_TRUE(r.ok()) << r.error().to_string();
     const auto & p = *r;
     std::string table;
-    for (const auto & e : p.man.segments)
+    for (const auto & e : p.prompt_manifest.segments)
         table += "  " + e.id + " [" + std::to_string(e.token_begin) + ", " + std::to_string(e.token_end) + ") " +
-                 std::string(retention_class_name(e.cls)) + "\n";
+                 std::string(retention_class_name(e.retention)) + "\n";
     const auto calls = m.calls();
     const bool aligned = tmpl().contents_verbatim() || (calls.size() > 2 && calls[2].placeholders);
-    std::cout << "[" << tc.name << "] " << pieces_with_tokens(p) << " pieces of " << p.man.segments.size()
+    std::cout << "[" << tc.name << "] " << pieces_with_tokens(p) << " pieces of " << p.prompt_manifest.segments.size()
               << " segments, stable_end " << p.stable_end << ", " << p.tokens.size() << " tokens, "
               << calls.size() << " renders, skeleton alignment " << (aligned ? "used" : "not used") << "\n"
               << table;
     EXPECT_EQ(pieces_with_tokens(p), tc.expected_pieces) << table;
     // One render of F (none when F is expanded from the skeleton), one of the whole
     // skeleton, one per prefix.
-    EXPECT_EQ(calls.size(), (tmpl().contents_verbatim() ? 1 : 2) + p.man.segments.size());
+    EXPECT_EQ(calls.size(), (tmpl().contents_verbatim() ? 1 : 2) + p.prompt_manifest.segments.size());
     // The same conversation with text beside the call: the pieces do not depend on whether
     // the skeleton aligned.
     chat c2 = base_chat();
@@ -517,8 +522,9 @@ TEST_P(AssemblerJinja, CutsOneConversation) {
     auto r2 = try_assemble(to_segments(c2), m2);
     ASSERT_TRUE(r2.ok()) << r2.error().to_string();
     const auto calls2 = m2.calls();
-    std::cout << "[" << tc.name << "] with text beside the call: " << pieces_with_tokens(*r2) << " pieces, skeleton alignment "
-              << (calls2.size() > 2 && calls2[2].placeholders ? "used" : "not used") << "\n";
+    std::cout << "[" << tc.name << "] with text beside the call: " << pieces_with_tokens(*r2)
+              << " pieces, skeleton alignment " << (calls2.size() > 2 && calls2[2].placeholders ? "used" : "not used")
+              << "\n";
     EXPECT_EQ(pieces_with_tokens(*r2), tc.expected_pieces);
     switch (tc.where) {
         case layout::system_first:
@@ -617,8 +623,8 @@ TEST_P(AssemblerJinja, AStableSegmentCutFinerKeepsItsUnchangedHeadAtAnEdit) {
         auto file = [&](int edited) {
             std::string t;
             for (int i = 0; i < 120; ++i)
-                t += (indented ? "    " : "") + std::string(i == edited ? "int edited_" : "int value_") + std::to_string(i) +
-                     " = " + std::to_string(i * 7) + ";\n";
+                t += (indented ? "    " : "") + std::string(i == edited ? "int edited_" : "int value_") +
+                     std::to_string(i) + " = " + std::to_string(i * 7) + ";\n";
             return t;
         };
         auto with_file = [&](int edited) {
@@ -657,7 +663,8 @@ TEST_P(AssemblerJinja, AStableSegmentCutFinerKeepsItsUnchangedHeadAtAnEdit) {
         EXPECT_GT(cuts.size(), 3u);
         for (size_t c : cuts) {
             const size_t at = head->begin + c;  // the stand-in tokenizer: a byte is a token
-            EXPECT_TRUE(std::any_of(a->blocks.begin(), a->blocks.end(), [&](const block & k) { return (size_t)k.end == at; }))
+            EXPECT_TRUE(
+                std::any_of(a->blocks.begin(), a->blocks.end(), [&](const block & k) { return (size_t)k.end == at; }))
                 << "no block ends at cut " << c;
         }
         auto shared = [](const assembled_prompt & x, const assembled_prompt & y) {
@@ -685,8 +692,9 @@ TEST_P(AssemblerJinja, ASegmentFirstCutFinerAtAnEditKeepsTheWholeChunksBeforeIt)
     auto file = [](std::vector<int> edited) {
         std::string t;
         for (int i = 0; i < 400; ++i)
-            t += std::string(std::find(edited.begin(), edited.end(), i) != edited.end() ? "int edited_" : "int value_") +
-                 std::to_string(i) + " = " + std::to_string(i * 7) + ";\n";
+            t +=
+                std::string(std::find(edited.begin(), edited.end(), i) != edited.end() ? "int edited_" : "int value_") +
+                std::to_string(i) + " = " + std::to_string(i * 7) + ";\n";
         return t;
     };
     auto with_file = [&](std::vector<int> edited) {
@@ -705,16 +713,17 @@ TEST_P(AssemblerJinja, ASegmentFirstCutFinerAtAnEditKeepsTheWholeChunksBeforeIt)
     auto turn = [&](std::vector<int> edited, const std::string & marker, bool old_rule = false) {
         order_decision d = decide_order(st, with_file(edited), kinds, {});
         if (old_rule) d.hints.fine_from.clear();
-        auto ap = assemble(with_file(edited), kinds, cut, test_profile(chunk), k_salt, chunk, true, d.hints);
-        EXPECT_TRUE(ap.ok()) << ap.error().to_string();
+        auto prompt = assemble(with_file(edited), kinds, cut, test_profile(chunk), k_salt, chunk, true, d.hints);
+        EXPECT_TRUE(prompt.ok()) << prompt.error().to_string();
         size_t kept = 0;
         if (prev)
-            for (size_t i = 0; i < std::min(prev->blocks.size(), ap->blocks.size()) && prev->blocks[i] == ap->blocks[i]; ++i)
-                kept = (size_t)ap->blocks[i].end;
-        const auto at = marker.empty() ? std::nullopt : find_text(ap->tokens, marker);
+            for (size_t i = 0;
+                 i < std::min(prev->blocks.size(), prompt->blocks.size()) && prev->blocks[i] == prompt->blocks[i]; ++i)
+                kept = (size_t)prompt->blocks[i].end;
+        const auto at = marker.empty() ? std::nullopt : find_text(prompt->tokens, marker);
         if (!old_rule) {
-            observe_turn(st, ap->man, ap->first_chat_message, d.hints, d.digests);
-            prev = *ap;
+            observe_turn(st, prompt->prompt_manifest, prompt->first_chat_message, d.hints, d.digests);
+            prev = *prompt;
         }
         return std::pair{kept, at ? at->begin : 0, };
     };
@@ -812,7 +821,7 @@ TEST_P(AssemblerJinja, EditingTheSystemChangesTheHashesFromThere) {
     expect_hashes_split_at_first_difference(pa, pb, "system edit");
     const size_t d = common_prefix(pa.tokens, pb.tokens);
     pos_t piece_end = 0;
-    for (const auto & e : pa.man.segments)
+    for (const auto & e : pa.prompt_manifest.segments)
         if (e.n_tokens() > 0) {
             piece_end = e.token_end;
             break;
@@ -844,7 +853,7 @@ TEST_P(AssemblerJinja, EditingTheToolsChangesTheHashesFromThere) {
     // The first piece holds the tools (with the system; with the first user message
     // where the template puts the tools there).
     pos_t piece_end = 0;
-    for (const auto & e : pa.man.segments)
+    for (const auto & e : pa.prompt_manifest.segments)
         if (e.n_tokens() > 0) {
             piece_end = e.token_end;
             break;
@@ -1040,27 +1049,54 @@ TEST_P(AssemblerJinja, LongConversationsAreCutWhereTheirPrefixesEnd) {
 
 const std::vector<template_case> & cases() {
     static const std::vector<template_case> c = {
-        {"Qwen25", "Qwen-Qwen2.5-7B-Instruct.jinja", "", "<|im_end|>",
-         /*expected_pieces=*/6, layout::system_first, "<|im_end|><|im_start|>system", false,
+        {"Qwen25",
+         "Qwen-Qwen2.5-7B-Instruct.jinja",
+         "",
+         "<|im_end|>",
+         /*expected_pieces=*/6,
+         layout::system_first,
+         "<|im_end|><|im_start|>system",
+         false,
          {"<|im_start|>system\n# system: system-000\nYou are a careful coding agent.\n\n# Tools\n", "<tools>\n{",
           R"("name": "read_file")", R"("name": "run_tests")", "\n</tools>",
-          "<|im_start|>assistant\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"src/parse.cc\"}}\n</tool_call><|im_end|>\n",
+          "<|im_start|>assistant\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": "
+          "\"src/parse.cc\"}}\n</tool_call><|im_end|>\n",
           "<|im_start|>user\n<tool_response>\nint parse("}},
-        {"Llama31", "meta-llama-Llama-3.1-8B-Instruct.jinja", "<|begin_of_text|>", "<|eot_id|>",
-         /*expected_pieces=*/5, layout::tools_in_first_user, "<|eot_id|><|start_header_id|>system<|end_header_id|>", false,
-         {"<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n",
-          "Given the following functions", "\"name\": \"read_file\"", "\"description\": \"The file's path\"",
-          "\"name\": \"run_tests\"", "Fix the parser, please.<|eot_id|>",
+        {"Llama31",
+         "meta-llama-Llama-3.1-8B-Instruct.jinja",
+         "<|begin_of_text|>",
+         "<|eot_id|>",
+         /*expected_pieces=*/5,
+         layout::tools_in_first_user,
+         "<|eot_id|><|start_header_id|>system<|end_header_id|>",
+         false,
+         {"<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n", "Given the following functions",
+          "\"name\": \"read_file\"", "\"description\": \"The file's path\"", "\"name\": \"run_tests\"",
+          "Fix the parser, please.<|eot_id|>",
           "{\"name\": \"read_file\", \"parameters\": {\"path\": \"src/parse.cc\"}}<|eot_id|>"}},
-        {"Hermes2Pro", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", "<|begin_of_text|>", "<|im_end|>",
-         /*expected_pieces=*/5, layout::system_first, "<|im_end|><|im_start|>system", false,
-         {"<tools> {\"type\": \"function\", \"function\": {\"name\": \"read_file\", \"description\": \"read_file(path: str) - Read a file of the repository",
+        {"Hermes2Pro",
+         "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
+         "<|begin_of_text|>",
+         "<|im_end|>",
+         /*expected_pieces=*/5,
+         layout::system_first,
+         "<|im_end|><|im_start|>system",
+         false,
+         {"<tools> {\"type\": \"function\", \"function\": {\"name\": \"read_file\", \"description\": \"read_file(path: "
+          "str) - Read a file of the repository",
           "\"name\": \"run_tests\"", " </tools>", "<|im_start|>system\n# system: system-000\nYou are a careful",
           "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"src/parse.cc\"}}\n</tool_call>"}},
-        {"MistralNemo", "mistralai-Mistral-Nemo-Instruct-2407.jinja", "<s>", "</s>",
-         /*expected_pieces=*/2, layout::system_and_tools_last, "[/INST]</s>[INST]", /*writes_eos_token=*/true,
+        {"MistralNemo",
+         "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+         "<s>",
+         "</s>",
+         /*expected_pieces=*/2,
+         layout::system_and_tools_last,
+         "[/INST]</s>[INST]",
+         /*writes_eos_token=*/true,
          {"[TOOL_CALLS][", "</s>", "[AVAILABLE_TOOLS][{\"type\": \"function\", \"function\": {",
-          "\"name\": \"read_file\"", "[/AVAILABLE_TOOLS][INST]# system: system-000\nYou are a careful coding agent.\n\nWhy does"}},
+          "\"name\": \"read_file\"",
+          "[/AVAILABLE_TOOLS][INST]# system: system-000\nYou are a careful coding agent.\n\nWhy does"}},
     };
     return c;
 }
@@ -1102,7 +1138,8 @@ TEST(AssemblerJinjaQwen35, SystemSegmentsShareOneMessageAndEndAStablePiece) {
     const std::string text = detokenize(r->tokens);
     EXPECT_EQ(std::count(text.begin(), text.end(), '\0'), 0);
     size_t n_system = 0;
-    for (size_t at = text.find("<|im_start|>system"); at != std::string::npos; at = text.find("<|im_start|>system", at + 1))
+    for (size_t at = text.find("<|im_start|>system"); at != std::string::npos;
+         at = text.find("<|im_start|>system", at + 1))
         ++n_system;
     EXPECT_EQ(n_system, 1u) << text;
     EXPECT_NE(text.find("Four spaces. No secrets."), std::string::npos);
@@ -1147,7 +1184,7 @@ TEST(AssemblerJinjaQwen35, AToolResultBeforeTheNextQuestionEndsAPieceTheNextTurn
     size_t kept = 0;
     for (; kept < r1->blocks.size() && kept < r2->blocks.size() && r1->blocks[kept].end <= result.token_end; ++kept) {
         EXPECT_EQ(r1->blocks[kept], r2->blocks[kept]) << "block " << kept;
-        EXPECT_NE(r1->blocks[kept].cls, retention_class::none) << "block " << kept;
+        EXPECT_NE(r1->blocks[kept].retention, retention_class::none) << "block " << kept;
     }
     ASSERT_GT(kept, 0u);
     // The conversation is chunked as one text (blocks of the chunk size across messages):
@@ -1222,8 +1259,10 @@ TEST(ChatTemplateAnswer, Qwen35RequiredCallIsReasoningThenTheCall) {
     // The reasoning block's text stays; none after it.
     EXPECT_EQ(root_line.find("until-"), root_line.rfind("until-")) << root_line;
     EXPECT_NE(root_line.find("\"</think>\""), std::string::npos) << root_line;
-    EXPECT_NE(a->grammar.find(R"(tool-get-weather-arg-city ::= ("<parameter=" "city" ">\n") ("Paris" | "Rome") "\n</parameter>\n")"),
-              std::string::npos)
+    EXPECT_NE(
+        a->grammar.find(
+            R"(tool-get-weather-arg-city ::= ("<parameter=" "city" ">\n") ("Paris" | "Rome") "\n</parameter>\n")"),
+        std::string::npos)
         << a->grammar;
 }
 
@@ -1234,7 +1273,8 @@ TEST(ChatTemplateAnswer, GptOssRequiredCallIsOneAnalysisThenTheCall) {
     EXPECT_NE(a->grammar.find("\nroot ::= (start analysis)? start tool-call\n"), std::string::npos) << a->grammar;
     EXPECT_EQ(a->grammar.find("[A-Za-z0-9_-]+"), std::string::npos) << a->grammar;
     EXPECT_NE(a->grammar.find("[A-Za-z0-9_-]{1,32}"), std::string::npos);
-    EXPECT_NE(std::find(a->preserved_tokens.begin(), a->preserved_tokens.end(), "<|channel|>"), a->preserved_tokens.end());
+    EXPECT_NE(std::find(a->preserved_tokens.begin(), a->preserved_tokens.end(), "<|channel|>"),
+              a->preserved_tokens.end());
     // An answer in a schema's format: one analysis, then the final message.
     answer_request schema;
     schema.choice = tool_choice_mode::none;

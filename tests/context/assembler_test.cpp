@@ -36,13 +36,13 @@ segment & find(std::vector<segment> & segs, std::string_view id) {
 }
 
 const manifest_entry & entry(const assembled_prompt & p, std::string_view id) {
-    return *std::find_if(p.man.segments.begin(), p.man.segments.end(),
+    return *std::find_if(p.prompt_manifest.segments.begin(), p.prompt_manifest.segments.end(),
                          [&](const manifest_entry & e) { return e.id == id; });
 }
 
 std::vector<std::string> ids_in_order(const assembled_prompt & p) {
     std::vector<std::string> ids;
-    for (const auto & e : p.man.segments) ids.push_back(e.id);
+    for (const auto & e : p.prompt_manifest.segments) ids.push_back(e.id);
     return ids;
 }
 
@@ -137,7 +137,7 @@ TEST(Assembler, InputOrderNeverChangesTheResult) {
         std::shuffle(shuffled.begin(), shuffled.end(), rng);
         const auto p = must_assemble(shuffled);
         EXPECT_EQ(p.tokens, ref.tokens) << "round " << round;
-        EXPECT_EQ(p.man, ref.man) << "round " << round;
+        EXPECT_EQ(p.prompt_manifest, ref.prompt_manifest) << "round " << round;
         EXPECT_EQ(p.blocks, ref.blocks) << "round " << round;
         EXPECT_EQ(p.boundaries, ref.boundaries) << "round " << round;
         EXPECT_EQ(p.stable_prefix_hash, ref.stable_prefix_hash) << "round " << round;
@@ -154,14 +154,14 @@ TEST(Assembler, CanonicalOrderIsKindOrderThenIdThenPath) {
 
 TEST(Assembler, StableBeforeVolatileAndUserLast) {
     const auto p = must_assemble(typical_workspace());
-    pos_t last_stable_end = 0, first_volatile_begin = p.man.n_tokens;
-    for (const auto & e : p.man.segments) {
-        if (e.stab == stability::stable) last_stable_end = std::max(last_stable_end, e.token_end);
-        if (e.stab == stability::volatile_) first_volatile_begin = std::min(first_volatile_begin, e.token_begin);
+    pos_t last_stable_end = 0, first_volatile_begin = p.prompt_manifest.n_tokens;
+    for (const auto & e : p.prompt_manifest.segments) {
+        if (e.how_stable == stability::stable) last_stable_end = std::max(last_stable_end, e.token_end);
+        if (e.how_stable == stability::volatile_) first_volatile_begin = std::min(first_volatile_begin, e.token_begin);
     }
     EXPECT_GT(last_stable_end, 0);
     EXPECT_LE(last_stable_end, first_volatile_begin);
-    EXPECT_EQ(p.man.segments.back().kind, segment_kind::user);
+    EXPECT_EQ(p.prompt_manifest.segments.back().kind, segment_kind::user);
     EXPECT_EQ(p.stable_end, entry(p, "pin/src/parse.cc").token_end);  // the last stable segment
     EXPECT_EQ(p.n_stable_tokens, p.stable_end);
 }
@@ -181,7 +181,7 @@ TEST(Assembler, EachSegmentIsOneRenderedMessageWithAHeader) {
     EXPECT_EQ(text("q"), "<|im_start|>user\nWhy does test_parse fail?<|im_end|>\n");
     EXPECT_EQ(entry(p, "turn-1-a").role, "assistant");
     // the generation prompt closes the prompt
-    EXPECT_EQ(fake_text_model::detokenize(std::span(p.tokens).subspan(p.man.generation_prompt_begin)),
+    EXPECT_EQ(fake_text_model::detokenize(std::span(p.tokens).subspan(p.prompt_manifest.generation_prompt_begin)),
               "<|im_start|>assistant\n");
 }
 
@@ -191,14 +191,14 @@ TEST(Assembler, EachMessageIsTokenizedAlone) {
     // (template text, with control tokens) and the content (plain) are separate calls.
     fake_text_model model;
     const auto p = must_assemble(typical_workspace(), k_salt, true, kind_table{}, model);
-    ASSERT_EQ(model.tokenize_calls.size(), 2 * p.man.segments.size() + 1);
-    ASSERT_EQ(model.plain_calls.size(), p.man.segments.size());
-    for (size_t i = 0; i < p.man.segments.size(); ++i) {
+    ASSERT_EQ(model.tokenize_calls.size(), 2 * p.prompt_manifest.segments.size() + 1);
+    ASSERT_EQ(model.plain_calls.size(), p.prompt_manifest.segments.size());
+    for (size_t i = 0; i < p.prompt_manifest.segments.size(); ++i) {
         const std::string & open = model.tokenize_calls[2 * i];
         const std::string & close = model.tokenize_calls[2 * i + 1];
         EXPECT_EQ(open.rfind("<|im_start|>", 0), 0u) << open;
         EXPECT_EQ(close, "<|im_end|>\n");
-        const auto & e = p.man.segments[i];
+        const auto & e = p.prompt_manifest.segments[i];
         EXPECT_EQ(fake_text_model::detokenize(std::span(p.tokens).subspan(e.token_begin, e.n_tokens())),
                   open + model.plain_calls[i] + close);
     }
@@ -219,7 +219,7 @@ TEST(Assembler, ALargePromptTokenizesOnSeveralThreadsWithTheSameResult) {
     const auto p = must_assemble(segs, k_salt, true, kind_table{}, model);
     if (std::thread::hardware_concurrency() > 1) EXPECT_GT(model.threads.size(), 1u);
     // Each segment's tokens are what that segment alone assembles to, in canonical order.
-    for (const auto & e : p.man.segments) {
+    for (const auto & e : p.prompt_manifest.segments) {
         const segment & s = *std::find_if(segs.begin(), segs.end(), [&](const segment & x) { return x.id == e.id; });
         const auto alone = must_assemble({s}, k_salt, false);
         EXPECT_TRUE(std::equal(alone.tokens.begin(), alone.tokens.end(), p.tokens.begin() + e.token_begin,
@@ -245,7 +245,8 @@ TEST(Assembler, OneLargeSegmentIsCutAtLineStartsAndTokenizedInPartsWithTheSameRe
     // several threads; the prompt is the same as tokenized whole.
     std::string map;
     for (int i = 0; map.size() < (200u << 10); ++i)
-        map += (i % 3 == 0 ? "  " : "") + std::string("src/mod_") + std::to_string(i) + ".cc: fn_" + std::to_string(i) + "()\n";
+        map += (i % 3 == 0 ? "  " : "") + std::string("src/mod_") + std::to_string(i) + ".cc: fn_" + std::to_string(i) +
+               "()\n";
     std::vector<segment> segs = {make_segment("system", segment_kind::system, "You are careful.\n"),
                                  make_segment("map", segment_kind::repo_map, map),
                                  make_segment("q", segment_kind::user, "what now?")};
@@ -303,7 +304,7 @@ TEST(Assembler, ManifestRangesTileThePromptAndHashTheirBytes) {
     const auto segs = typical_workspace();
     const auto p = must_assemble(segs);
     pos_t at = 0;
-    for (const auto & e : p.man.segments) {
+    for (const auto & e : p.prompt_manifest.segments) {
         EXPECT_EQ(e.token_begin, at) << e.id;
         EXPECT_GT(e.token_end, e.token_begin) << e.id;
         EXPECT_EQ(e.token_hash, hash_tokens(std::span(p.tokens).subspan(e.token_begin, e.n_tokens()))) << e.id;
@@ -312,8 +313,8 @@ TEST(Assembler, ManifestRangesTileThePromptAndHashTheirBytes) {
         EXPECT_EQ(e.content_bytes, s.content.size()) << e.id;
         at = e.token_end;
     }
-    EXPECT_EQ(p.man.generation_prompt_begin, at);
-    EXPECT_EQ(p.man.n_tokens, static_cast<pos_t>(p.tokens.size()));
+    EXPECT_EQ(p.prompt_manifest.generation_prompt_begin, at);
+    EXPECT_EQ(p.prompt_manifest.n_tokens, static_cast<pos_t>(p.tokens.size()));
 }
 
 // ---- stability of the prefix -------------------------------------------------------
@@ -323,7 +324,7 @@ TEST(Assembler, StablePrefixTokensAreIdenticalWhateverFollows) {
     const auto full = must_assemble(segs);
     std::vector<segment> stable_only;
     for (const auto & s : segs)
-        if (kind_table{}.policy(s.kind).stab == stability::stable) stable_only.push_back(s);
+        if (kind_table{}.policy(s.kind).how_stable == stability::stable) stable_only.push_back(s);
     const auto prefix = must_assemble(stable_only, k_salt, /*gen=*/false);
     ASSERT_EQ(prefix.tokens.size(), static_cast<size_t>(full.stable_end));
     EXPECT_TRUE(std::equal(prefix.tokens.begin(), prefix.tokens.end(), full.tokens.begin()));
@@ -411,18 +412,18 @@ TEST(Assembler, NoStableSegmentMeansRootHashAndZero) {
 // The pieces (segments, then the generation prompt) as (begin, end, class, index), and
 // whether each is a chat message (this turn's question, or history with a role) and
 // whose: `segs` are the segments the prompt was assembled from.
-struct test_piece { pos_t begin, end; retention_class cls; int index; bool chat = false, assistant = false; };
+struct test_piece { pos_t begin, end; retention_class retention; int index; bool chat = false, assistant = false; };
 std::vector<test_piece> pieces_of(const assembled_prompt & p, const std::vector<segment> & segs) {
     std::vector<test_piece> v;
-    for (size_t i = 0; i < p.man.segments.size(); ++i) {
-        const auto & e = p.man.segments[i];
+    for (size_t i = 0; i < p.prompt_manifest.segments.size(); ++i) {
+        const auto & e = p.prompt_manifest.segments[i];
         const auto it = std::find_if(segs.begin(), segs.end(), [&](const segment & s) { return s.id == e.id; });
         const bool chat = e.kind == segment_kind::user || (e.kind == segment_kind::history && !it->role.empty());
-        v.push_back({e.token_begin, e.token_end, e.cls, (int)i, chat, chat && e.role == "assistant"});
+        v.push_back({e.token_begin, e.token_end, e.retention, (int)i, chat, chat && e.role == "assistant"});
     }
-    if (p.man.generation_prompt_begin >= 0)
-        v.push_back({p.man.generation_prompt_begin, p.man.generation_prompt_end, retention_class::none,
-                     k_generation_prompt_index});
+    if (p.prompt_manifest.generation_prompt_begin >= 0)
+        v.push_back({p.prompt_manifest.generation_prompt_begin, p.prompt_manifest.generation_prompt_end,
+                     retention_class::none, k_generation_prompt_index});
     return v;
 }
 
@@ -433,7 +434,7 @@ std::vector<pos_t> run_starts_of(const std::vector<test_piece> & pcs) {
     std::vector<pos_t> v;
     for (size_t i = 1; i < pcs.size(); ++i) {
         const bool continues = pcs[i].chat && !pcs[i].assistant && pcs[i - 1].chat;
-        if ((pcs[i - 1].cls != retention_class::none && !continues) || pcs[i].index == k_generation_prompt_index)
+        if ((pcs[i - 1].retention != retention_class::none && !continues) || pcs[i].index == k_generation_prompt_index)
             v.push_back(pcs[i].begin);
     }
     return v;
@@ -451,10 +452,10 @@ TEST(Assembler, BoundariesAreThePieceStartsAfterACachedPieceAndTheGenerationProm
     // the typical workspace ends with the question (none): it starts a run, and the
     // generation prompt starts another, so the question's blocks end where the message
     // does (the next turn carries it in its history)
-    ASSERT_EQ(pcs[pcs.size() - 2].cls, retention_class::none);
+    ASSERT_EQ(pcs[pcs.size() - 2].retention, retention_class::none);
     ASSERT_GE(p.boundaries.size(), 2u);
     EXPECT_EQ(p.boundaries[p.boundaries.size() - 2], pcs[pcs.size() - 2].begin);
-    EXPECT_EQ(p.boundaries.back(), p.man.generation_prompt_begin);
+    EXPECT_EQ(p.boundaries.back(), p.prompt_manifest.generation_prompt_begin);
 }
 
 TEST(Assembler, BlocksAreTheCanonicalChunksOfThePrompt) {
@@ -476,9 +477,10 @@ TEST(Assembler, BlocksAreTheCanonicalChunksOfThePrompt) {
             while (pcs[k].end <= x) ++k;
             expected_index.push_back(pcs[k].index);
             // the lowest class of the pieces it spans
-            retention_class cls = pcs[k].cls;
-            for (size_t j = k + 1; j < pcs.size() && pcs[j].begin < e; ++j) cls = std::min(cls, pcs[j].cls);
-            expected_cls.push_back(cls);
+            retention_class retention = pcs[k].retention;
+            for (size_t j = k + 1; j < pcs.size() && pcs[j].begin < e; ++j)
+                retention = std::min(retention, pcs[j].retention);
+            expected_cls.push_back(retention);
         }
 
         ASSERT_EQ(p.blocks.size(), expected.size()) << "chunk " << chunk;
@@ -487,7 +489,7 @@ TEST(Assembler, BlocksAreTheCanonicalChunksOfThePrompt) {
             const block & b = p.blocks[i];
             EXPECT_EQ(std::make_pair(b.begin, b.end), expected[i]) << "chunk " << chunk << " block " << i;
             EXPECT_EQ(b.segment_index, expected_index[i]);
-            EXPECT_EQ(b.cls, expected_cls[i]);
+            EXPECT_EQ(b.retention, expected_cls[i]);
             // h_i = H(h_{i-1}, tokens of block i)
             h = chain_hash(h, std::span(p.tokens).subspan(b.begin, b.end - b.begin));
             EXPECT_EQ(b.chain, h) << "chunk " << chunk << " block " << i;
@@ -540,7 +542,7 @@ TEST(Assembler, ShortMessagesArePackedIntoSpansThatAnAppendedTurnKeeps) {
     for (pos_t b : p.boundaries)
         if (b >= packed_from) starts.push_back(b);
     ASSERT_GE(starts.size(), 3u);
-    ASSERT_EQ(starts.back(), p.man.generation_prompt_begin);
+    ASSERT_EQ(starts.back(), p.prompt_manifest.generation_prompt_begin);
     for (size_t i = 0; i + 1 < starts.size(); ++i) {
         const pos_t len = starts[i + 1] - starts[i];
         EXPECT_LE(len, (pos_t)k_span) << "span " << i;
@@ -554,11 +556,12 @@ TEST(Assembler, ShortMessagesArePackedIntoSpansThatAnAppendedTurnKeeps) {
     segs.back().role = "user";
     const auto next = build(segs);
     size_t shared = 0;
-    while (shared < p.blocks.size() && shared < next.blocks.size() && p.blocks[shared].chain == next.blocks[shared].chain)
+    while (shared < p.blocks.size() && shared < next.blocks.size() &&
+           p.blocks[shared].chain == next.blocks[shared].chain)
         ++shared;
     ASSERT_GT(shared, 0u);
     const pos_t reused = p.blocks[shared - 1].end;
-    const pos_t history_end = p.man.generation_prompt_begin;
+    const pos_t history_end = p.prompt_manifest.generation_prompt_begin;
     EXPECT_LT(history_end - reused, (pos_t)k_span);
     // from the last span's start on (its whole chunks are the same in both turns), or
     // the whole history where the new answer starts a span
@@ -571,25 +574,26 @@ TEST(Assembler, BlocksCarryTheirSegmentsClass) {
     const auto p = must_assemble(typical_workspace());
     for (const block & b : p.blocks) {
         if (b.segment_index == k_generation_prompt_index) {
-            EXPECT_EQ(b.cls, retention_class::none);
-            EXPECT_GE(b.begin, p.man.generation_prompt_begin);
+            EXPECT_EQ(b.retention, retention_class::none);
+            EXPECT_GE(b.begin, p.prompt_manifest.generation_prompt_begin);
         } else {
-            EXPECT_EQ(b.cls, p.man.segments[b.segment_index].cls);
+            EXPECT_EQ(b.retention, p.prompt_manifest.segments[b.segment_index].retention);
         }
     }
-    EXPECT_EQ(entry(p, "sys").cls, retention_class::highest);
-    EXPECT_EQ(entry(p, "map").cls, retention_class::high);
-    EXPECT_EQ(entry(p, "diff-1").cls, retention_class::medium);
-    EXPECT_EQ(entry(p, "term").cls, retention_class::low);
-    EXPECT_EQ(entry(p, "q").cls, retention_class::none);
+    EXPECT_EQ(entry(p, "sys").retention, retention_class::highest);
+    EXPECT_EQ(entry(p, "map").retention, retention_class::high);
+    EXPECT_EQ(entry(p, "diff-1").retention, retention_class::medium);
+    EXPECT_EQ(entry(p, "term").retention, retention_class::low);
+    EXPECT_EQ(entry(p, "q").retention, retention_class::none);
 }
 
 TEST(Assembler, StablePrefixHashIsTheChainAtTheLastStableBlock) {
     const auto p = must_assemble(typical_workspace());
-    const auto it = std::find_if(p.blocks.begin(), p.blocks.end(), [&](const block & b) { return b.end == p.stable_end; });
+    const auto it =
+        std::find_if(p.blocks.begin(), p.blocks.end(), [&](const block & b) { return b.end == p.stable_end; });
     ASSERT_NE(it, p.blocks.end());
     EXPECT_EQ(it->chain, p.stable_prefix_hash);
-    EXPECT_EQ(p.man.stable_prefix_hash, p.stable_prefix_hash);
+    EXPECT_EQ(p.prompt_manifest.stable_prefix_hash, p.stable_prefix_hash);
 }
 
 TEST(Assembler, TenantSaltChangesEveryChainHashButNotTheTokens) {
@@ -598,9 +602,9 @@ TEST(Assembler, TenantSaltChangesEveryChainHashButNotTheTokens) {
     const auto b = must_assemble(segs, "tenant-b");
     EXPECT_EQ(a.tokens, b.tokens);
     // The manifest publishes no salt: only its (salted) stable-prefix hash differs.
-    EXPECT_EQ(a.man.segments, b.man.segments);
-    EXPECT_EQ(a.man.profile_fingerprint, b.man.profile_fingerprint);
-    EXPECT_NE(a.man.stable_prefix_hash, b.man.stable_prefix_hash);
+    EXPECT_EQ(a.prompt_manifest.segments, b.prompt_manifest.segments);
+    EXPECT_EQ(a.prompt_manifest.profile_fingerprint, b.prompt_manifest.profile_fingerprint);
+    EXPECT_NE(a.prompt_manifest.stable_prefix_hash, b.prompt_manifest.stable_prefix_hash);
     ASSERT_EQ(a.blocks.size(), b.blocks.size());
     EXPECT_NE(a.root_hash, b.root_hash);
     for (size_t i = 0; i < a.blocks.size(); ++i) EXPECT_NE(a.blocks[i].chain, b.blocks[i].chain) << "block " << i;
@@ -620,8 +624,8 @@ TEST(Assembler, ProfileRootsEveryChainHash) {
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(a->root_hash, root_hash(p1, k_salt));
     for (size_t i = 0; i < a->blocks.size(); ++i) EXPECT_NE(a->blocks[i].chain, b->blocks[i].chain);
-    EXPECT_EQ(a->man.profile_fingerprint, p1.fingerprint());
-    EXPECT_NE(a->man.profile_fingerprint, b->man.profile_fingerprint);
+    EXPECT_EQ(a->prompt_manifest.profile_fingerprint, p1.fingerprint());
+    EXPECT_NE(a->prompt_manifest.profile_fingerprint, b->prompt_manifest.profile_fingerprint);
 }
 
 TEST(Assembler, GenerationPromptSharesNoCachedBlock) {
@@ -630,15 +634,15 @@ TEST(Assembler, GenerationPromptSharesNoCachedBlock) {
     const auto segs = typical_workspace();
     const auto with = must_assemble(segs, k_salt, true);
     const auto without = must_assemble(segs, k_salt, false);
-    EXPECT_EQ(without.man.generation_prompt_begin, -1);
-    EXPECT_EQ(with.man.generation_prompt_begin, static_cast<pos_t>(without.tokens.size()));
-    EXPECT_EQ(with.man.segments, without.man.segments);
+    EXPECT_EQ(without.prompt_manifest.generation_prompt_begin, -1);
+    EXPECT_EQ(with.prompt_manifest.generation_prompt_begin, static_cast<pos_t>(without.tokens.size()));
+    EXPECT_EQ(with.prompt_manifest.segments, without.prompt_manifest.segments);
     size_t shared = 0;
-    while (shared < without.blocks.size() && without.blocks[shared].cls != retention_class::none) ++shared;
+    while (shared < without.blocks.size() && without.blocks[shared].retention != retention_class::none) ++shared;
     ASSERT_GT(shared, 0u);
     for (size_t i = 0; i < shared; ++i) EXPECT_EQ(with.blocks[i], without.blocks[i]);
     EXPECT_EQ(with.blocks.back().end, static_cast<pos_t>(with.tokens.size()));
-    EXPECT_EQ(with.boundaries.back(), with.man.generation_prompt_begin);
+    EXPECT_EQ(with.boundaries.back(), with.prompt_manifest.generation_prompt_begin);
     // The question's blocks too: a block ends where the question does.
     ASSERT_LT(without.blocks.size(), with.blocks.size());
     for (size_t i = 0; i < without.blocks.size(); ++i) EXPECT_EQ(with.blocks[i], without.blocks[i]) << i;
@@ -650,11 +654,11 @@ TEST(Assembler, GenerationPromptSharesNoCachedBlock) {
         if (s.kind != segment_kind::user) cached_last.push_back(s);
     const auto w2 = must_assemble(cached_last, k_salt, true);
     const auto wo2 = must_assemble(cached_last, k_salt, false);
-    ASSERT_NE(w2.man.segments.back().cls, retention_class::none);
+    ASSERT_NE(w2.prompt_manifest.segments.back().retention, retention_class::none);
     ASSERT_GT(w2.blocks.size(), wo2.blocks.size());
     for (size_t i = 0; i < wo2.blocks.size(); ++i) EXPECT_EQ(w2.blocks[i], wo2.blocks[i]);
-    EXPECT_EQ(w2.blocks[wo2.blocks.size()].begin, w2.man.generation_prompt_begin);
-    EXPECT_EQ(w2.boundaries.back(), w2.man.generation_prompt_begin);
+    EXPECT_EQ(w2.blocks[wo2.blocks.size()].begin, w2.prompt_manifest.generation_prompt_begin);
+    EXPECT_EQ(w2.boundaries.back(), w2.prompt_manifest.generation_prompt_begin);
 }
 
 TEST(Assembler, PrefixTokensBelongToTheFirstSegment) {
@@ -662,9 +666,9 @@ TEST(Assembler, PrefixTokensBelongToTheFirstSegment) {
     model.add_bos = true;
     const auto p = must_assemble(typical_workspace(), k_salt, true, kind_table{}, model);
     EXPECT_EQ(p.tokens.front(), fake_text_model::k_bos);
-    EXPECT_EQ(p.man.segments.front().token_begin, 0);
+    EXPECT_EQ(p.prompt_manifest.segments.front().token_begin, 0);
     EXPECT_EQ(p.tokens[1], fake_text_model::k_im_start);
-    EXPECT_EQ(p.boundaries.front(), p.man.segments[1].token_begin);
+    EXPECT_EQ(p.boundaries.front(), p.prompt_manifest.segments[1].token_begin);
 }
 
 TEST(Assembler, KindTableOverrideChangesOrderAndClass) {
@@ -672,13 +676,13 @@ TEST(Assembler, KindTableOverrideChangesOrderAndClass) {
                                                     "terminal_log":{"retention":"medium"}}})");
     ASSERT_TRUE(kinds.ok()) << kinds.error().to_string();
     const auto p = must_assemble(typical_workspace(), k_salt, true, *kinds);
-    EXPECT_EQ(p.man.segments.front().id, "map");
-    EXPECT_EQ(p.man.segments.front().cls, retention_class::highest);
-    EXPECT_EQ(entry(p, "term").cls, retention_class::medium);
+    EXPECT_EQ(p.prompt_manifest.segments.front().id, "map");
+    EXPECT_EQ(p.prompt_manifest.segments.front().retention, retention_class::highest);
+    EXPECT_EQ(entry(p, "term").retention, retention_class::medium);
     for (const block & b : p.blocks)
-        if (b.segment_index == 0) EXPECT_EQ(b.cls, retention_class::highest);
+        if (b.segment_index == 0) EXPECT_EQ(b.retention, retention_class::highest);
     // the default order put the system prompt first
-    EXPECT_EQ(must_assemble(typical_workspace()).man.segments.front().id, "sys");
+    EXPECT_EQ(must_assemble(typical_workspace()).prompt_manifest.segments.front().id, "sys");
 }
 
 TEST(Assembler, AStableKindMovedAfterAVolatileOneEndsTheStablePrefix) {
@@ -752,10 +756,10 @@ TEST(Assembler, ARawPromptIsTheTextAsGivenAndCacheable) {
     std::vector<token_id> want = {fake_text_model::k_bos};
     want.insert(want.end(), t->begin(), t->end());
     EXPECT_EQ(a->tokens, want);  // no template; "<|im_end|>" is the control token, as given
-    ASSERT_EQ(a->man.segments.size(), 1u);
-    EXPECT_EQ(a->man.generation_prompt_begin, -1);
+    ASSERT_EQ(a->prompt_manifest.segments.size(), 1u);
+    EXPECT_EQ(a->prompt_manifest.generation_prompt_begin, -1);
     ASSERT_FALSE(a->blocks.empty());
-    for (const block & b : a->blocks) EXPECT_EQ(b.cls, retention_class::low);
+    for (const block & b : a->blocks) EXPECT_EQ(b.retention, retention_class::low);
 
     segment longer = p;
     longer.content += "def g(y):\n return y\n";
@@ -775,10 +779,10 @@ TEST(Assembler, ARawPromptIsTheTextAsGivenAndCacheable) {
     EXPECT_EQ(f->tokens.back(), fake_text_model::k_fim_mid);
     const size_t at_suf = std::find(f->tokens.begin(), f->tokens.end(), fake_text_model::k_fim_suf) - f->tokens.begin();
     EXPECT_EQ(at_suf, 2 + t->size());
-    ASSERT_EQ(f->man.segments.size(), 2u);
-    EXPECT_EQ(f->man.segments[1].cls, retention_class::none);
-    EXPECT_EQ(f->man.segments[1].token_begin, (pos_t)at_suf);
-    EXPECT_EQ(f->blocks.back().cls, retention_class::none);
+    ASSERT_EQ(f->prompt_manifest.segments.size(), 2u);
+    EXPECT_EQ(f->prompt_manifest.segments[1].retention, retention_class::none);
+    EXPECT_EQ(f->prompt_manifest.segments[1].token_begin, (pos_t)at_suf);
+    EXPECT_EQ(f->blocks.back().retention, retention_class::none);
     segment empty = p;
     empty.content.clear();
     EXPECT_FALSE(assemble_raw(empty, std::nullopt, m, test_profile(chunk), "", chunk).ok());

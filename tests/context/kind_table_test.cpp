@@ -9,8 +9,8 @@ namespace {
 
 struct expected_row {
     segment_kind kind;
-    stability stab;
-    retention_class cls;
+    stability how_stable;
+    retention_class retention;
     int order;
     const char * role;
 };
@@ -32,8 +32,8 @@ TEST(KindTable, DefaultsAreTheDesignTable) {
     for (const auto & r : rows) {
         const auto & p = t.policy(r.kind);
         SCOPED_TRACE(std::string(segment_kind_name(r.kind)));
-        EXPECT_EQ(p.stab, r.stab);
-        EXPECT_EQ(p.retention, r.cls);
+        EXPECT_EQ(p.how_stable, r.how_stable);
+        EXPECT_EQ(p.retention, r.retention);
         EXPECT_EQ(p.order, r.order);
         EXPECT_EQ(p.role, r.role);
         EXPECT_EQ(p.role_from_segment, r.kind == history);
@@ -49,12 +49,12 @@ TEST(KindTable, OverridesChangeOnlyWhatTheyName) {
     const kind_table d;
     EXPECT_EQ(t->policy(segment_kind::repo_map).retention, retention_class::highest);
     EXPECT_EQ(t->policy(segment_kind::repo_map).order, 2);
-    EXPECT_EQ(t->policy(segment_kind::repo_map).stab, stability::stable);  // untouched
+    EXPECT_EQ(t->policy(segment_kind::repo_map).how_stable, stability::stable);  // untouched
     EXPECT_EQ(t->policy(segment_kind::repo_map).role, "system");
     const auto & h = t->policy(segment_kind::history);
     EXPECT_FALSE(h.role_from_segment);
     EXPECT_TRUE(h.header);
-    EXPECT_EQ(h.stab, stability::stable_ish);
+    EXPECT_EQ(h.how_stable, stability::stable_ish);
     EXPECT_EQ(h.role, "system");
     for (auto k : {segment_kind::system, segment_kind::diff, segment_kind::user})
         EXPECT_EQ(t->policy(k), d.policy(k)) << segment_kind_name(k);

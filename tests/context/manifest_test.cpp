@@ -19,7 +19,7 @@ using testing::typical_workspace;
 manifest manifest_of(const std::vector<segment> & segs, const text_model & model = fake_text_model{}) {
     auto r = assemble(segs, kind_table{}, model, test_profile(16), "salt", 16);
     EXPECT_TRUE(r.ok()) << r.error().to_string();
-    return r.ok() ? r->man : manifest{};
+    return r.ok() ? r->prompt_manifest : manifest{};
 }
 
 segment & find(std::vector<segment> & segs, std::string_view id) {

@@ -43,19 +43,19 @@ order_decision turn(volatility_state & st, const std::vector<segment> & segs, co
                     bool * learned = nullptr) {
     static const kind_table kinds;
     order_decision d = decide_order(st, segs, kinds, o);
-    manifest man;
+    manifest prompt_manifest;
     std::optional<size_t> first_chat;
     for (const segment * s : ordered_segments(segs, kinds, d.hints.order)) {
-        if (!first_chat && is_chat_message(*s)) first_chat = man.segments.size();
+        if (!first_chat && is_chat_message(*s)) first_chat = prompt_manifest.segments.size();
         manifest_entry e;
         e.id = s->id;
         e.kind = s->kind;
-        e.stab = kinds.policy(s->kind).stab;
+        e.how_stable = kinds.policy(s->kind).how_stable;
         e.content_hash = segment_content_hash(*s);
         e.content_bytes = s->content.size();
-        man.segments.push_back(e);
+        prompt_manifest.segments.push_back(e);
     }
-    const bool l = observe_turn(st, man, first_chat);
+    const bool l = observe_turn(st, prompt_manifest, first_chat);
     if (learned) *learned = l;
     return d;
 }
@@ -168,7 +168,7 @@ TEST(LearnedOrder, AssembleUsesTheHintsAndTheInputOrderStillDoesNotMatter) {
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(a->tokens, b->tokens);
     std::vector<std::string> ids;
-    for (const auto & e : a->man.segments) ids.push_back(e.id);
+    for (const auto & e : a->prompt_manifest.segments) ids.push_back(e.id);
     EXPECT_EQ(ids, (std::vector<std::string>{"sys", "pin-a", "pin-c", "map", "pin-b", "q"}));
     EXPECT_EQ(a->hints, h);
 }
@@ -240,8 +240,8 @@ TEST(LearnedOrder, TheStateReadsBackFromItsJsonAndDecidesTheSame) {
 
 // The generation prompt joins the last segment's piece (one decode call for the tail)
 // once two turns in a row (the request at hand included) did not carry their last
-// segment forward, and not on or after a turn that did; what was learned survives the JSON, and a file written before it was
-// kept reads as nothing learned.
+// segment forward, and not on or after a turn that did; what was learned survives the JSON, and a file written before
+// it was kept reads as nothing learned.
 TEST(LearnedOrder, TheGenerationPromptIsFusedOnlyWhereTurnsDoNotCarryTheirLastSegmentForward) {
     auto with_question = [](const std::string & q) {
         auto segs = workspace();
@@ -267,7 +267,8 @@ TEST(LearnedOrder, TheGenerationPromptIsFusedOnlyWhereTurnsDoNotCarryTheirLastSe
         asked.id = "h" + std::to_string(2 * t);
         asked.kind = segment_kind::history;
         asked.role = "user";
-        segment answer = make_segment("h" + std::to_string(2 * t + 1), segment_kind::history, "answer " + std::to_string(t));
+        segment answer =
+            make_segment("h" + std::to_string(2 * t + 1), segment_kind::history, "answer " + std::to_string(t));
         answer.role = "assistant";
         a.back() = asked;
         a.push_back(answer);
@@ -335,8 +336,8 @@ TEST(LearnedOrder, AFusedGenerationPromptSharesTheLastSegmentsBlock) {
     auto fused = assemble(segs, kinds, model, test_profile(), "s", 16, true, h);
     ASSERT_TRUE(apart.ok() && fused.ok());
     EXPECT_EQ(apart->tokens, fused->tokens);
-    const pos_t g = fused->man.generation_prompt_begin;
-    ASSERT_GT(g, fused->man.segments.back().token_begin);
+    const pos_t g = fused->prompt_manifest.generation_prompt_begin;
+    ASSERT_GT(g, fused->prompt_manifest.segments.back().token_begin);
     auto ends_at = [](const assembled_prompt & p, pos_t at) {
         return std::any_of(p.blocks.begin(), p.blocks.end(), [&](const block & b) { return b.end == at; });
     };
@@ -344,7 +345,7 @@ TEST(LearnedOrder, AFusedGenerationPromptSharesTheLastSegmentsBlock) {
     EXPECT_FALSE(ends_at(*fused, g));
     EXPECT_TRUE(ends_at(*fused, (pos_t)fused->tokens.size()));
     // Everything before the last segment's piece is chunked alike.
-    const pos_t q = fused->man.segments.back().token_begin;
+    const pos_t q = fused->prompt_manifest.segments.back().token_begin;
     for (const block & b : apart->blocks)
         if (b.end <= q) {
             EXPECT_TRUE(ends_at(*fused, b.end)) << b.end;
@@ -442,16 +443,16 @@ TEST(LearnedOrder, FineFromAndTheDigestReadBackFromTheJson) {
     volatility_state st;
     std::vector<segment> ws = workspace();
     order_decision d = decide_order(st, ws, kind_table{}, {});
-    manifest man;
+    manifest prompt_manifest;
     for (const segment * sp : ordered_segments(ws, kind_table{}, d.hints.order)) {
         manifest_entry e;
         e.id = sp->id;
         e.kind = sp->kind;
-        e.stab = kind_table{}.policy(sp->kind).stab;
+        e.how_stable = kind_table{}.policy(sp->kind).how_stable;
         e.content_hash = segment_content_hash(*sp);
-        man.segments.push_back(e);
+        prompt_manifest.segments.push_back(e);
     }
-    observe_turn(st, man, std::nullopt, d.hints, d.digests);
+    observe_turn(st, prompt_manifest, std::nullopt, d.hints, d.digests);
     ASSERT_EQ(st.segs.at("pin-b").digest, content_digest(ws[3].content));
     EXPECT_EQ(content_digest(std::string(2 * k_edit_digest_bytes + 1, 'x')).size(), 3u);
     st.segs.at("pin-b").fine = true;
@@ -493,7 +494,7 @@ TEST(LearnedOrder, AFusedConversationIsOneRunOfClassNone) {
     ASSERT_TRUE(fused.ok()) << fused.error().to_string();
     EXPECT_EQ(apart->tokens, fused->tokens);
     pos_t chat = 0;
-    for (const auto & e : fused->man.segments)
+    for (const auto & e : fused->prompt_manifest.segments)
         if (e.kind == segment_kind::history) {
             chat = e.token_begin;
             break;
@@ -509,7 +510,7 @@ TEST(LearnedOrder, AFusedConversationIsOneRunOfClassNone) {
             continue;
         }
         ++n_fused;
-        EXPECT_EQ(b.cls, retention_class::none) << b.begin;
+        EXPECT_EQ(b.retention, retention_class::none) << b.begin;
         if (b.end < (pos_t)fused->tokens.size()) {
             EXPECT_EQ(b.end - b.begin, 16) << "a cut inside the run that is not the chunk size";
         }

@@ -101,9 +101,9 @@ TEST(Checkpoints, ATurnResumesFromTheCheckpointBeforeABlockEndLeftOut) {
     auto gapped = open_hybrid(64, 1 << 20);
     ASSERT_TRUE(every && gapped);
     const turn_request first = conversation(6, "first question");
-    auto ap = gapped->assemble_request(first);
-    ASSERT_TRUE(ap.ok());
-    ASSERT_GT(ap->blocks.size(), 6u);
+    auto prompt = gapped->assemble_request(first);
+    ASSERT_TRUE(prompt.ok());
+    ASSERT_GT(prompt->blocks.size(), 6u);
     ASSERT_TRUE(every->run_turn(first).ok());
     ASSERT_TRUE(gapped->run_turn(first).ok());
     const uint64_t all = every->counters().memory.n_checkpoints_taken;

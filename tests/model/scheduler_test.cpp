@@ -236,7 +236,8 @@ TEST(Scheduler, BatchesConcurrentJobsAndCompletesThemAll) {
     std::vector<std::unique_ptr<collector>> cs;
     for (int i = 0; i < 8; ++i) {
         cs.push_back(std::make_unique<collector>());
-        ASSERT_TRUE((*s)->submit({req("w" + std::to_string(i % 3), small_workspace(10 + i), 16), cs.back()->sink()}).ok());
+        ASSERT_TRUE(
+            (*s)->submit({req("w" + std::to_string(i % 3), small_workspace(10 + i), 16), cs.back()->sink()}).ok());
     }
     for (auto & c : cs) {
         ASSERT_TRUE(c->wait());
@@ -409,7 +410,8 @@ TEST(Scheduler, AChatDuringItsPrewarmStartsFromWhatThePrewarmHasDone) {
     o.engine.tiers.cache_dir = tmp.path;
     o.after_prefill_chunk = [&](const turn_request & r, pos_t) {
         // The pre-warm's third chunk: the chat arrives.
-        if (r.prewarm && ++chunks == 3 && !sent.exchange(true)) ASSERT_TRUE(self->submit({chat, c.sink()}).ok());
+        if (is_prewarm(r.kind) && ++chunks == 3 && !sent.exchange(true))
+            ASSERT_TRUE(self->submit({chat, c.sink()}).ok());
     };
     auto s = scheduler::start(o);
     ASSERT_TRUE(s.ok());
@@ -429,7 +431,8 @@ TEST(Scheduler, AChatDuringItsPrewarmStartsFromWhatThePrewarmHasDone) {
     ASSERT_TRUE((*s)->call([](context_engine & ce) { (void)ce.disk_tier(); }).ok());
     context_counters cc = counters_of(**s);
     EXPECT_EQ(cc.prewarm.n_preempted, 1u);
-    EXPECT_EQ(cc.prewarm.n_prefilled_tokens + (uint64_t)done.explain.n_prefilled, (uint64_t)done.explain.n_prompt_tokens)
+    EXPECT_EQ(cc.prewarm.n_prefilled_tokens + (uint64_t)done.explain.n_prefilled,
+              (uint64_t)done.explain.n_prompt_tokens)
         << "no token prefilled twice";
     EXPECT_EQ(cc.tiers.n_writes_disk, 1u) << "the stopped pre-warm wrote nothing to disk; the chat wrote its prefix";
     expect_equals_cold(**s, chat, done);
@@ -455,7 +458,8 @@ TEST(Scheduler, ADiskWriteThroughWaitsUntilTheStreamWouldChange) {
     workload_generator g(31, [](const std::string & x) { return x.size() / 3; });
     auto segs_a = make_workspace(g, 1200, 1);
     const auto segs_b = make_workspace(g, 1200, 2);
-    const std::string diff = "diff --git a/src/x.cc b/src/x.cc\n--- a/src/x.cc\n+++ b/src/x.cc\n@@ -1,2 +1,2 @@\n-int a;\n+int b;\n";
+    const std::string diff =
+        "diff --git a/src/x.cc b/src/x.cc\n--- a/src/x.cc\n+++ b/src/x.cc\n@@ -1,2 +1,2 @@\n-int a;\n+int b;\n";
     segs_a.insert(segs_a.end() - 1, segment{"diff", segment_kind::diff, "", "", diff});
     auto o = tiny_scheduler(1);  // one work stream
     o.engine.tiers.cache_dir = tmp.path;
@@ -527,7 +531,7 @@ TEST(Scheduler, APrewarmWaitsWhileAChatGenerates) {
     scheduler * self = nullptr;
     auto o = tiny_scheduler(2);
     o.after_prefill_chunk = [&](const turn_request & r, pos_t) {
-        if (!r.prewarm) return;
+        if (!is_prewarm(r.kind)) return;
         {
             std::lock_guard<std::mutex> lk(log_mu);
             log += 'P';
@@ -549,7 +553,8 @@ TEST(Scheduler, APrewarmWaitsWhileAChatGenerates) {
     const size_t first = seen.find('D'), end = seen.find('E');
     ASSERT_NE(first, std::string::npos) << seen;
     ASSERT_NE(end, std::string::npos) << seen;
-    EXPECT_EQ(seen.substr(first, end - first).find('P'), std::string::npos) << "a pre-warm chunk ran between two tokens: " << seen;
+    EXPECT_EQ(seen.substr(first, end - first).find('P'), std::string::npos)
+        << "a pre-warm chunk ran between two tokens: " << seen;
     EXPECT_NE(seen.find('P', end), std::string::npos) << "the pre-warm went on after the chat: " << seen;
     context_counters cc = counters_of(**s);
     EXPECT_EQ(cc.prewarm.n_preempted, 0u);
@@ -573,7 +578,8 @@ TEST(Scheduler, APromptsLeadingSegmentsArePrefilledAheadAndItsChatContinuesFromT
     o.prefill_ahead_lead_bytes = 1500;  // the system prompt, tools and rules, not the repository map
     o.after_prefill_chunk = [&](const turn_request & r, pos_t) {
         // The whole prompt is assembled once the pre-warm has done a chunk.
-        if (r.ahead && !sent.exchange(true)) ASSERT_TRUE(self->submit({chat, c.sink()}).ok());
+        if (r.kind == turn_kind::leading_prewarm && !sent.exchange(true))
+            ASSERT_TRUE(self->submit({chat, c.sink()}).ok());
     };
     auto s = scheduler::start(o);
     ASSERT_TRUE(s.ok());
@@ -583,12 +589,13 @@ TEST(Scheduler, APromptsLeadingSegmentsArePrefilledAheadAndItsChatContinuesFromT
     const completion_event & done = *c.last();
     ASSERT_EQ(done.what, completion_event::kind::done);
     ASSERT_TRUE(done.explain.prewarm.has_value());
-    EXPECT_TRUE(done.explain.prewarm->ahead);
+    EXPECT_TRUE(done.explain.prewarm->leading);
     EXPECT_GT(done.explain.prewarm->n_cached, 0);
     EXPECT_EQ(done.explain.n_reused, done.explain.prewarm->n_cached) << "reuses exactly what was prefilled ahead";
     EXPECT_TRUE(done.explain.in_place);
     context_counters cc = counters_of(**s);
-    EXPECT_EQ(cc.prewarm.n_prefilled_tokens + (uint64_t)done.explain.n_prefilled, (uint64_t)done.explain.n_prompt_tokens)
+    EXPECT_EQ(cc.prewarm.n_prefilled_tokens + (uint64_t)done.explain.n_prefilled,
+              (uint64_t)done.explain.n_prompt_tokens)
         << "no token prefilled twice";
     expect_equals_cold(**s, chat, done);
     // The same prompt again: everything is remembered, nothing to prefill ahead.
@@ -621,7 +628,8 @@ TEST(Scheduler, AChatThatNeedsASequencePreemptsAPrewarm) {
     scheduler * self = nullptr;
     auto o = tiny_scheduler(1);
     o.after_prefill_chunk = [&](const turn_request & r, pos_t) {
-        if (r.prewarm && !sent.exchange(true)) ASSERT_TRUE(self->submit({req("other", small_workspace(4), 4), c.sink()}).ok());
+        if (is_prewarm(r.kind) && !sent.exchange(true))
+            ASSERT_TRUE(self->submit({req("other", small_workspace(4), 4), c.sink()}).ok());
     };
     auto s = scheduler::start(o);
     ASSERT_TRUE(s.ok());
@@ -657,7 +665,8 @@ TEST(Scheduler, PrewarmsQueueBehindChatsAndANewerOneReplacesTheQueuedOne) {
     collector hold, after;
     ASSERT_TRUE((*s)->submit({req("hold", small_workspace(5), 2), hold.sink()}).ok());
     // The engine thread now waits in before_admit of "hold".
-    for (int i = 0; i < 400 && (*s)->stats().queue_depth > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (int i = 0; i < 400 && (*s)->stats().queue_depth > 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
     auto segs = small_workspace(6);
     ASSERT_TRUE((*s)->prewarm(prewarm_req("x", segs)).ok());
     segs.front().content += " (edited)";

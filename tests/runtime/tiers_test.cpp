@@ -1,4 +1,4 @@
-// The disk tier's write queue (runtime/tiers.h), on the in-memory file system behind a
+// The disk tier's write queue (runtime/disk_kv_tier.h), on the in-memory file system behind a
 // gate the test holds: a write-through returns while its file is still unwritten, a
 // queued snapshot serves lookups and restores from memory, the same prefix is queued
 // once, a full queue drops the new write (counted, logged), and destruction finishes
@@ -13,7 +13,7 @@
 
 #include "../store/store_test_util.h"
 #include "gated_fs.h"
-#include "tiers.h"
+#include "disk_kv_tier.h"
 
 namespace warmctx {
 namespace {
@@ -27,11 +27,11 @@ using testing::snapshot_of;
 using testing::test_path;
 
 assembled_prompt prompt_of(const test_path & p) {
-    assembled_prompt ap;
-    ap.tokens = p.tokens;
-    ap.blocks = p.blocks;
-    ap.man = p.man;
-    return ap;
+    assembled_prompt prompt;
+    prompt.tokens = p.tokens;
+    prompt.blocks = p.blocks;
+    prompt.prompt_manifest = p.prompt_manifest;
+    return prompt;
 }
 
 std::unique_ptr<disk_kv_tier> open_tiers(file_system & fs, write_queue_options wq = {}) {
@@ -60,7 +60,7 @@ TEST(TierWriteQueue, AWriteThroughReturnsBeforeItsFileIsWrittenAndItsBytesServeA
     ASSERT_TRUE(t);
     gate_opener opener{fs};
     const test_path p = make_path(1, {rc::high, rc::high, rc::none});
-    const assembled_prompt ap = prompt_of(p);
+    const assembled_prompt prompt = prompt_of(p);
     const snapshot snap = two_segments_of(p);
 
     fs.close_gate();
@@ -74,7 +74,7 @@ TEST(TierWriteQueue, AWriteThroughReturnsBeforeItsFileIsWrittenAndItsBytesServeA
     EXPECT_EQ(t->counters().n_writes_disk, 0u);  // a write counts once its file is there
 
     // Lookups see the queued snapshot; a restore takes its bytes, reading no file.
-    disk_kv_tier::hit peeked = t->peek(ap, 0);
+    disk_kv_tier::hit peeked = t->peek(prompt, 0);
     EXPECT_EQ(peeked.tier, kv_tier::disk);
     EXPECT_EQ(peeked.file.n_blocks, 6u);
     EXPECT_EQ(peeked.at.n_tokens, 80);
@@ -83,7 +83,7 @@ TEST(TierWriteQueue, AWriteThroughReturnsBeforeItsFileIsWrittenAndItsBytesServeA
     ASSERT_TRUE(newest);
     EXPECT_TRUE(*newest == p.prof);
     const uint64_t reads = fs.n_opens_for_read();
-    auto [h, bytes] = t->fetch(p.prof, ap, 0);
+    auto [h, bytes] = t->fetch(p.prof, prompt, 0);
     ASSERT_TRUE(bytes);
     EXPECT_EQ(h.tier, kv_tier::disk);
     EXPECT_EQ(h.at.n_tokens, 80);
@@ -94,10 +94,10 @@ TEST(TierWriteQueue, AWriteThroughReturnsBeforeItsFileIsWrittenAndItsBytesServeA
     // Another profile's queued bytes are a miss, as a file of another profile is.
     profile other = p.prof;
     other.kv_type = "q8_0";
-    EXPECT_FALSE(t->fetch(other, ap, 0).second);
+    EXPECT_FALSE(t->fetch(other, prompt, 0).second);
     EXPECT_EQ(t->counters().n_restore_failures, 1u);
     // Better than what the caller has already: nothing.
-    EXPECT_EQ(t->peek(ap, 80).tier, kv_tier::none);
+    EXPECT_EQ(t->peek(prompt, 80).tier, kv_tier::none);
 
     fs.open_gate();
     t->flush();
@@ -108,7 +108,7 @@ TEST(TierWriteQueue, AWriteThroughReturnsBeforeItsFileIsWrittenAndItsBytesServeA
     EXPECT_EQ(q.queued_bytes, 0u);
     // Now from the file: the same bytes.
     t->forget_recent_loads();
-    auto [h2, loaded] = t->fetch(p.prof, ap, 0);
+    auto [h2, loaded] = t->fetch(p.prof, prompt, 0);
     ASSERT_TRUE(loaded);
     EXPECT_FALSE(h2.queued);
     EXPECT_EQ(h2.at.n_tokens, 80);
@@ -135,8 +135,10 @@ TEST(TierWriteQueue, TheSamePrefixIsQueuedOnce) {
     ASSERT_EQ(t->queue_write(two_segments_of(a)), disk_kv_tier::queue_outcome::queued);
     fs.wait_entered(1);  // a is being written
     EXPECT_EQ(t->queue_write(two_segments_of(a)), disk_kv_tier::queue_outcome::held);
-    EXPECT_EQ(t->queue_write(snapshot_of(a, 4, "ws", 7, k_kv_bytes)), disk_kv_tier::queue_outcome::held);  // a prefix of it
-    EXPECT_EQ(t->queue_write(two_segments_of(a, "another workspace")), disk_kv_tier::queue_outcome::held);  // same chain
+    EXPECT_EQ(t->queue_write(snapshot_of(a, 4, "ws", 7, k_kv_bytes)),
+              disk_kv_tier::queue_outcome::held);  // a prefix of it
+    EXPECT_EQ(t->queue_write(two_segments_of(a, "another workspace")),
+              disk_kv_tier::queue_outcome::held);                                        // same chain
     ASSERT_EQ(t->queue_write(two_segments_of(b)), disk_kv_tier::queue_outcome::queued);  // waits behind a
     EXPECT_EQ(t->queue_write(two_segments_of(b)), disk_kv_tier::queue_outcome::held);    // queued, not started
     write_queue_stats q = t->queue_stats();
@@ -246,7 +248,7 @@ TEST(TierWriteQueue, ADamagedFileIsQuarantinedByTheWriterNotByTheRestore) {
     ASSERT_TRUE(t);
     gate_opener opener{fs};
     const test_path p = make_path(1, {rc::high, rc::high, rc::none});
-    const assembled_prompt ap = prompt_of(p);
+    const assembled_prompt prompt = prompt_of(p);
     ASSERT_TRUE(t->put_disk(two_segments_of(p)).ok());
     const std::vector<snapshot_entry> files = t->disk()->list();
     ASSERT_EQ(files.size(), 1u);
@@ -254,7 +256,7 @@ TEST(TierWriteQueue, ADamagedFileIsQuarantinedByTheWriterNotByTheRestore) {
 
     fs.close_gate();
     fs.gate_quarantine();
-    auto restore = std::async(std::launch::async, [&] { return t->fetch(p.prof, ap, 0); });
+    auto restore = std::async(std::launch::async, [&] { return t->fetch(p.prof, prompt, 0); });
     if (restore.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
         fs.open_gate();
         FAIL() << "the restore waited for the file's move to quarantine";
@@ -264,7 +266,7 @@ TEST(TierWriteQueue, ADamagedFileIsQuarantinedByTheWriterNotByTheRestore) {
     EXPECT_NE(h.failed.find(files[0].file_name), std::string::npos) << h.failed;
     EXPECT_EQ(t->counters().n_restore_failures, 1u);
     fs.wait_entered(1);  // the writer is moving it, held at the gate
-    EXPECT_EQ(t->peek(ap, 0).tier, kv_tier::none);  // out of the index already
+    EXPECT_EQ(t->peek(prompt, 0).tier, kv_tier::none);  // out of the index already
     EXPECT_EQ(snapshot_files(mem, "/disk").size(), 1u);  // still in place
 
     fs.open_gate();

@@ -258,11 +258,12 @@ TEST_F(server_test, text_completions) {
 TEST_F(server_test, cached_tokens_rise_on_second_turn) {
     std::string system = "You are a coding agent working in the repository warmctx.";
     for (int i = 0; i < 40; ++i) system += " Rule " + std::to_string(i) + ": keep changes small and tested.";
-    json tools = json::array({{{"type", "function"},
-                               {"function",
-                                {{"name", "read_file"},
-                                 {"description", "Read a file of the repository"},
-                                 {"parameters", {{"type", "object"}, {"properties", {{"path", {{"type", "string"}}}}}}}}}}});
+    json tools =
+        json::array({{{"type", "function"},
+                      {"function",
+                       {{"name", "read_file"},
+                        {"description", "Read a file of the repository"},
+                        {"parameters", {{"type", "object"}, {"properties", {{"path", {{"type", "string"}}}}}}}}}}});
     json turn1 = {{"messages", json::array({{{"role", "system"}, {"content", system}},
                                             {{"role", "user"}, {"content", "List the files."}}})},
                   {"tools", tools},
@@ -321,7 +322,8 @@ TEST_F(server_test, cached_tokens_rise_on_second_turn) {
     for (const json * j : {&j1, &j2}) {
         const json & w = (*j)["warmctx"];
         ASSERT_TRUE(w.contains("decode_ms") && w.contains("decode_tokens_per_second")) << w;
-        EXPECT_NEAR(w["decode_ms"].get<double>(), w["total_ms"].get<double>() - w["first_token_ms"].get<double>(), 1e-6);
+        EXPECT_NEAR(w["decode_ms"].get<double>(), w["total_ms"].get<double>() - w["first_token_ms"].get<double>(),
+                    1e-6);
         const int n = (*j)["usage"]["completion_tokens"].get<int>();
         if (n > 1 && w["decode_ms"].get<double>() > 0)
             EXPECT_NEAR(w["decode_tokens_per_second"].get<double>(), 1000.0 * (n - 1) / w["decode_ms"].get<double>(),
@@ -597,10 +599,10 @@ TEST_F(server_test, workspace_api_round_trip) {
     ASSERT_EQ(list->status, 200);
     EXPECT_EQ(json::parse(list->body)["data"].size(), 3u);
 
-    auto man = client()->Get((base + "/manifest").c_str());
-    ASSERT_TRUE(man);
-    ASSERT_EQ(man->status, 200) << man->body;
-    json mj = json::parse(man->body);
+    auto manifest_res = client()->Get((base + "/manifest").c_str());
+    ASSERT_TRUE(manifest_res);
+    ASSERT_EQ(manifest_res->status, 200) << manifest_res->body;
+    json mj = json::parse(manifest_res->body);
     ASSERT_EQ(mj["segments"].size(), 3u);
     EXPECT_EQ(mj["segments"][0]["id"], "sys");  // canonical order: system, instructions, repo_map
     EXPECT_EQ(mj["segments"][1]["id"], "rules");
@@ -615,7 +617,8 @@ TEST_F(server_test, workspace_api_round_trip) {
 
     // Chat against the workspace, sending only the tail.
     auto chat = [&](const std::string & q) {
-        json body = {{"messages", json::array({{{"role", "user"}, {"content", q}}})}, {"max_tokens", 3}, {"temperature", 0}};
+        json body = {
+            {"messages", json::array({{{"role", "user"}, {"content", q}}})}, {"max_tokens", 3}, {"temperature", 0}};
         return client()->Post((base + "/chat/completions").c_str(), body.dump(), "application/json");
     };
     auto c1 = chat("First question?");
@@ -766,7 +769,8 @@ TEST(server_queue_test, full_queue_answers_429_with_retry_after) {
     holding.get_future().wait();
 
     std::vector<std::future<std::pair<int, std::string>>> queued;
-    for (size_t i = 0; i < max_queue; ++i) queued.push_back(std::async(std::launch::async, post_chat, static_cast<int>(i)));
+    for (size_t i = 0; i < max_queue; ++i)
+        queued.push_back(std::async(std::launch::async, post_chat, static_cast<int>(i)));
     ASSERT_TRUE(eventually([&] { return sched.stats().queue_depth == max_queue; })) << sched.stats().queue_depth;
 
     std::vector<std::future<std::pair<int, std::string>>> refused;

@@ -66,7 +66,7 @@ struct plan {
     std::vector<token_id> prefix = seeded_tokens(k_prefix, k_seed);
     std::vector<token_id> tail = seeded_tokens(70, k_seed + 1);
     profile prof;
-    manifest man;
+    manifest prompt_manifest;
     std::vector<block> blocks;  // of the whole prefix
 
     plan() {
@@ -84,15 +84,16 @@ struct plan {
             e.id = "seg" + std::to_string(s);
             e.kind = segment_kind::repo_map;
             e.role = "system";
-            e.cls = classes[s];
-            e.stab = stability::stable;
+            e.retention = classes[s];
+            e.how_stable = stability::stable;
             e.token_begin = starts[s];
             e.token_end = starts[s + 1];
-            e.token_hash = hash_tokens(std::span(prefix).subspan((size_t)starts[s], (size_t)(starts[s + 1] - starts[s])));
-            man.segments.push_back(e);
+            e.token_hash =
+                hash_tokens(std::span(prefix).subspan((size_t)starts[s], (size_t)(starts[s + 1] - starts[s])));
+            prompt_manifest.segments.push_back(e);
         }
-        man.n_tokens = k_prefix;
-        man.profile_fingerprint = prof.fingerprint();
+        prompt_manifest.n_tokens = k_prefix;
+        prompt_manifest.profile_fingerprint = prof.fingerprint();
         hash128 h = root_hash(prof, "crash-loop");
         for (auto [b, e] : plan_chunks(0, k_prefix, k_segment_starts, k_chunk)) {
             h = chain_hash(h, std::span(prefix).subspan((size_t)b, (size_t)(e - b)));
@@ -106,7 +107,7 @@ struct plan {
         m.prof = prof;
         m.profile_fingerprint = prof.fingerprint();
         m.workspace = workspace;
-        m.man = man;
+        m.prompt_manifest = prompt_manifest;
         for (const block & b : blocks)
             if (b.end <= P) m.blocks.push_back(b);
         return m;
@@ -209,7 +210,8 @@ TEST(crash_loop, sigkill_during_snapshot_writes_never_leaves_a_loadable_torn_fil
         for (const snapshot_entry & e : (*reader)->list()) {
             ++n_checked_between_kills;
             auto l = (*reader)->load(e.key);
-            if (!l.ok()) ADD_FAILURE() << "after kill " << round << ": " << e.file_name << ": " << l.error().to_string();
+            if (!l.ok())
+                ADD_FAILURE() << "after kill " << round << ": " << e.file_name << ": " << l.error().to_string();
             else if (!std::equal((*l)->tokens.begin(), (*l)->tokens.end(), plan_tokens.begin())) ++n_torn_loaded;
         }
     }

@@ -146,7 +146,7 @@ TEST(snapshot_format, empty_workspace_and_generation_prompt_blocks_are_allowed) 
     auto p = make_path(2, {rc::high});
     snapshot s = snapshot_of(p, p.blocks.size(), "");
     s.meta.blocks.back().segment_index = k_generation_prompt_index;
-    s.meta.blocks.back().cls = rc::none;
+    s.meta.blocks.back().retention = rc::none;
     auto d = decode_snapshot(encode(s));
     ASSERT_TRUE(d.ok()) << d.error().to_string();
     EXPECT_EQ(d->meta.workspace, "");
@@ -186,7 +186,7 @@ TEST(snapshot_format, encode_validates) {
     bad([](snapshot & s) { s.meta.workspace = std::string(5000, 'w'); });
     bad([](snapshot & s) { s.meta.profile_fingerprint = hash_string("other"); });
     bad([](snapshot & s) { s.meta.blocks[0].segment_index = 9; });
-    bad([](snapshot & s) { s.meta.blocks[0].cls = (retention_class)7; });
+    bad([](snapshot & s) { s.meta.blocks[0].retention = (retention_class)7; });
 }
 
 // ---- truncation -------------------------------------------------------------------------------
@@ -303,7 +303,8 @@ TEST(snapshot_format, wrong_magic_and_future_version) {
     auto r = decode_snapshot(v, &why);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(why, snapshot_defect::foreign_version);
-    EXPECT_NE(r.error().message().find("format version " + std::to_string(sf::k_version + 1)), std::string::npos) << r.error().message();
+    EXPECT_NE(r.error().message().find("format version " + std::to_string(sf::k_version + 1)), std::string::npos)
+        << r.error().message();
 
     EXPECT_EQ(defect_of(std::vector<uint8_t>(4096, 0)), snapshot_defect::bad_magic);
     EXPECT_EQ(defect_of(std::vector<uint8_t>{}), snapshot_defect::truncated);
@@ -333,7 +334,8 @@ TEST(snapshot_format, writer_bugs_behind_valid_checksums_are_named) {
     }
     EXPECT_EQ(defect_of(replace_section(bytes, sf::s_profile, "{not json")), snapshot_defect::malformed_profile);
     EXPECT_EQ(defect_of(replace_section(bytes, sf::s_profile, "{}")), snapshot_defect::malformed_profile);
-    EXPECT_EQ(defect_of(replace_section(bytes, sf::s_profile, std::string(10000, '['))), snapshot_defect::malformed_profile);
+    EXPECT_EQ(defect_of(replace_section(bytes, sf::s_profile, std::string(10000, '['))),
+              snapshot_defect::malformed_profile);
     EXPECT_EQ(defect_of(replace_section(bytes, sf::s_manifest, "[1,2]")), snapshot_defect::malformed_manifest);
     EXPECT_EQ(defect_of(replace_section(bytes, sf::s_workspace, "a\x01")), snapshot_defect::malformed_workspace);
     {

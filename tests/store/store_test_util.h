@@ -30,7 +30,7 @@ inline profile test_profile() {
 // chain hashes rooted in the profile and a tenant salt.
 struct test_path {
     profile prof;
-    manifest man;
+    manifest prompt_manifest;
     std::vector<token_id> tokens;
     std::vector<block> blocks;
 };
@@ -48,8 +48,8 @@ inline test_path make_path(uint32_t seed, const std::vector<retention_class> & c
         e.kind = segment_kind::repo_map;
         e.role = "system";
         e.order = (int)s;
-        e.stab = stability::stable;
-        e.cls = classes[s];
+        e.how_stable = stability::stable;
+        e.retention = classes[s];
         e.token_begin = at;
         e.token_end = at + tokens_per_segment;
         e.content_bytes = 100;
@@ -64,11 +64,11 @@ inline test_path make_path(uint32_t seed, const std::vector<retention_class> & c
             t.blocks.push_back({h, at + b, at + e_end, classes[s], (int)s});
         }
         t.tokens.insert(t.tokens.end(), seg.begin(), seg.end());
-        t.man.segments.push_back(e);
+        t.prompt_manifest.segments.push_back(e);
         at += tokens_per_segment;
     }
-    t.man.n_tokens = at;
-    t.man.profile_fingerprint = prof.fingerprint();
+    t.prompt_manifest.n_tokens = at;
+    t.prompt_manifest.profile_fingerprint = prof.fingerprint();
     return t;
 }
 
@@ -86,7 +86,7 @@ inline snapshot snapshot_of(const test_path & p, size_t n_blocks, const std::str
     s.meta.prof = p.prof;
     s.meta.profile_fingerprint = p.prof.fingerprint();
     s.meta.workspace = workspace;
-    s.meta.man = p.man;
+    s.meta.prompt_manifest = p.prompt_manifest;
     s.meta.blocks.assign(p.blocks.begin(), p.blocks.begin() + (ptrdiff_t)n_blocks);
     s.meta.created_unix_ms = created_ms;
     s.tokens.assign(p.tokens.begin(), p.tokens.begin() + s.meta.n_tokens());
@@ -104,7 +104,7 @@ inline void expect_same_snapshot(const snapshot & a, const snapshot & b) {
     EXPECT_EQ(a.meta.prof, b.meta.prof);
     EXPECT_EQ(a.meta.profile_fingerprint, b.meta.profile_fingerprint);
     EXPECT_EQ(a.meta.workspace, b.meta.workspace);
-    EXPECT_EQ(a.meta.man, b.meta.man);
+    EXPECT_EQ(a.meta.prompt_manifest, b.meta.prompt_manifest);
     EXPECT_EQ(a.meta.blocks, b.meta.blocks);
     EXPECT_EQ(a.meta.created_unix_ms, b.meta.created_unix_ms);
     EXPECT_EQ(a.tokens, b.tokens);

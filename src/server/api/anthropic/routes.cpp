@@ -57,10 +57,10 @@ void count_tokens(route_context & ctx, const http_request & req, http_response &
     turn_request tr;
     tr.workspace = cr.workspace.empty() ? derive_workspace(cr.segments) : cr.workspace;
     tr.segments = std::move(cr.segments);
-    auto ap = ctx.sched->assemble_unchecked(tr);
-    if (!ap.ok()) return respond_anthropic_error(res, *log, error_from_status(ap.error()));
-    log->prompt_tokens = static_cast<int64_t>(ap->tokens.size());
-    send_json(res, 200, {{"input_tokens", ap->tokens.size()}});
+    auto prompt = ctx.sched->assemble_unchecked(tr);
+    if (!prompt.ok()) return respond_anthropic_error(res, *log, error_from_status(prompt.error()));
+    log->prompt_tokens = static_cast<int64_t>(prompt->tokens.size());
+    send_json(res, 200, {{"input_tokens", prompt->tokens.size()}});
 }
 
 

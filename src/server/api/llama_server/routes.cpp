@@ -101,11 +101,11 @@ void apply_template(route_context & ctx, const http_request & req, http_response
         return respond_error(res, *log, *e);
     if (!ctx.sched) return respond_error(res, *log, stopping());
     tr.workspace = derive_workspace(tr.segments);
-    auto ap = ctx.sched->assemble_unchecked(tr);
-    if (!ap.ok()) return respond_error(res, *log, error_from_status(ap.error(), "messages"));
-    auto text = ctx.sched->detokenize(ap->tokens, true);
+    auto prompt = ctx.sched->assemble_unchecked(tr);
+    if (!prompt.ok()) return respond_error(res, *log, error_from_status(prompt.error(), "messages"));
+    auto text = ctx.sched->detokenize(prompt->tokens, true);
     if (!text.ok()) return respond_error(res, *log, error_from_status(text.error()));
-    log->prompt_tokens = (int64_t)ap->tokens.size();
+    log->prompt_tokens = (int64_t)prompt->tokens.size();
     send_json(res, 200, {{"prompt", *text}});
 }
 

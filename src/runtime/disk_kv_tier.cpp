@@ -1,4 +1,4 @@
-#include "tiers.h"
+#include "disk_kv_tier.h"
 
 #include <chrono>
 #include <algorithm>
@@ -7,13 +7,13 @@
 
 namespace warmctx {
 
-snapshot make_snapshot(const profile & prof, const std::string & workspace, const manifest & man,
+snapshot make_snapshot(const profile & prof, const std::string & workspace, const manifest & prompt_manifest,
                        std::vector<block> path, std::span<const token_id> prompt_tokens, std::vector<uint8_t> kv) {
     snapshot snap;
     snap.meta.prof = prof;
     snap.meta.profile_fingerprint = prof.fingerprint();
     snap.meta.workspace = workspace;
-    snap.meta.man = man;
+    snap.meta.prompt_manifest = prompt_manifest;
     const pos_t end = path.empty() ? 0 : path.back().end;
     snap.meta.blocks = std::move(path);
     snap.tokens.assign(prompt_tokens.begin(), prompt_tokens.begin() + end);
@@ -97,7 +97,7 @@ void disk_kv_tier::flush() {
     cv_idle_.wait(lk, [&] { return queue_.empty() && !settle_ && !settling_; });
 }
 
-disk_kv_tier::hit disk_kv_tier::find(const assembled_prompt & ap, pos_t better_than, bool counted) const {
+disk_kv_tier::hit disk_kv_tier::find(const assembled_prompt & prompt, pos_t better_than, bool counted) const {
     hit h;
     if (!disk_) return h;
     // The queue first, then the store: a write leaves the queue only once its file is
@@ -107,29 +107,29 @@ disk_kv_tier::hit disk_kv_tier::find(const assembled_prompt & ap, pos_t better_t
         for (const queued_write & q : queue_) {
             const pos_t n_file = (pos_t)q.snap->tokens.size();
             if (max_file_tokens_ > 0 && n_file > max_file_tokens_) continue;
-            size_t n = ap.blocks.size();
-            while (n > h.file.n_blocks && !q.chains.count(ap.blocks[n - 1].chain)) --n;
+            size_t n = prompt.blocks.size();
+            while (n > h.file.n_blocks && !q.chains.count(prompt.blocks[n - 1].chain)) --n;
             if (n <= h.file.n_blocks) continue;
             h.file.key = {q.snap->meta.blocks.back().chain, q.snap->meta.workspace};
             h.file.n_blocks = n;
-            h.file.n_tokens = ap.blocks[n - 1].end;
+            h.file.n_tokens = prompt.blocks[n - 1].end;
             h.file.file_n_tokens = n_file;
             h.queued = q.snap;
         }
     }
     snapshot_match file =
-        counted ? disk_->lookup(ap.blocks, max_file_tokens_) : disk_->peek(ap.blocks, max_file_tokens_);
+        counted ? disk_->lookup(prompt.blocks, max_file_tokens_) : disk_->peek(prompt.blocks, max_file_tokens_);
     if (file.n_blocks > h.file.n_blocks) {  // on a tie the queued bytes win: no file read
         h.file = file;
         h.queued.reset();
     }
-    h.at = snap_reuse(ap, h.file.n_blocks);
+    h.at = snap_reuse(prompt, h.file.n_blocks);
     if (h.at.n_tokens > better_than) h.tier = kv_tier::disk;
     return h;
 }
 
-disk_kv_tier::hit disk_kv_tier::peek(const assembled_prompt & ap, pos_t better_than) const {
-    return find(ap, better_than, false);
+disk_kv_tier::hit disk_kv_tier::peek(const assembled_prompt & prompt, pos_t better_than) const {
+    return find(prompt, better_than, false);
 }
 
 std::optional<profile> disk_kv_tier::newest_profile(const std::string & workspace) const {
@@ -145,9 +145,9 @@ std::optional<profile> disk_kv_tier::newest_profile(const std::string & workspac
 }
 
 std::pair<disk_kv_tier::hit, std::shared_ptr<const snapshot>> disk_kv_tier::fetch(const profile & prof,
-                                                                           const assembled_prompt & ap,
+                                                                           const assembled_prompt & prompt,
                                                                            pos_t better_than) {
-    hit h = find(ap, better_than, true);
+    hit h = find(prompt, better_than, true);
     if (h.tier == kv_tier::none) return {};
     if (h.queued) {
         // Not on disk yet: the queued bytes, checked against the profile as a load is.
@@ -189,9 +189,9 @@ std::pair<disk_kv_tier::hit, std::shared_ptr<const snapshot>> disk_kv_tier::fetc
     return {h, std::move(snap)};
 }
 
-disk_kv_tier::hit disk_kv_tier::restore(engine & e, const profile & prof, const assembled_prompt & ap,
+disk_kv_tier::hit disk_kv_tier::restore(engine & e, const profile & prof, const assembled_prompt & prompt,
                                         pos_t better_than, seq_id seq) {
-    auto [h, snap] = fetch(prof, ap, better_than);
+    auto [h, snap] = fetch(prof, prompt, better_than);
     if (!snap) return h;  // a miss, or a candidate that failed (h.failed says why)
     e.clear_seq(seq);
     status st = e.load_seq(seq, snap->kv);
@@ -250,23 +250,25 @@ disk_kv_tier::queue_outcome disk_kv_tier::queue_write(snapshot snap) {
     return enqueue(std::move(snap));
 }
 
-size_t disk_kv_tier::n_saved_blocks(const assembled_prompt & ap, size_t n_blocks_held) const {
+size_t disk_kv_tier::n_saved_blocks(const assembled_prompt & prompt, size_t n_blocks_held) const {
     if (!disk_) return 0;
     size_t k = 0;
-    const size_t n = std::min(n_blocks_held, ap.blocks.size());
-    while (k < n && ap.blocks[k].cls != retention_class::none && ap.blocks[k].cls >= opts_.disk_min_class) ++k;
+    const size_t n = std::min(n_blocks_held, prompt.blocks.size());
+    while (k < n && prompt.blocks[k].retention != retention_class::none &&
+           prompt.blocks[k].retention >= opts_.disk_min_class)
+        ++k;
     return k;
 }
 
 void disk_kv_tier::write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
-                             const assembled_prompt & ap, size_t n_blocks_held) {
+                             const assembled_prompt & prompt, size_t n_blocks_held) {
     // The leading run of cacheable blocks of at least the tier's class, of those the
     // sequence holds (a pre-warm stopped early holds fewer than the prompt has).
-    size_t k = n_saved_blocks(ap, n_blocks_held);
+    size_t k = n_saved_blocks(prompt, n_blocks_held);
     // Up to a block end the state can be cut at (one a prefill kept a checkpoint at).
-    while (k > 0 && !e.can_trim(seq, ap.blocks[k - 1].end)) --k;
-    if (k == 0 || e.seq_n_tokens(seq) < ap.blocks[k - 1].end) return;
-    std::vector<block> path(ap.blocks.begin(), ap.blocks.begin() + (long)k);
+    while (k > 0 && !e.can_trim(seq, prompt.blocks[k - 1].end)) --k;
+    if (k == 0 || e.seq_n_tokens(seq) < prompt.blocks[k - 1].end) return;
+    std::vector<block> path(prompt.blocks.begin(), prompt.blocks.begin() + (long)k);
     if (holds(path)) return;  // on disk or queued already
     // The copy out of the engine stays on this thread: the stream is reused next. On a
     // GPU it goes through page-locked memory (engine::save_seq).
@@ -281,7 +283,8 @@ void disk_kv_tier::write_through(engine & e, const profile & prof, seq_id seq, c
         if (!st.ok()) return write_failed(st);
     }
     // The file is the writer thread's.
-    enqueue(make_snapshot(prof, workspace, ap.man, std::move(path), ap.tokens, std::move(kv.value())));
+    enqueue(
+        make_snapshot(prof, workspace, prompt.prompt_manifest, std::move(path), prompt.tokens, std::move(kv.value())));
 }
 
 void disk_kv_tier::write_failed_locked(const status & why) {

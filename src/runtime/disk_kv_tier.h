@@ -1,4 +1,4 @@
-// runtime/tiers.h - the tier below the engine's KV and its RAM pool: disk.
+// runtime/disk_kv_tier.h - the tier below the engine's KV and its RAM pool: disk.
 //
 // A snapshot store (docs/snapshot-format.md). Write-through: when a turn caches its
 // prompt, the leading run of blocks of at least the tier's class is saved to disk
@@ -46,7 +46,7 @@
 namespace warmctx {
 
 // The one snapshot builder: [0, path.back().end) of a prompt, its KV already saved.
-snapshot make_snapshot(const profile & prof, const std::string & workspace, const manifest & man,
+snapshot make_snapshot(const profile & prof, const std::string & workspace, const manifest & prompt_manifest,
                        std::vector<block> path, std::span<const token_id> prompt_tokens, std::vector<uint8_t> kv);
 
 // The disk tier's write queue: snapshots written through, waiting for (or in) the
@@ -119,7 +119,7 @@ class disk_kv_tier {
         }
     };
     // What restore() would try first, counted nowhere and loading nothing (explain).
-    hit peek(const assembled_prompt & ap, pos_t better_than) const;
+    hit peek(const assembled_prompt & prompt, pos_t better_than) const;
     // The profile of the newest snapshot of `workspace` on disk, if any: after a
     // restart under another configuration it names the drift (explain). Reads no file.
     std::optional<profile> newest_profile(const std::string & workspace) const;
@@ -127,10 +127,10 @@ class disk_kv_tier {
     // first) and trims it at the reuse point; a file that fails its checks is counted
     // (a miss). Returns kv_tier::none when nothing was restored (the sequence is then
     // empty).
-    hit restore(engine & e, const profile & prof, const assembled_prompt & ap, pos_t better_than, seq_id seq);
+    hit restore(engine & e, const profile & prof, const assembled_prompt & prompt, pos_t better_than, seq_id seq);
     // The same without loading it anywhere: the hit and its file's snapshot (whose KV
     // holds at least hit.at.n_tokens), or kv_tier::none and nullptr.
-    std::pair<hit, std::shared_ptr<const snapshot>> fetch(const profile & prof, const assembled_prompt & ap,
+    std::pair<hit, std::shared_ptr<const snapshot>> fetch(const profile & prof, const assembled_prompt & prompt,
                                                           pos_t better_than);
     // Counts a fetched prefix of n_tokens as restored from disk (it went elsewhere).
     void count_restore(pos_t n_tokens) {
@@ -144,10 +144,10 @@ class disk_kv_tier {
     // this returns without waiting for any I/O. Failures are counted, never fatal: the
     // turn already succeeded.
     void write_through(engine & e, const profile & prof, seq_id seq, const std::string & workspace,
-                       const assembled_prompt & ap, size_t n_blocks_held);
-    // How many of the first `n_blocks_held` blocks of `ap` write_through saves: the
+                       const assembled_prompt & prompt, size_t n_blocks_held);
+    // How many of the first `n_blocks_held` blocks of `prompt` write_through saves: the
     // leading run of cacheable blocks of at least the tier's class (0: none, or no disk).
-    size_t n_saved_blocks(const assembled_prompt & ap, size_t n_blocks_held) const;
+    size_t n_saved_blocks(const assembled_prompt & prompt, size_t n_blocks_held) const;
     // What write_through does with its snapshot: queues it for the writer thread unless
     // the disk or the queue holds its prefix already, or the queue is full.
     enum class queue_outcome { queued, held, dropped, no_disk };
@@ -173,7 +173,7 @@ class disk_kv_tier {
     };
 
     disk_kv_tier() = default;
-    hit find(const assembled_prompt & ap, pos_t better_than, bool counted) const;
+    hit find(const assembled_prompt & prompt, pos_t better_than, bool counted) const;
     // Whether the disk or the queue holds `path` whole (counted as a store lookup).
     bool holds(std::span<const block> path);
     // Queues a snapshot that holds() said is new.
