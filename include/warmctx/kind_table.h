@@ -3,10 +3,10 @@
 // The kind table maps every segment_kind to a policy: its stability (does it change
 // between turns?), its retention class (what eviction protects first), its place in
 // the canonical order and the chat role its message is rendered with. The defaults
-// are the table in DESIGN.md ("Segments"); a user may override any field of any kind
-// by configuration, except that the `user` kind (this turn's question) must stay
-// strictly last: everything after it would be re-prefilled every turn, and a
-// generation prompt must follow the question.
+// are the table below (kind_table.cpp; docs/architecture.md, "Segment kinds"); a user
+// may override any field of any kind by configuration, except that the `user` kind
+// (this turn's question) must stay strictly last: everything after it would be
+// re-prefilled every turn, and a generation prompt must follow the question.
 //
 // A kind_table is immutable after construction and safe to share between threads.
 #pragma once
@@ -50,7 +50,7 @@ struct kind_policy {
 
 class kind_table {
   public:
-    // The defaults of DESIGN.md:
+    // The defaults (kind_table.cpp):
     //   kind          stability   retention  order role    header
     //   system        stable      highest    1     system  yes
     //   tools         stable      highest    2     system  yes

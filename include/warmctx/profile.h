@@ -35,7 +35,7 @@
 namespace warmctx {
 
 struct profile {
-    std::string model_digest;          // digest of the model's tensor data (digest_bytes)
+    std::string model_digest;          // digest of the whole model file (file_digest)
     std::string tokenizer_digest;      // digest of the vocabulary + merges + special tokens
     std::string chat_template_digest;  // digest of the chat template text
     std::string llama_commit;          // the llama.cpp commit warmctx was built against
@@ -47,7 +47,7 @@ struct profile {
     std::string kv_type = "f16";       // KV precision: f16, q8_0, ...
     uint32_t chunk_tokens = 512;       // canonical chunk size (changes the KV's last bits)
     std::string kv_mode = "exact";     // "exact" | "shared"
-    // Beyond the DESIGN list: both change the kernels that compute the KV, so they
+    // Not the model or the context, but both change the kernels that compute the KV, so they
     // change its last bits like a backend change does.
     bool flash_attn = false;
     int32_t n_gpu_layers = 0;          // layers offloaded (-1 = all)
