@@ -78,14 +78,12 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "warmctx/assembler.h"  // block (the cache depends on context, never the reverse)
@@ -210,9 +208,6 @@ struct holder_info {
     std::vector<block> blocks;                           // its path
 };
 
-namespace cache_detail { class prefix_index; struct index_node; }
-class prefix_cache_planner;
-
 class prefix_cache {
   public:
     // The cache may use exactly `holder_seqs` (duplicates ignored) as holders; it assumes
@@ -286,7 +281,7 @@ class prefix_cache {
     // "workspace dropped" for blocks no other holder keeps. Not counted as evictions.
     void drop_workspace(const std::string & ws, uint64_t now = 0);
     // Lookups so far (the clock that ages semantic eviction's reuse counts).
-    uint64_t n_lookups() const { return tickers_.n_lookups; }
+    uint64_t n_lookups() const;
     // What the eviction records remember of a block's reuse: 0 if none; else its reuse
     // count when it left (lookup hits while resident plus what was remembered then;
     // a block not admitted counts each time it is asked for), aged, plus one.
@@ -298,9 +293,9 @@ class prefix_cache {
     std::vector<holder_info> holders() const;  // in-use holders, by seq id
     size_t n_free_holders() const;
 
-    const cache_budget & budget() const { return budget_; }
-    eviction_policy policy() const { return policy_; }
-    kv_accounting accounting() const { return accounting_; }
+    const cache_budget & budget() const;
+    eviction_policy policy() const;
+    kv_accounting accounting() const;
     // The token cap of a workspace (0 = unlimited).
     uint64_t workspace_max_tokens(const std::string & ws) const;
 
@@ -309,37 +304,8 @@ class prefix_cache {
     status check_invariants() const;
 
   private:
-    friend class prefix_cache_planner;  // the pure simulation behind plan_insert
-    struct insert_plan;
-    struct pending_record;
-
-    result<insert_plan> plan_insert(const std::string & workspace, std::span<const block> path,
-                                    size_t n_matched, uint64_t now) const;
-    status apply_insert(insert_plan & plan, seq_id src_seq, uint64_t now);
-    void commit_records(std::vector<pending_record> & records);
-    // The record of a resident block lost without a policy eviction (engine error,
-    // workspace dropped): its reuse is remembered like an evicted block's.
-    eviction_record lost_record(const hash128 & chain, const cache_detail::index_node & n, uint64_t now,
-                                const std::string & ws, const char * reason) const;
-    void add_record(const hash128 & chain, eviction_record r);
-
-    kv_ops & kv_;
-    cache_budget budget_;
-    eviction_policy policy_;
-    kv_accounting accounting_;
-    std::unique_ptr<cache_detail::prefix_index> index_;
-    std::unordered_map<hash128, uint32_t, hash128_hasher> pins_;  // chain -> pin count (> 0)
-
-    // Eviction records: the newest per chain, bounded FIFO by serial number.
-    struct stored_record {
-        eviction_record record;
-        uint64_t serial = 0;
-    };
-    std::unordered_map<hash128, stored_record, hash128_hasher> records_;
-    std::deque<std::pair<hash128, uint64_t>> record_fifo_;  // (chain, serial), oldest first
-    uint64_t record_serial_ = 0;
-
-    cache_counters tickers_;  // only the ticker fields are used
+    struct impl;  // the index, pins, eviction records and tickers (src/cache/prefix_cache.cpp)
+    std::unique_ptr<impl> p_;
 };
 
 }  // namespace warmctx

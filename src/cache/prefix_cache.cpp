@@ -20,6 +20,8 @@
 
 #include <algorithm>
 #include <compare>
+#include <deque>
+#include <unordered_map>
 
 #include "prefix_index.h"
 
@@ -99,37 +101,88 @@ status validate_budget(const cache_budget & b) {
     return {};
 }
 
-// A record made while planning; committed only if the plan is applied.
-struct prefix_cache::pending_record {
-    hash128 chain;
-    eviction_record record;
-    bool counts_as_eviction = false;  // a policy eviction (budget / no free holder)
-};
+// The cache's state and the insert machinery behind the public calls.
+struct prefix_cache::impl {
+    // A record made while planning; committed only if the plan is applied.
+    struct pending_record {
+        hash128 chain;
+        eviction_record record;
+        bool counts_as_eviction = false;  // a policy eviction (budget / no free holder)
+    };
 
-struct prefix_cache::insert_plan {
-    explicit insert_plan(const prefix_index & current) : next(current) {}
-    prefix_index next;            // the index as it will be after the insert
-    int32_t slot = -1;            // the new holder's slot
-    uint64_t generation = 0;      // its generation in `next` (tells it apart from a refill)
-    size_t n_kept = 0;            // blocks of the path it holds at the end; 0 if gone
-    bool forced_cut = false;      // the path was cut because nothing else was evictable
-    std::string limiting_reason;  // the last budget that made us evict or cut
-    size_t n_whole_holder_evictions = 0;
-    size_t n_redundant_dropped = 0;
-    std::vector<pending_record> records;
+    struct insert_plan {
+        explicit insert_plan(const prefix_index & current) : next(current) {}
+        prefix_index next;            // the index as it will be after the insert
+        int32_t slot = -1;            // the new holder's slot
+        uint64_t generation = 0;      // its generation in `next` (tells it apart from a refill)
+        size_t n_kept = 0;            // blocks of the path it holds at the end; 0 if gone
+        bool forced_cut = false;      // the path was cut because nothing else was evictable
+        std::string limiting_reason;  // the last budget that made us evict or cut
+        size_t n_whole_holder_evictions = 0;
+        size_t n_redundant_dropped = 0;
+        std::vector<pending_record> records;
 
-    bool new_holder_alive() const {
-        const index_holder & h = next.holder(slot);
-        return h.in_use && h.generation == generation;
-    }
+        bool new_holder_alive() const {
+            const index_holder & h = next.holder(slot);
+            return h.in_use && h.generation == generation;
+        }
+    };
+
+    class planner;  // the pure simulation behind plan_insert
+
+    impl(kv_ops & kv, std::vector<seq_id> holder_seqs, cache_budget budget, eviction_policy policy,
+         kv_accounting accounting)
+        : kv_(kv),
+          budget_(std::move(budget)),
+          policy_(policy),
+          accounting_(accounting),
+          index_(std::make_unique<prefix_index>(holder_seqs, accounting)) {}
+
+    uint64_t workspace_max_tokens(const std::string & ws) const;
+    match peek(std::span<const block> path, std::string_view prefer_workspace) const;
+    match lookup(std::span<const block> path, uint64_t now, std::string_view prefer_workspace);
+    status insert(const std::string & workspace, std::span<const block> path, seq_id src_seq, uint64_t now,
+                  insert_outcome * outcome);
+    result<insert_plan> plan_insert(const std::string & workspace, std::span<const block> path, size_t n_matched,
+                                    uint64_t now) const;
+    status apply_insert(insert_plan & plan, seq_id src_seq, uint64_t now);
+    void commit_records(std::vector<pending_record> & records);
+    // The record of a resident block lost without a policy eviction (engine error,
+    // workspace dropped): its reuse is remembered like an evicted block's.
+    eviction_record lost_record(const hash128 & chain, const index_node & n, uint64_t now, const std::string & ws,
+                                const char * reason) const;
+    void add_record(const hash128 & chain, eviction_record r);
+    uint32_t remembered_reuse(const hash128 & chain) const;
+    void drop_workspace(const std::string & ws, uint64_t now);
+    void clear();
+    cache_counters counters() const;
+    std::vector<holder_info> holders() const;
+    status check_invariants() const;
+
+    kv_ops & kv_;
+    cache_budget budget_;
+    eviction_policy policy_;
+    kv_accounting accounting_;
+    std::unique_ptr<prefix_index> index_;
+    std::unordered_map<hash128, uint32_t, hash128_hasher> pins_;  // chain -> pin count (> 0)
+
+    // Eviction records: the newest per chain, bounded FIFO by serial number.
+    struct stored_record {
+        eviction_record record;
+        uint64_t serial = 0;
+    };
+    std::unordered_map<hash128, stored_record, hash128_hasher> records_;
+    std::deque<std::pair<hash128, uint64_t>> record_fifo_;  // (chain, serial), oldest first
+    uint64_t record_serial_ = 0;
+
+    cache_counters tickers_;  // only the ticker fields are used
 };
 
 // The simulation behind plan_insert. Reads the cache's policy, budgets and pins;
 // mutates only the plan's copy of the index.
-class prefix_cache_planner {
+class prefix_cache::impl::planner {
   public:
-    prefix_cache_planner(const prefix_cache & cache,
-                         const std::unordered_map<hash128, uint32_t, hash128_hasher> & pins)
+    planner(const impl & cache, const std::unordered_map<hash128, uint32_t, hash128_hasher> & pins)
         : cache_(cache), pins_(pins) {}
 
     bool pinned(const hash128 & chain) const { return pins_.count(chain) > 0; }
@@ -137,7 +190,7 @@ class prefix_cache_planner {
     rank_key rank_of(const prefix_index & s, int32_t slot) const {
         const index_holder & h = s.holder(slot);
         const index_node * leaf = s.find(h.path.back());
-        if (cache_.policy() != eviction_policy::semantic) return {0, 0, 0, leaf->t_last_used, h.seq};
+        if (cache_.policy_ != eviction_policy::semantic) return {0, 0, 0, leaf->t_last_used, h.seq};
         const auto retention = (uint8_t)leaf->retention;
         if (retention < k_stable_group) return {retention, 0, retention, leaf->t_last_used, h.seq};
         // a superseded version of a workspace's context counts no reuse
@@ -153,7 +206,7 @@ class prefix_cache_planner {
     // The first budget `s` breaks, checking the inserting workspace first: when it is
     // over, it pays for its own insert before anybody else is evicted.
     std::optional<violation> first_violation(const prefix_index & s, const std::string & ws) const {
-        const cache_budget & b = cache_.budget();
+        const cache_budget & b = cache_.budget_;
         uint64_t ws_cap = cache_.workspace_max_tokens(ws);
         if (ws_cap > 0 && s.workspace_tokens(ws) > ws_cap) return violation{"workspace budget", true};
         if (b.max_tokens > 0 && s.resident_tokens() > b.max_tokens) return violation{"global token budget", false};
@@ -191,17 +244,17 @@ class prefix_cache_planner {
         return best;
     }
 
-    void record(prefix_cache::insert_plan & p, const index_node & n, const hash128 & chain,
+    void record(insert_plan & p, const index_node & n, const hash128 & chain,
                 const std::string & ws, std::string reason, bool was_resident, uint64_t now) const {
-        prefix_cache::pending_record r;
+        pending_record r;
         r.chain = chain;
         r.record.retention = n.retention;
         r.record.hits = n.n_hits + cache_.remembered_reuse(chain);
-        r.record.at_lookup = cache_.n_lookups();
+        r.record.at_lookup = cache_.tickers_.n_lookups;
         r.record.at = now;
         r.record.workspace = ws;
         r.record.reason = std::move(reason);
-        r.record.policy = cache_.policy();
+        r.record.policy = cache_.policy_;
         r.record.was_resident = was_resident;
         r.record.begin = n.begin;
         r.record.end = n.end;
@@ -212,7 +265,7 @@ class prefix_cache_planner {
     // Evicts the last block of `slot`. A block of the new holder past the previously
     // resident prefix (depth >= n_matched) was never resident: it is "not admitted".
     // If the holder is left a prefix of another holder, it is redundant and dropped.
-    void evict_leaf(prefix_cache::insert_plan & p, int32_t slot, const std::string & reason,
+    void evict_leaf(insert_plan & p, int32_t slot, const std::string & reason,
                     size_t n_matched, uint64_t now) const {
         prefix_index & s = p.next;
         const index_holder & h = s.holder(slot);
@@ -226,9 +279,9 @@ class prefix_cache_planner {
         }
     }
 
-    result<prefix_cache::insert_plan> plan(const prefix_index & current, const std::string & ws,
+    result<insert_plan> plan(const prefix_index & current, const std::string & ws,
                                            std::span<const block> path, size_t n_matched, uint64_t now) const {
-        prefix_cache::insert_plan p(current);
+        insert_plan p(current);
         prefix_index & s = p.next;
 
         // A holder whose whole path is a strict prefix of this one becomes redundant:
@@ -273,35 +326,25 @@ class prefix_cache_planner {
     }
 
   private:
-    const prefix_cache & cache_;
+    const impl & cache_;
     const std::unordered_map<hash128, uint32_t, hash128_hasher> & pins_;
 };
 
 // ---------------------------------------------------------------------------
 
-prefix_cache::prefix_cache(kv_ops & kv, std::vector<seq_id> holder_seqs, cache_budget budget,
-                           eviction_policy policy, kv_accounting accounting)
-    : kv_(kv),
-      budget_(std::move(budget)),
-      policy_(policy),
-      accounting_(accounting),
-      index_(std::make_unique<prefix_index>(holder_seqs, accounting)) {}
-
-prefix_cache::~prefix_cache() = default;
-
-uint64_t prefix_cache::workspace_max_tokens(const std::string & ws) const {
+uint64_t prefix_cache::impl::workspace_max_tokens(const std::string & ws) const {
     auto it = budget_.workspace_max_tokens_override.find(ws);
     return it != budget_.workspace_max_tokens_override.end() ? it->second : budget_.workspace_max_tokens;
 }
 
-match prefix_cache::peek(std::span<const block> path, std::string_view prefer_workspace) const {
+match prefix_cache::impl::peek(std::span<const block> path, std::string_view prefer_workspace) const {
     const size_t m = index_->longest_match(path);
     if (m == 0) return {};
     const index_holder & h = index_->holder(pick_holder(*index_, path[m - 1].chain, prefer_workspace));
     return {m, path[m - 1].end, h.seq, h.workspace};
 }
 
-match prefix_cache::lookup(std::span<const block> path, uint64_t now, std::string_view prefer_workspace) {
+match prefix_cache::impl::lookup(std::span<const block> path, uint64_t now, std::string_view prefer_workspace) {
     match r = peek(path, prefer_workspace);
     ++tickers_.n_lookups;
     // Ageing for semantic eviction's reuse counts: every k_hit_halving_period lookups all
@@ -315,14 +358,14 @@ match prefix_cache::lookup(std::span<const block> path, uint64_t now, std::strin
     return r;
 }
 
-result<prefix_cache::insert_plan> prefix_cache::plan_insert(const std::string & workspace,
-                                                            std::span<const block> path, size_t n_matched,
-                                                            uint64_t now) const {
-    return prefix_cache_planner(*this, pins_).plan(*index_, workspace, path, n_matched, now);
+result<prefix_cache::impl::insert_plan> prefix_cache::impl::plan_insert(const std::string & workspace,
+                                                                        std::span<const block> path, size_t n_matched,
+                                                                        uint64_t now) const {
+    return planner(*this, pins_).plan(*index_, workspace, path, n_matched, now);
 }
 
-status prefix_cache::insert(const std::string & workspace, std::span<const block> path, seq_id src_seq,
-                            uint64_t now, insert_outcome * outcome) {
+status prefix_cache::impl::insert(const std::string & workspace, std::span<const block> path, seq_id src_seq,
+                                  uint64_t now, insert_outcome * outcome) {
     insert_outcome local;
     insert_outcome & out = outcome ? *outcome : local;
     out = {};
@@ -427,7 +470,7 @@ status prefix_cache::insert(const std::string & workspace, std::span<const block
     return {};
 }
 
-status prefix_cache::apply_insert(insert_plan & plan, seq_id src_seq, uint64_t now) {
+status prefix_cache::impl::apply_insert(insert_plan & plan, seq_id src_seq, uint64_t now) {
     prefix_index & next = plan.next;
     const index_holder & nh = next.holder(plan.slot);
 
@@ -483,7 +526,7 @@ status prefix_cache::apply_insert(insert_plan & plan, seq_id src_seq, uint64_t n
     return {};
 }
 
-void prefix_cache::commit_records(std::vector<pending_record> & records) {
+void prefix_cache::impl::commit_records(std::vector<pending_record> & records) {
     for (auto & r : records) {
         const uint64_t n_tokens = (uint64_t)(r.record.end - r.record.begin);
         const auto c = (size_t)r.record.retention;
@@ -497,7 +540,7 @@ void prefix_cache::commit_records(std::vector<pending_record> & records) {
     records.clear();
 }
 
-void prefix_cache::add_record(const hash128 & chain, eviction_record r) {
+void prefix_cache::impl::add_record(const hash128 & chain, eviction_record r) {
     const uint64_t serial = ++record_serial_;
     records_[chain] = {std::move(r), serial};
     record_fifo_.emplace_back(chain, serial);
@@ -509,13 +552,13 @@ void prefix_cache::add_record(const hash128 & chain, eviction_record r) {
     }
 }
 
-eviction_record prefix_cache::lost_record(const hash128 & chain, const index_node & n, uint64_t now,
-                                          const std::string & ws, const char * reason) const {
+eviction_record prefix_cache::impl::lost_record(const hash128 & chain, const index_node & n, uint64_t now,
+                                                const std::string & ws, const char * reason) const {
     return {n.retention,       now, ws, reason, policy_, true, n.begin, n.end, n.n_hits + remembered_reuse(chain),
             tickers_.n_lookups};
 }
 
-uint32_t prefix_cache::remembered_reuse(const hash128 & chain) const {
+uint32_t prefix_cache::impl::remembered_reuse(const hash128 & chain) const {
     auto it = records_.find(chain);
     if (it == records_.end()) return 0;
     const eviction_record & r = it->second.record;
@@ -525,26 +568,7 @@ uint32_t prefix_cache::remembered_reuse(const hash128 & chain) const {
     return (periods >= 32 ? 0u : r.hits >> periods) + 1;
 }
 
-std::optional<eviction_record> prefix_cache::last_eviction(const hash128 & chain) const {
-    auto it = records_.find(chain);
-    if (it == records_.end()) return std::nullopt;
-    return it->second.record;
-}
-
-void prefix_cache::pin(std::span<const block> path) {
-    for (const block & b : path) ++pins_[b.chain];
-}
-
-void prefix_cache::unpin(std::span<const block> path) {
-    for (const block & b : path) {
-        auto it = pins_.find(b.chain);
-        if (it != pins_.end() && --it->second == 0) pins_.erase(it);
-    }
-}
-
-bool prefix_cache::is_pinned(const hash128 & chain) const { return pins_.count(chain) > 0; }
-
-void prefix_cache::drop_workspace(const std::string & ws, uint64_t now) {
+void prefix_cache::impl::drop_workspace(const std::string & ws, uint64_t now) {
     std::vector<pending_record> lost;
     for (int32_t slot = 0; slot < (int32_t)index_->n_slots(); ++slot) {
         const index_holder & h = index_->holder(slot);
@@ -559,13 +583,13 @@ void prefix_cache::drop_workspace(const std::string & ws, uint64_t now) {
     commit_records(lost);
 }
 
-void prefix_cache::clear() {
+void prefix_cache::impl::clear() {
     for (int32_t slot = 0; slot < (int32_t)index_->n_slots(); ++slot)
         if (index_->holder(slot).in_use) kv_.clear_seq(index_->holder(slot).seq);
     index_->clear();
 }
 
-cache_counters prefix_cache::counters() const {
+cache_counters prefix_cache::impl::counters() const {
     cache_counters c = tickers_;
     c.resident_tokens = index_->resident_tokens();
     c.resident_bytes = c.resident_tokens * budget_.bytes_per_token;
@@ -584,7 +608,7 @@ cache_counters prefix_cache::counters() const {
     return c;
 }
 
-std::vector<holder_info> prefix_cache::holders() const {
+std::vector<holder_info> prefix_cache::impl::holders() const {
     std::vector<holder_info> out;
     for (int32_t slot = 0; slot < (int32_t)index_->n_slots(); ++slot) {
         const index_holder & h = index_->holder(slot);
@@ -605,9 +629,7 @@ std::vector<holder_info> prefix_cache::holders() const {
     return out;
 }
 
-size_t prefix_cache::n_free_holders() const { return index_->n_slots() - index_->n_in_use(); }
-
-status prefix_cache::check_invariants() const {
+status prefix_cache::impl::check_invariants() const {
     WARMCTX_RETURN_IF_ERROR(index_->check_invariants());
     const uint64_t t = index_->resident_tokens();
     if (budget_.max_tokens > 0 && t > budget_.max_tokens)
@@ -624,5 +646,50 @@ status prefix_cache::check_invariants() const {
         if (count == 0) return internal_error("prefix cache: a zero pin count is stored");
     return {};
 }
+
+// ---- the public calls
+
+prefix_cache::prefix_cache(kv_ops & kv, std::vector<seq_id> holder_seqs, cache_budget budget,
+                           eviction_policy policy, kv_accounting accounting)
+    : p_(std::make_unique<impl>(kv, std::move(holder_seqs), std::move(budget), policy, accounting)) {}
+prefix_cache::~prefix_cache() = default;
+
+match prefix_cache::peek(std::span<const block> path, std::string_view prefer_workspace) const {
+    return p_->peek(path, prefer_workspace);
+}
+match prefix_cache::lookup(std::span<const block> path, uint64_t now, std::string_view prefer_workspace) {
+    return p_->lookup(path, now, prefer_workspace);
+}
+status prefix_cache::insert(const std::string & workspace, std::span<const block> path, seq_id src_seq,
+                            uint64_t now, insert_outcome * outcome) {
+    return p_->insert(workspace, path, src_seq, now, outcome);
+}
+void prefix_cache::pin(std::span<const block> path) {
+    for (const block & b : path) ++p_->pins_[b.chain];
+}
+void prefix_cache::unpin(std::span<const block> path) {
+    for (const block & b : path) {
+        auto it = p_->pins_.find(b.chain);
+        if (it != p_->pins_.end() && --it->second == 0) p_->pins_.erase(it);
+    }
+}
+bool prefix_cache::is_pinned(const hash128 & chain) const { return p_->pins_.count(chain) > 0; }
+std::optional<eviction_record> prefix_cache::last_eviction(const hash128 & chain) const {
+    auto it = p_->records_.find(chain);
+    if (it == p_->records_.end()) return std::nullopt;
+    return it->second.record;
+}
+void prefix_cache::drop_workspace(const std::string & ws, uint64_t now) { p_->drop_workspace(ws, now); }
+uint64_t prefix_cache::n_lookups() const { return p_->tickers_.n_lookups; }
+uint32_t prefix_cache::remembered_reuse(const hash128 & chain) const { return p_->remembered_reuse(chain); }
+void prefix_cache::clear() { p_->clear(); }
+cache_counters prefix_cache::counters() const { return p_->counters(); }
+std::vector<holder_info> prefix_cache::holders() const { return p_->holders(); }
+size_t prefix_cache::n_free_holders() const { return p_->index_->n_slots() - p_->index_->n_in_use(); }
+const cache_budget & prefix_cache::budget() const { return p_->budget_; }
+eviction_policy prefix_cache::policy() const { return p_->policy_; }
+kv_accounting prefix_cache::accounting() const { return p_->accounting_; }
+uint64_t prefix_cache::workspace_max_tokens(const std::string & ws) const { return p_->workspace_max_tokens(ws); }
+status prefix_cache::check_invariants() const { return p_->check_invariants(); }
 
 }  // namespace warmctx
