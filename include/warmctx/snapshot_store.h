@@ -60,17 +60,13 @@
 #pragma once
 
 #include <array>
-#include <deque>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "warmctx/fs.h"
@@ -253,67 +249,13 @@ class snapshot_store {
     std::optional<snapshot_entry> find(const snapshot_key & key) const;
     std::vector<rejected_file> rejected() const;               // since open, in order
     snapshot_store_stats stats() const;
-    const snapshot_store_options & options() const { return opts_; }
+    const snapshot_store_options & options() const;
     std::string path_of(const std::string & file_name) const;  // dir + "/" + file_name
 
   private:
-    struct inflight;
-    struct entry_state {
-        snapshot_entry e;
-        uint64_t generation = 0;  // bumped when a put replaces the file
-        file_version version;     // as last seen (stat) by a put or a scan
-    };
+    struct impl;  // the index, the locks, quarantine's books, the stats (src/store/snapshot_store_impl.h)
     explicit snapshot_store(snapshot_store_options opts);
-    uint64_t now_ms() const;
-    // REQUIRES mu_. The longest prefix of `path` held by a file (lookup, uncounted).
-    snapshot_match find_locked(std::span<const hash128> path, pos_t max_file_tokens) const;
-    // REQUIRES mu_. Index maintenance.
-    void index_add(entry_state st);
-    void index_remove(const std::string & file_name);
-    // REQUIRES commit_mu_ (not mu_). Moves a bad file aside (or deletes it); records it.
-    // Why a head's KV is more than opts_.max_kv_bytes allows ("" = it is not).
-    std::string implausible_kv(const snapshot_header & h) const;
-    void reject(const std::string & file_name, snapshot_defect d, const std::string & reason, bool in_index,
-                uint64_t generation);
-    // REQUIRES commit_mu_ (not mu_). Deletes quarantined files, oldest first, while there
-    // are more than `max_files` or live + quarantined bytes exceed the budget.
-    void prune_quarantine(size_t max_files);
-    // REQUIRES mu_. The victim among the entries `in_scope`, by the policy ("" when none
-    // is evictable; `keep` never is); and its removal from the index, counted.
-    std::string pick_victim_locked(const std::function<bool(const entry_state &)> & in_scope,
-                                   const std::string & keep) const;
-    void evict_locked(const std::string & name, std::vector<std::string> & victims);
-    // REQUIRES commit_mu_ (not mu_). Evicts to the budgets; `keep` (may be empty) is the
-    // file just put. Returns resource_exhausted when `keep` had to go.
-    status enforce_budget(const std::string & keep, const std::string & keep_workspace);
-    // REQUIRES commit_mu_ (not mu_). The directory into the index (rescan's first part).
-    status scan_locked();
-    // A shared store's lookup: rescan() when the last read is shared_refresh_ms old.
-    void refresh_if_due();
-
-    snapshot_store_options opts_;
-    file_system & fs_;
-    std::string quarantine_dir_;
-
-    std::mutex commit_mu_;            // serialises directory changes (see the header comment)
-    mutable std::mutex mu_;           // guards everything below
-    std::map<std::string, entry_state> entries_;  // by file name
-    // chain hash -> (file name, block index) of every block of every indexed file
-    std::unordered_map<hash128, std::vector<std::pair<std::string, size_t>>, hash128_hasher> by_chain_;
-    std::map<std::string, std::shared_ptr<inflight>> inflight_;  // loads in progress, by file name
-    std::vector<rejected_file> rejected_;
-    // quarantine/: (file name, bytes with its .reason), oldest first
-    std::deque<std::pair<std::string, uint64_t>> quarantined_;
-    std::set<std::string> writing_;   // temp file names of puts in progress (rescan skips them)
-    struct deferred_rejection {
-        std::string file_name;
-        snapshot_defect defect;
-        std::string reason;
-    };
-    std::vector<deferred_rejection> deferred_;  // loads' rejections not yet settled
-    snapshot_store_stats stats_;
-    uint64_t generation_counter_ = 0;
-    uint64_t t_last_scan_ms_ = 0;     // when scan_locked last read the directory
+    std::unique_ptr<impl> p_;
 };
 
 }  // namespace warmctx

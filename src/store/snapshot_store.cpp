@@ -1,5 +1,5 @@
 // The disk tier: a directory of snapshot files, indexed by chain hash (see the header).
-#include "warmctx/snapshot_store.h"
+#include "snapshot_store_impl.h"
 
 #include "durable_file.h"
 
@@ -23,51 +23,37 @@ constexpr size_t k_max_rejected_records = 1024;
 }  // namespace
 
 // One load in progress: the first caller reads, later callers wait on `result`.
-struct snapshot_store::inflight {
+struct snapshot_store::impl::inflight {
     std::shared_future<result<std::shared_ptr<const snapshot>>> value;
     snapshot_defect defect = snapshot_defect::none;  // set by the reader before the result
 };
 
-snapshot_store::snapshot_store(snapshot_store_options opts)
+snapshot_store::impl::impl(snapshot_store_options opts)
     : opts_(std::move(opts)), fs_(opts_.fs ? *opts_.fs : posix_fs()) {
     while (opts_.dir.size() > 1 && opts_.dir.back() == '/') opts_.dir.pop_back();
     quarantine_dir_ = opts_.dir + "/quarantine";
     stats_.budget_bytes = opts_.budget_bytes;
 }
 
-snapshot_store::~snapshot_store() { settle_rejections(); }
-
-result<std::unique_ptr<snapshot_store>> snapshot_store::open(snapshot_store_options opts) {
-    if (opts.dir.empty()) return invalid_argument("snapshot store: no directory given");
-    std::unique_ptr<snapshot_store> s(new snapshot_store(std::move(opts)));
-    if (!s->opts_.scan_only) {
-        WARMCTX_RETURN_IF_ERROR(s->fs_.create_dirs(s->opts_.dir).with_context("snapshot store"));
-        if (s->opts_.quarantine)
-            WARMCTX_RETURN_IF_ERROR(s->fs_.create_dirs(s->quarantine_dir_).with_context("snapshot store"));
-    }
-    WARMCTX_RETURN_IF_ERROR(s->rescan());
-    return s;
-}
-
-uint64_t snapshot_store::now_ms() const {
+uint64_t snapshot_store::impl::now_ms() const {
     if (opts_.clock_ms) return opts_.clock_ms();
     return (uint64_t)std::chrono::duration_cast<std::chrono::milliseconds>(
                std::chrono::system_clock::now().time_since_epoch())
         .count();
 }
 
-std::string snapshot_store::path_of(const std::string & file_name) const { return opts_.dir + "/" + file_name; }
+std::string snapshot_store::impl::path_of(const std::string & file_name) const { return opts_.dir + "/" + file_name; }
 
 // ---- index ------------------------------------------------------------------------------
 
-void snapshot_store::index_add(entry_state st) {
+void snapshot_store::impl::index_add(entry_state st) {
     const std::string name = st.e.file_name;
     for (size_t i = 0; i < st.e.meta.blocks.size(); ++i) by_chain_[st.e.meta.blocks[i].chain].emplace_back(name, i);
     stats_.n_bytes += st.e.file_bytes;
     entries_[name] = std::move(st);
 }
 
-void snapshot_store::index_remove(const std::string & file_name) {
+void snapshot_store::impl::index_remove(const std::string & file_name) {
     auto it = entries_.find(file_name);
     if (it == entries_.end()) return;
     for (const block & b : it->second.e.meta.blocks) {
@@ -84,7 +70,7 @@ void snapshot_store::index_remove(const std::string & file_name) {
 
 // ---- rejecting bad files ------------------------------------------------------------------
 
-void snapshot_store::reject(const std::string & file_name, snapshot_defect d, const std::string & reason,
+void snapshot_store::impl::reject(const std::string & file_name, snapshot_defect d, const std::string & reason,
                             bool in_index, uint64_t generation) {
     rejected_file rf;
     rf.file_name = file_name;
@@ -123,7 +109,7 @@ void snapshot_store::reject(const std::string & file_name, snapshot_defect d, co
     prune_quarantine(opts_.quarantine_max_files);
 }
 
-void snapshot_store::prune_quarantine(size_t max_files) {
+void snapshot_store::impl::prune_quarantine(size_t max_files) {
     if (opts_.scan_only) return;
     std::vector<std::string> doomed;
     {
@@ -146,7 +132,7 @@ void snapshot_store::prune_quarantine(size_t max_files) {
 
 // ---- budget -------------------------------------------------------------------------------
 
-std::string snapshot_store::pick_victim_locked(const std::function<bool(const entry_state &)> & in_scope,
+std::string snapshot_store::impl::pick_victim_locked(const std::function<bool(const entry_state &)> & in_scope,
                                                const std::string & keep) const {
     const entry_state * best = nullptr;
     auto order = [&](const entry_state & s) {
@@ -160,7 +146,7 @@ std::string snapshot_store::pick_victim_locked(const std::function<bool(const en
     return best ? best->e.file_name : std::string();
 }
 
-void snapshot_store::evict_locked(const std::string & name, std::vector<std::string> & victims) {
+void snapshot_store::impl::evict_locked(const std::string & name, std::vector<std::string> & victims) {
     const entry_state & s = entries_.at(name);
     ++stats_.evictions_by_class[(size_t)s.e.meta.last_class()];
     stats_.n_evicted_bytes += s.e.file_bytes;
@@ -168,7 +154,7 @@ void snapshot_store::evict_locked(const std::string & name, std::vector<std::str
     index_remove(name);
 }
 
-uint64_t snapshot_store::evict_for_space(uint64_t bytes) {
+uint64_t snapshot_store::impl::evict_for_space(uint64_t bytes) {
     if (opts_.scan_only || bytes == 0) return 0;
     std::lock_guard commit(commit_mu_);
     uint64_t q_before = 0, freed = 0;
@@ -196,7 +182,7 @@ uint64_t snapshot_store::evict_for_space(uint64_t bytes) {
     return freed;
 }
 
-status snapshot_store::enforce_budget(const std::string & keep, const std::string & keep_workspace) {
+status snapshot_store::impl::enforce_budget(const std::string & keep, const std::string & keep_workspace) {
     if (opts_.scan_only || (opts_.budget_bytes == 0 && opts_.workspace_budget_bytes == 0)) return {};
     prune_quarantine(opts_.quarantine_max_files);  // quarantined files go before any snapshot
     std::vector<std::string> victims;
@@ -255,7 +241,7 @@ status snapshot_store::enforce_budget(const std::string & keep, const std::strin
 
 // ---- put ----------------------------------------------------------------------------------
 
-result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta_in, std::span<const token_id> tokens,
+result<snapshot_entry> snapshot_store::impl::put(const snapshot_meta & meta_in, std::span<const token_id> tokens,
                                            std::span<const uint8_t> kv) {
     auto fail = [&](status st) {
         std::lock_guard lock(mu_);
@@ -280,7 +266,7 @@ result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta_in, std::s
         writing_.insert(temp_name);
     }
     struct unregister {
-        snapshot_store * self;
+        impl * self;
         const std::string & name;
         ~unregister() {
             std::lock_guard lock(self->mu_);
@@ -335,7 +321,7 @@ result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta_in, std::s
 // ---- lookup and load ----------------------------------------------------------------------
 
 // The longest prefix of `path` some file holds. REQUIRES mu_ held.
-snapshot_match snapshot_store::find_locked(std::span<const hash128> path, pos_t max_file_tokens) const {
+snapshot_match snapshot_store::impl::find_locked(std::span<const hash128> path, pos_t max_file_tokens) const {
     // From the longest prefix down: the first chain hash some file holds at the same
     // block index is the answer (a chain hash names the whole prefix before it).
     for (size_t i = path.size(); i-- > 0;) {
@@ -360,7 +346,7 @@ snapshot_match snapshot_store::find_locked(std::span<const hash128> path, pos_t 
     return {};
 }
 
-snapshot_match snapshot_store::lookup(std::span<const hash128> path, pos_t max_file_tokens) {
+snapshot_match snapshot_store::impl::lookup(std::span<const hash128> path, pos_t max_file_tokens) {
     refresh_if_due();
     std::lock_guard lock(mu_);
     ++stats_.n_lookups;
@@ -369,7 +355,7 @@ snapshot_match snapshot_store::lookup(std::span<const hash128> path, pos_t max_f
     return m;
 }
 
-snapshot_match snapshot_store::peek(std::span<const block> path, pos_t max_file_tokens) const {
+snapshot_match snapshot_store::impl::peek(std::span<const block> path, pos_t max_file_tokens) const {
     std::vector<hash128> chains;
     chains.reserve(path.size());
     for (const block & b : path) chains.push_back(b.chain);
@@ -377,14 +363,14 @@ snapshot_match snapshot_store::peek(std::span<const block> path, pos_t max_file_
     return find_locked(chains, max_file_tokens);
 }
 
-snapshot_match snapshot_store::lookup(std::span<const block> path, pos_t max_file_tokens) {
+snapshot_match snapshot_store::impl::lookup(std::span<const block> path, pos_t max_file_tokens) {
     std::vector<hash128> chains;
     chains.reserve(path.size());
     for (const block & b : path) chains.push_back(b.chain);
     return lookup(chains, max_file_tokens);
 }
 
-std::optional<snapshot_entry> snapshot_store::newest_of(const std::string & workspace) const {
+std::optional<snapshot_entry> snapshot_store::impl::newest_of(const std::string & workspace) const {
     std::lock_guard lock(mu_);
     const entry_state * best = nullptr;
     for (const auto & [name, s] : entries_) {
@@ -396,7 +382,7 @@ std::optional<snapshot_entry> snapshot_store::newest_of(const std::string & work
     return best->e;
 }
 
-result<std::shared_ptr<const snapshot>> snapshot_store::load(const snapshot_key & key, const profile * expected) {
+result<std::shared_ptr<const snapshot>> snapshot_store::impl::load(const snapshot_key & key, const profile * expected) {
     using load_result = result<std::shared_ptr<const snapshot>>;
     const std::string name = key.file_name();
 
@@ -511,7 +497,7 @@ result<std::shared_ptr<const snapshot>> snapshot_store::load(const snapshot_key 
     return finish(r, defect);
 }
 
-void snapshot_store::settle_rejections() {
+void snapshot_store::impl::settle_rejections() {
     std::vector<deferred_rejection> todo;
     {
         std::lock_guard lock(mu_);
@@ -529,7 +515,7 @@ void snapshot_store::settle_rejections() {
     }
 }
 
-std::string snapshot_store::implausible_kv(const snapshot_header & h) const {
+std::string snapshot_store::impl::implausible_kv(const snapshot_header & h) const {
     const uint64_t most = opts_.max_kv_bytes ? opts_.max_kv_bytes(h.meta) : 0;
     if (most == 0 || h.kv_bytes <= most) return {};
     return "its head declares " + std::to_string(h.kv_bytes) + " bytes of KV for " + std::to_string(h.meta.n_tokens()) +
@@ -538,7 +524,7 @@ std::string snapshot_store::implausible_kv(const snapshot_header & h) const {
 
 // ---- removal, pins ------------------------------------------------------------------------
 
-status snapshot_store::remove(const snapshot_key & key) {
+status snapshot_store::impl::remove(const snapshot_key & key) {
     const std::string name = key.file_name();
     std::lock_guard commit(commit_mu_);
     {
@@ -550,7 +536,7 @@ status snapshot_store::remove(const snapshot_key & key) {
     return fs_.sync_dir(opts_.dir);
 }
 
-result<size_t> snapshot_store::remove_all() {
+result<size_t> snapshot_store::impl::remove_all() {
     std::lock_guard commit(commit_mu_);
     std::vector<std::string> names;
     {
@@ -568,7 +554,7 @@ result<size_t> snapshot_store::remove_all() {
     return names.size();
 }
 
-status snapshot_store::pin(const snapshot_key & key) {
+status snapshot_store::impl::pin(const snapshot_key & key) {
     std::lock_guard lock(mu_);
     auto it = entries_.find(key.file_name());
     if (it == entries_.end()) return not_found("no snapshot " + key.file_name() + " to pin");
@@ -576,14 +562,14 @@ status snapshot_store::pin(const snapshot_key & key) {
     return {};
 }
 
-void snapshot_store::unpin(const snapshot_key & key) {
+void snapshot_store::impl::unpin(const snapshot_key & key) {
     std::lock_guard lock(mu_);
     if (auto it = entries_.find(key.file_name()); it != entries_.end()) it->second.e.pinned = false;
 }
 
 // ---- views --------------------------------------------------------------------------------
 
-std::vector<snapshot_entry> snapshot_store::list() const {
+std::vector<snapshot_entry> snapshot_store::impl::list() const {
     std::lock_guard lock(mu_);
     std::vector<snapshot_entry> out;
     out.reserve(entries_.size());
@@ -591,19 +577,19 @@ std::vector<snapshot_entry> snapshot_store::list() const {
     return out;
 }
 
-std::optional<snapshot_entry> snapshot_store::find(const snapshot_key & key) const {
+std::optional<snapshot_entry> snapshot_store::impl::find(const snapshot_key & key) const {
     std::lock_guard lock(mu_);
     auto it = entries_.find(key.file_name());
     if (it == entries_.end()) return std::nullopt;
     return it->second.e;
 }
 
-std::vector<rejected_file> snapshot_store::rejected() const {
+std::vector<rejected_file> snapshot_store::impl::rejected() const {
     std::lock_guard lock(mu_);
     return rejected_;
 }
 
-snapshot_store_stats snapshot_store::stats() const {
+snapshot_store_stats snapshot_store::impl::stats() const {
     std::lock_guard lock(mu_);
     snapshot_store_stats s = stats_;
     s.n_files = entries_.size();
@@ -612,5 +598,57 @@ snapshot_store_stats snapshot_store::stats() const {
     for (const auto & [name, e] : entries_) s.n_pinned += e.e.pinned ? 1 : 0;
     return s;
 }
+
+// ---- the public calls ----------------------------------------------------------------------
+
+snapshot_store::snapshot_store(snapshot_store_options opts) : p_(std::make_unique<impl>(std::move(opts))) {}
+
+snapshot_store::~snapshot_store() { p_->settle_rejections(); }
+
+result<std::unique_ptr<snapshot_store>> snapshot_store::open(snapshot_store_options opts) {
+    if (opts.dir.empty()) return invalid_argument("snapshot store: no directory given");
+    std::unique_ptr<snapshot_store> s(new snapshot_store(std::move(opts)));
+    impl & d = *s->p_;
+    if (!d.opts_.scan_only) {
+        WARMCTX_RETURN_IF_ERROR(d.fs_.create_dirs(d.opts_.dir).with_context("snapshot store"));
+        if (d.opts_.quarantine)
+            WARMCTX_RETURN_IF_ERROR(d.fs_.create_dirs(d.quarantine_dir_).with_context("snapshot store"));
+    }
+    WARMCTX_RETURN_IF_ERROR(d.rescan());
+    return s;
+}
+
+result<snapshot_entry> snapshot_store::put(const snapshot_meta & meta, std::span<const token_id> tokens,
+                                           std::span<const uint8_t> kv) {
+    return p_->put(meta, tokens, kv);
+}
+snapshot_match snapshot_store::lookup(std::span<const hash128> path, pos_t max_file_tokens) {
+    return p_->lookup(path, max_file_tokens);
+}
+snapshot_match snapshot_store::lookup(std::span<const block> path, pos_t max_file_tokens) {
+    return p_->lookup(path, max_file_tokens);
+}
+snapshot_match snapshot_store::peek(std::span<const block> path, pos_t max_file_tokens) const {
+    return p_->peek(path, max_file_tokens);
+}
+std::optional<snapshot_entry> snapshot_store::newest_of(const std::string & workspace) const {
+    return p_->newest_of(workspace);
+}
+result<std::shared_ptr<const snapshot>> snapshot_store::load(const snapshot_key & key, const profile * expected) {
+    return p_->load(key, expected);
+}
+void snapshot_store::settle_rejections() { p_->settle_rejections(); }
+status snapshot_store::remove(const snapshot_key & key) { return p_->remove(key); }
+result<size_t> snapshot_store::remove_all() { return p_->remove_all(); }
+uint64_t snapshot_store::evict_for_space(uint64_t bytes) { return p_->evict_for_space(bytes); }
+status snapshot_store::pin(const snapshot_key & key) { return p_->pin(key); }
+void snapshot_store::unpin(const snapshot_key & key) { p_->unpin(key); }
+status snapshot_store::rescan() { return p_->rescan(); }
+std::vector<snapshot_entry> snapshot_store::list() const { return p_->list(); }
+std::optional<snapshot_entry> snapshot_store::find(const snapshot_key & key) const { return p_->find(key); }
+std::vector<rejected_file> snapshot_store::rejected() const { return p_->rejected(); }
+snapshot_store_stats snapshot_store::stats() const { return p_->stats(); }
+const snapshot_store_options & snapshot_store::options() const { return p_->opts_; }
+std::string snapshot_store::path_of(const std::string & file_name) const { return p_->path_of(file_name); }
 
 }  // namespace warmctx

@@ -1,6 +1,6 @@
 // The disk tier's directory read into its index: rescan, and a shared store's refresh
 // (warmctx/snapshot_store.h, "Shared directory").
-#include "warmctx/snapshot_store.h"
+#include "snapshot_store_impl.h"
 
 #include <set>
 
@@ -21,7 +21,7 @@ constexpr size_t k_max_rejected_records = 1024;
 
 // ---- rescan -------------------------------------------------------------------------------
 
-void snapshot_store::refresh_if_due() {
+void snapshot_store::impl::refresh_if_due() {
     if (!opts_.shared) return;
     {
         std::lock_guard lock(mu_);
@@ -30,7 +30,7 @@ void snapshot_store::refresh_if_due() {
     (void)rescan();  // a failed read keeps the index as it was: lookups still answer
 }
 
-status snapshot_store::rescan() {
+status snapshot_store::impl::rescan() {
     std::lock_guard commit(commit_mu_);
     WARMCTX_RETURN_IF_ERROR(scan_locked());
     // What an earlier run (or another process) left in quarantine/ counts too (by name: no
@@ -56,7 +56,7 @@ status snapshot_store::rescan() {
     return enforce_budget("", "");
 }
 
-status snapshot_store::scan_locked() {
+status snapshot_store::impl::scan_locked() {
     const uint64_t t_scan = now_ms();
     auto names = fs_.list_dir(opts_.dir);
     if (!names) return names.error().with_context("scanning snapshot directory");
