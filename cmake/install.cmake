@@ -7,7 +7,7 @@
 #   share/warmctx/ggml-vocab-qwen2.gguf           (embedded in generated models)
 #   share/warmctx/*.jinja                         (their chat templates, one per family)
 #   share/doc/warmctx/                            LICENSE, THIRD_PARTY_NOTICES.md, licenses
-#   include/warmctx/*.h, lib/warmctx/*.a, lib/cmake/warmctx/warmctxConfig.cmake
+#   include/warmctx/<what an embedder uses>.h, lib/warmctx/*.a, lib/cmake/warmctx/warmctxConfig.cmake
 #
 # The binaries find share/ and libexec/ relative to themselves (warmctx/resources.h), so
 # the prefix can be moved; warmctx-bench sits beside warmctx so that both find the same.
@@ -35,22 +35,39 @@ foreach(pair "libcli11-dev:CLI11" "nlohmann-json3-dev:nlohmann-json" "libcpp-htt
   endif()
 endforeach()
 
-# The library: the layers up to the runtime (the HTTP server is the command's), and the
+# The library: every layer but the command line, the HTTP server included, and the
 # llama.cpp libraries they link, as one imported target warmctx::warmctx.
 # warmctx_chat and llama.cpp's llama-common (the chat templates) sit between the engine
 # and the layers below it; llama-common's own HTTP client (model downloads, unused here)
 # comes last.
-set(WARMCTX_LIB_TARGETS warmctx_runtime warmctx_workload warmctx_engine warmctx_chat llama-common
+set(WARMCTX_LIB_TARGETS warmctx_server warmctx_runtime warmctx_workload warmctx_engine warmctx_chat llama-common
     llama-common-base warmctx_store warmctx_cache warmctx_context warmctx_util llama ggml ggml-cpu ggml-base
     cpp-httplib)
 if(WARMCTX_CUDA)
-  list(INSERT WARMCTX_LIB_TARGETS 13 ggml-cuda)
+  list(INSERT WARMCTX_LIB_TARGETS 14 ggml-cuda)
+endif()
+# The cpp-httplib the server was built against: Debian's (found by pkg-config) is linked
+# right after the server, so that llama.cpp's vendored one, last in the list, does not
+# take its place; the vendored fallback (warmctx_httplib) is that last one already.
+set(WARMCTX_SERVER_HTTPLIB "")
+if(NOT TARGET warmctx_httplib)
+  set(WARMCTX_SERVER_HTTPLIB cpp-httplib)
 endif()
 set(WARMCTX_LIB_FILES "")
 foreach(t ${WARMCTX_LIB_TARGETS})
   install(FILES $<TARGET_FILE:${t}> DESTINATION ${CMAKE_INSTALL_LIBDIR}/warmctx)
   list(APPEND WARMCTX_LIB_FILES "lib${t}.a")
 endforeach()
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/warmctx DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The headers an embedder uses - the server, the scheduler, the context engine, the
+# engine, the file system seam, status, their options and reports - and the ones they
+# include; the other headers of include/warmctx/ serve warmctx's own layers and are not
+# installed. tests/install/install_test.sh compiles every installed header on its own.
+set(WARMCTX_INSTALLED_HEADERS
+    server scheduler context_engine context_options context_counters explain_report engine fs status
+    # what those include
+    assembler chat_template chunking conversation drafts eviction_policy hash kind_table manifest
+    prefix_cache profile sampling segments text_model types volatility)
+list(TRANSFORM WARMCTX_INSTALLED_HEADERS REPLACE "(.+)" "${PROJECT_SOURCE_DIR}/include/warmctx/\\1.h")
+install(FILES ${WARMCTX_INSTALLED_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/warmctx)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/warmctxConfig.cmake.in ${PROJECT_BINARY_DIR}/warmctxConfig.cmake @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/warmctxConfig.cmake DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/warmctx)
