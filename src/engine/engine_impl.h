@@ -110,6 +110,12 @@ struct engine::impl {
     // Takes the checkpoint of `seq` at its current end (n_tokens). Errors: engine_error.
     status take_checkpoint(seq_id seq, pos_t n_tokens);
     const checkpoint * checkpoint_at(seq_id seq, pos_t n_tokens) const;
+    // Whether `seq` is cut at `from` as plain KV is (no checkpoint needed): plain KV, or a
+    // window whose cells before `from` are real. engine::trim_seq and engine::can_trim.
+    bool cuts_in_place(seq_id seq, pos_t from) const {
+        return !layout.has_partial() ||
+               (layout.window_last && from - cinfo.memory.n_swa >= window_real_from[(size_t)seq]);
+    }
     // Learns the memory's kind, layout and sizes at open (decodes two tokens into
     // sequence 0 and clears it).
     status probe_memory(memory_info & mi, uint64_t & kv_bytes_per_token);

@@ -127,10 +127,7 @@ double engine::checkpoint_mean_ms() const {
 bool engine::can_trim(seq_id seq, pos_t from) const {
     if (!p_->check_seq(seq).ok() || from < 0) return false;
     const pos_t n = seq_n_tokens(seq);
-    if (from == 0 || from >= n || !p_->layout.has_partial()) return true;
-    const memory_info & mi = p_->cinfo.memory;
-    if (p_->layout.window_last && from - mi.n_swa >= p_->window_real_from[(size_t)seq]) return true;
-    return p_->checkpoint_at(seq, from) != nullptr;
+    return from == 0 || from >= n || p_->cuts_in_place(seq, from) || p_->checkpoint_at(seq, from) != nullptr;
 }
 
 void engine::drop_checkpoint(seq_id seq, pos_t n_tokens) {
@@ -290,9 +287,8 @@ status engine::trim_seq(seq_id seq, pos_t from) {
     }
     if (from >= n) return {};
     const memory_info & mi = p_->cinfo.memory;
-    // The window's cells before `from` are real: cut back like plain KV.
-    const bool window_in_place = p_->layout.window_last && from - mi.n_swa >= p_->window_real_from[(size_t)seq];
-    if (!p_->layout.has_partial() || window_in_place) {
+    // Plain KV, or a window whose cells before `from` are real: cut back as plain KV.
+    if (p_->cuts_in_place(seq, from)) {
         if (!llama_memory_seq_rm(p_->mem(), seq, from, -1)) return engine_error("llama_memory_seq_rm refused the trim");
         while (!list.empty() && list.back().n_tokens > from) list.pop_back();
         return {};
