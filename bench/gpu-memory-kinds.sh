@@ -6,7 +6,9 @@
 #           on each of TRACE_SHAPES (default: the hybrid shape and qwen3.5-plain, its
 #           dimensions with every layer full attention; "default" is the qwen2.5-0.5b
 #           shape), warmctx and llama-server each at its defaults
-#   verify  warm against cold on CUDA for tiny-hybrid and tiny-swa (VERIFY_SCENARIOS each)
+#   verify  warm against cold on CUDA for each of VERIFY_KINDS (VERIFY_SCENARIOS each, default 300), all
+#           at once: tiny-hybrid, tiny-swa, tiny-moe, tiny-plain and tiny-plain with q8_0 KV ("tiny-plain:q8_0");
+#           VERIFY_SECONDS: start no scenario after this long (each report says how many ran)
 # usage: bench/gpu-memory-kinds.sh STAGE...     results: $OUT (default bench/results/<YYYY-MM-DD>-<gpu>/memory-kinds,
 #        the day and the GPU's model as nvidia-smi names it, h100 or h200)
 set -euo pipefail
@@ -46,11 +48,18 @@ for stage in "$@"; do
           { tail -5 "$out/trace-$name.log"; }
       done ;;
     verify)
-      for s in tiny-hybrid tiny-swa; do
-        log "verify $s"
-        "$build/warmctx" verify -m "$(model $s q8_0)" "${gpu[@]}" --scenarios "${VERIFY_SCENARIOS:-300}" --json \
-          >"$out/verify-$s-cuda.json" 2>"$out/verify-$s.log" || tail -3 "$out/verify-$s.log"
-      done ;;
+      pids=()
+      for k in ${VERIFY_KINDS:-tiny-hybrid tiny-swa tiny-moe tiny-plain tiny-plain:q8_0}; do
+        s="${k%%:*}"; kv=(); name="$s"
+        [ "$k" = "$s" ] || { kv=(--kv-type "${k#*:}"); name="$s-kv-${k#*:}"; }
+        m="$(model "$s" q8_0)"
+        log "verify $name"
+        { "$build/warmctx" verify -m "$m" "${gpu[@]}" "${kv[@]}" -t 3 --scenarios "${VERIFY_SCENARIOS:-300}" \
+            --seconds "${VERIFY_SECONDS:-0}" --json \
+            >"$out/verify-$name-cuda.json" 2>"$out/verify-$name.log" || tail -3 "$out/verify-$name.log"; log "verify $name done"; } &
+        pids+=($!)
+      done
+      wait "${pids[@]}" ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done

@@ -45,6 +45,7 @@ struct verify_options {
     int32_t max_tokens = 8;          // greedy tokens per turn
     int32_t draft_max = 64;          // warm turns draft from the workspace (warmctx/drafts.h; 0: none)
     bool tiers = true;               // also replay restores from host RAM and disk
+    double max_seconds = 0;          // start no scenario after this long (0: no limit); the report says how many ran
 };
 
 // A warm turn whose tokens or logits differ from its cold reference.
@@ -75,7 +76,8 @@ struct verify_report {
     uint64_t seed = 0;
     std::string policy;
     uint64_t budget_tokens = 0;
-    int scenarios = 0;
+    int scenarios = 0;                // scenarios run
+    int scenarios_asked = 0;          // ... of those asked for: fewer where max_seconds ran out
     int turns = 0;                    // warm turns, each compared with a cold run
     int mismatched_scenarios = 0;     // scenarios with at least one mismatching turn
     std::vector<verify_mismatch> mismatches;  // every mismatching turn

@@ -126,6 +126,7 @@ struct verify_args {
     int32_t draft_max = 64;
     uint32_t holders = 4;
     bool tiers = true;
+    double seconds = 0;
     std::string stream_copies = "auto";
     bool json = false;
 };
@@ -141,6 +142,7 @@ int run_verify(const verify_args & a) {
     vo.max_tokens = a.max_tokens;
     vo.draft_max = a.draft_max;
     vo.tiers = a.tiers;
+    vo.max_seconds = a.seconds;
     auto eo = a.mf.to_options(1);
     if (!eo) return fail(eo.error());
     vo.engine.engine = *eo;
@@ -159,9 +161,12 @@ int run_verify(const verify_args & a) {
         std::printf("%s\n", r.to_json().dump(2).c_str());
     } else {
         std::printf(
-            "mode %s, %s memory%s: %d scenarios, %d turns, %d mismatching scenarios (%zu turns), "
+            "mode %s, %s memory%s: %d scenarios%s, %d turns, %d mismatching scenarios (%zu turns), "
             "max |logit diff| %g, token agreement %.4f, %zu expectation failures, %.1f s\n",
             r.mode.c_str(), r.memory.c_str(), r.memory == "unsupported" ? " (no reuse expected)" : "", r.scenarios,
+            r.scenarios < r.scenarios_asked
+                ? (" of " + std::to_string(r.scenarios_asked) + ", --seconds ran out").c_str()
+                : "",
             r.turns, r.mismatched_scenarios, r.mismatches.size(), r.max_logit_diff, r.token_agreement(),
             r.failures.size(), r.elapsed_ms / 1000);
         if (r.n_drafted > 0)
@@ -280,6 +285,11 @@ void register_context_commands(CLI::App & app, int & rc) {
     verify->add_option("--draft-max", v->draft_max,
                        "draft tokens a warm turn checks per decode, from its workspace's text (0 = none; the cold "
                        "reference never drafts)")->capture_default_str()->check(CLI::Range(0, 64));
+    verify
+        ->add_option("--seconds", v->seconds,
+                     "start no scenario after this many seconds (0 = run them all); the report says how many ran")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 1e7));
     verify->add_option("--tiers", v->tiers, "also replay host-RAM and disk restores (true/false)")
         ->capture_default_str();
     verify

@@ -367,15 +367,23 @@ result<verify_report> run_verify(const verify_options & opts, const verify_progr
     rep.seed = opts.seed;
     rep.policy = std::string(eviction_policy_name(co.policy));
     rep.budget_tokens = co.budget.max_tokens;
-    rep.scenarios = opts.scenarios;
+    rep.scenarios_asked = opts.scenarios;
     cache_model cm;
     if (ce.disk_tier())  // a directory from an earlier run may already serve these prompts
         for (const auto & e : ce.disk_tier()->list()) cm.note_cached(e.meta.blocks);
 
     const auto t_start = clock_type::now();
     for (int sc = 0; sc < opts.scenarios; ++sc) {
+        if (sc > 0 && opts.max_seconds > 0 &&
+            std::chrono::duration<double>(clock_type::now() - t_start).count() >= opts.max_seconds) {
+            if (progress)
+                progress("stopped after " + std::to_string(sc) + " of " + std::to_string(opts.scenarios) +
+                         " scenarios: --seconds ran out");
+            break;
+        }
         scenario_runner s(ce, cm, rep, opts, sc);
         WARMCTX_RETURN_IF_ERROR(s.run());
+        rep.scenarios = sc + 1;
         if (progress)
             progress("scenario " + std::to_string(sc + 1) + "/" + std::to_string(opts.scenarios) + ": " +
                      (s.mismatch() ? "MISMATCH" : "ok"));

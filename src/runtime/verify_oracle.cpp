@@ -35,6 +35,7 @@ nlohmann::json verify_report::to_json() const {
         {"mode", mode},
         {"model", model},
         {"scenarios", scenarios},
+        {"scenarios_asked", scenarios_asked},
         {"turns", turns},
         {"mismatches", mismatched_scenarios},
         {"turn_mismatches", mismatches.size()},

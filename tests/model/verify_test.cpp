@@ -2,6 +2,8 @@
 // point where drifted chunk sizes repeat, and in shared mode.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "tiny_model.h"
 #include "warmctx/verify.h"
 
@@ -82,6 +84,23 @@ TEST(run_verify, WithoutTiersNoRestoreIsReplayed) {
     EXPECT_TRUE(r->passed()) << failures_of(*r);
     EXPECT_EQ(r->turns, steps_of(2, /*tiers=*/false) + r->drift_turns);
     EXPECT_EQ(r->reuses_by_tier.count("disk"), 0u);
+}
+
+// A time limit stops verify between scenarios, never in one, and the report says how many
+// of those asked for ran (the first always runs).
+TEST(run_verify, SecondsStopItBetweenScenariosAndTheReportSaysHowManyRan) {
+    auto o = tiny_verify(64, 5);
+    o.tiers = false;
+    o.max_seconds = 1e-6;
+    std::string last;
+    auto r = run_verify(o, [&](const std::string & line) { last = line; });
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    EXPECT_TRUE(r->passed()) << failures_of(*r);
+    EXPECT_EQ(r->scenarios, 1);
+    EXPECT_EQ(r->scenarios_asked, 5);
+    EXPECT_EQ(r->turns, steps_of(1, /*tiers=*/false) + r->drift_turns);
+    EXPECT_EQ(last, "stopped after 1 of 5 scenarios: --seconds ran out");
+    EXPECT_EQ(r->to_json()["scenarios_asked"], 5);
 }
 
 // A drifted chunk size is chunk - 1 - scenario % (chunk / 2): with chunk 8 the sizes
