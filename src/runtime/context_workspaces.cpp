@@ -33,7 +33,7 @@ void context_engine::impl::remember(const std::string & ws, const pending_turn &
             if (it->first != ws && (oldest == workspaces.end() || it->second.t_last_used < oldest->second.t_last_used))
                 oldest = it;
         if (oldest == workspaces.end()) break;
-        forget(oldest->first);
+        forget(std::string(oldest->first));  // a copy: forget erases the entry whose key this is
     }
 }
 

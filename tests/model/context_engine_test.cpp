@@ -402,6 +402,30 @@ TEST(ContextEngineBounds, RemembersAtMostMaxWorkspaces) {
     EXPECT_EQ((*ce)->pin_workspace("ws5", true).code(), status_code::not_found);
 }
 
+// The same with names too long for a string's inline buffer: the workspace forgotten to
+// keep the bound takes its counters with it (the eviction once erased them by a name it
+// had just freed, and kept them).
+TEST(ContextEngineBounds, ForgetsTheCountersOfWorkspacesWithLongNames) {
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.n_ctx = 4096;
+    o.n_holders = 2;
+    o.max_workspaces = 3;
+    auto ce = context_engine::open(o);
+    ASSERT_TRUE(ce.ok());
+    auto segs = tier_workspace();
+    const std::string name = "a workspace whose name is longer than sixteen characters ";
+    for (int i = 0; i < 6; ++i) {
+        turn_request r = tier_request(segs, "q" + std::to_string(i));
+        r.workspace = name + std::to_string(i);
+        ASSERT_TRUE((*ce)->run_turn(r).ok());
+    }
+    EXPECT_EQ((*ce)->n_remembered_workspaces(), 3u);
+    auto c = (*ce)->counters();
+    ASSERT_EQ(c.workspaces.size(), 3u);
+    for (int i = 3; i < 6; ++i) EXPECT_TRUE(c.workspaces.count(name + std::to_string(i))) << i;
+}
+
 // The turn does not wait for its write-through: it returns while the file is still
 // unwritten (the writer is held at a gate the test opens). Meanwhile a turn that needs
 // the prefix restores it from the queued bytes - no file read, no second write - and
