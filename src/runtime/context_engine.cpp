@@ -65,17 +65,17 @@ result<assembled_prompt> context_engine::impl::assemble(const turn_request & req
     const std::string salt = salt_of(req);
     if (req.raw) {
         if (req.segments.size() != 1) return invalid_argument("a raw prompt is exactly one segment");
-        return warmctx::assemble_raw(req.segments[0], req.suffix, *tm, prof, salt, prof.chunk_tokens);
+        return warmctx::assemble_raw(req.segments[0], req.suffix, *run.tm, run.prof, salt, run.prof.chunk_tokens);
     }
     order_decision d;
     if (req.hints) {
         d.hints = *req.hints;
     } else if (opts.volatility.enabled) {
-        std::unique_lock lock(volatility_mu);
-        const volatility_state * st = volatility_of(req.workspace, lock);
+        std::unique_lock lock(volatility.mu);
+        const volatility_state * st = volatility.state_of(req.workspace, lock);
         d = decide_order(st ? *st : volatility_state{}, req.segments, opts.kinds, opts.volatility);
     }
-    auto prompt = warmctx::assemble(req.segments, opts.kinds, *tm, prof, salt, prof.chunk_tokens,
+    auto prompt = warmctx::assemble(req.segments, opts.kinds, *run.tm, run.prof, salt, run.prof.chunk_tokens,
                                     req.add_generation_prompt, d.hints, req.continuation);
     if (prompt.ok()) {
         prompt->reordered = d.reordered;
@@ -83,26 +83,6 @@ result<assembled_prompt> context_engine::impl::assemble(const turn_request & req
         prompt->content_digests = std::move(d.digests);
     }
     return prompt;
-}
-
-status context_engine::impl::plausible(const turn_request & req) const {
-    uint64_t bytes = 0;
-    for (const segment & sg : req.segments) bytes += sg.content.size() + sg.path.size();
-    const uint64_t n_ctx = eng->context().n_ctx_seq;
-    if (max_piece_bytes > 0 && bytes / max_piece_bytes > n_ctx)
-        return out_of_range("the request's segments hold " + std::to_string(bytes) + " bytes of text, at least " +
-                            std::to_string(bytes / max_piece_bytes) +
-                            " tokens (no token of this model covers more than " + std::to_string(max_piece_bytes) +
-                            " bytes), but the context holds " + std::to_string(n_ctx) +
-                            " per sequence (start the server with a larger -c/--n-ctx)");
-    return {};
-}
-
-status context_engine::impl::fits(const assembled_prompt & prompt) const {
-    if (prompt.tokens.size() <= eng->context().n_ctx_seq) return {};
-    return out_of_range("prompt needs " + std::to_string(prompt.tokens.size()) + " tokens but the context holds " +
-                        std::to_string(eng->context().n_ctx_seq) +
-                        " per sequence (start the server with a larger -c/--n-ctx)");
 }
 
 void context_engine::impl::count(const std::string & ws, const explain_report & ex, size_t n_generated) {
@@ -118,91 +98,21 @@ void context_engine::impl::count(const std::string & ws, const explain_report & 
 
 explain_report context_engine::impl::explain(const std::string & ws, const assembled_prompt & prompt, const match & m,
                                              pos_t reuse, kv_tier tier) const {
-    const workspace_history * h = history(ws);
-    explain_report r = explain_turn({ws, prompt, m, reuse, h, prof, *cache, prefill_tokens_per_ms,
-                                     h && h->has_turn ? std::nullopt : tiers->newest_profile(ws)});
+    const workspace_history * h = workspaces.find(ws);
+    explain_report r = explain_turn({ws, prompt, m, reuse, h, run.prof, *tiers.cache, run.prefill_tokens_per_ms,
+                                     h && h->has_turn ? std::nullopt : tiers.disk->newest_profile(ws)});
     r.tier = tier;
-    const memory_info & mi = eng->context().memory;
+    const memory_info & mi = run.eng->context().memory;
     r.memory_kind = std::string(memory_kind_name(mi.kind));
     r.memory_note = mi.note;
     if (!mi.reuse && r.n_reused == 0) r.reason = mi.note;  // says it is served without reuse, and why
     return r;
 }
 
-namespace {
-// Where a model with checkpoints keeps them: its prompt's block ends - but the prompt's
-// end when its last block is the generation prompt alone: no turn resumes there (a stream
-// keeps its blocks up to the turn's own message; the generation prompt and the answer go),
-// and on a GPU a checkpoint is a copy of the recurrent state out of the device (52.7 MB for
-// Qwen3.5-4B). A generation prompt fused with the message before it is kept with it.
-// Of those, an end nearer than `gap` tokens to the next one kept is left out (a turn that
-// would resume there resumes from the one before and prefills at most `gap` tokens more),
-// but never the last two, the end of the cacheable blocks and the turn's own message (where
-// the workspace's next turn resumes), nor the end of the stable prefix (where one that
-// changes its volatile content resumes).
-std::vector<pos_t> checkpoint_ends(const assembled_prompt & prompt, size_t n_cacheable, pos_t gap) {
-    std::vector<pos_t> ends;
-    ends.reserve(prompt.blocks.size());
-    for (const block & b : prompt.blocks) ends.push_back(b.end);
-    const pos_t n = (pos_t)prompt.tokens.size();
-    const manifest & m = prompt.prompt_manifest;
-    if (!ends.empty() && ends.back() == n && m.generation_prompt_begin >= 0 && m.generation_prompt_end == n &&
-        m.generation_prompt_end > m.generation_prompt_begin && prompt.blocks.back().begin >= m.generation_prompt_begin)
-        ends.pop_back();
-    if (gap > 0 && ends.size() > 2) {
-        const pos_t cacheable_end = n_cacheable > 0 ? prompt.blocks[n_cacheable - 1].end : -1;
-        std::vector<pos_t> kept{ends.back()};
-        for (size_t i = ends.size() - 1; i-- > 0;)
-            if (i + 2 >= ends.size() || ends[i] == cacheable_end || ends[i] == prompt.stable_end ||
-                kept.back() - ends[i] >= gap)
-                kept.push_back(ends[i]);
-        ends.assign(kept.rbegin(), kept.rend());
-    }
-    if (ends.empty()) ends.push_back(-1);  // none (engine::prefill reads an empty list as every chunk end)
-    return ends;
-}
-}  // namespace
-
-pos_t context_engine::impl::checkpoint_gap() const {
-    if (opts.checkpoint_gap_tokens >= 0) return opts.checkpoint_gap_tokens;
-    // What taking one costs, in the tokens a prefill computes meanwhile.
-    return (pos_t)std::min(1e6, eng->checkpoint_mean_ms() * prefill_tokens_per_ms);
-}
-
-status context_engine::impl::prefill(seq_id seq, const assembled_prompt & prompt, pos_t from, pos_t end,
-                                     std::vector<float> & logits, double & ms, double & checkpoint_ms) {
-    auto tp = clock_type::now();
-    const double c0 = eng->checkpoint_ms();
-    std::span<const token_id> part(prompt.tokens.data() + from, (size_t)(end - from));
-    const bool last = (size_t)end == prompt.tokens.size();
-    WARMCTX_RETURN_IF_ERROR(eng->prefill(
-        seq, part, from, prompt.boundaries, last ? &logits : nullptr, (int32_t)prof.chunk_tokens,
-        eng->context().memory.checkpoints ? checkpoint_ends(prompt, n_cacheable_blocks(prompt), checkpoint_gap())
-                                          : std::vector<pos_t>{}));
-    const double ckpt = eng->checkpoint_ms() - c0;
-    const double took = ms_between(tp, clock_type::now()) - ckpt;
-    ms += took;
-    checkpoint_ms += ckpt;
-    note_prefill_rate((pos_t)part.size(), took);
-    return {};
-}
-
-status context_engine::impl::generate(seq_id seq, const turn_request & req, std::span<const token_id> prompt,
-                                       std::vector<float> logits, turn_result & out, clock_type::time_point t0) {
-    out.t_first_token_ms = ms_between(t0, clock_type::now());
-    if (req.keep_logits) out.prompt_logits = logits;
-    // The cold reference decodes without drafts: a warm answer with them must equal it.
-    std::unique_ptr<draft_index> drafts;
-    if (seq != cold_seq && req.sampling.draft_max > 0 && drops_a_draft(eng->context().memory))
-        drafts = answers.index_for(req.workspace, prompt);
-    auto g =
-        eng->generate(seq, std::move(logits), req.sampling, req.keep_logits ? &out.gen_logits : nullptr, drafts.get());
-    if (!g.ok()) return g.error();
-    if (seq != cold_seq && req.cache) answers.remember(req.workspace, prompt, g->tokens);
-    out.gen = std::move(g.value());
-    out.t_decode_ms = out.gen.t_decode_ms;
-    out.t_total_ms = ms_between(t0, clock_type::now());
-    return {};
+context_engine::impl::impl(const context_engine_options & o, std::unique_ptr<engine> e)
+    : opts(o), tiers(*e, run.prof), moves(*e, opts, streams, tiers, ctr.memory) {
+    run.eng = std::move(e);
+    run.checkpoint_gap_tokens = o.checkpoint_gap_tokens;
 }
 
 context_engine::context_engine(std::unique_ptr<impl> p) : p_(std::move(p)) {}
@@ -214,35 +124,37 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     if (opts.n_holders < 1 || opts.n_holders > 65536) return invalid_argument("n_holders must be in [1, 65536]");
     if (opts.n_work_seqs < 1 || opts.n_work_seqs > 64) return invalid_argument("n_work_seqs must be in [1, 64]");
     if (opts.max_workspaces < 1) return invalid_argument("max_workspaces must be at least 1");
-    auto p = std::make_unique<impl>();
-    p->opts = opts;
-    p->cold_seq = opts.cold_stream ? (seq_id)opts.n_work_seqs : -1;
     // The engine's KV streams: the work sequences and, for run_cold, the cold one; then
     // the resident streams (the device tier), which are work streams too. Cached
     // prefixes also live in the RAM pool.
-    p->opts.engine.n_seq_max = opts.n_work_seqs + (opts.cold_stream ? 1 : 0);
-    if (opts.cold_stream) p->opts.engine.n_seq_resident = 0;
-    auto e = engine::open(p->opts.engine);
+    engine_options eo = opts.engine;
+    eo.n_seq_max = opts.n_work_seqs + (opts.cold_stream ? 1 : 0);
+    if (opts.cold_stream) eo.n_seq_resident = 0;
+    auto e = engine::open(eo);
     if (!e.ok()) return e.error();
-    p->eng = std::move(e.value());
-    p->opts.n_work_seqs = opts.n_work_seqs + p->eng->context().n_seq_resident;
+    context_engine_options resolved = opts;
+    resolved.engine = eo;
+    auto p = std::make_unique<impl>(resolved, std::move(e.value()));
+    engine & eng = *p->run.eng;
+    p->run.cold_seq = opts.cold_stream ? (seq_id)opts.n_work_seqs : -1;
+    p->opts.n_work_seqs = opts.n_work_seqs + eng.context().n_seq_resident;
     using scm = context_engine_options::stream_copy_mode;
-    p->stream_copies = opts.stream_copies == scm::on ||
-                       (opts.stream_copies == scm::automatic && p->eng->context().n_gpu_layers > 0);
-    if (p->eng->context().mode != kv_mode::exact) p->stream_copies = false;
-    p->tm = make_engine_text_model(*p->eng);
-    for (token_id t = 0; t < p->eng->model().n_vocab; ++t)
-        p->max_piece_bytes = std::max<uint64_t>(p->max_piece_bytes, p->eng->token_piece(t).size());
-    p->pool = std::make_unique<kv_pool>(*p->eng, k_first_pool_holder, opts.n_holders);
+    p->streams.copies =
+        opts.stream_copies == scm::on || (opts.stream_copies == scm::automatic && eng.context().n_gpu_layers > 0);
+    if (eng.context().mode != kv_mode::exact) p->streams.copies = false;
+    p->run.tm = make_engine_text_model(eng);
+    for (token_id t = 0; t < eng.model().n_vocab; ++t)
+        p->run.max_piece_bytes = std::max<uint64_t>(p->run.max_piece_bytes, eng.token_piece(t).size());
+    p->tiers.pool = std::make_unique<kv_pool>(eng, k_first_pool_holder, opts.n_holders);
     p->streams.resize(p->opts.n_work_seqs);
     // A held prefix's bytes: its cells' K and V, and per cell the position and
     // sequence id llama.cpp's saved state carries.
-    const uint64_t bpt = p->eng->context().kv_bytes_per_token;
+    const uint64_t bpt = eng.context().kv_bytes_per_token;
     p->opts.budget.bytes_per_token = bpt > 0 ? bpt + k_pool_bytes_per_cell_meta : 0;
-    if (const memory_info & mi = p->eng->context().memory; mi.checkpoints && bpt > 0) {
+    if (const memory_info & mi = eng.context().memory; mi.checkpoints && bpt > 0) {
         // And its checkpoints (a window or a recurrent state at every block end): their
         // bytes spread over the tokens of a block.
-        const uint32_t chunk = p->eng->context().chunk_tokens;
+        const uint32_t chunk = eng.context().chunk_tokens;
         const uint64_t block = std::max<uint64_t>(chunk, checkpoint_spacing(mi.checkpoint_bytes, bpt, chunk));
         p->opts.budget.bytes_per_token += (mi.checkpoint_bytes + block - 1) / block;
     }
@@ -254,85 +166,61 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     }
     WARMCTX_RETURN_IF_ERROR(validate_budget(p->opts.budget));
     // Every held prefix is its own copy of its cells, whatever the KV mode.
-    p->cache = std::make_unique<prefix_cache>(*p->pool, p->pool->holder_ids(), p->opts.budget, opts.policy,
-                                              kv_accounting::per_holder);
+    p->tiers.cache = std::make_unique<prefix_cache>(*p->tiers.pool, p->tiers.pool->holder_ids(), p->opts.budget,
+                                                    opts.policy, kv_accounting::per_holder);
     // What a saved prefix of n tokens can hold: its cells (K, V and their position and
     // sequence), a checkpoint per block where the memory keeps them, twice over, and 1 MiB
     // of llama.cpp's own framing. A file's head that declares more is not read further.
-    const memory_info & mem = p->eng->context().memory;
-    auto max_kv = [bpt = p->eng->context().kv_bytes_per_token, ckpt = mem.checkpoints ? mem.checkpoint_bytes : 0](
+    const memory_info & mem = eng.context().memory;
+    auto max_kv = [bpt = eng.context().kv_bytes_per_token, ckpt = mem.checkpoints ? mem.checkpoint_bytes : 0](
                       const snapshot_meta & m) -> uint64_t {
         if (bpt == 0) return 0;
         return 2 * ((uint64_t)m.n_tokens() * (bpt + k_pool_bytes_per_cell_meta) + (uint64_t)m.blocks.size() * ckpt) +
                (uint64_t{1} << 20);
     };
-    auto tiers = disk_kv_tier::open(opts.tiers, opts.policy, (pos_t)p->eng->context().n_ctx_seq, {}, max_kv);
-    if (!tiers.ok()) return tiers.error();
-    p->tiers = std::move(tiers.value());
+    auto disk = disk_kv_tier::open(opts.tiers, opts.policy, (pos_t)eng.context().n_ctx_seq, {}, max_kv);
+    if (!disk.ok()) return disk.error();
+    p->tiers.disk = std::move(disk.value());
     if (!opts.tiers.cache_dir.empty() && opts.volatility.enabled) {
         file_system & fs = opts.tiers.disk_fs ? *opts.tiers.disk_fs : posix_fs();
         // A link, or a directory that cannot be made: memory only, as without a directory.
         auto vs = volatility_store::open(fs, opts.tiers.cache_dir + "/volatility");
-        if (vs.ok()) p->vol_store = std::move(vs.value());
+        if (vs.ok()) p->volatility.store = std::move(vs.value());
         else
             std::fprintf(stderr, "warmctx: %s; the learned order is kept in memory only\n",
                          vs.error().message().c_str());
     }
-    auto prof = engine_profile(*p->eng, p->opts.engine);
+    auto prof = engine_profile(eng, p->opts.engine);
     if (!prof.ok()) return prof.error();
-    p->prof = std::move(prof.value());
+    p->run.prof = std::move(prof.value());
     return std::unique_ptr<context_engine>(new context_engine(std::move(p)));
 }
 
 result<assembled_prompt> context_engine::assemble_request(const turn_request & req) const { return p_->assemble(req); }
-status context_engine::check_fits(const assembled_prompt & prompt) const { return p_->fits(prompt); }
-status context_engine::check_plausible(const turn_request & req) const { return p_->plausible(req); }
+status context_engine::check_fits(const assembled_prompt & prompt) const { return p_->run.fits(prompt); }
+status context_engine::check_plausible(const turn_request & req) const { return p_->run.plausible(req); }
 std::vector<segment> context_engine::leading_segments(const turn_request & req, size_t min_rest_bytes,
                                                       size_t max_lead_bytes) const {
     if (req.raw || req.segments.empty()) return {};
-    return warmctx::leading_segments(req.segments, p_->opts.kinds, *p_->tm, min_rest_bytes, max_lead_bytes);
+    return warmctx::leading_segments(req.segments, p_->opts.kinds, *p_->run.tm, min_rest_bytes, max_lead_bytes);
 }
 
 result<explain_report> context_engine::explain(const turn_request & req) const {
     // Assembled off the engine thread already when the caller could (as for a turn).
-    auto prompt = req.assembled && req.assembled->root_hash == root_hash(p_->prof, p_->salt_of(req))
+    auto prompt = req.assembled && req.assembled->root_hash == root_hash(p_->run.prof, p_->salt_of(req))
                   ? result<assembled_prompt>(*req.assembled)
                   : p_->assemble(req);
     if (!prompt.ok()) return prompt.error();
-    match m = p_->best_match(p_->cache->peek(prompt->blocks, req.workspace), prompt->blocks, -1);
+    match m = p_->streams.best_match(p_->tiers.cache->peek(prompt->blocks, req.workspace), prompt->blocks, -1);
     reuse_point at = snap_reuse(*prompt, m.n_blocks);
     kv_tier tier = at.n_tokens > 0 ? kv_tier::engine : kv_tier::none;
     // What a tier would restore (nothing is loaded, nothing counted).
-    if (disk_kv_tier::hit h = p_->tiers->peek(*prompt, at.n_tokens); h.tier != kv_tier::none) {
+    if (disk_kv_tier::hit h = p_->tiers.disk->peek(*prompt, at.n_tokens); h.tier != kv_tier::none) {
         tier = h.tier;
         at = h.at;
         m = h.as_match();
     }
     return p_->explain(req.workspace, *prompt, m, at.n_tokens, tier);
-}
-
-void context_engine::impl::restore_from_tiers(const assembled_prompt & prompt, seq_id seq, match & m, reuse_point & at,
-                                              bool & in_place, kv_tier & tier, std::string & failed, double & ms) {
-    auto tr = clock_type::now();
-    disk_kv_tier::hit h = tiers->restore(*eng, prof, prompt, at.n_tokens, seq);
-    if (h.tier != kv_tier::none) {
-        tier = h.tier;
-        at = h.at;
-        m = h.as_match();
-        in_place = false;  // the restore replaced the stream's content
-    }
-    // A restore tried, whether it loaded or failed (a file that fails its checks is read
-    // and quarantined on the way): its time is the restore's.
-    if (h.tier != kv_tier::none || !h.failed.empty()) ms = ms_between(tr, clock_type::now());
-    if (h.tier != kv_tier::none || h.failed.empty()) return;
-    failed = std::move(h.failed);
-    // A load that failed cleared the stream: what it held in place is gone.
-    if (in_place && eng->seq_n_tokens(seq) < at.n_tokens) {
-        at = reuse_point{};
-        m = match{};
-        in_place = false;
-        tier = kv_tier::none;
-    }
 }
 
 result<pending_turn> context_engine::begin_turn_deferred(const turn_request & req, seq_id seq) {
@@ -343,9 +231,9 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     t.workspace = req.workspace;
     t.seq = seq;
     // A model whose memory warmctx cannot save and cut keeps nothing across turns.
-    const bool reusable = p_->eng->context().memory.reuse;
+    const bool reusable = p_->run.eng->context().memory.reuse;
     t.cache = req.cache && reusable;
-    if (req.assembled && req.assembled->root_hash == root_hash(p_->prof, p_->salt_of(req))) {
+    if (req.assembled && req.assembled->root_hash == root_hash(p_->run.prof, p_->salt_of(req))) {
         t.prompt = *req.assembled;  // assembled off the engine thread, under this profile
     } else {
         auto ap_r = p_->assemble(req);
@@ -354,49 +242,52 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     }
     const assembled_prompt & prompt = t.prompt;
     t.t_assemble_ms = ms_between(t0, clock_type::now());
-    WARMCTX_RETURN_IF_ERROR(p_->fits(prompt));
+    WARMCTX_RETURN_IF_ERROR(p_->run.fits(prompt));
     if (p_->streams[(size_t)seq].busy)
         return failed_precondition("work sequence " + std::to_string(seq) + " already runs a turn");
     t.tick = ++p_->turn_clock;
     auto tw = clock_type::now();
     // Other idle streams holding blocks this prompt starts with: into the pool, so
     // that the lookup finds them (with stream copies the lookup sees the streams).
-    if (!p_->stream_copies) p_->write_back_sharing(prompt.blocks, seq);
+    if (!p_->streams.copies) p_->moves.write_back_sharing(prompt.blocks, seq);
     {
         // Blocks of this stream the turn would overwrite go to the pool first. Every
         // write-back comes before the lookup: an insert may evict what a lookup found.
-        const match peeked = p_->prefer_in_place(
-            p_->best_match(p_->cache->peek(prompt.blocks, req.workspace), prompt.blocks, seq), prompt, seq);
+        const match peeked = p_->streams.prefer_in_place(
+            p_->streams.best_match(p_->tiers.cache->peek(prompt.blocks, req.workspace), prompt.blocks, seq), prompt,
+            seq);
         const reuse_point pat = snap_reuse(prompt, peeked.n_blocks);
         const bool would_be_in_place = pat.n_tokens > 0 && peeked.holder == seq;
         // The stream's deferred disk write, unless the turn keeps all it saves.
-        p_->keep_deferred_of(seq, would_be_in_place ? pat.n_tokens : 0);
+        p_->tiers.keep_deferred_of(seq, would_be_in_place ? pat.n_tokens : 0);
         // In place, trimming only the last turn's per-turn blocks (its diff, test
         // output...) loses nothing this workspace will ask for again: no write-back.
         // Trimming more keeps what is worth keeping (save_branch).
-        if (!would_be_in_place) p_->write_back_displaced(seq);
-        else p_->save_branch(seq, pat.n_blocks);
+        if (!would_be_in_place) p_->moves.write_back_displaced(seq);
+        else p_->moves.save_branch(seq, pat.n_blocks);
     }
     auto tl = clock_type::now();
     t.t_write_back_ms = ms_between(tw, tl);
     // In place: this stream still holds at least as much from the turn it ran last.
-    match m = p_->prefer_in_place(
-        p_->best_match(p_->cache->lookup(prompt.blocks, t.tick, req.workspace), prompt.blocks, seq), prompt, seq);
+    match m = p_->streams.prefer_in_place(
+        p_->streams.best_match(p_->tiers.cache->lookup(prompt.blocks, t.tick, req.workspace), prompt.blocks, seq),
+        prompt, seq);
     reuse_point at = snap_reuse(prompt, m.n_blocks);
     bool in_place = at.n_tokens > 0 && m.holder == seq;
-    p_->keep_deferred_of(seq, in_place ? at.n_tokens : 0);
-    if (!in_place) p_->clear_stream(seq);
+    p_->tiers.keep_deferred_of(seq, in_place ? at.n_tokens : 0);
+    if (!in_place) p_->moves.clear_stream(seq);
     p_->streams[(size_t)seq].busy = true;
     t.owner_ = this;  // from here on, an early return aborts the turn (clears `seq`)
 
     // A tier may hold a longer prefix than the engine (evicted, or before a restart).
     kv_tier tier = at.n_tokens > 0 ? kv_tier::engine : kv_tier::none;
     std::string restore_failed;
-    if (!p_->tiers->empty()) p_->restore_from_tiers(prompt, seq, m, at, in_place, tier, restore_failed, t.t_restore_ms);
+    if (!p_->tiers.disk->empty())
+        p_->moves.restore_from_tiers(prompt, seq, m, at, in_place, tier, restore_failed, t.t_restore_ms);
     std::string refused;
     if (tier == kv_tier::engine) {
         auto tc = clock_type::now();
-        p_->take_prefix(seq, prompt, m, at, in_place, refused);
+        p_->moves.take_prefix(seq, prompt, m, at, in_place, refused);
         t.t_copy_ms = ms_between(tc, clock_type::now());
         if (in_place) p_->ctr.memory.n_in_place_turns++;
         if (at.n_tokens == 0) tier = kv_tier::none;
@@ -410,8 +301,8 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     t.t_lookup_ms = ms_between(tl, clock_type::now()) - t.t_restore_ms - t.t_copy_ms;
     if (!is_prewarm(req.kind) && at.n_tokens > 0) {
         // The first turn after a pre-warm of this workspace says it was served from it.
-        auto h = p_->workspaces.find(req.workspace);
-        if (h != p_->workspaces.end() && h->second.prewarm) {
+        auto h = p_->workspaces.by_name.find(req.workspace);
+        if (h != p_->workspaces.by_name.end() && h->second.prewarm) {
             t.explain.prewarm = std::move(h->second.prewarm);
             h->second.prewarm.reset();
             p_->ctr.prewarm.n_served_turns++;
@@ -424,7 +315,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
     t.t_begin_unix_ms = unix_ms_now();
     t.prefill_end = (pos_t)prompt.tokens.size();
     if (is_prewarm(req.kind)) {
-        const size_t n = impl::n_cacheable_blocks(prompt);
+        const size_t n = n_cacheable_blocks(prompt);
         t.prefill_end = std::max(at.n_tokens, n > 0 ? prompt.blocks[n - 1].end : 0);
         t.cache = reusable;
     }
@@ -444,14 +335,15 @@ status context_engine::prefill_some(pending_turn & t, pos_t max_tokens, std::vec
     if (t.prefilled()) return {};
     const assembled_prompt & prompt = t.prompt;
     const auto chunks = plan_chunks(t.prefill_pos, (int32_t)(t.prefill_end - t.prefill_pos), prompt.boundaries,
-                                    (int32_t)p_->prof.chunk_tokens);
+                                    (int32_t)p_->run.prof.chunk_tokens);
     // Whole chunks: [t.prefill_pos, end).
     pos_t end = t.prefill_pos;
     for (const auto & [b, e] : chunks) {
         end = e;
         if (end - t.prefill_pos >= max_tokens) break;
     }
-    WARMCTX_RETURN_IF_ERROR(p_->prefill(t.seq, prompt, t.prefill_pos, end, logits, t.t_prefill_ms, t.t_checkpoint_ms));
+    WARMCTX_RETURN_IF_ERROR(
+        p_->run.prefill(t.seq, prompt, t.prefill_pos, end, logits, t.t_prefill_ms, t.t_checkpoint_ms));
     t.prefill_pos = end;
     return {};
 }
@@ -463,7 +355,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     work_stream & s = p_->streams[(size_t)t.seq];
     s.busy = false;
     // The cacheable blocks prefilled (all, unless a pre-warm stopped early: at a chunk end, a block end).
-    size_t n_keep = t.cache ? impl::n_cacheable_blocks(t.prompt) : 0;
+    size_t n_keep = t.cache ? n_cacheable_blocks(t.prompt) : 0;
     while (n_keep > 0 && t.prompt.blocks[n_keep - 1].end > t.prefill_pos) --n_keep;
     // The stream also keeps the blocks of the turn's own user message that follow them
     // (class none: never in the pool nor on disk), with the chat messages before it in
@@ -473,7 +365,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     // generation prompt and the answer go: the next turn renders the answer with its
     // header in one piece, so its KV would not be the cold run's.
     size_t n_stream = n_keep;
-    if (t.cache && !is_prewarm(t.kind) && n_keep == impl::n_cacheable_blocks(t.prompt)) {
+    if (t.cache && !is_prewarm(t.kind) && n_keep == n_cacheable_blocks(t.prompt)) {
         const auto & segs = t.prompt.prompt_manifest.segments;
         while (n_stream < t.prompt.blocks.size()) {
             const block & b = t.prompt.blocks[n_stream];
@@ -485,7 +377,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             ++n_stream;
         }
     }
-    n_stream = p_->cuttable(t.seq, t.prompt.blocks, n_stream);  // fewer where a checkpoint was left out
+    n_stream = p_->moves.cuttable(t.seq, t.prompt.blocks, n_stream);  // fewer where a checkpoint was left out
     n_keep = std::min(n_keep, n_stream);
     if (n_stream > 0) {
         // The stream keeps the cacheable blocks (the tail and the generated tokens go)
@@ -493,25 +385,19 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
         // is about to overwrite them (lazy write-back), unless it holds them already.
         std::span<const block> path(t.prompt.blocks.data(), n_keep);
         std::span<const block> kept(t.prompt.blocks.data(), n_stream);
-        p_->keep_deferred_of(t.seq, kept.back().end);
-        status st = p_->eng->trim_seq(t.seq, kept.back().end);
+        p_->tiers.keep_deferred_of(t.seq, kept.back().end);
+        status st = p_->run.eng->trim_seq(t.seq, kept.back().end);
         if (st.ok()) {
-            p_->tiers->forget_recent_loads();
+            p_->tiers.disk->forget_recent_loads();
             // A pre-warm stopped early was stopped for a chat, which continues from it in
             // place (and writes through what it ends with) or takes its stream (and puts
             // its blocks in the pool): no disk write of a partial prefix on that chat's way.
             // The write itself waits until the engine is idle (write_through_idle) or
             // the stream is about to change below it.
-            const size_t n_saved = p_->cuttable(t.seq, t.prompt.blocks, p_->tiers->n_saved_blocks(t.prompt, n_keep));
-            if (n_saved > 0 && !(is_prewarm(t.kind) && !t.prefilled())) {
-                const pos_t save_end = t.prompt.blocks[n_saved - 1].end;
-                impl::deferred_write d{t.seq, t.workspace, t.prompt, n_keep, save_end};
-                // One per stream: an earlier one this turn kept in place is covered
-                // unless it reaches further.
-                if (auto old = p_->deferred.find(t.seq); old != p_->deferred.end() && old->second.save_end > d.save_end)
-                    p_->flush_deferred_of(t.seq);
-                p_->deferred[t.seq] = std::move(d);
-            }
+            const size_t n_saved =
+                p_->moves.cuttable(t.seq, t.prompt.blocks, p_->tiers.disk->n_saved_blocks(t.prompt, n_keep));
+            if (n_saved > 0 && !(is_prewarm(t.kind) && !t.prefilled()))
+                p_->tiers.defer({t.seq, t.workspace, t.prompt, n_keep, t.prompt.blocks[n_saved - 1].end});
             s.blocks.assign(kept.begin(), kept.end());
             s.n_durable = 0;
             for (size_t i = 0; i < path.size(); ++i) {
@@ -531,27 +417,20 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
             }
             s.workspace = t.workspace;
             s.t_finished = t.tick;
-            s.unsaved = p_->cache->peek(s.blocks, t.workspace).n_blocks < s.blocks.size();
-            p_->last_finished_seq = t.seq;
-            p_->last_finished_at = clock_type::now();
+            s.unsaved = p_->tiers.cache->peek(s.blocks, t.workspace).n_blocks < s.blocks.size();
+            p_->streams.last_finished_seq = t.seq;
+            p_->streams.last_finished_at = clock_type::now();
         } else {
             result_st = st.with_context("cache update");
-            p_->clear_stream(t.seq);
+            p_->moves.clear_stream(t.seq);
         }
     } else {
-        p_->clear_stream(t.seq);
+        p_->moves.clear_stream(t.seq);
     }
-    p_->bound_stream_checkpoints(t.seq);
+    p_->moves.bound_stream_checkpoints(t.seq);
     if (!is_prewarm(t.kind)) {
-        if (p_->opts.volatility.enabled && !t.prompt.prompt_manifest.segments.empty()) {
-            std::unique_lock lock(p_->volatility_mu);
-            volatility_state * st = p_->volatility_of(t.workspace, lock);
-            if (!st) st = &p_->volatility[t.workspace];
-            const assembled_prompt & pr = t.prompt;
-            if (observe_turn(*st, pr.prompt_manifest, pr.first_chat_message, pr.hints, pr.content_digests) ||
-                st->n_turns % impl::k_volatility_save_every == 0)
-                p_->vol_dirty.insert(t.workspace);
-        }
+        if (p_->opts.volatility.enabled && !t.prompt.prompt_manifest.segments.empty())
+            p_->volatility.observe(t.workspace, t.prompt);
         p_->count(t.workspace, t.explain, n_generated);
         p_->remember(t.workspace, t);
         return result_st;
@@ -572,7 +451,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
     if (!pw.complete) c.n_preempted++;
     c.n_prefilled_tokens += (uint64_t)pw.n_prefilled;
     p_->remember(t.workspace, t);
-    p_->workspaces[t.workspace].prewarm = pw;
+    p_->workspaces.by_name[t.workspace].prewarm = pw;
     return result_st;
 }
 
@@ -581,35 +460,35 @@ void context_engine::abort_turn(pending_turn & t) {
     if (t.owner_ != this) return;
     t.owner_ = nullptr;
     p_->streams[(size_t)t.seq].busy = false;
-    p_->clear_stream(t.seq);
+    p_->moves.clear_stream(t.seq);
 }
 
 uint32_t context_engine::n_work_seqs() const { return p_->opts.n_work_seqs; }
 
 result<std::unique_ptr<generation_step>> context_engine::start_generation(const sampling_params & sp) const {
-    return generation_step::make(*p_->eng, sp);
+    return generation_step::make(*p_->run.eng, sp);
 }
 
 std::unique_ptr<draft_index> context_engine::drafts_for(const pending_turn & t, const sampling_params & sp) const {
-    if (sp.draft_max <= 0 || !drops_a_draft(p_->eng->context().memory)) return nullptr;
-    return p_->answers.index_for(t.workspace, t.prompt.tokens);
+    if (sp.draft_max <= 0 || !drops_a_draft(p_->run.eng->context().memory)) return nullptr;
+    return p_->run.answers.index_for(t.workspace, t.prompt.tokens);
 }
 
 void context_engine::remember_answer(const pending_turn & t, std::span<const token_id> answer) {
-    p_->answers.remember(t.workspace, t.prompt.tokens, answer);
+    p_->run.answers.remember(t.workspace, t.prompt.tokens, answer);
 }
 
 status context_engine::drop_draft(seq_id seq, pos_t n_tokens) {
     if (seq < 0 || (uint32_t)seq >= p_->opts.n_work_seqs)
         return invalid_argument("drop_draft: sequence " + std::to_string(seq) + " is not a work sequence");
-    return p_->eng->trim_seq(seq, n_tokens);
+    return p_->run.eng->trim_seq(seq, n_tokens);
 }
 
 status context_engine::decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits) {
     for (const step_input & in : inputs)
         if (in.seq < 0 || (uint32_t)in.seq >= p_->opts.n_work_seqs)
             return invalid_argument("decode_step: sequence " + std::to_string(in.seq) + " is not a work sequence");
-    return p_->eng->decode_step(inputs, logits);
+    return p_->run.eng->decode_step(inputs, logits);
 }
 
 result<turn_result> context_engine::run_turn(const turn_request & req, seq_id seq) {
@@ -626,7 +505,7 @@ result<turn_result> context_engine::run_turn(const turn_request & req, seq_id se
     out.t_prefill_ms = t.t_prefill_ms;
     out.t_checkpoint_ms = t.t_checkpoint_ms;
     WARMCTX_RETURN_IF_ERROR(
-        p_->generate(t.seq, req, t.prompt.tokens, std::move(logits), out, t0));  // aborts t on error
+        p_->run.generate(t.seq, req, t.prompt.tokens, std::move(logits), out, t0));  // aborts t on error
     auto ti = clock_type::now();
     WARMCTX_RETURN_IF_ERROR(finish_turn(t, out.gen.tokens.size()));
     p_->flush_deferred();  // nobody waits for an answer here: the write-through now
@@ -637,20 +516,20 @@ result<turn_result> context_engine::run_turn(const turn_request & req, seq_id se
 }
 
 result<turn_result> context_engine::run_cold(const turn_request & req) {
-    if (p_->cold_seq < 0)
+    if (p_->run.cold_seq < 0)
         return failed_precondition("run_cold needs the cold stream (context_engine_options::cold_stream)");
     auto t0 = clock_type::now();
     auto prompt = p_->assemble(req);
     if (!prompt.ok()) return prompt.error();
     turn_result out;
     out.t_assemble_ms = ms_between(t0, clock_type::now());
-    engine & e = *p_->eng;
-    e.clear_seq(p_->cold_seq);
+    engine & e = *p_->run.eng;
+    e.clear_seq(p_->run.cold_seq);
     std::vector<float> logits;
-    status st = p_->prefill(p_->cold_seq, *prompt, 0, (pos_t)prompt->tokens.size(), logits, out.t_prefill_ms,
-                            out.t_checkpoint_ms);
-    if (st.ok()) st = p_->generate(p_->cold_seq, req, {}, std::move(logits), out, t0);
-    e.clear_seq(p_->cold_seq);
+    status st = p_->run.prefill(p_->run.cold_seq, *prompt, 0, (pos_t)prompt->tokens.size(), logits, out.t_prefill_ms,
+                                out.t_checkpoint_ms);
+    if (st.ok()) st = p_->run.generate(p_->run.cold_seq, req, {}, std::move(logits), out, t0);
+    e.clear_seq(p_->run.cold_seq);
     if (!st.ok()) return st;
     out.prompt_manifest = prompt->prompt_manifest;
     out.stable_prefix_hash = prompt->stable_prefix_hash.hex();
@@ -662,35 +541,36 @@ result<turn_result> context_engine::run_cold(const turn_request & req) {
 }
 snapshot_store * context_engine::disk_tier() {
     p_->flush_deferred();
-    return p_->tiers->disk();
+    return p_->tiers.disk->disk();
 }
 void context_engine::flush_deferred_writes() { p_->flush_deferred(); }
 
 status context_engine::set_chunk_tokens(uint32_t n) {
     p_->flush_deferred();
-    if (n < 1 || n > p_->eng->context().chunk_tokens)
-        return invalid_argument("chunk_tokens must be in [1, " + std::to_string(p_->eng->context().chunk_tokens) + "]");
-    p_->prof.chunk_tokens = n;
-    set_block_grid(p_->prof, *p_->eng);
+    if (n < 1 || n > p_->run.eng->context().chunk_tokens)
+        return invalid_argument("chunk_tokens must be in [1, " + std::to_string(p_->run.eng->context().chunk_tokens) +
+                                "]");
+    p_->run.prof.chunk_tokens = n;
+    set_block_grid(p_->run.prof, *p_->run.eng);
     return {};
 }
 
-const profile & context_engine::current_profile() const { return p_->prof; }
-const model_info & context_engine::model() const { return p_->eng->model(); }
-const chat_templates * context_engine::chat_template() const { return engine_chat_templates(*p_->tm); }
-const context_info & context_engine::context() const { return p_->eng->context(); }
+const profile & context_engine::current_profile() const { return p_->run.prof; }
+const model_info & context_engine::model() const { return p_->run.eng->model(); }
+const chat_templates * context_engine::chat_template() const { return engine_chat_templates(*p_->run.tm); }
+const context_info & context_engine::context() const { return p_->run.eng->context(); }
 result<std::vector<token_id>> context_engine::tokenize(std::string_view text, bool parse_special) const {
-    return p_->eng->tokenize(text, parse_special);
+    return p_->run.eng->tokenize(text, parse_special);
 }
 result<std::string> context_engine::detokenize(std::span<const token_id> tokens, bool special) const {
-    if (!special) return p_->eng->detokenize(tokens);
+    if (!special) return p_->run.eng->detokenize(tokens);
     std::string out;
     for (token_id t : tokens) {
-        if (t < 0 || t >= p_->eng->model().n_vocab)
+        if (t < 0 || t >= p_->run.eng->model().n_vocab)
             return invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary");
-        out += p_->eng->token_piece(t, true);
+        out += p_->run.eng->token_piece(t, true);
     }
     return out;
 }
-const prefix_cache & context_engine::cache() const { return *p_->cache; }
+const prefix_cache & context_engine::cache() const { return *p_->tiers.cache; }
 }  // namespace warmctx

@@ -1,0 +1,94 @@
+// runtime/stream_moves.h - the moves of a prefix's KV between a context_engine's work
+// streams (work_streams.h) and its tiers (cache_tiers.h):
+//   out of a stream: its blocks written back to the RAM pool, lazily (when something is
+//     about to overwrite them), or parked whole in a free stream;
+//   into a stream: a prefix cut in place, copied from the pool or another stream, or
+//     restored from disk - cut only at a block end its state can be cut at;
+//   and the streams' checkpoints kept within their bounds.
+// Holds no state of its own: it works on the parts context_engine::impl owns, and counts
+// in its kv_memory counters. Implemented in context_streams.cpp.
+//
+// Thread safety: none (the engine thread's).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "cache_tiers.h"
+#include "work_streams.h"
+#include "warmctx/context_engine.h"
+
+namespace warmctx {
+
+class stream_moves {
+  public:
+    stream_moves(engine & e, const context_engine_options & opts, work_streams & streams, cache_tiers & tiers,
+                 kv_memory & ctr)
+        : eng_(e), opts_(opts), streams_(streams), tiers_(tiers), ctr_(ctr) {}
+
+    // Out of a stream.
+    // Offers an idle stream's unsaved blocks (its first n_blocks, or all) to the pool (a
+    // copy; the stream keeps them). Under the budget the pool may keep less, or nothing:
+    // never an error.
+    void write_back(seq_id seq, size_t n_blocks = SIZE_MAX);
+    // A turn in place trims `seq` to its first n_keep blocks. The blocks it destroys
+    // that a later turn may want are kept - parked whole in a free stream when stream
+    // copies are on and one is free (no byte leaves the device), else offered to the
+    // pool - unless they are only content of low retention (history that slid out of
+    // an agent's window or was compacted away, a terminal log): a branch no agent
+    // revisits is not worth a copy of the whole stream on the turn's way.
+    void save_branch(seq_id seq, size_t n_keep);
+    // Before another prompt overwrites an idle stream: its durable blocks go to the pool,
+    // unless the pool holds them already; its per-turn blocks (the last turn's diff, test
+    // output...) do not - that workspace's next turn brings its own.
+    void write_back_displaced(seq_id seq);
+    // Writes back every idle stream whose blocks `blocks` starts with: a lookup in
+    // the pool then sees them wherever they ran.
+    void write_back_sharing(std::span<const block> blocks, seq_id except);
+    // Empties the stream, after its deferred disk write (made while it still holds it).
+    void clear_stream(seq_id seq);
+
+    // Into a stream.
+    // Loads a pool holder's prefix into `seq` (cleared first) and trims it at `reuse`;
+    // a holder that is another stream is copied whole, the data at once, so that what
+    // happens to either stream before the next decode (a load, a save) sees it done.
+    // Where the copy cannot be cut at `at` (a checkpoint left out or thinned), at the
+    // deepest block end before it that it can: `at` says which.
+    status copy_from_holder(seq_id holder, seq_id seq, const assembled_prompt & prompt, reuse_point & at);
+    // Into `seq`, m.holder's prefix `at`: cut back in place or copied, at the deepest block
+    // end at or before `at` the state can be cut at (`at` and `m` say where). Where it
+    // cannot be taken (an engine error), `seq` is cleared, `at`, `m` and `in_place` reset,
+    // and `refused` says why; where it was taken short of `at`, it says that.
+    void take_prefix(seq_id seq, const assembled_prompt & prompt, match & m, reuse_point & at, bool & in_place,
+                     std::string & refused);
+    // A tier may hold a longer prefix than the engine (evicted, or before a restart):
+    // restores it into `seq`, updating the match, reuse point, in_place and tier; a
+    // candidate that failed leaves `failed` saying why. `ms`: the restore's time.
+    void restore_from_tiers(const assembled_prompt & prompt, seq_id seq, match & m, reuse_point & at, bool & in_place,
+                            kv_tier & tier, std::string & failed, double & ms);
+
+    // Where a stream can be cut, and its checkpoints.
+    // How many of the first `n` blocks `seq` can be cut after (engine::can_trim: a block
+    // end with a checkpoint, where the model needs one).
+    size_t cuttable(seq_id seq, std::span<const block> blocks, size_t n) const;
+    // The deepest block end at or before `at` where `seq` can be cut (engine::can_trim).
+    reuse_point resumable(seq_id seq, const assembled_prompt & prompt, reuse_point at) const;
+    // Keeps the streams' checkpoints within opts.stream_checkpoint_max_bytes: while over,
+    // the idle stream other than `keep` finished longest ago that holds checkpoints
+    // gives its blocks to the pool (write_back: the pool's budget decides what it keeps)
+    // and is cleared. Returns how many streams were cleared.
+    size_t bound_stream_checkpoints(seq_id keep);
+    // Drops checkpoints of `seq` past `max_count` (context_engine_options::
+    // stream_checkpoint_max_count says which); returns how many.
+    size_t thin_checkpoints(seq_id seq, size_t max_count);
+
+  private:
+    engine & eng_;
+    const context_engine_options & opts_;  // the checkpoints' bounds
+    work_streams & streams_;
+    cache_tiers & tiers_;
+    kv_memory & ctr_;  // context_counters::memory
+};
+
+}  // namespace warmctx
