@@ -61,7 +61,8 @@ endforeach()
 # The headers an embedder uses - the server, the scheduler, the context engine, the
 # engine, the file system seam, status, their options and reports - and the ones they
 # include; the other headers of include/warmctx/ serve warmctx's own layers and are not
-# installed. tests/install/install_test.sh compiles every installed header on its own.
+# installed (each is included by a layer above its own, so it cannot be private to its
+# folder). tests/install/install_test.sh compiles every installed header on its own.
 set(WARMCTX_INSTALLED_HEADERS
     server scheduler context_engine context_options context_counters explain_report engine fs status
     # what those include
