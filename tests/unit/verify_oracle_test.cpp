@@ -167,14 +167,15 @@ TEST(verify_oracle, ReportJsonKeepsTheCommandsKeys) {
     r.scenarios = 2;
     r.failures.push_back({1, "profile drift", "expected a miss at token 0", 12, "why"});
     const auto j = r.to_json();
-    for (const char * k : {"mode", "model", "scenarios", "turns", "mismatches", "turn_mismatches", "max_logit_diff",
-                           "token_agreement", "expectation_failures", "failures", "tokens_reused", "tokens_prefilled",
-                           "results", "elapsed_ms", "seed", "policy", "budget_tokens", "evictions_by_class",
-                           "whole_holder_evictions", "backend", "stream_copies", "n_stream_copies",
-                           "n_branches_parked", "n_pool_loads", "n_write_backs", "n_padded_decodes", "n_fused_turns",
-                           "n_fused_conversations", "memory", "n_drafted", "n_draft_accepted", "max_drafted_logit_diff"})
+    for (const char * k : {"mode", "model", "scenarios", "scenarios_asked", "turns", "mismatches", "turn_mismatches",
+                           "max_logit_diff", "token_agreement", "expectation_failures", "failures", "tokens_reused",
+                           "tokens_prefilled", "results", "elapsed_ms", "seed", "policy", "budget_tokens",
+                           "evictions_by_class", "whole_holder_evictions", "backend", "stream_copies",
+                           "n_stream_copies", "n_branches_parked", "n_pool_loads", "n_write_backs", "n_padded_decodes",
+                           "n_fused_turns", "n_fused_conversations", "memory", "n_drafted", "n_draft_accepted",
+                           "max_drafted_logit_diff"})
         EXPECT_TRUE(j.contains(k)) << k;
-    EXPECT_EQ(j.size(), 32u);
+    EXPECT_EQ(j.size(), 33u);
     EXPECT_EQ(j["expectation_failures"], 1);
     EXPECT_EQ(j["failures"][0], "scenario-1 profile drift: expected a miss at token 0 (reused 12, why)");
     EXPECT_EQ(j["token_agreement"], 1.0);
