@@ -49,21 +49,78 @@ decoded decode(engine & e, seq_id seq, std::span<const token_id> prompt, const s
     return d;
 }
 
-// Several rows sum in another order than one (drafts.h): the logits' last bits, and where
-// that moves an f16 KV value across a rounding step, a little more (~1e-2 here).
-float max_diff(const std::vector<float> & a, const std::vector<float> & b) {
+float max_diff(std::span<const float> a, std::span<const float> b) {
     EXPECT_EQ(a.size(), b.size());
     float d = 0;
     for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
     return d;
 }
-constexpr float k_rows_tolerance = 5e-2f;
 
-void expect_same(const decoded & plain, const decoded & drafted) {
-    EXPECT_EQ(plain.g.tokens, drafted.g.tokens);
-    EXPECT_EQ(plain.g.text, drafted.g.text);
-    EXPECT_EQ(plain.n_in_seq, drafted.n_in_seq);  // a rejected draft leaves nothing behind
-    EXPECT_LE(max_diff(plain.logits, drafted.logits), k_rows_tolerance);
+// Several rows decoded together sum in another order than one alone (drafts.h): llama.cpp's
+// batched kernel against its one-row dot product. How far apart that puts a row's logits
+// depends on the weights' type and the CPU (f16 weights: ~1e-2; q8_0 weights on AVX-512:
+// ~0.3-0.5), so it is measured here, without drafts: the plain answer's tokens decoded
+// 2, 3, 5, 9 and 17 rows at a time (a draft's sizes) against the same rows one at a time.
+// A drafted answer's rows may differ from the plain answer's by that much, with a floor of
+// 5e-2 - and by more only where a draft left something behind (a cut that crossed a
+// sliding window, a rejected row's KV).
+float rows_tolerance(engine & e, std::span<const token_id> prompt, const decoded & plain) {
+    const seq_id seq = 3;
+    const size_t v = plain.logits.size() / std::max<size_t>(plain.g.tokens.size(), 1);
+    float worst = 0;
+    for (size_t rows : {2, 3, 5, 9, 17}) {
+        if (rows + 1 > plain.g.tokens.size()) break;
+        e.clear_seq(seq);
+        std::vector<float> l;
+        EXPECT_TRUE(e.prefill(seq, prompt, 0, {}, &l).ok());
+        std::vector<step_input> in;
+        for (size_t j = 0; j < rows; ++j)
+            in.push_back({seq, plain.g.tokens[j], (pos_t)(prompt.size() + j)});
+        std::vector<std::vector<float>> out;
+        EXPECT_TRUE(e.decode_step(in, out).ok());
+        for (size_t j = 0; j < out.size(); ++j)  // row j gives the logits of token j + 1
+            worst = std::max(worst, max_diff(out[j], std::span(plain.logits).subspan((j + 1) * v, v)));
+    }
+    e.clear_seq(seq);
+    return std::max(5e-2f, 1.5f * worst);
+}
+
+// The two best logits' distance in one row.
+float top2_gap(std::span<const float> row) {
+    float a = -INFINITY, b = -INFINITY;
+    for (float x : row) {
+        if (x > a) b = a, a = x;
+        else if (x > b) b = x;
+    }
+    return a - b;
+}
+
+// The drafted answer is the undrafted one: token for token while their rows agree within
+// the tolerance. Where two tokens' logits are closer than the rows' difference (greedy: the
+// best two; sampled: a draw at the edge between two), the choice may go the other way, and
+// from there the two are different texts: so each row up to the first token that differs
+// is within the tolerance, and a greedy answer differs only at such a near tie. Returns the
+// tokens the two share. A rejected draft leaves nothing behind either way.
+size_t expect_same(const decoded & plain, const decoded & drafted, float tolerance, bool greedy = true) {
+    const auto & p = plain.g.tokens;
+    const auto & d = drafted.g.tokens;
+    size_t agree = 0;
+    while (agree < p.size() && agree < d.size() && p[agree] == d[agree]) ++agree;
+    const size_t v = p.empty() ? 0 : plain.logits.size() / p.size();
+    EXPECT_EQ(plain.logits.size(), p.size() * v);
+    EXPECT_EQ(drafted.logits.size(), d.size() * v);
+    const size_t rows = std::min({agree + 1, p.size(), d.size()});
+    EXPECT_LE(max_diff(std::span(plain.logits).first(rows * v), std::span(drafted.logits).first(rows * v)),
+              tolerance);
+    if (agree < p.size() && agree < d.size()) {
+        SCOPED_TRACE("the answers part at token " + std::to_string(agree) + " of " + std::to_string(p.size()));
+        if (greedy) EXPECT_LE(top2_gap(std::span(plain.logits).subspan(agree * v, v)), 2 * tolerance);
+    } else {
+        EXPECT_EQ(p, d);
+        EXPECT_EQ(plain.g.text, drafted.g.text);
+    }
+    EXPECT_EQ(plain.n_in_seq - (pos_t)p.size(), drafted.n_in_seq - (pos_t)d.size());
+    return agree;
 }
 
 TEST(Drafts, AnEarlierAnswerDraftsTheSameAnswerGreedyAndSampled) {
@@ -82,9 +139,10 @@ TEST(Drafts, AnEarlierAnswerDraftsTheSameAnswerGreedyAndSampled) {
         sp.draft_max = 16;
         const auto source = source_of(prompt, plain.g.tokens);
         const decoded drafted = decode(*e, 1, prompt, sp, &source);
-        expect_same(plain, drafted);
-        // Each step checks up to 16 tokens of the earlier answer, and sampling chooses them.
-        EXPECT_GE(drafted.g.drafts.n_accepted, plain.g.tokens.size() * 3 / 4) << drafted.g.drafts.n_drafted;
+        const size_t agree = expect_same(plain, drafted, rows_tolerance(*e, prompt, plain), temperature == 0.0f);
+        // Each step checks up to 16 tokens of the earlier answer, and sampling chooses them
+        // (those the two answers share).
+        EXPECT_GE(drafted.g.drafts.n_accepted, agree * 3 / 4) << drafted.g.drafts.n_drafted;
         EXPECT_LE(drafted.g.drafts.n_steps, plain.g.tokens.size() / 4);
     }
 }
@@ -100,7 +158,7 @@ TEST(Drafts, AWrongDraftChangesNothing) {
     // The prompt's tail leads into text the model does not write.
     const auto source = source_of(prompt, random_tokens(200, 5, e->model().n_vocab));
     const decoded drafted = decode(*e, 1, prompt, sp, &source);
-    expect_same(plain, drafted);
+    expect_same(plain, drafted, rows_tolerance(*e, prompt, plain));
     EXPECT_GT(drafted.g.drafts.n_drafted, 0u);
     EXPECT_LT(drafted.g.drafts.n_accepted, drafted.g.drafts.n_drafted);
 }
@@ -122,14 +180,16 @@ TEST(Drafts, ASlidingWindowModelDraftsTheSameAnswer) {
     sp.draft_max = 64;
     const auto source = source_of(prompt, plain.g.tokens);
     const decoded drafted = decode(**e, 1, prompt, sp, &source);
-    expect_same(plain, drafted);
-    EXPECT_GE(drafted.g.drafts.n_accepted, plain.g.tokens.size() * 3 / 4);
+    const float tolerance = rows_tolerance(**e, prompt, plain);
+    const size_t agree = expect_same(plain, drafted, tolerance);
+    EXPECT_GE(drafted.g.drafts.n_accepted, agree * 3 / 4);
     // The answer's first token, then text the model does not write.
     std::vector<token_id> off_course{plain.g.tokens[0]};
     for (token_id t : random_tokens(200, 9, (*e)->model().n_vocab)) off_course.push_back(t);
     const auto wrong = source_of(prompt, off_course);
     const decoded rejected = decode(**e, 2, prompt, sp, &wrong);
-    expect_same(plain, rejected);
+    SCOPED_TRACE("drafts rejected");
+    expect_same(plain, rejected, tolerance);
     EXPECT_GT(rejected.g.drafts.n_drafted, rejected.g.drafts.n_accepted);
 }
 
@@ -224,7 +284,7 @@ TEST(Drafts, ARequestSentAgainIsDraftedFromTheAnswerBeforeAndEqualsTheColdRun) {
         }).ok());
         ASSERT_TRUE(cold.has_value());
         EXPECT_EQ(again[i].tokens, cold->gen.tokens);
-        EXPECT_LE(max_diff(again[i].gen_logits, cold->gen_logits), k_rows_tolerance);
+        EXPECT_LE(max_diff(again[i].gen_logits, cold->gen_logits), 5e-2f);  // f16 weights (rows_tolerance)
         EXPECT_EQ(again[i].prompt_logits, cold->prompt_logits);  // the prompt's, bit for bit
     }
     // A client that leaves after a drafted step (its second delta): the job is retired
