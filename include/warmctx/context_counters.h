@@ -54,8 +54,8 @@ struct kv_memory {
     uint64_t pool_bytes = 0;               // cached prefixes' saved states
     uint64_t pool_allocated_bytes = 0;     // their buffers
     uint64_t pool_entries = 0;
-    uint64_t allocated_bytes = 0;          // streams + pool, allocated
-    uint64_t used_bytes = 0;               // streams + pool, used
+    uint64_t allocated_bytes = 0;          // streams + pool + checkpoints + state scratch, allocated
+    uint64_t used_bytes = 0;               // streams + pool + checkpoints, used
     uint64_t n_pool_loads = 0, pool_loaded_bytes = 0;
     double pool_load_ms = 0;
     uint64_t n_pool_saves = 0, pool_saved_bytes = 0;
@@ -75,6 +75,7 @@ struct kv_memory {
     // Checkpoints (engine.h, memory_kind): the streams' windows or recurrent states at
     // block ends, held in host RAM beside the streams (the pool's are in pool_bytes).
     uint64_t checkpoint_bytes = 0;
+    uint64_t state_scratch_bytes = 0;      // allocated to move states, holding none (engine::state_scratch_bytes)
     uint64_t checkpoint_size_bytes = 0;    // one checkpoint (0: the model needs none)
     uint64_t checkpoint_max_bytes = 0;     // their bound (context_engine_options::stream_checkpoint_max_bytes; 0: none)
     uint64_t n_checkpoint_evictions = 0;   // streams cleared to keep their checkpoints within it

@@ -265,6 +265,9 @@ class engine {
     // The positions a sequence keeps checkpoints at, and the bytes they take.
     std::vector<pos_t> checkpoints(seq_id seq) const;
     uint64_t checkpoint_bytes_held() const;
+    // Host memory allocated for moving states that holds none: the spare checkpoint buffers
+    // kept for the next checkpoints, and (on a GPU) the page-locked buffer states pass through.
+    uint64_t state_scratch_bytes() const;
     // Whether trim_seq(seq, from) can cut there: any position of plain KV (or of a window
     // whose cells there are real), else where a checkpoint is or at the sequence's end.
     bool can_trim(seq_id seq, pos_t from) const;

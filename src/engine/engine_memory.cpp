@@ -243,6 +243,13 @@ uint64_t engine::checkpoint_bytes_held() const {
     return n;
 }
 
+uint64_t engine::state_scratch_bytes() const {
+    uint64_t n = p_->staging ? ggml_backend_buffer_get_size(p_->staging) : 0;
+    std::lock_guard lock(p_->spares->mu);
+    for (const auto & b : p_->spares->free) n += b.capacity();
+    return n;
+}
+
 // ---- copy, trim, clear ---------------------------------------------------------------
 
 status engine::copy_seq(seq_id src, seq_id dst) {

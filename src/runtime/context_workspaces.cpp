@@ -233,11 +233,13 @@ context_counters context_engine::counters() const {
     m.memory_kind = std::string(memory_kind_name(ci.memory.kind));
     m.reuse_across_turns = ci.memory.reuse;
     m.checkpoint_bytes = p_->run.eng->checkpoint_bytes_held();
+    m.state_scratch_bytes = p_->run.eng->state_scratch_bytes();
     m.checkpoint_size_bytes = ci.memory.checkpoints ? ci.memory.checkpoint_bytes : 0;
     m.checkpoint_max_bytes = p_->opts.stream_checkpoint_max_bytes;
     m.n_checkpoints_taken = p_->run.eng->checkpoints_taken();
     m.checkpoint_ms = p_->run.eng->checkpoint_ms();
-    m.allocated_bytes = m.streams_allocated_bytes + m.pool_allocated_bytes + m.checkpoint_bytes;
+    m.allocated_bytes =
+        m.streams_allocated_bytes + m.pool_allocated_bytes + m.checkpoint_bytes + m.state_scratch_bytes;
     m.used_bytes = m.streams_used_bytes + m.pool_bytes + m.checkpoint_bytes;
     m.n_pool_loads = pc.n_loads;
     m.pool_loaded_bytes = pc.loaded_bytes;

@@ -212,7 +212,8 @@ void render_cache(std::string & out, const engine_snapshot & snap) {
 void render_kv_memory(std::string & out, const engine_snapshot & snap) {
     const kv_memory & m = snap.counters.memory;
     scalar(out, "warmctx_kv_allocated_bytes", "gauge",
-           "Every byte of KV the process allocated: work streams (whole) and the RAM pool of cached prefixes.",
+           "Every byte of KV the process allocated: work streams (whole), the RAM pool of cached prefixes, the "
+           "streams' checkpoints and the buffers states move through.",
            static_cast<double>(m.allocated_bytes));
     scalar(out, "warmctx_kv_used_bytes", "gauge", "Bytes of that KV holding tokens.",
            static_cast<double>(m.used_bytes));
@@ -220,6 +221,8 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
     sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"streams\"",
            static_cast<double>(m.streams_allocated_bytes));
     sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"pool\"", static_cast<double>(m.pool_allocated_bytes));
+    sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"checkpoints\"", static_cast<double>(m.checkpoint_bytes));
+    sample(out, "warmctx_kv_allocated_bytes_by_part", "part=\"scratch\"", static_cast<double>(m.state_scratch_bytes));
     scalar(out, "warmctx_pool_loads_total", "counter", "Cached prefixes loaded from the pool into a work stream.",
            static_cast<double>(m.n_pool_loads));
     scalar(out, "warmctx_pool_loaded_bytes_total", "counter", "Bytes loaded from the pool.",
@@ -264,6 +267,10 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
     scalar(out, "warmctx_checkpoint_bytes", "gauge",
            "Checkpoints the work streams hold in RAM (a sliding window's or a recurrent state at block ends).",
            static_cast<double>(m.checkpoint_bytes));
+    scalar(out, "warmctx_state_scratch_bytes", "gauge",
+           "Host memory allocated to move states that holds none: spare checkpoint buffers and, on a GPU, the "
+           "page-locked buffer states pass through (counted in warmctx_kv_allocated_bytes).",
+           static_cast<double>(m.state_scratch_bytes));
     scalar(out, "warmctx_checkpoint_max_bytes", "gauge",
            "The bound on the work streams' checkpoints in RAM (--checkpoint-budget-bytes; 0: none).",
            static_cast<double>(m.checkpoint_max_bytes));

@@ -91,6 +91,13 @@ TEST(Checkpoints, ALongConversationKeepsAtMostItsCountPerStream) {
     }
     EXPECT_GT(ce->counters().memory.n_checkpoints_thinned, 0u);
     EXPECT_EQ(ce->counters().memory.n_reuse_refused, 0u);
+    // Those thinned gave their buffers back for the next ones: allocated, and counted so
+    // (at most two kept; on the CPU no page-locked buffer).
+    const kv_memory m = ce->counters().memory;
+    EXPECT_GE(m.state_scratch_bytes, m.checkpoint_size_bytes);
+    EXPECT_LE(m.state_scratch_bytes, 2 * m.checkpoint_size_bytes);
+    EXPECT_EQ(m.allocated_bytes,
+              m.streams_allocated_bytes + m.pool_allocated_bytes + m.checkpoint_bytes + m.state_scratch_bytes);
 }
 
 // Block ends nearer than the gap to the next one kept get no checkpoint (but the last two

@@ -158,6 +158,18 @@ TEST_F(routes_model_test, metrics_never_wait_on_the_engine_thread) {
     EXPECT_LT(waited, 1s);
     EXPECT_NE(res.body.find("warmctx_engine_reachable 1\n"), std::string::npos) << res.body.substr(0, 400);
     EXPECT_NE(res.body.find("warmctx_kv_allocated_bytes "), std::string::npos);
+    // The allocated bytes by part add up to the total.
+    auto value_of = [&](const std::string & line_start) {
+        const size_t at = res.body.find("\n" + line_start);
+        EXPECT_NE(at, std::string::npos) << line_start;
+        return at == std::string::npos ? -1.0 : std::stod(res.body.substr(at + 1 + line_start.size()));
+    };
+    double parts = 0;
+    for (const char * p : {"streams", "pool", "checkpoints", "scratch"})
+        parts += value_of(std::string("warmctx_kv_allocated_bytes_by_part{part=\"") + p + "\"} ");
+    const double total = value_of("warmctx_kv_allocated_bytes ");
+    EXPECT_GT(total, 0);
+    EXPECT_NEAR(parts, total, total * 1e-9);
 }
 
 // A streamed request that waits (here: the engine thread held for 1.5 s, as behind a
