@@ -363,15 +363,20 @@ TEST(Tiers, AFailedDiskWriteIsCountedAndLoggedAndTheTurnSucceeds) {
     EXPECT_EQ(err.find("disk tier", err.find("disk tier") + 1), std::string::npos) << err;
 }
 
-// The engine's memory of workspaces (last turn, counters) is bounded, least recently
-// used out first, and drop_workspace frees it.
-TEST(ContextEngineBounds, RemembersAtMostMaxWorkspaces) {
+// A context engine that remembers at most three workspaces.
+result<std::unique_ptr<context_engine>> open_remembering_three() {
     context_engine_options o;
     o.engine = testing::tiny_options();
     o.engine.n_ctx = 4096;
     o.n_holders = 2;
     o.max_workspaces = 3;
-    auto ce = context_engine::open(o);
+    return context_engine::open(o);
+}
+
+// The engine's memory of workspaces (last turn, counters) is bounded, least recently
+// used out first, and drop_workspace frees it.
+TEST(ContextEngineBounds, RemembersAtMostMaxWorkspaces) {
+    auto ce = open_remembering_three();
     ASSERT_TRUE(ce.ok());
     auto segs = tier_workspace();
     for (int i = 0; i < 6; ++i) {
@@ -406,12 +411,7 @@ TEST(ContextEngineBounds, RemembersAtMostMaxWorkspaces) {
 // keep the bound takes its counters with it (the eviction once erased them by a name it
 // had just freed, and kept them).
 TEST(ContextEngineBounds, ForgetsTheCountersOfWorkspacesWithLongNames) {
-    context_engine_options o;
-    o.engine = testing::tiny_options();
-    o.engine.n_ctx = 4096;
-    o.n_holders = 2;
-    o.max_workspaces = 3;
-    auto ce = context_engine::open(o);
+    auto ce = open_remembering_three();
     ASSERT_TRUE(ce.ok());
     auto segs = tier_workspace();
     const std::string name = "a workspace whose name is longer than sixteen characters ";
