@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Checks that includes follow the layers of docs/architecture.md; run by every build.
 #   util -> context -> cache -> {store, engine, workload} -> runtime -> server -> cli
-# A file may include public headers (include/warmctx/*.h) of its own layer and of the
-# layers below it, never of a layer above it or of a sibling; only src/engine may include
-# llama.cpp's headers. Every public header must be listed below with its layer.
+# A file may include headers of its own layer and of the layers below it, never of a layer
+# above it or of a sibling, in either form: a public header, "warmctx/x.h"
+# (include/warmctx/, installed; every one must be listed below with its layer), or a
+# header private to the project, "<layer>/x.h" (src/<layer>/x.h). A public header includes
+# only public ones (it is installed, src/ is not). Only src/engine may include llama.cpp's
+# headers. A folder's own headers, included by their name alone, are its own business.
 set -euo pipefail
 root="${1:-$(cd "$(dirname "$0")/.." && pwd)}"
 cd "$root"
@@ -50,6 +53,16 @@ while IFS= read -r f; do
       to="${layer_of_header[${BASH_REMATCH[1]}]:-}"
       [ -n "$to" ] || { complain "$f:$line: includes unknown public header ${BASH_REMATCH[1]}"; continue; }
       may_include "$from" "$to" || complain "$f:$line: layer '$from' may not include warmctx/${BASH_REMATCH[1]} (layer '$to')"
+    fi
+    # "store/snapshot_store.h": src/store/snapshot_store.h, a header of the store layer
+    if [[ "$inc" =~ ^#include[[:space:]]*\"(([a-z_0-9]+)/[-./a-z_0-9]+\.h)\" ]] && [ -n "${rank[${BASH_REMATCH[2]}]:-}" ]; then
+      path="${BASH_REMATCH[1]}" to="${BASH_REMATCH[2]}"
+      case "$f" in include/warmctx/*)
+        complain "$f:$line: a public header includes $path, a header private to the project (src/ is not installed)"
+        continue ;;
+      esac
+      [ -e "src/$path" ] || { complain "$f:$line: includes $path, which is not in src/"; continue; }
+      may_include "$from" "$to" || complain "$f:$line: layer '$from' may not include $path (layer '$to')"
     fi
   done < <(grep -n '^[[:space:]]*#[[:space:]]*include' "$f" | sed 's/^\([0-9]*\):[[:space:]]*#[[:space:]]*/\1:#/')
 done < <(find include/warmctx src -name '*.h' -o -name '*.cpp' | sort)
