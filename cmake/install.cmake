@@ -7,9 +7,9 @@
 #   share/warmctx/ggml-vocab-qwen2.gguf           (embedded in generated models)
 #   share/warmctx/*.jinja                         (their chat templates, one per family)
 #   share/doc/warmctx/                            LICENSE, THIRD_PARTY_NOTICES.md, licenses
-#   include/warmctx/<what an embedder uses>.h, lib/warmctx/*.a, lib/cmake/warmctx/warmctxConfig.cmake
+#   include/warmctx/*.h (what an embedder uses), lib/warmctx/*.a, lib/cmake/warmctx/warmctxConfig.cmake
 #
-# The binaries find share/ and libexec/ relative to themselves (warmctx/resources.h), so
+# The binaries find share/ and libexec/ relative to themselves (src/util/resources.h), so
 # the prefix can be moved; warmctx-bench sits beside warmctx so that both find the same.
 include(GNUInstallDirs)
 
@@ -60,9 +60,10 @@ foreach(t ${WARMCTX_LIB_TARGETS})
 endforeach()
 # The headers an embedder uses - the server, the scheduler, the context engine, the
 # engine, the file system seam, status, their options and reports - and the ones they
-# include; the other headers of include/warmctx/ serve warmctx's own layers and are not
-# installed (each is included by a layer above its own, so it cannot be private to its
-# folder). tests/install/install_test.sh compiles every installed header on its own.
+# include: every header of include/warmctx/. The headers that serve warmctx's own layers
+# are in src/<layer>/ and not installed, and no header here includes one
+# (scripts/check-layers.sh refuses it). tests/install/install_test.sh compiles every
+# installed header on its own.
 set(WARMCTX_INSTALLED_HEADERS
     server scheduler context_engine context_options context_counters explain_report engine fs status
     # what those include

@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "warmctx/json.h"
+#include "util/json.h"
 #include "warmctx/profile.h"
 
 #define FUZZ_CHECK(cond)                                                                      \

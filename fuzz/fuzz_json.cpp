@@ -1,4 +1,4 @@
-// The strict JSON reader (include/warmctx/json.h) on arbitrary bytes: every JSON text
+// The strict JSON reader (src/util/json.h) on arbitrary bytes: every JSON text
 // that reaches warmctx - request bodies, kind tables, snapshot sections - goes through it.
 //
 // Checks: parse_json never throws or crashes; what it accepts is valid UTF-8, nests at

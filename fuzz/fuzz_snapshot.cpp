@@ -23,7 +23,7 @@
 
 #include "fuzz_common.h"
 #include "warmctx/fs.h"
-#include "warmctx/snapshot.h"
+#include "store/snapshot.h"
 
 using namespace warmctx;
 namespace sf = snapshot_format;

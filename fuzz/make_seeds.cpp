@@ -14,7 +14,7 @@
 #include "fuzz_common.h"
 #include "warmctx/assembler.h"
 #include "warmctx/kind_table.h"
-#include "warmctx/snapshot.h"
+#include "store/snapshot.h"
 
 using namespace warmctx;
 

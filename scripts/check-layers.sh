@@ -12,15 +12,13 @@ root="${1:-$(cd "$(dirname "$0")/.." && pwd)}"
 cd "$root"
 
 declare -A layer_of_header=(
-  [status.h]=util [clock.h]=util [hash.h]=util [json.h]=util [text_stream.h]=util [types.h]=util [fs.h]=util [resources.h]=util
+  [status.h]=util [hash.h]=util [types.h]=util [fs.h]=util
   [segments.h]=context [kind_table.h]=context [chunking.h]=context [assembler.h]=context [text_model.h]=context [manifest.h]=context [profile.h]=context [conversation.h]=context [volatility.h]=context
   [prefix_cache.h]=cache [eviction_policy.h]=cache
-  [snapshot.h]=store [snapshot_store.h]=store [segment_store.h]=store [volatility_store.h]=store
-  [engine.h]=engine [sampling.h]=engine [drafts.h]=engine [model_maker.h]=engine [engine_adapters.h]=engine [chat_template.h]=engine
-  [workload.h]=workload [agent_trace.h]=workload
+  [engine.h]=engine [sampling.h]=engine [drafts.h]=engine [chat_template.h]=engine
   [context_engine.h]=runtime [context_options.h]=runtime [context_counters.h]=runtime [explain_report.h]=runtime
-  [scheduler.h]=runtime [verify.h]=runtime
-  [server.h]=server [explain_format.h]=server
+  [scheduler.h]=runtime
+  [server.h]=server
 )
 declare -A rank=([util]=0 [context]=1 [cache]=2 [store]=3 [engine]=3 [workload]=3 [runtime]=4 [server]=5 [cli]=6)
 

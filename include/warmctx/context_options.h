@@ -29,7 +29,7 @@ struct tier_options {
     uint64_t disk_budget_bytes = 0;                 // 0 = unlimited
     retention_class disk_min_class = retention_class::high;
     // Other processes use cache_dir too (replicas sharing one disk tier): see
-    // warmctx/snapshot_store.h, "Shared directory".
+    // store/snapshot_store.h, "Shared directory".
     bool shared_dir = false;
 };
 

@@ -2,7 +2,7 @@
 // reused and prefilled, and for a miss the reason (segment changed, profile drift,
 // eviction, snapping, cold). Every turn carries one; context_engine::explain produces
 // one for a hypothetical request. Formatting it (JSON, text) is the HTTP and
-// command-line layers' (warmctx/explain_format.h).
+// command-line layers' (server/explain_format.h).
 #pragma once
 
 #include <cstdint>
@@ -93,7 +93,7 @@ struct explain_report {
     // Set on the first turn after a pre-warm of this workspace whose cached prefix it
     // reused (a pre-warm's own report leaves it empty).
     std::optional<prewarm_info> prewarm;
-    // Formatting (JSON, text) is the HTTP and command-line layers' (warmctx/explain_format.h).
+    // Formatting (JSON, text) is the HTTP and command-line layers' (server/explain_format.h).
 };
 
 }  // namespace warmctx

@@ -143,7 +143,7 @@ struct server_options {
     // when the scheduler is attached; `serve` uses <cache dir>/workspaces.
     std::string workspace_dir;
     // Other servers use workspace_dir too (replicas behind a load balancer sharing one
-    // directory): the store re-reads a workspace's files (warmctx/segment_store.h, "Shared").
+    // directory): the store re-reads a workspace's files (store/segment_store.h, "Shared").
     bool shared_workspace_dir = false;
     // A label replica="<name>" on every sample of /metrics ("" = none), so that one
     // dashboard tells the replicas behind a load balancer apart.

@@ -2,7 +2,7 @@
 // them, and where the assembler may cut a text so that its parts tokenize apart.
 //
 // The context layer knows no model: the engine implements text_model over the real one
-// (warmctx/engine_adapters.h), tests over a fake.
+// (engine/engine_adapters.h), tests over a fake.
 #pragma once
 
 #include <cstddef>

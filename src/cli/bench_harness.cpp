@@ -22,9 +22,9 @@
 #include <thread>
 #include <utility>
 
-#include "warmctx/clock.h"
+#include "util/clock.h"
 #include "warmctx/context_engine.h"
-#include "warmctx/json.h"
+#include "util/json.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
 #include "server/api/openai/openai.h"

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "cli.h"
-#include "warmctx/resources.h"
+#include "util/resources.h"
 #include "warmctx/segments.h"
-#include "warmctx/workload.h"
+#include "workload/workload.h"
 
-// llama-server and llama-bench of the same build: beside the binary (warmctx/resources.h:
+// llama-server and llama-bench of the same build: beside the binary (util/resources.h:
 // libexec/warmctx/ when installed, bin/ in the build tree), else whatever PATH finds.
 inline std::string default_tool(const char * name) {
     auto p = warmctx::find_tool(name);

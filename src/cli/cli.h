@@ -7,9 +7,9 @@
 
 #include "warmctx/context_engine.h"
 #include "warmctx/engine.h"
-#include "warmctx/model_maker.h"
-#include "warmctx/resources.h"
-#include "warmctx/workload.h"
+#include "engine/model_maker.h"
+#include "util/resources.h"
+#include "workload/workload.h"
 
 namespace warmctx::cli {
 

@@ -22,7 +22,7 @@
 #include <atomic>
 #include <chrono>
 
-#include "warmctx/clock.h"
+#include "util/clock.h"
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>

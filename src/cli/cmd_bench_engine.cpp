@@ -2,7 +2,7 @@
 // llama-bench's, same build, same model, same settings, in one run.
 #include <chrono>
 
-#include "warmctx/clock.h"
+#include "util/clock.h"
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "cli.h"
-#include "warmctx/json.h"
+#include "util/json.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
 

@@ -9,13 +9,13 @@
 
 #include "bench_harness.h"
 #include "cli.h"
-#include "warmctx/clock.h"
+#include "util/clock.h"
 #include "warmctx/assembler.h"
 #include "warmctx/chat_template.h"
 #include "warmctx/engine.h"
-#include "warmctx/engine_adapters.h"
+#include "engine/engine_adapters.h"
 #include "warmctx/kind_table.h"
-#include "warmctx/workload.h"
+#include "workload/workload.h"
 
 namespace warmctx::cli {
 namespace {

@@ -11,8 +11,8 @@
 
 #include "bench_harness.h"
 #include "warmctx/context_engine.h"
-#include "warmctx/snapshot_store.h"
-#include "warmctx/workload.h"
+#include "store/snapshot_store.h"
+#include "workload/workload.h"
 
 namespace warmctx::cli {
 namespace {

@@ -9,7 +9,7 @@
 // whole; llama-bench: each test's context).
 #include <chrono>
 
-#include "warmctx/clock.h"
+#include "util/clock.h"
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>

@@ -19,7 +19,7 @@
 #include "cli.h"
 #include "soak_client.h"
 #include "soak_verdict.h"
-#include "warmctx/json.h"
+#include "util/json.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
 

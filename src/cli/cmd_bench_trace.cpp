@@ -28,7 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_harness.h"
-#include "warmctx/agent_trace.h"
+#include "workload/agent_trace.h"
 #include "warmctx/scheduler.h"
 
 namespace warmctx::cli {

@@ -6,10 +6,10 @@
 
 #include "cli.h"
 #include "warmctx/context_engine.h"
-#include "warmctx/explain_format.h"
-#include "warmctx/json.h"
-#include "warmctx/verify.h"
-#include "warmctx/workload.h"
+#include "server/explain_format.h"
+#include "util/json.h"
+#include "runtime/verify.h"
+#include "workload/workload.h"
 
 namespace warmctx::cli {
 namespace {

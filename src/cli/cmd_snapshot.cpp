@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
-#include "warmctx/snapshot_store.h"
+#include "store/snapshot_store.h"
 
 namespace warmctx::cli {
 namespace {

@@ -22,8 +22,8 @@
 #include "soak_client.h"
 #include "soak_verdict.h"
 #include "sse_reader.h"
-#include "warmctx/clock.h"
-#include "warmctx/json.h"
+#include "util/clock.h"
+#include "util/json.h"
 #include "warmctx/scheduler.h"
 #include "warmctx/server.h"
 

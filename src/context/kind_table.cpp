@@ -1,5 +1,5 @@
 #include "warmctx/kind_table.h"
-#include "warmctx/json.h"
+#include "util/json.h"
 
 #include <nlohmann/json.hpp>
 

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "warmctx/json.h"
+#include "util/json.h"
 #include "warmctx/kind_table.h"
 #include "quote.h"
 

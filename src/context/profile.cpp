@@ -1,5 +1,5 @@
 #include "warmctx/profile.h"
-#include "warmctx/json.h"
+#include "util/json.h"
 
 #include <charconv>
 #include <cmath>

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "assembly.h"
-#include "warmctx/json.h"
+#include "util/json.h"
 
 namespace warmctx {
 

@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "warmctx/assembler.h"
-#include "warmctx/json.h"
+#include "util/json.h"
 #include "warmctx/manifest.h"
 #include "warmctx/text_model.h"
 

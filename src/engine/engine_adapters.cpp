@@ -1,6 +1,6 @@
 // The engine behind the seam of the layers below it, text_model (the assembler), and the
 // profile of the KV it computes.
-#include "warmctx/engine_adapters.h"
+#include "engine/engine_adapters.h"
 #include "warmctx/assembler.h"
 
 #include <list>

@@ -1,4 +1,4 @@
-// warmctx/engine_adapters.h - the engine seen through the seams of the layers below it.
+// engine/engine_adapters.h - the engine seen through the seams of the layers below it.
 //
 // The assembler tokenizes through a text_model, which knows no engine. This adapter
 // implements it over a real engine, and engine_profile() computes the profile (the

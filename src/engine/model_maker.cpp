@@ -2,8 +2,8 @@
 // (the other architectures: model_maker_archs.cpp), the real Qwen2 tokenizer metadata
 // copied from llama.cpp's vocab file, and quantization through llama.cpp's own
 // llama_model_quantize.
-#include "warmctx/model_maker.h"
-#include "warmctx/resources.h"
+#include "engine/model_maker.h"
+#include "util/resources.h"
 #include "model_maker_internal.h"
 
 #include <fstream>

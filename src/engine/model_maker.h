@@ -1,4 +1,4 @@
-// warmctx/model_maker.h - generates GGUF models (Qwen2, Qwen3.5 hybrid, gpt-oss, Qwen3
+// engine/model_maker.h - generates GGUF models (Qwen2, Qwen3.5 hybrid, gpt-oss, Qwen3
 // MoE architectures) with the real Qwen2 tokenizer, each family's own chat template and
 // deterministic pseudo-random weights.
 //
@@ -79,7 +79,7 @@ struct make_model_options {
 status make_model(const make_model_options & opts);
 
 // The Qwen2 vocabulary shipped beside the binary (share/warmctx/ggml-vocab-qwen2.gguf,
-// from the pinned llama.cpp tree; found as warmctx/resources.h says).
+// from the pinned llama.cpp tree; found as util/resources.h says).
 std::string default_vocab_path();
 
 // Where warmctx keeps generated models: $WARMCTX_HOME, else $XDG_CACHE_HOME/warmctx,

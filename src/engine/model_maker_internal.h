@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "warmctx/model_maker.h"
+#include "engine/model_maker.h"
 #include "warmctx/status.h"
 
 struct gguf_context;

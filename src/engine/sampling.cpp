@@ -9,7 +9,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "warmctx/text_stream.h"
+#include "util/text_stream.h"
 
 namespace warmctx {
 

@@ -1,7 +1,7 @@
 // The request flow over the engine, the assembler, the prefix cache and the tiers:
 // assemble -> lookup (engine, then tiers) -> reuse (copy or restore) -> prefill the
 // tail in canonical chunks -> generate -> cache update and write-through.
-#include "warmctx/clock.h"
+#include "util/clock.h"
 #include "warmctx/context_engine.h"
 
 #include <chrono>
@@ -9,7 +9,7 @@
 
 #include "context_engine_impl.h"
 #include "warmctx/chunking.h"
-#include "warmctx/engine_adapters.h"
+#include "engine/engine_adapters.h"
 
 namespace warmctx {
 

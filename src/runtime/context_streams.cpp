@@ -3,7 +3,7 @@
 // free stream, before something overwrites them; a prefix taken into one; their
 // checkpoints bounded), and the engine's calls on them: which stream a turn takes, and
 // what an idle engine thread writes ahead.
-#include "warmctx/clock.h"
+#include "util/clock.h"
 
 #include <algorithm>
 

@@ -41,7 +41,7 @@
 #include <utility>
 
 #include "warmctx/context_engine.h"
-#include "warmctx/snapshot_store.h"
+#include "store/snapshot_store.h"
 
 namespace warmctx {
 

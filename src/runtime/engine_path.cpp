@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "warmctx/clock.h"
+#include "util/clock.h"
 
 namespace warmctx {
 

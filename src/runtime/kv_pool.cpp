@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "warmctx/clock.h"
+#include "util/clock.h"
 
 namespace warmctx {
 

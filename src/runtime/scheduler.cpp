@@ -23,7 +23,7 @@
 // starts from them.
 #include <future>
 
-#include "warmctx/clock.h"
+#include "util/clock.h"
 #include "warmctx/scheduler.h"
 
 #include "admission.h"

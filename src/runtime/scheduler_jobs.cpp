@@ -1,7 +1,7 @@
 // One job's life on the engine thread: admission into a work sequence, prefill chunks,
 // sampling and batched decode steps, retirement, and the events it emits on the way
 // (see scheduler.cpp for the state machine).
-#include "warmctx/clock.h"
+#include "util/clock.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "warmctx/verify.h"
+#include "runtime/verify.h"
 
 #include <algorithm>
 #include <random>
@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <stdlib.h>
 
-#include "warmctx/snapshot_store.h"
-#include "warmctx/workload.h"
+#include "store/snapshot_store.h"
+#include "workload/workload.h"
 
 namespace warmctx {
 

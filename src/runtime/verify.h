@@ -1,4 +1,4 @@
-// warmctx/verify.h - the correctness gate: seeded random workspace scenarios, every turn
+// runtime/verify.h - the correctness gate: seeded random workspace scenarios, every turn
 // run warm (through the cache: engine, host RAM, disk) and cold, and compared.
 //
 // A scenario is one workspace through a fixed series of steps: a cold turn, a new

@@ -1,6 +1,6 @@
 // verify's oracle: what a turn may legitimately reuse and how it must be explained, and
 // the report. Pure (no engine): the unit tests link it without llama.cpp.
-#include "warmctx/verify.h"
+#include "runtime/verify.h"
 
 #include <algorithm>
 #include <cstdio>

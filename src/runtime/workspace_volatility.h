@@ -16,7 +16,7 @@
 
 #include "warmctx/assembler.h"
 #include "warmctx/volatility.h"
-#include "warmctx/volatility_store.h"
+#include "store/volatility_store.h"
 
 namespace warmctx {
 
@@ -26,7 +26,7 @@ struct workspace_volatility {
 
     mutable std::mutex mu;
     mutable std::map<std::string, volatility_state> states;
-    // Kept beside the disk tier (<cache_dir>/volatility/, warmctx/volatility_store.h), so
+    // Kept beside the disk tier (<cache_dir>/volatility/, store/volatility_store.h), so
     // that a restart keeps each workspace's learned order and finer blocks: read when a
     // workspace is first seen (or again after it was forgotten), written after an answer is
     // out when its order, finer blocks or fusion habit changed (observe_turn), every

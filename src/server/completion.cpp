@@ -11,10 +11,10 @@
 #include "api/openai/openai.h"
 #include "json_util.h"
 #include "segments_json.h"
-#include "warmctx/explain_format.h"
+#include "server/explain_format.h"
 #include "warmctx/assembler.h"
 #include "warmctx/chat_template.h"
-#include "warmctx/clock.h"
+#include "util/clock.h"
 
 namespace warmctx::server_detail {
 

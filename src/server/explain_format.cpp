@@ -1,4 +1,4 @@
-#include "warmctx/explain_format.h"
+#include "server/explain_format.h"
 
 #include <cstdio>
 #include <sstream>

@@ -1,4 +1,4 @@
-// warmctx/explain_format.h - an explain_report as JSON (the HTTP API, --json) and as a
+// server/explain_format.h - an explain_report as JSON (the HTTP API, --json) and as a
 // table for people (the command line). Formatting lives with the interfaces, not in
 // the runtime that produces the report.
 #pragma once

@@ -1,7 +1,7 @@
-// server/json_util.h - the HTTP layer reads and writes JSON through warmctx/json.h.
+// server/json_util.h - the HTTP layer reads and writes JSON through util/json.h.
 #pragma once
 
-#include "warmctx/json.h"
+#include "util/json.h"
 
 namespace warmctx::server_detail {
 using warmctx::dump_json;

@@ -1,7 +1,7 @@
 // server/request_fields.h - the HTTP layer's JSON readers: a request body's field present
 // or not, of the right type or a 400 naming the field. Every request mapper (chat and
 // text completions, Responses, the workspace routes) reads its body through these; they
-// word a wrong type as util's readers do (warmctx/json.h: json_type_mismatch), which the
+// word a wrong type as util's readers do (util/json.h: json_type_mismatch), which the
 // file formats below the server read through.
 #pragma once
 

@@ -10,9 +10,9 @@
 #include <random>
 
 #include "json_util.h"
-#include "warmctx/clock.h"
+#include "util/clock.h"
 #include "warmctx/fs.h"
-#include "warmctx/snapshot_store.h"
+#include "store/snapshot_store.h"
 
 namespace warmctx::server_detail {
 

@@ -1,7 +1,7 @@
 // The transport without the socket: route table, auth, dispatch, unmatched requests.
 // (route_context, the shared plumbing and the per-request record: route_context.cpp.)
 #include "router.h"
-#include "warmctx/snapshot_store.h"
+#include "store/snapshot_store.h"
 
 #include <arpa/inet.h>
 
@@ -13,7 +13,7 @@
 #include <random>
 
 #include "json_util.h"
-#include "warmctx/clock.h"
+#include "util/clock.h"
 #include "warmctx/fs.h"
 
 namespace warmctx::server_detail {

@@ -13,7 +13,7 @@
 #include "route_context.h"
 #include "segments_json.h"
 #include "warmctx/assembler.h"
-#include "warmctx/explain_format.h"
+#include "server/explain_format.h"
 
 namespace warmctx::server_detail {
 

@@ -1,4 +1,4 @@
-// server/workspace_store.h - the workspace store (warmctx/segment_store.h, the store
+// server/workspace_store.h - the workspace store (store/segment_store.h, the store
 // layer) as the workspace routes use it: its refusals as HTTP errors (413 for a segment
 // too large, 429 store_full / workspace_full for a bound, 507 store_write_failed for a
 // durable store that could not write), its directories checked with the API's own rule
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "api_error.h"
-#include "warmctx/segment_store.h"
+#include "store/segment_store.h"
 
 namespace warmctx::server_detail {
 

@@ -1,4 +1,4 @@
-#include "warmctx/segment_store.h"
+#include "store/segment_store.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,7 +7,7 @@
 #include "durable_file.h"
 #include "warmctx/assembler.h"
 #include "warmctx/hash.h"
-#include "warmctx/json.h"
+#include "util/json.h"
 
 namespace warmctx {
 

@@ -1,4 +1,4 @@
-// warmctx/segment_store.h - segments stored server-side, per workspace, so a client
+// store/segment_store.h - segments stored server-side, per workspace, so a client
 // sends only the volatile tail each turn (POST /v1/workspaces/{id}/chat/completions).
 //
 // Bounded: a number of workspaces, segments per workspace, bytes per segment and bytes

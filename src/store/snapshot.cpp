@@ -1,7 +1,7 @@
 // The snapshot file format (docs/snapshot-format.md): encode, decode, check.
-#include "warmctx/snapshot.h"
+#include "store/snapshot.h"
 
-#include "warmctx/json.h"
+#include "util/json.h"
 
 #include <algorithm>
 #include <cstring>

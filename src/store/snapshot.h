@@ -1,4 +1,4 @@
-// warmctx/snapshot.h - the snapshot file: one sequence's KV on disk, with everything
+// store/snapshot.h - the snapshot file: one sequence's KV on disk, with everything
 // needed to prove it may be reused (profile, manifest, blocks, tokens) and checksums.
 //
 // The format is documented in docs/snapshot-format.md; the constants below mirror it and

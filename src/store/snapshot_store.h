@@ -1,4 +1,4 @@
-// warmctx/snapshot_store.h - the disk tier: a directory of snapshot files with its own
+// store/snapshot_store.h - the disk tier: a directory of snapshot files with its own
 // byte budget, indexed by block chain hash without reading any KV.
 //
 // Files
@@ -71,7 +71,7 @@
 
 #include "warmctx/fs.h"
 #include "warmctx/eviction_policy.h"
-#include "warmctx/snapshot.h"
+#include "store/snapshot.h"
 
 namespace warmctx {
 

@@ -1,6 +1,6 @@
 // The snapshot store's private state and helpers, shared by snapshot_store.cpp and
 // snapshot_store_scan.cpp. Locking: commit_mu_ serialises directory changes, mu_ guards
-// the index and the books (see warmctx/snapshot_store.h).
+// the index and the books (see store/snapshot_store.h).
 #pragma once
 
 #include <deque>
@@ -9,12 +9,12 @@
 #include <set>
 #include <unordered_map>
 
-#include "warmctx/snapshot_store.h"
+#include "store/snapshot_store.h"
 
 namespace warmctx {
 
 struct snapshot_store::impl {
-    // The public calls (warmctx/snapshot_store.h says what each does).
+    // The public calls (store/snapshot_store.h says what each does).
     result<snapshot_entry> put(const snapshot_meta & meta, std::span<const token_id> tokens,
                                std::span<const uint8_t> kv);
     snapshot_match lookup(std::span<const hash128> path, pos_t max_file_tokens);

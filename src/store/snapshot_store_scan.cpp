@@ -1,5 +1,5 @@
 // The disk tier's directory read into its index: rescan, and a shared store's refresh
-// (warmctx/snapshot_store.h, "Shared directory").
+// (store/snapshot_store.h, "Shared directory").
 #include "snapshot_store_impl.h"
 
 #include <set>

@@ -1,5 +1,5 @@
-// The workspaces' learned volatility on disk (warmctx/volatility_store.h).
-#include "warmctx/volatility_store.h"
+// The workspaces' learned volatility on disk (store/volatility_store.h).
+#include "store/volatility_store.h"
 
 #include <chrono>
 #include <condition_variable>

@@ -1,4 +1,4 @@
-// warmctx/volatility_store.h - what each workspace has learned about its segments
+// store/volatility_store.h - what each workspace has learned about its segments
 // (warmctx/volatility.h: change rates, the learned order, finer blocks, the habits of its
 // conversation), kept on disk so that a restart keeps it.
 //

@@ -1,4 +1,4 @@
-// warmctx/clock.h - the one clock warmctx times with, and milliseconds between its points.
+// util/clock.h - the one clock warmctx times with, and milliseconds between its points.
 // Every timing a response, a log line, a metric or a benchmark reports is measured on
 // std::chrono::steady_clock (monotonic: a wall-clock step never makes a duration negative).
 #pragma once

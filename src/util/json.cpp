@@ -1,4 +1,4 @@
-#include "warmctx/json.h"
+#include "util/json.h"
 
 #include <algorithm>
 #include <cmath>

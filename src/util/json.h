@@ -1,4 +1,4 @@
-// warmctx/json.h - the one way warmctx reads JSON: strict, bounded, exception-free.
+// util/json.h - the one way warmctx reads JSON: strict, bounded, exception-free.
 //
 // Every JSON text that reaches warmctx (request bodies, snapshot manifests, kind tables,
 // benchmark payloads) is read through parse_json. It refuses, with a status and the byte

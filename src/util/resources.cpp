@@ -1,4 +1,4 @@
-#include "warmctx/resources.h"
+#include "util/resources.h"
 
 #include <algorithm>
 #include <cstdlib>

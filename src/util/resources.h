@@ -1,4 +1,4 @@
-// warmctx/resources.h - where the binary finds what it ships with, wherever it lives.
+// util/resources.h - where the binary finds what it ships with, wherever it lives.
 //
 // Nothing is found through the source or build tree's path. Data files (the Qwen2
 // vocabulary that generated models embed) and helper tools (llama-server, llama-bench,

@@ -1,4 +1,4 @@
-#include "warmctx/text_stream.h"
+#include "util/text_stream.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-// warmctx/text_stream.h - turns generated token pieces into text that is safe to emit.
+// util/text_stream.h - turns generated token pieces into text that is safe to emit.
 //
 // Two things must never reach a client: part of a stop string (it may complete on the
 // next token, and then must not have been shown), and part of a UTF-8 character (a

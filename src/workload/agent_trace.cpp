@@ -1,4 +1,4 @@
-#include "warmctx/agent_trace.h"
+#include "workload/agent_trace.h"
 
 #include <algorithm>
 #include <cmath>

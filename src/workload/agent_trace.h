@@ -1,4 +1,4 @@
-// warmctx/agent_trace.h - seeded multi-workspace coding-agent traces.
+// workload/agent_trace.h - seeded multi-workspace coding-agent traces.
 //
 // A trace is what several coding agents, each in its own repository, send an engine
 // over a working day, in one interleaved order:
@@ -22,7 +22,7 @@
 
 #include "warmctx/segments.h"
 #include "warmctx/status.h"
-#include "warmctx/workload.h"
+#include "workload/workload.h"
 
 namespace warmctx {
 

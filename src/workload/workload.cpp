@@ -1,4 +1,4 @@
-#include "warmctx/workload.h"
+#include "workload/workload.h"
 
 #include <algorithm>
 #include <sstream>

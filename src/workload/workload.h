@@ -1,4 +1,4 @@
-// warmctx/workload.h - seeded synthetic coding-agent workspaces.
+// workload/workload.h - seeded synthetic coding-agent workspaces.
 //
 // The same seed always gives the same segments. Sizes are targets in tokens of the
 // model that will read them (measured with its tokenizer), so a "2k-token repo map"

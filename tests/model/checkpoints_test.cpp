@@ -8,7 +8,7 @@
 
 #include "tiny_model.h"
 #include "warmctx/context_engine.h"
-#include "warmctx/workload.h"
+#include "workload/workload.h"
 
 namespace warmctx {
 namespace {

@@ -10,8 +10,8 @@
 #include "tiny_model.h"
 #include "warmctx/context_engine.h"
 #include "warmctx/fs.h"
-#include "warmctx/snapshot_store.h"
-#include "warmctx/workload.h"
+#include "store/snapshot_store.h"
+#include "workload/workload.h"
 
 namespace warmctx {
 namespace {

@@ -13,7 +13,7 @@
 #include "tiny_model.h"
 #include "warmctx/drafts.h"
 #include "warmctx/scheduler.h"
-#include "warmctx/workload.h"
+#include "workload/workload.h"
 
 namespace warmctx {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "tiny_model.h"
 #include "warmctx/assembler.h"
-#include "warmctx/engine_adapters.h"
+#include "engine/engine_adapters.h"
 
 namespace warmctx {
 namespace {

@@ -7,7 +7,7 @@
 #include <iterator>
 
 #include "warmctx/engine.h"
-#include "warmctx/model_maker.h"
+#include "engine/model_maker.h"
 
 namespace warmctx {
 namespace {

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tiny_model.h"
-#include "warmctx/verify.h"
+#include "runtime/verify.h"
 
 namespace warmctx {
 namespace {

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "warmctx/json.h"
+#include "util/json.h"
 #include "server/json_util.h"
 #include "server/router.h"
 #include "server/workspace_store.h"

@@ -18,7 +18,7 @@
 #include <random>
 
 #include "warmctx/engine.h"
-#include "warmctx/snapshot_store.h"
+#include "store/snapshot_store.h"
 
 namespace warmctx {
 namespace {

@@ -17,8 +17,8 @@
 #include "../runtime/gated_fs.h"
 #include "store_test_util.h"
 #include "warmctx/fs.h"
-#include "warmctx/segment_store.h"
-#include "warmctx/snapshot_store.h"
+#include "store/segment_store.h"
+#include "store/snapshot_store.h"
 
 namespace warmctx {
 namespace {

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "store_test_util.h"
-#include "warmctx/snapshot_store.h"
+#include "store/snapshot_store.h"
 
 namespace warmctx {
 namespace {

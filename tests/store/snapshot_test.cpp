@@ -8,7 +8,7 @@
 
 #include "store_test_util.h"
 #include "warmctx/fs.h"
-#include "warmctx/snapshot.h"
+#include "store/snapshot.h"
 
 namespace warmctx {
 namespace {

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "store_test_util.h"
-#include "warmctx/snapshot_store.h"
+#include "store/snapshot_store.h"
 
 namespace warmctx {
 namespace {

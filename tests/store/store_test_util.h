@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "warmctx/assembler.h"
-#include "warmctx/snapshot.h"
+#include "store/snapshot.h"
 
 namespace warmctx::testing {
 

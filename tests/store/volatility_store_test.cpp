@@ -1,4 +1,4 @@
-// The volatility store (warmctx/volatility_store.h) on the in-memory file system: what a
+// The volatility store (store/volatility_store.h) on the in-memory file system: what a
 // workspace learned survives a reopen and a power cut once written (each write synced and
 // renamed into place), a file that is not the format is set aside and reads as nothing
 // learned, a removal removes, and a directory that is a link is refused.
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "warmctx/fs.h"
-#include "warmctx/volatility_store.h"
+#include "store/volatility_store.h"
 
 namespace warmctx {
 namespace {

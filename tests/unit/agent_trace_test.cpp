@@ -1,5 +1,5 @@
 // The agent-trace generator: seeded, Zipf-skewed, with edits that stick.
-#include "warmctx/agent_trace.h"
+#include "workload/agent_trace.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "warmctx/workload.h"
+#include "workload/workload.h"
 
 namespace warmctx {
 namespace {

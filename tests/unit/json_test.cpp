@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "warmctx/json.h"
+#include "util/json.h"
 
 namespace warmctx {
 namespace {

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "warmctx/verify.h"
+#include "runtime/verify.h"
 
 namespace warmctx {
 namespace {

@@ -4,7 +4,7 @@
 #include "json_util.h"
 #include "route_context.h"
 #include "ui.h"
-#include "warmctx/explain_format.h"
+#include "server/explain_format.h"
 
 namespace warmctx::server_detail {
 

@@ -6,7 +6,7 @@
 #include "completion.h"
 #include "json_util.h"
 #include "ollama.h"
-#include "warmctx/json.h"
+#include "util/json.h"
 
 namespace warmctx::server_detail {
 

@@ -6,7 +6,7 @@
 
 #include "completion.h"
 #include "json_util.h"
-#include "warmctx/explain_format.h"
+#include "server/explain_format.h"
 
 namespace warmctx::server_detail {
 
