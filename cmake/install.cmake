@@ -70,6 +70,13 @@ set(WARMCTX_INSTALLED_HEADERS
     assembler chat_template chunking conversation drafts eviction_policy hash kind_table manifest
     prefix_cache profile sampling segments text_model types volatility)
 list(TRANSFORM WARMCTX_INSTALLED_HEADERS REPLACE "(.+)" "${PROJECT_SOURCE_DIR}/include/warmctx/\\1.h")
+file(GLOB WARMCTX_PUBLIC_HEADERS ${PROJECT_SOURCE_DIR}/include/warmctx/*.h)
+foreach(h ${WARMCTX_PUBLIC_HEADERS})
+  if(NOT h IN_LIST WARMCTX_INSTALLED_HEADERS)
+    message(FATAL_ERROR "${h} is public but not installed: add it to WARMCTX_INSTALLED_HEADERS, or move it to "
+                        "the folder of its layer under src/ (CONTRIBUTING.md, Layers)")
+  endif()
+endforeach()
 install(FILES ${WARMCTX_INSTALLED_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/warmctx)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/warmctxConfig.cmake.in ${PROJECT_BINARY_DIR}/warmctxConfig.cmake @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/warmctxConfig.cmake DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/warmctx)
