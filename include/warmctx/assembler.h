@@ -155,8 +155,10 @@ uint32_t checkpoint_spacing(uint64_t checkpoint_bytes, uint64_t kv_bytes_per_tok
 // times heads into 4 pieces per thread, each computed as whole 64-row tiles: 256 *
 // n_threads / n_head), and the rows whose weights (`weights_per_row`: the parameters a
 // row is multiplied through, the embedding table's aside) make a call's own ~5 ms a third
-// of it; in whole tiles, 64 to 256 (the tiny shapes 256, a 0.5B shape 64). At most
-// chunk_tokens. The span only places block ends, which name their tokens' range (a
+// of it; in whole tiles, 64 to 256 (the tiny shapes 256, a 0.5B shape 64; not more: an
+// appended turn prefills its last span again, docs/benchmarks.md). At most chunk_tokens.
+// Where a span starts shallower than 8 spans deep it is shorter (a run's start / 8:
+// blocks.cpp). The span only places block ends, which name their tokens' range (a
 // block's chain hash), so a span that differs between two runs (other threads) makes
 // other blocks, never a false hit.
 uint32_t conversation_span(std::string_view backend, uint32_t chunk_tokens, uint32_t n_threads, int32_t n_head,

@@ -73,19 +73,23 @@ void detail::build_blocks(assembled_prompt & out, std::span<const detail::piece>
     // appended turn cuts its shared history as the turn before did and resumes from the
     // last span's start, prefilling again at most one span of what that turn computed
     // (docs/architecture.md, "Chunk runs").
-    // Spans start k_spans_from spans deep: there a call costs most (attention over all
-    // before it), and what an appended turn prefills again is at most 1/8 of what it
-    // reuses; a short conversation keeps every exchange a run of its own.
-    constexpr pos_t k_spans_from = 8;
+    // Spans grow with depth: where a run would start at position p, its span holds at
+    // most min(span_tokens, p / 8), so what an appended turn prefills again is at most
+    // 1/8 of what it reuses, while a call costs most (attention over all before it).
+    // Below 8 x 64 tokens (spans of fewer than 64 tokens, one of flash attention's row
+    // tiles) nothing is packed: a short conversation keeps every exchange a run of its
+    // own, and an agent's short tool loop reuses all of its history turn after turn.
+    constexpr pos_t k_span_depth_ratio = 8;
+    constexpr pos_t k_span_min = 64;
     std::vector<bool> starts_run(pieces.size(), true);
-    const auto span = (pos_t)prof.span_tokens;
+    const auto span_tokens = (pos_t)prof.span_tokens;
     pos_t run_begin = 0;
     for (size_t i = 1; i < pieces.size(); ++i) {
         const bool part = pieces[i].segment_index >= 0 && pieces[i].segment_index == pieces[i - 1].segment_index;
         const bool gen = pieces[i].segment_index == k_generation_prompt_index;
         starts_run[i] = (pieces[i - 1].retention != retention_class::none && !pieces[i].continues) || gen || part;
-        if (starts_run[i] && !gen && !part && pieces[i].after_message && span > 0 &&
-            pieces[i].begin >= k_spans_from * span) {
+        const pos_t span = std::min(span_tokens, pieces[i].begin / k_span_depth_ratio);
+        if (starts_run[i] && !gen && !part && pieces[i].after_message && span >= k_span_min) {
             size_t j = i + 1;
             while (j < pieces.size() && pieces[j].continues) ++j;
             const pos_t held = pieces[i].begin - run_begin;

@@ -61,7 +61,8 @@ const field_desc k_fields[] = {
 //     is decoded padded to 64 rows (engine::pad_rows): the same chunk's KV differs.
 // v7: a run of chat messages goes on through assistant messages until it holds
 //     profile::span_tokens (conversation_span): fewer, larger chunks of a conversation.
-constexpr std::string_view k_profile_format = "warmctx-profile-v7";
+// v8: spans grow with depth (at most a run's start / 8, from 64 tokens on).
+constexpr std::string_view k_profile_format = "warmctx-profile-v8";
 
 // Shortest decimal that reads back as the same float: exact and readable.
 std::string float_text(float f) {

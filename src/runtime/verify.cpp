@@ -157,7 +157,7 @@ class scenario_runner {
             WARMCTX_RETURN_IF_ERROR(step("window slide " + std::to_string(slide), at_least(stable_end())));
         }
         // A long conversation of short messages (150 exchanges, 4k-8k tokens: packed into
-        // spans from 8 spans deep, profile::span_tokens), then turns that each append an
+        // spans from 512 tokens on, growing with depth, profile::span_tokens), then turns that each append an
         // exchange: each reuses what the turn before computed but its last span, warm
         // equal to cold. Every other scenario (the first among them): each of these turns
         // is a cold prefill of the whole conversation too, the costliest turns of a run.

@@ -501,11 +501,12 @@ TEST(Assembler, BlocksAreTheCanonicalChunksOfThePrompt) {
 }
 
 // A conversation of many short messages, with a span (profile::span_tokens): runs are
-// packed into spans, so there are far fewer chunks than exchanges; a span holds at most
-// span_tokens unless one assistant's run alone is longer, and at least half of it unless
-// it is the conversation's last; and where spans start depends only on the messages
-// before, so the next turn (an answer and a new message appended) cuts the shared
-// history as this one did and reuses all of it but the last span.
+// packed into spans, so there are far fewer chunks than exchanges; a span that starts at
+// p holds at most min(span_tokens, p / 8) unless one assistant's run alone is longer, and
+// at least half of it unless it is the conversation's last; nothing is packed before 512
+// tokens; and where spans start depends only on the messages before, so the next turn
+// (an answer and a new message appended) cuts the shared history as this one did and
+// reuses all of it but the last span.
 std::vector<segment> short_conversation(int n) {
     std::vector<segment> segs = {make_segment("sys", segment_kind::system, "You are a coding agent.")};
     for (int i = 0; i < n; ++i) {
@@ -530,24 +531,31 @@ TEST(Assembler, ShortMessagesArePackedIntoSpansThatAnAppendedTurnKeeps) {
     const auto p = build(segs);
     const auto unpacked = must_assemble(segs);
     // Without a span every assistant message starts a run: 300 of them. With one, every
-    // one still does in the first 8 spans (a short conversation is not packed).
+    // one still does before 512 tokens (a short conversation is not packed).
     ASSERT_GE(unpacked.boundaries.size(), 300u);
     EXPECT_LT(p.boundaries.size(), unpacked.boundaries.size() * 2 / 3);
-    const pos_t packed_from = 8 * (pos_t)k_span;
-    for (size_t i = 0; i < unpacked.boundaries.size() && unpacked.boundaries[i] < packed_from; ++i)
-        EXPECT_EQ(p.boundaries[i], unpacked.boundaries[i]);
-    // Each span after that: at most k_span (or one assistant's run), at least half of it
-    // unless it is the last before the generation prompt.
+    constexpr pos_t packed_from = 8 * 64;
+    pos_t longest_run = 0;
+    for (size_t i = 0; i < unpacked.boundaries.size(); ++i) {
+        if (unpacked.boundaries[i] < packed_from) EXPECT_EQ(p.boundaries[i], unpacked.boundaries[i]);
+        if (i > 0) longest_run = std::max(longest_run, unpacked.boundaries[i] - unpacked.boundaries[i - 1]);
+    }
+    // Each span after that: at most its depth's span (or one assistant's run), at least
+    // half of it unless it is the last before the generation prompt; the deep ones k_span.
     std::vector<pos_t> starts;
     for (pos_t b : p.boundaries)
         if (b >= packed_from) starts.push_back(b);
     ASSERT_GE(starts.size(), 3u);
     ASSERT_EQ(starts.back(), p.prompt_manifest.generation_prompt_begin);
+    size_t shorter = 0;
     for (size_t i = 0; i + 1 < starts.size(); ++i) {
         const pos_t len = starts[i + 1] - starts[i];
-        EXPECT_LE(len, (pos_t)k_span) << "span " << i;
-        if (i + 2 < starts.size()) EXPECT_GE(len, (pos_t)k_span / 2) << "span " << i;
+        const pos_t at_start = std::min<pos_t>(k_span, starts[i] / 8), at_end = std::min<pos_t>(k_span, starts[i + 1] / 8);
+        EXPECT_LE(len, std::max(at_end, longest_run)) << "span " << i;
+        if (i + 2 < starts.size()) EXPECT_GE(len, std::min(at_start, longest_run) / 2) << "span " << i;
+        if (at_start < (pos_t)k_span) ++shorter;
     }
+    EXPECT_GE(shorter, 3u);  // spans shallower than 8 x k_span are shorter
     // An appended turn: every block of this turn but those of the last span (and the
     // generation prompt) is the next turn's, and less than one span is computed again.
     segs.push_back(make_segment("h20000", segment_kind::history, "done: read the file"));
