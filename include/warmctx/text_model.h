@@ -81,6 +81,10 @@ class text_model {
                                                               bool /*add_generation_prompt*/) const {
         return failed_precondition("this text model renders no conversations");
     }
+    // True when render_conversation remembers recent renders of small inputs (safely
+    // from several threads): the assembler then renders what it will ask for on threads
+    // of their own ahead of time.
+    virtual bool remembers_renders() const { return false; }
     // Tokens that open every prompt (a BOS for models that want one; none for Qwen2).
     // They are part of the first segment's token range.
     virtual std::vector<token_id> prefix_tokens() const { return {}; }

@@ -35,13 +35,15 @@ std::string short_message(int i, bool assistant) {
     return "ok: " + std::string(things[(i / 3) % 8]) + " line " + std::to_string(i * 7 % 997) + " looks fine";
 }
 
-// A system message no other conversation of the run shares (so each cold request is
-// cold on every system), then `n` messages, alternating user and assistant, ending with
-// a user's.
-json conversation(int n, int nonce) {
+// `n_system` system messages no other conversation of the run shares (so each cold
+// request is cold on every system), then `n` messages, alternating user and assistant,
+// ending with a user's.
+json conversation(int n, int nonce, int n_system) {
     json m = json::array();
     m.push_back({{"role", "system"},
                  {"content", "You are a coding agent (session " + std::to_string(nonce) + "). Answer briefly."}});
+    for (int i = 1; i < n_system; ++i)
+        m.push_back({{"role", "system"}, {"content", "Note " + std::to_string(i) + ": keep answers short."}});
     for (int i = 0; i < n; ++i) {
         const bool assistant = (n - 1 - i) % 2 == 1;
         m.push_back({{"role", assistant ? "assistant" : "user"}, {"content", short_message(i, assistant)}});
@@ -85,7 +87,10 @@ result<json> run_system(const std::string & name, const conversation_args & a, p
       json reps = json::array();
       std::vector<double> colds, warms;
       for (int rep = 0; rep < a.reps; ++rep) {
-        json msgs = conversation(n, ++nonce);
+        // One system message more each rep: the template renders the assembler remembers
+        // are of its skeleton (roles and message positions, not contents), so another
+        // conversation of the same shape would find them made (cold in its KV only).
+        json msgs = conversation(n, ++nonce, 1 + rep);
         auto send = [&](const json & m) -> result<turn_timing> {
             auto segs = chat_segments(m);
             if (!segs) return segs.error();
@@ -180,7 +185,9 @@ void register_conversation_bench(CLI::App & bench, int & rc) {
     c->add_option("--warm-turns", a->warm_turns, "appended turns after each cold request")
         ->check(CLI::Range(0, 100))
         ->capture_default_str();
-    c->add_option("--reps", a->reps, "conversations of each count (each new, cold everywhere); the median is reported")
+    c->add_option("--reps", a->reps,
+                  "conversations of each count (each new, cold everywhere: rep r has r system messages more); the "
+                  "median is reported")
         ->check(CLI::Range(1, 100))
         ->capture_default_str();
     c->add_option("--max-tokens", a->max_tokens, "tokens each request writes")

@@ -192,7 +192,9 @@ result<conversation_tokens> detail::tokenize_conversation(std::span<const segmen
                                                           const std::vector<std::optional<size_t>> & fine) {
     const conversation_plan cp = plan_conversation(order, roles, kinds);
     const size_t n = order.size();
+    prefix_renders_ahead ahead(cp, model);
     auto whole = render_whole(cp, model, add_generation_prompt);
+    ahead.join();
     if (!whole.ok()) return whole.error();
     const rendered_conversation & f = whole->f;
     const std::vector<std::optional<size_t>> cut =

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -231,6 +232,7 @@ class cut_finder {
         } else {
             index_placeholders();
             const bool trusted = windows_agree_with_whole_prefixes(first_window);
+            if (trusted) render_windows_ahead(first_window);
             for (size_t k = 1; k <= n_; ++k) {
                 if (k == n_) {
                     cut[k] = whole_prefix(k);
@@ -483,6 +485,51 @@ class cut_finder {
 
     // The window's cut for k, or nullopt when the window cannot say.
     std::optional<std::optional<size_t>> windowed(size_t k) {
+        auto win = window_of(k);
+        if (!win) return std::nullopt;
+        auto r = model_.render_conversation(win->msgs, win->tools, false);
+        if (!r.ok()) return std::nullopt;
+        if (!window_text_is_the_wholes(r->text)) return std::optional<size_t>();
+        const std::string & ph = cp_.skel[win->anchor].content;
+        const size_t at = r->text.rfind(ph);
+        if (at == std::string::npos) return std::nullopt;
+        const std::string_view tail = std::string_view(r->text).substr(at + ph.size());
+        const size_t w_at = ph_end_[win->anchor];
+        // No prefix render ends there: the window's text after the content is not the
+        // whole's (a template whose last message differs from the others).
+        if (whole_skel_->text.compare(w_at, tail.size(), tail) != 0) return std::optional<size_t>();
+        return to_f(w_at + tail.size());
+    }
+
+    // The windows of k in [first, n) rendered ahead, every other one on a thread of its
+    // own, where the text model remembers renders: the loop over k then finds them made
+    // (a cold conversation of 1,000 messages renders ~1,000 windows).
+    void render_windows_ahead(size_t first) {
+        if (!model_.remembers_renders() || n_ < first + 64) return;
+        std::vector<window> wins;
+        for (size_t k = first; k < n_; ++k)
+            if (auto w = window_of(k)) wins.push_back(std::move(*w));
+        auto render_from = [&](size_t i0) {
+            for (size_t i = i0; i < wins.size(); i += 2) {
+                try {
+                    (void)model_.render_conversation(wins[i].msgs, wins[i].tools, false);
+                } catch (...) {  // rendered again in the loop, which reports what fails
+                }
+            }
+        };
+        std::thread beside(render_from, 1);
+        render_from(0);
+        beside.join();
+    }
+
+    // The window of messages whose rendering places the cut after message k-1, its tools
+    // and the message its last placeholder is (the anchor); nullopt where it has none.
+    struct window {
+        std::vector<conversation_message> msgs;
+        std::string_view tools;
+        size_t anchor = 0;
+    };
+    std::optional<window> window_of(size_t k) {
         const size_t h = head_end_;
         // The conversation's first message stays first (a template may treat it apart:
         // Llama 3.1 writes the tools into it), then the window from an odd offset after it.
@@ -498,24 +545,16 @@ class cut_finder {
             if (anchor || j < h + 3 || k - j > 8) break;
         }
         if (!anchor || ph_end_[*anchor] == std::string::npos || tools_.upto(k) != tools_.upto(n_)) return std::nullopt;
-        std::vector<conversation_message> win = head_;
-        win.push_back(cp_.skel[(size_t)cp_.msg_of[h]]);
+        window w;
+        w.msgs = head_;
+        w.msgs.push_back(cp_.skel[(size_t)cp_.msg_of[h]]);
         for (size_t i = j; i < k; ++i) {
             if (cp_.msg_of[i] < 0) return std::nullopt;
-            win.push_back(cp_.skel[(size_t)cp_.msg_of[i]]);
+            w.msgs.push_back(cp_.skel[(size_t)cp_.msg_of[i]]);
         }
-        auto r = model_.render_conversation(win, tools_.upto(k).empty() ? std::string_view() : k_window_tools, false);
-        if (!r.ok()) return std::nullopt;
-        if (!window_text_is_the_wholes(r->text)) return std::optional<size_t>();
-        const std::string & ph = cp_.skel[*anchor].content;
-        const size_t at = r->text.rfind(ph);
-        if (at == std::string::npos) return std::nullopt;
-        const std::string_view tail = std::string_view(r->text).substr(at + ph.size());
-        const size_t w_at = ph_end_[*anchor];
-        // No prefix render ends there: the window's text after the content is not the
-        // whole's (a template whose last message differs from the others).
-        if (whole_skel_->text.compare(w_at, tail.size(), tail) != 0) return std::optional<size_t>();
-        return to_f(w_at + tail.size());
+        w.tools = tools_.upto(k).empty() ? std::string_view() : k_window_tools;
+        w.anchor = *anchor;
+        return w;
     }
 
     const conversation_plan & cp_;
@@ -538,6 +577,28 @@ class cut_finder {
 
 
 }  // namespace
+
+detail::prefix_renders_ahead::prefix_renders_ahead(const conversation_plan & cp, const text_model & model) {
+    const size_t n = cp.msg_of.size();
+    if (!model.remembers_renders() || !model.renders_contents_verbatim() || n < 2 ||
+        n * (n + 1) / 2 <= k_prefix_render_budget)
+        return;
+    for (size_t k : {n, n - 1}) {
+        // What the cut finder's whole_prefix(k) renders, made here so that the thread
+        // needs nothing of the caller's but the model.
+        threads_.emplace_back([&model, msgs = msgs_upto(cp.skel, cp, k), tools = tools_upto(cp, k)] {
+            try {
+                (void)model.render_conversation(msgs, tools, false);
+            } catch (...) {  // the cut finder renders it again and reports what fails
+            }
+        });
+    }
+}
+
+void detail::prefix_renders_ahead::join() {
+    for (std::thread & t : threads_)
+        if (t.joinable()) t.join();
+}
 
 std::vector<std::optional<size_t>> detail::conversation_cuts(const conversation_plan & cp,
                                                              const rendered_conversation & f,

@@ -22,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "warmctx/assembler.h"
@@ -56,5 +57,25 @@ std::vector<std::optional<size_t>> conversation_cuts(const conversation_plan & c
                                                      const text_model & model, bool add_generation_prompt,
                                                      const rendered_conversation * whole_skel,
                                                      const expanded_skeleton * expanded);
+
+// The two whole prefixes of a long conversation's skeleton that conversation_cuts renders
+// (all its segments and all but the last, without a generation prompt), rendered on
+// threads of their own while the caller renders F: each costs about what F does, and
+// the text model remembers renders (text_model::render_conversation), so the cut finder
+// finds them done. Nothing is started for a template that does not write contents
+// verbatim or a conversation short enough to have each prefix rendered anyway. join()
+// before conversation_cuts (the destructor joins too).
+class prefix_renders_ahead {
+  public:
+    prefix_renders_ahead(const conversation_plan & cp, const text_model & model);
+    ~prefix_renders_ahead() { join(); }
+    prefix_renders_ahead(const prefix_renders_ahead &) = delete;
+    prefix_renders_ahead & operator=(const prefix_renders_ahead &) = delete;
+    void join();
+    size_t started() const { return threads_.size(); }
+
+  private:
+    std::vector<std::thread> threads_;
+};
 
 }  // namespace warmctx::detail

@@ -121,6 +121,7 @@ class engine_text_model final : public text_model {
     std::string generation_prompt() const override { return gen_prompt_; }
     bool renders_conversations() const override { return jinja_ != nullptr; }
     bool renders_contents_verbatim() const override { return jinja_ && jinja_->contents_verbatim(); }
+    bool remembers_renders() const override { return true; }
     // Renders of small inputs (the assembler's skeletons: the same every turn) are
     // remembered, least recently used out past k_render_memo_bytes.
     result<rendered_conversation> render_conversation(std::span<const conversation_message> msgs,

@@ -14,6 +14,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "test_workspace.h"
@@ -99,6 +100,7 @@ struct render_call {
     size_t n_messages = 0;
     bool placeholders = false;  // contents were the assembler's placeholders (a skeleton)
     bool add_generation_prompt = false;
+    std::thread::id thread;  // the thread that rendered
 };
 
 class jinja_text_model final : public text_model {
@@ -129,14 +131,27 @@ class jinja_text_model final : public text_model {
         render_call c;
         c.n_messages = msgs.size();
         c.add_generation_prompt = add_generation_prompt;
-        for (const auto & m : msgs)
+        c.thread = std::this_thread::get_id();
+        std::string key = (add_generation_prompt ? "g" : "n") + std::string(tools_json);
+        for (const auto & m : msgs) {
             if (m.content.find("WARMCTXPLACEHOLDER") != std::string::npos) c.placeholders = true;
+            key += "\x01" + m.role + "\x02" + m.content + "\x02" + m.tool_calls + "\x02" + m.tool_call_id;
+        }
         {
             std::lock_guard lk(mu_);
+            if (remember)
+                if (auto it = memo_.find(key); it != memo_.end()) return it->second;
             calls_.push_back(c);
         }
-        return t_.render(msgs, tools_json, add_generation_prompt);
+        auto r = t_.render(msgs, tools_json, add_generation_prompt);
+        std::lock_guard lk(mu_);
+        if (remember && r.ok()) memo_.emplace(key, *r);
+        return r;
     }
+    // Renders are remembered, as the engine's text model remembers them; calls() then
+    // lists only the renders made.
+    bool remember = false;
+    bool remembers_renders() const override { return remember; }
 
     std::vector<render_call> calls() const {
         std::lock_guard lk(mu_);
@@ -148,6 +163,7 @@ class jinja_text_model final : public text_model {
     bool verbatim_ = false;
     mutable std::mutex mu_;
     mutable std::vector<render_call> calls_;
+    mutable std::map<std::string, rendered_conversation> memo_;
 };
 
 // ---- the templates -------------------------------------------------------------------------
@@ -1005,6 +1021,39 @@ TEST_P(AssemblerJinja, LongConversationsRenderInLinearTime) {
               << " ms; " << sizes[1] << ": " << work[1] << " rendered, " << ms[1] << " ms\n";
     EXPECT_LT(work[1], 20 * sizes[1]);
     EXPECT_LT(double(work[1]) / double(work[0]), 6.0);  // 4x the messages: 16x when quadratic
+}
+
+// A long conversation's two whole prefixes that the cuts need (all of it and all but its
+// last message, without a generation prompt) are rendered on threads of their own while
+// F is, and half of its windows (a few messages each, one per message) on another: with
+// a text model that remembers renders, as the engine's does, the assembling thread
+// renders nothing whole but F, and the cuts are the same.
+TEST_P(AssemblerJinja, ALongConversationsWholePrefixesRenderBesideF) {
+    if (!tmpl().contents_verbatim()) GTEST_SKIP() << "the template does not write contents verbatim";
+    const bool alternate = GetParam().where == layout::system_and_tools_last;
+    const chat c = long_chat(alternate ? 140 : 70, alternate);
+    jinja_text_model m(tmpl());
+    m.remember = true;
+    auto r = try_assemble(to_segments(c), m);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    EXPECT_EQ(r->tokens, reference_tokens(direct(c)));
+    const auto calls = m.calls();
+    size_t n = 0;
+    for (const render_call & x : calls) n = std::max(n, x.n_messages);
+    size_t here = 0, beside = 0, windows_here = 0, windows_beside = 0;
+    for (const render_call & x : calls) {
+        const bool mine = x.thread == std::this_thread::get_id();
+        if (!x.add_generation_prompt && x.n_messages + 1 >= n) ++(mine ? here : beside);
+        if (!x.add_generation_prompt && x.n_messages < 16) ++(mine ? windows_here : windows_beside);
+    }
+    EXPECT_EQ(beside, 2u);
+    EXPECT_EQ(here, 0u);
+    EXPECT_GE(windows_beside, n / 4) << windows_here << " windows rendered on the assembling thread";
+    jinja_text_model plain(tmpl());  // renders nothing ahead: the same prompt
+    auto again = try_assemble(to_segments(c), plain);
+    ASSERT_TRUE(again.ok()) << again.error().to_string();
+    EXPECT_EQ(again->tokens, r->tokens);
+    EXPECT_EQ(again->boundaries, r->boundaries);
 }
 
 // The cuts a long conversation gets from windows are the cuts its prefixes rendered whole
