@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -79,5 +80,17 @@ struct draft_counters {
     uint64_t n_drafted = 0;   // draft tokens decoded
     uint64_t n_accepted = 0;  // of them, the ones sampling chose
 };
+
+// The drafts a turn may hold when its request names none (serve's --draft-max, verify's):
+// `asked`, or where it is negative (the default) k_default_draft_max on the CPU and none on
+// a GPU. There, rows decoded together part from one row's by more than a greedy answer
+// stands: `warmctx verify` on an H100 found drafted answers that differ from the plain ones
+// (a q8_0 KV: 44 of 212 scenarios; a MoE: 34 of 136; docs/benchmarks.md, "Drafts from the
+// workspace"), so there drafts are only what a request or the flag asks for.
+inline constexpr int32_t k_default_draft_max = 64;
+inline int32_t default_draft_max(int32_t asked, std::string_view backend) {
+    if (asked >= 0) return asked;
+    return backend == "CPU" ? k_default_draft_max : 0;
+}
 
 }  // namespace warmctx

@@ -116,8 +116,8 @@ struct server_options {
                                            // model file's name without directory)
     int32_t default_max_tokens = 0;        // when a request names no max_tokens (0: to the end of the context)
     int32_t reasoning_budget = -1;         // reasoning tokens of a request that names no budget (-1: none)
-    int32_t draft_max = 64;                // draft tokens of a request that names no speculative.n_max
-                                           // (0: no drafts; warmctx/drafts.h)
+    int32_t draft_max = -1;                // draft tokens of a request that names no speculative.n_max
+                                           // (0: no drafts; -1: default_draft_max, warmctx/drafts.h)
     bool log_requests = true;              // one JSON line per request on stderr
     // An answer's grammar (tools, a JSON schema) is built off the engine thread, at most
     // grammar_builds at once (0 = half the cores, at least one). A request whose grammar is

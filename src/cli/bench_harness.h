@@ -102,7 +102,7 @@ struct warmctx_system_options {
     // serve's default disk tier (a user's serve writes stable prefixes through to disk):
     // in a fresh directory with serve's default budget, removed when the system stops.
     bool default_disk = false;
-    int32_t draft_max = 64;         // serve's --draft-max (0: no drafts from the workspace)
+    int32_t draft_max = -1;         // serve's --draft-max (0: no drafts from the workspace; -1: serve's default)
     // The cells small batches' padding needs come out of mf.n_ctx (engine_options::
     // padding_within_n_ctx): a stream of exactly another server's slot's cells.
     bool padding_within_n_ctx = false;

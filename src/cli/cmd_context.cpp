@@ -123,7 +123,7 @@ struct verify_args {
     uint64_t seed = 1;
     size_t stable_tokens_max = 700;
     int32_t max_tokens = 8;
-    int32_t draft_max = 64;
+    int32_t draft_max = -1;
     uint32_t holders = 4;
     bool tiers = true;
     double seconds = 0;
@@ -283,8 +283,10 @@ void register_context_commands(CLI::App & app, int & rc) {
         ->capture_default_str()
         ->check(CLI::Range(1, 32));
     verify->add_option("--draft-max", v->draft_max,
-                       "draft tokens a warm turn checks per decode, from its workspace's text (0 = none; the cold "
-                       "reference never drafts)")->capture_default_str()->check(CLI::Range(0, 64));
+                       "draft tokens a warm turn checks per decode, from its workspace's text (0 = none; -1 = serve's "
+                       "default: 64 on the CPU, none on a GPU; the cold reference never drafts)")
+        ->capture_default_str()
+        ->check(CLI::Range(-1, 64));
     verify
         ->add_option("--seconds", v->seconds,
                      "start no scenario after this many seconds (0 = run them all); the report says how many ran")

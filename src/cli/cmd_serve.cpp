@@ -49,7 +49,7 @@ struct serve_args {
     int sse_keep_alive_ms = 3000;
     int32_t default_max_tokens = 0;
     int32_t reasoning_budget = -1;
-    int32_t draft_max = 64;
+    int32_t draft_max = -1;
     int grammar_deadline_ms = 10000;
     unsigned grammar_builds = 0;
     std::string model_name;
@@ -436,9 +436,10 @@ void register_serve_command(CLI::App & app, int & rc) {
     c->add_option("--draft-max", a->draft_max,
                   "tokens a draft from the workspace may hold when the request names no speculative.n_max: the "
                   "text that followed the answer's last tokens in the prompt or an earlier answer, checked in the "
-                  "same decode (the answer is the same as without; not a recurrent or hybrid model; 0 = no drafts)")
+                  "same decode (the answer is the same as without; not a recurrent or hybrid model; 0 = no drafts; "
+                  "-1 = 64 on the CPU, none on a GPU, where verify found drafted answers parting from plain ones)")
         ->capture_default_str()
-        ->check(CLI::Range(0, 64));
+        ->check(CLI::Range(-1, 64));
     c->add_option("--model-name", a->model_name,
                   "model id in /v1/models and responses (default: the model file's name)");
     c->add_flag("-q,--quiet", a->quiet, "no per-request log lines on stderr");

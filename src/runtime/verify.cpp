@@ -1,4 +1,5 @@
 #include "runtime/verify.h"
+#include "warmctx/drafts.h"
 
 #include <algorithm>
 #include <random>
@@ -360,6 +361,8 @@ result<verify_report> run_verify(const verify_options & opts, const verify_progr
     auto ce_r = context_engine::open(co);
     if (!ce_r) return ce_r.error();
     context_engine & ce = **ce_r;
+    verify_options o = opts;
+    o.draft_max = default_draft_max(opts.draft_max, ce.context().backend);
 
     verify_report rep;
     rep.mode = std::string(kv_mode_name(co.engine.mode));
@@ -381,7 +384,7 @@ result<verify_report> run_verify(const verify_options & opts, const verify_progr
                          " scenarios: --seconds ran out");
             break;
         }
-        scenario_runner s(ce, cm, rep, opts, sc);
+        scenario_runner s(ce, cm, rep, o, sc);
         WARMCTX_RETURN_IF_ERROR(s.run());
         rep.scenarios = sc + 1;
         if (progress)

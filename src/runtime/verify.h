@@ -43,7 +43,8 @@ struct verify_options {
     uint64_t seed = 1;
     size_t stable_tokens_max = 700;  // largest stable prefix of a scenario, tokens (>= 200)
     int32_t max_tokens = 8;          // greedy tokens per turn
-    int32_t draft_max = 64;          // warm turns draft from the workspace (warmctx/drafts.h; 0: none)
+    int32_t draft_max = -1;          // warm turns draft from the workspace (warmctx/drafts.h; 0: none;
+                                     // -1: default_draft_max, as serve)
     bool tiers = true;               // also replay restores from host RAM and disk
     double max_seconds = 0;          // start no scenario after this long (0: no limit); the report says how many ran
 };

@@ -106,5 +106,15 @@ TEST(AnswerMemory, KeepsTheLastAnswersOfAWorkspace) {
     (void)prompt;
 }
 
+// Serve's and verify's default (-1): drafts on the CPU, none on a GPU, where verify found
+// drafted answers parting from plain ones; a number asked for is kept on either.
+TEST(DefaultDraftMax, OnTheCpuNotOnAGpuUnlessAskedFor) {
+    EXPECT_EQ(default_draft_max(-1, "CPU"), k_default_draft_max);
+    EXPECT_EQ(default_draft_max(-1, "CUDA"), 0);
+    EXPECT_EQ(default_draft_max(16, "CUDA"), 16);
+    EXPECT_EQ(default_draft_max(0, "CPU"), 0);
+    EXPECT_EQ(default_draft_max(64, "CPU"), 64);
+}
+
 }  // namespace
 }  // namespace warmctx
