@@ -10,12 +10,22 @@
 #           at once: tiny-hybrid, tiny-swa, tiny-moe, tiny-plain and tiny-plain with q8_0 KV ("tiny-plain:q8_0");
 #           VERIFY_SECONDS: start no scenario after this long (each report says how many ran)
 # usage: bench/gpu-memory-kinds.sh STAGE...     results: $OUT (default bench/results/<YYYY-MM-DD>-<gpu>/memory-kinds,
-#        the day and the GPU's model as nvidia-smi names it, h100 or h200)
+#        the day and the GPU's model as nvidia-smi names it, h100 or h200); PACK_LOGS=1 puts the logs into
+#        logs.tgz there when it ends
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 gpu_tag="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h[0-9]{3}' | head -1 | tr 'A-Z' 'a-z' || true)"
 out="${OUT:-$root/bench/results/$(date -u +%F)-${gpu_tag:-gpu}/memory-kinds}"
+# PACK_LOGS=1: when the script ends (done, failed or stopped), every log under the results
+# folder goes into logs.tgz there: for a runner that brings back only a few files, the
+# results come back beside one archive of logs.
+pack_logs() {
+  [ "${PACK_LOGS:-0}" = 1 ] && [ -d "$out" ] || return 0
+  (cd "$out" && find . -name '*.log' -print0 | tar czf logs.tgz --null -T - --remove-files) || true
+}
+trap pack_logs EXIT
+trap 'exit 143' TERM INT
 mkdir -p "$out"
 build="$root/build-cuda"
 models="${WARMCTX_MODELS:-/tmp/warmctx-models}"

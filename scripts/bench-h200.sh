@@ -25,6 +25,7 @@
 #   FLOOR_SIZES         the floor stage's prompt sizes (default: 512,4096,16384)
 #   FLOOR_DEPTH         tokens in the context before each measured prompt (llama-bench -d; default 0)
 #   FLOOR_REPS          llama-bench's repetitions (default 5)
+#   PACK_LOGS           1: the logs go into logs.tgz in the results folder when the script ends
 # e.g. REPLAY_SHAPES="qwen3.5-hybrid qwen3.5-plain" REPLAY_SYSTEMS=warmctx scripts/bench-h200.sh build replay floor
 # Every stage writes <stage>-h200.json and a log; the build is skipped when present.
 set -euo pipefail
@@ -37,6 +38,15 @@ build="$root/build-cuda"
 export WARMCTX_HOME="$root/.warmctx-home"
 deadline="${WARMCTX_DEADLINE_S:-0}"
 log() { echo "[$(date +%T) +${SECONDS}s] $*"; }
+# PACK_LOGS=1: when the script ends (done, failed or stopped), every log under the results
+# folder goes into logs.tgz there: for a runner that brings back only a few files, the
+# results come back beside one archive of logs.
+pack_logs() {
+  [ "${PACK_LOGS:-0}" = 1 ] && [ -d "$out" ] || return 0
+  (cd "$out" && find . -name '*.log' -print0 | tar czf logs.tgz --null -T - --remove-files) || true
+}
+trap pack_logs EXIT
+trap 'exit 143' TERM INT
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(build s2 trace s3)
 
