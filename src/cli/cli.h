@@ -105,6 +105,7 @@ void register_trace_bench(CLI::App & bench, int & rc);
 void register_contention_bench(CLI::App & bench, int & rc);
 void register_s3_bench(CLI::App & bench, int & rc);
 void register_calls_bench(CLI::App & bench, int & rc);
+void register_splits_bench(CLI::App & bench, int & rc);
 void register_soak_bench(CLI::App & bench, int & rc);
 void register_edits_bench(CLI::App & bench, int & rc);
 void register_conversation_bench(CLI::App & bench, int & rc);

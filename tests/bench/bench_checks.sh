@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the side-by-side benchmarks small on the tiny model and checks what their JSON
 # says (structure and cache behaviour; never timings, which are the benches' job).
-# usage: bench_checks.sh WARMCTX_BENCH TINY_MODEL trace|trace_window|s2|s3|calls|contention|render|edits
+# usage: bench_checks.sh WARMCTX_BENCH TINY_MODEL trace|trace_window|s2|s3|calls|contention|render|edits|splits
 set -euo pipefail
 bench="$1" model="$2" which="$3"
 out="$(mktemp)"; trap 'rm -f "$out"' EXIT
@@ -141,6 +141,20 @@ render)
         "warm assembly timed in both modes, and the overhead reported" '{jinja, builtin, warm_overhead_ms} | del(.jinja.warm_ms_all, .builtin.warm_ms_all)'
   check '.parse.format != null and .parse.answer_tokens > 5 and .parse.whole_ms_median > 0 and .parse.streamed_total_ms_median >= .parse.whole_ms_median' \
         "a tool call parsed whole and as a stream" '.parse'
+  ;;
+splits)
+  # Three splits of the same 512 tokens; the first is the reference.
+  "$bench" splits -m "$model" -t 1 --plans 256+256,128+128+256,200+300+12 --json >"$out"
+  check '.tokens == 512 and [.rows[].plan] == ["256+256","128+128+256","200+300+12"] and [.rows[].smallest_call] == [256,128,12]' \
+        "a row per plan, in order, with its smallest call" '.rows'
+  check '.rows[0].bit_identical and .rows[0].max_logit_diff == 0 and all(.rows[]; (.max_logit_diff | type) == "number" and .max_logit_diff >= 0 and (.bit_identical == (.max_logit_diff == 0)) and .padded_calls >= 0)' \
+        "each plan against the reference: its largest logit difference, the same bits where it is 0" '.rows'
+  # Bad input: a clear error and exit 2, never a crash.
+  for bad in "--plans 256+256,100" "--plans 256+x" "--plans 512" "--plans 600+10,610"; do
+    set +e; err="$("$bench" splits -m "$model" -t 1 $bad 2>&1)"; rc=$?; set -e
+    if [ "$rc" != 2 ] || ! grep -q "^error: " <<<"$err"; then echo "FAILED: splits $bad: exit $rc: $err"; exit 1; fi
+  done
+  echo "ok: bad plans are refused"
   ;;
 *) echo "unknown check $which"; exit 2 ;;
 esac
