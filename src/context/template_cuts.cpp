@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <system_error>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -517,7 +518,12 @@ class cut_finder {
                 }
             }
         };
-        std::thread beside(render_from, 1);
+        std::thread beside;
+        try {
+            beside = std::thread(render_from, 1);
+        } catch (const std::system_error &) {  // no thread to be had: the loop renders them
+            return;
+        }
         render_from(0);
         beside.join();
     }
@@ -585,13 +591,18 @@ detail::prefix_renders_ahead::prefix_renders_ahead(const conversation_plan & cp,
         return;
     for (size_t k : {n, n - 1}) {
         // What the cut finder's whole_prefix(k) renders, made here so that the thread
-        // needs nothing of the caller's but the model.
-        threads_.emplace_back([&model, msgs = msgs_upto(cp.skel, cp, k), tools = tools_upto(cp, k)] {
-            try {
-                (void)model.render_conversation(msgs, tools, false);
-            } catch (...) {  // the cut finder renders it again and reports what fails
-            }
-        });
+        // needs nothing of the caller's but the model. No thread to be had: the cut
+        // finder renders it itself.
+        try {
+            threads_.emplace_back([&model, msgs = msgs_upto(cp.skel, cp, k), tools = tools_upto(cp, k)] {
+                try {
+                    (void)model.render_conversation(msgs, tools, false);
+                } catch (...) {  // the cut finder renders it again and reports what fails
+                }
+            });
+        } catch (const std::system_error &) {
+            break;
+        }
     }
 }
 
