@@ -99,11 +99,13 @@ int run_splits(const splits_args & a) {
             max_diff = std::max(max_diff, std::abs(logits[i] - ref[i]));
         int smallest = plans[p].front();
         for (int c : plans[p]) smallest = std::min(smallest, c);
-        rows.push_back({{"plan", a.plans[p]},
-                        {"smallest_call", smallest},
-                        {"padded_calls", eng.padded_decodes() - padded0},
-                        {"max_logit_diff", max_diff},
-                        {"bit_identical", p == 0 || std::memcmp(logits.data(), ref.data(), ref.size() * 4) == 0}});
+        rows.push_back(
+            {{"plan", a.plans[p]},
+             {"smallest_call", smallest},
+             {"padded_calls", eng.padded_decodes() - padded0},
+             {"max_logit_diff", max_diff},
+             {"bit_identical", p == 0 || (logits.size() == ref.size() &&
+                                          std::memcmp(logits.data(), ref.data(), ref.size() * sizeof(float)) == 0)}});
     }
     const auto & ci = eng.context();
     json out = {{"bench", "splits"},
