@@ -8,7 +8,8 @@
 #           shape), warmctx and llama-server each at its defaults
 #   verify  warm against cold on CUDA for each of VERIFY_KINDS (VERIFY_SCENARIOS each, default 300), all
 #           at once: tiny-hybrid, tiny-swa, tiny-moe, tiny-plain and tiny-plain with q8_0 KV ("tiny-plain:q8_0");
-#           VERIFY_SECONDS: start no scenario after this long (each report says how many ran)
+#           VERIFY_SECONDS: start no scenario after this long (each report says how many ran);
+#           VERIFY_SHARDS: processes per kind (seeds 1..N), VERIFY_THREADS: CPU threads each (3)
 # usage: bench/gpu-memory-kinds.sh STAGE...     results: $OUT (default bench/results/<YYYY-MM-DD>-<gpu>/memory-kinds,
 #        the day and the GPU's model as nvidia-smi names it, h100 or h200); PACK_LOGS=1 puts the logs into
 #        logs.tgz there when it ends
@@ -58,16 +59,22 @@ for stage in "$@"; do
           { tail -5 "$out/trace-$name.log"; }
       done ;;
     verify)
-      pids=()
+      # VERIFY_SHARDS=N runs each kind as N processes with seeds 1..N (VERIFY_SCENARIOS split
+      # between them): a tiny model's scenarios are bound by the host, not by the GPU.
+      pids=(); shards="${VERIFY_SHARDS:-1}"; per=$(( (${VERIFY_SCENARIOS:-300} + shards - 1) / shards ))
       for k in ${VERIFY_KINDS:-tiny-hybrid tiny-swa tiny-moe tiny-plain tiny-plain:q8_0}; do
         s="${k%%:*}"; kv=(); name="$s"
         [ "$k" = "$s" ] || { kv=(--kv-type "${k#*:}"); name="$s-kv-${k#*:}"; }
         m="$(model "$s" q8_0)"
-        log "verify $name"
-        { "$build/warmctx" verify -m "$m" "${gpu[@]}" "${kv[@]}" -t 3 --scenarios "${VERIFY_SCENARIOS:-300}" \
-            --seconds "${VERIFY_SECONDS:-0}" --json \
-            >"$out/verify-$name-cuda.json" 2>"$out/verify-$name.log" || tail -3 "$out/verify-$name.log"; log "verify $name done"; } &
-        pids+=($!)
+        for i in $(seq 1 "$shards"); do
+          sfx=""; [ "$shards" = 1 ] || sfx="-s$i"
+          log "verify $name$sfx"
+          { "$build/warmctx" verify -m "$m" "${gpu[@]}" "${kv[@]}" -t "${VERIFY_THREADS:-3}" --scenarios "$per" \
+              --seed "$i" --seconds "${VERIFY_SECONDS:-0}" --json \
+              >"$out/verify-$name-cuda$sfx.json" 2>"$out/verify-$name$sfx.log" || tail -3 "$out/verify-$name$sfx.log"
+            log "verify $name$sfx done"; } &
+          pids+=($!)
+        done
       done
       wait "${pids[@]}" ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
