@@ -9,7 +9,8 @@
 #   verify  warm against cold on CUDA for each of VERIFY_KINDS (VERIFY_SCENARIOS each, default 300), all
 #           at once: tiny-hybrid, tiny-swa, tiny-moe, tiny-plain and tiny-plain with q8_0 KV ("tiny-plain:q8_0");
 #           VERIFY_SECONDS: start no scenario after this long (each report says how many ran);
-#           VERIFY_SHARDS: processes per kind (seeds 1..N), VERIFY_THREADS: CPU threads each (3)
+#           VERIFY_SHARDS: processes per kind (seeds BASE+1..BASE+N), VERIFY_THREADS: CPU threads each (3),
+#           VERIFY_SEED_BASE: BASE (default 0; a second call with BASE=N runs other scenarios than the first)
 # usage: bench/gpu-memory-kinds.sh STAGE...     results: $OUT (default bench/results/<YYYY-MM-DD>-<gpu>/memory-kinds,
 #        the day and the GPU's model as nvidia-smi names it, h100 or h200); PACK_LOGS=1 puts the logs into
 #        logs.tgz there when it ends
@@ -59,15 +60,18 @@ for stage in "$@"; do
           { tail -5 "$out/trace-$name.log"; }
       done ;;
     verify)
-      # VERIFY_SHARDS=N runs each kind as N processes with seeds 1..N (VERIFY_SCENARIOS split
-      # between them): a tiny model's scenarios are bound by the host, not by the GPU.
+      # VERIFY_SHARDS=N runs each kind as N processes with seeds BASE+1..BASE+N (VERIFY_SCENARIOS
+      # split between them; BASE is VERIFY_SEED_BASE, 0 by default). On an H100 with 16 cores this did
+      # not speed a kind up: tiny-hybrid ran 0.31-0.33 scenarios a second as 4 processes of 1 thread,
+      # 0.34 as one of 3 threads (bench/results/2026-12-07-h100/); 1.5-1.7 a second over the 5 kinds.
       pids=(); shards="${VERIFY_SHARDS:-1}"; per=$(( (${VERIFY_SCENARIOS:-300} + shards - 1) / shards ))
+      base="${VERIFY_SEED_BASE:-0}"
       for k in ${VERIFY_KINDS:-tiny-hybrid tiny-swa tiny-moe tiny-plain tiny-plain:q8_0}; do
         s="${k%%:*}"; kv=(); name="$s"
         [ "$k" = "$s" ] || { kv=(--kv-type "${k#*:}"); name="$s-kv-${k#*:}"; }
         m="$(model "$s" q8_0)"
-        for i in $(seq 1 "$shards"); do
-          sfx=""; [ "$shards" = 1 ] || sfx="-s$i"
+        for i in $(seq $((base + 1)) $((base + shards))); do
+          sfx=""; [ "$shards" = 1 ] && [ "$base" = 0 ] || sfx="-s$i"
           log "verify $name$sfx"
           { "$build/warmctx" verify -m "$m" "${gpu[@]}" "${kv[@]}" -t "${VERIFY_THREADS:-3}" --scenarios "$per" \
               --seed "$i" --seconds "${VERIFY_SECONDS:-0}" --json \
