@@ -62,6 +62,7 @@ struct kv_memory {
     double pool_save_ms = 0;
     uint64_t n_in_place_turns = 0;         // warm turns that copied nothing
     uint64_t n_padded_decodes = 0;         // decodes padded to 64 rows (engine::pad_rows)
+    uint64_t n_prefill_decodes = 0;        // decode calls of prefills (engine::prefill_decodes)
     uint64_t n_write_backs = 0;            // a stream's blocks offered to the pool (lazily)
     double write_back_ms = 0;              // time spent on those write-backs
     uint64_t n_write_backs_ahead = 0;      // of them, made by an idle engine (write_back_ahead),

@@ -82,6 +82,9 @@ struct engine_options {
     // padding needs come beyond n_ctx: a sequence holds n_ctx tokens. True: they come out of
     // n_ctx (a bench comparing a layout cell for cell with another server's).
     bool padding_within_n_ctx = false;
+    // Measure at open whether a prompt's KV is the same whatever decode calls it is split
+    // into (context_info::splits_freely); false: never split freely (canonical chunks).
+    bool free_splits = true;
     uint32_t n_seq_max = 4;       // sequences the context can hold at once
     // Resident streams beyond n_seq_max (the device tier): KV streams of n_ctx cells that
     // keep workspaces' prefixes where the model runs. >= 0: that many; -1: on a GPU, as
@@ -145,6 +148,13 @@ struct context_info {
                                       // (with pads_rows each stream has k_pad_cells more,
                                       // and llama.cpp rounds a stream up to 256 cells)
     bool pads_rows = false;           // small batches are padded (engine::pad_rows)
+    // Measured at open (engine_options::free_splits): where small batches are padded and
+    // the memory is plain attention, the same tokens prefilled in different decode calls
+    // (each of 64 rows or more, every shorter one padded) gave the same bits. Then prefill
+    // decodes in calls of chunk_tokens from wherever it starts, every call under 64 rows
+    // padded, and may start at any position: a warm turn resumes at any token.
+    bool splits_freely = false;
+    double splits_probe_ms = 0;       // what measuring it took at open
     std::string n_ctx_reason;      // how n_ctx_seq was chosen, for a start-up line
     memory_info memory;            // what the model's memory is and what can be reused
 };
@@ -186,7 +196,9 @@ class engine {
 
     // Computes the KV of `tokens` at positions [pos0, pos0 + n) in sequence `seq`,
     // in canonical chunks (see plan_chunks). The sequence must hold exactly [0, pos0).
-    // REQUIRES is_chunk_start(pos0, boundaries, chunk_tokens).
+    // REQUIRES is_chunk_start(pos0, boundaries, chunk_tokens), unless the context splits
+    // freely (context_info::splits_freely): then any pos0, and calls of chunk_tokens from
+    // pos0 on whatever the boundaries, every call under 64 rows padded.
     // If `last_logits` is given, it receives the n_vocab logits after the last token.
     // Errors: invalid_argument (empty, bad seq), failed_precondition (pos0 not a chunk
     //         start, or the sequence does not hold exactly [0, pos0)),
@@ -218,9 +230,10 @@ class engine {
     // choice is a pure function of the model's shape, `n` and `pos` (a cost model in
     // engine.cpp), so a warm prefill and its cold reference pad the same chunks; prompts
     // are unchanged and the cells a later prefill takes are the same. Never on a GPU or
-    // without flash attention.
+    // without flash attention. Where the context splits freely, every call of 1 to 63 rows.
     int32_t pad_rows(int32_t n, pos_t pos) const;
     uint64_t padded_decodes() const;  // decodes padded so far
+    uint64_t prefill_decodes() const;  // llama_decode calls prefill() made so far
     uint64_t checkpoints_taken() const;  // checkpoints taken so far (models that keep them)
     // The engine thread's time in taking them so far (out of the device and into host
     // memory), and the mean time one took (0 before the first).

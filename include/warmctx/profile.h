@@ -51,6 +51,11 @@ struct profile {
     // change its last bits like a backend change does.
     bool flash_attn = false;
     int32_t n_gpu_layers = 0;          // layers offloaded (-1 = all)
+    // The engine measured that a prompt's KV does not depend on its decode calls
+    // (context_info::splits_freely): it prefills in calls of chunk_tokens from wherever a
+    // turn starts, every call under 64 rows padded, which changes the last bits of KV that
+    // canonical chunks would have made.
+    bool free_splits = false;
     // Not a field of its own (not fingerprinted, not in the JSON): the spacing of block
     // ends, in tokens, for a model whose memory needs a checkpoint at each (engine.h,
     // memory_kind); 0 = every canonical chunk end is a block end. It is a pure function
@@ -60,8 +65,9 @@ struct profile {
     // Not a field of its own either: the fewest tokens a chunk run of chat messages
     // holds before the next assistant message may start another (build_blocks), so that a
     // conversation of many short messages prefills in calls of at least this size; 0 =
-    // every assistant message starts a run. A pure function of the backend and the chunk
-    // size (conversation_span).
+    // every assistant message starts a run (also where the engine splits freely: its calls
+    // do not follow the blocks). A pure function of the backend, the chunk size and
+    // free_splits (conversation_span).
     uint32_t span_tokens = 0;
 
     // (name, canonical value) of every field, in declaration order - the single

@@ -222,6 +222,10 @@ void report_start(const serve_args & a, const server_options & sv, const schedul
                                     : std::string()));
     progress("serve: context " + std::to_string(ci.n_ctx_seq) + " tokens per sequence (" + ci.n_ctx_reason +
              (ci.pads_rows ? "; 64 cells of each stream pad small batches on the CPU" : "") +
+             (ci.splits_freely ? "; a prompt's KV measured the same whatever its decode calls (" +
+                                     std::to_string((int)ci.splits_probe_ms) +
+                                     " ms): prefill in full calls, warm turns resume at any token"
+                               : std::string()) +
              "; -c to change); KV streams " + std::to_string(ci.n_seq_max) + " x " +
              std::to_string((ci.kv_streams_bytes / std::max<uint32_t>(ci.n_seq_max, 1)) >> 20) +
              " MiB = " + std::to_string(ci.kv_streams_bytes >> 20) + " MiB allocated; cached prefixes up to " +

@@ -50,6 +50,7 @@ const field_desc k_fields[] = {
     {"kv_mode", &profile::kv_mode},
     {"flash_attn", &profile::flash_attn},
     {"n_gpu_layers", &profile::n_gpu_layers},
+    {"free_splits", &profile::free_splits},
 };
 
 // v3: n_ctx and kv_streams left the profile (they size the cache, not its values).
@@ -62,7 +63,9 @@ const field_desc k_fields[] = {
 // v7: a run of chat messages goes on through assistant messages until it holds
 //     profile::span_tokens (conversation_span): fewer, larger chunks of a conversation.
 // v8: spans grow with depth (at most a run's start / 8, from 64 tokens on).
-constexpr std::string_view k_profile_format = "warmctx-profile-v8";
+// v9: free_splits (an engine whose KV does not depend on its decode calls prefills in
+//     calls of chunk_tokens, every shorter one padded).
+constexpr std::string_view k_profile_format = "warmctx-profile-v9";
 
 // Shortest decimal that reads back as the same float: exact and readable.
 std::string float_text(float f) {

@@ -155,6 +155,7 @@ void engine::impl::init_pad_costs() {
 // Padded when 64 rows are predicted to cost at most 85% of the n rows alone (a margin for
 // the model's error: padding never pays less than it costs by much).
 int32_t engine::impl::pad_rows(int32_t n, pos_t pos) const {
+    if (cinfo.splits_freely) return n >= 1 && n < k_pad_to ? k_pad_to - n : 0;
     if (!cinfo.pads_rows || n < 8 || n >= k_pad_to || pos < 0 || pad.b == 0) return 0;
     const unsigned __int128 p = (uint64_t)pos;
     const unsigned __int128 alone = (unsigned __int128)(uint64_t)n * (pad.a + pad.b * p);
@@ -163,7 +164,43 @@ int32_t engine::impl::pad_rows(int32_t n, pos_t pos) const {
 }
 
 int32_t engine::pad_rows(int32_t n, pos_t pos) const { return p_->pad_rows(n, pos); }
+
+// On the CPU, ggml computes a row of a batch of 64 rows or more the same way wherever the
+// row sits in it (`warmctx-bench splits`, docs/internals.md "Free splits"); a batch of fewer
+// rows goes through other kernels unless padded. Measured, not assumed: another build or
+// CPU may differ, and then prefill keeps to canonical chunks.
+status engine::impl::probe_free_splits() {
+    const int32_t n = std::min<int32_t>(100, (int32_t)cinfo.chunk_tokens);  // a batch holds chunk_tokens rows
+    if (n < k_pad_to || cinfo.n_ctx_seq < (uint32_t)n + k_pad_cells) return {};
+    std::vector<token_id> toks((size_t)n);
+    uint64_t x = 0x9E3779B97F4A7C15ull;  // a fixed sequence of tokens: the same probe every time
+    for (auto & t : toks) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        t = (token_id)(x % (uint64_t)std::max(1, minfo.n_vocab));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto run = [&](std::initializer_list<int32_t> plan, std::vector<float> & out) -> status {
+        llama_memory_seq_rm(mem(), 0, -1, -1);
+        pos_t pos = 0;
+        for (int32_t k : plan) {
+            WARMCTX_RETURN_IF_ERROR(decode(0, toks.data() + pos, k, pos, pos + k == n));
+            pos += k;
+        }
+        copy_logits(&out);
+        return {};
+    };
+    cinfo.splits_freely = true;  // decode pads every short call while it measures
+    std::vector<float> a, b;
+    status st = run({n}, a);
+    if (st.ok()) st = run({40, n - 40}, b);
+    llama_memory_seq_rm(mem(), 0, -1, -1);
+    cinfo.splits_freely = st.ok() && !a.empty() && b.size() == a.size() &&
+                          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    cinfo.splits_probe_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return st;
+}
 uint64_t engine::padded_decodes() const { return p_->n_padded.load(std::memory_order_relaxed); }
+uint64_t engine::prefill_decodes() const { return p_->n_prefill_decodes.load(std::memory_order_relaxed); }
 
 status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
                        std::span<const pos_t> boundaries, std::vector<float> * last_logits,
@@ -177,7 +214,10 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
     if ((uint64_t)pos0 + tokens.size() > p_->cinfo.n_ctx_seq)
         return out_of_range("prompt needs " + std::to_string((uint64_t)pos0 + tokens.size()) +
                             " tokens but the context holds " + std::to_string(p_->cinfo.n_ctx_seq) + " per sequence");
-    if (!is_chunk_start(pos0, boundaries, chunk_tokens))
+    // Where the context splits freely, calls of chunk_tokens from pos0 on: the KV is the
+    // same as the canonical chunks' (context_info::splits_freely).
+    const bool free = p_->cinfo.splits_freely;
+    if (!free && !is_chunk_start(pos0, boundaries, chunk_tokens))
         return failed_precondition("prefill: start position " + std::to_string(pos0) +
                                    " is not a canonical chunk start (warm KV would differ from cold)");
     if (seq_n_tokens(seq) != pos0)
@@ -186,11 +226,14 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
     for (token_id t : tokens)
         if (t < 0 || t >= p_->minfo.n_vocab)
             return invalid_argument("prefill: token id " + std::to_string(t) + " out of vocabulary");
-    auto chunks = plan_chunks(pos0, (int32_t)tokens.size(), boundaries, chunk_tokens);
+    const pos_t from[1] = {pos0};
+    auto chunks = plan_chunks(pos0, (int32_t)tokens.size(), free ? std::span<const pos_t>(from) : boundaries,
+                              chunk_tokens);
     for (size_t i = 0; i < chunks.size(); ++i) {
         auto [b, e] = chunks[i];
         const bool last = i + 1 == chunks.size();
         status st = p_->decode(seq, tokens.data() + (b - pos0), e - b, b, last && last_logits != nullptr);
+        p_->n_prefill_decodes.fetch_add(1, std::memory_order_relaxed);
         // A block end a later turn may resume from: where the memory cannot be cut back,
         // its window or recurrent state there is kept.
         if (st.ok() && p_->cinfo.memory.checkpoints &&

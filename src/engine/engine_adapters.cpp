@@ -272,6 +272,7 @@ result<profile> engine_profile(const engine & e, const engine_options & opts) {
     p.kv_mode = std::string(kv_mode_name(ci.mode));
     p.flash_attn = opts.flash_attn;
     p.n_gpu_layers = opts.n_gpu_layers;
+    p.free_splits = ci.splits_freely;
     set_block_grid(p, e);
     return p;
 }
@@ -284,7 +285,11 @@ void set_block_grid(profile & p, const engine & e) {
     const model_info & mi = e.model();
     const uint64_t embedding = (uint64_t)mi.n_vocab * (uint64_t)std::max(mi.n_embd, 0);
     const uint64_t per_row = mi.n_params > embedding ? mi.n_params - embedding : mi.n_params;
-    p.span_tokens = conversation_span(p.backend, p.chunk_tokens, ci.n_threads, mi.n_head, per_row);
+    // Where the engine splits freely its calls do not follow the blocks: a conversation's
+    // blocks stay one exchange each (an appended turn reuses every one), and its cold
+    // prefill is still calls of chunk_tokens.
+    p.span_tokens =
+        ci.splits_freely ? 0 : conversation_span(p.backend, p.chunk_tokens, ci.n_threads, mi.n_head, per_row);
 }
 
 }  // namespace warmctx

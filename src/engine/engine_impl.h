@@ -127,8 +127,13 @@ struct engine::impl {
         unsigned __int128 a = 0, b = 0, c = 0, d = 0;
     } pad;
     std::atomic<uint64_t> n_padded{0};
+    std::atomic<uint64_t> n_prefill_decodes{0};
     std::atomic<uint64_t> n_checkpoints_taken{0};
     void init_pad_costs();
+    // Sets cinfo.splits_freely: the same 100 tokens (at most chunk_tokens) in one call and in
+    // two padded ones (40 rows, then the rest at depth 40) give the same last logits, bit for bit. Uses and clears
+    // sequence 0.
+    status probe_free_splits();
     int32_t pad_rows(int32_t n, pos_t pos) const;
 
     status check_seq(seq_id s) const {
@@ -142,8 +147,9 @@ struct engine::impl {
     // Padded to 64 rows where engine::pad_rows says so: copies of the last token at the
     // positions after it, without logits, whose cells are freed again at once (the next
     // decode of seq takes the same cells as without them).
-    status decode(seq_id seq, const token_id * toks, int32_t n, pos_t pos, bool want_last_logits) {
-        const int32_t pad = pad_rows(n, pos);
+    // `pad_ok` false: never padded (a token decoded only to be removed again).
+    status decode(seq_id seq, const token_id * toks, int32_t n, pos_t pos, bool want_last_logits, bool pad_ok = true) {
+        const int32_t pad = pad_ok ? pad_rows(n, pos) : 0;
         batch.n_tokens = n + pad;
         for (int32_t i = 0; i < n + pad; ++i) {
             batch.token[i] = toks[std::min(i, n - 1)];

@@ -344,6 +344,9 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     p->ckpts.resize(n_seq_total);
     p->window_real_from.assign(n_seq_total, 0);
     WARMCTX_RETURN_IF_ERROR(p->probe_memory(p->cinfo.memory, p->cinfo.kv_bytes_per_token));
+    if (pads && opts.free_splits && opts.mode == kv_mode::exact && p->cinfo.memory.kind == memory_kind::plain &&
+        !p->cinfo.memory.checkpoints)
+        WARMCTX_RETURN_IF_ERROR(p->probe_free_splits());
     if (p->cinfo.memory.kind != memory_kind::plain) {
         if (opts.mode == kv_mode::shared)
             return invalid_argument("--kv-mode shared supports plain attention models only; this model's memory is " +

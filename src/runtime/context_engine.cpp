@@ -334,7 +334,12 @@ status context_engine::prefill_some(pending_turn & t, pos_t max_tokens, std::vec
     if (t.owner_ != this) return failed_precondition("prefill_some: the turn is not pending on this engine");
     if (t.prefilled()) return {};
     const assembled_prompt & prompt = t.prompt;
-    const auto chunks = plan_chunks(t.prefill_pos, (int32_t)(t.prefill_end - t.prefill_pos), prompt.boundaries,
+    // Where the engine splits freely its calls are chunk_tokens from where the turn is
+    // (engine::prefill): a step of the scheduler is one full call, not one block's chunk.
+    const pos_t from[1] = {t.prefill_pos};
+    const bool free = p_->run.eng->context().splits_freely;
+    const auto chunks = plan_chunks(t.prefill_pos, (int32_t)(t.prefill_end - t.prefill_pos),
+                                    free ? std::span<const pos_t>(from) : std::span<const pos_t>(prompt.boundaries),
                                     (int32_t)p_->run.prof.chunk_tokens);
     // Whole chunks: [t.prefill_pos, end).
     pos_t end = t.prefill_pos;

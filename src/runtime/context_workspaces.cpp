@@ -224,6 +224,7 @@ context_counters context_engine::counters() const {
     const uint64_t bpt = ci.kv_bytes_per_token;
     m.streams_allocated_bytes = ci.kv_streams_bytes;
     m.n_padded_decodes = p_->run.eng->padded_decodes();
+    m.n_prefill_decodes = p_->run.eng->prefill_decodes();
     for (uint32_t s = 0; s < ci.n_seq_max; ++s)
         m.streams_used_bytes += (uint64_t)p_->run.eng->seq_n_tokens((seq_id)s) * bpt;
     const kv_pool_counters pc = p_->tiers.pool->counters();

@@ -42,6 +42,7 @@ const std::vector<field_change> & every_field_change() {
         {"kv_mode", [](profile & p) { p.kv_mode = "shared"; }},
         {"flash_attn", [](profile & p) { p.flash_attn = true; }},
         {"n_gpu_layers", [](profile & p) { p.n_gpu_layers = -1; }},
+        {"free_splits", [](profile & p) { p.free_splits = true; }},
     };
     return v;
 }

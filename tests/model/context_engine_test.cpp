@@ -1059,6 +1059,86 @@ void expect_equals_cold(fixture & f, const turn_request & req, const turn_result
     EXPECT_TRUE(same_logits(t, *cold));
 }
 
+// Where the engine measured that a prompt's KV does not depend on its calls (the CPU with
+// flash attention), a conversation of short messages prefills cold in calls of the chunk
+// size, not one per exchange; its next turn, appended, reuses every exchange before it and
+// prefills the rest in one call; both equal a cold run.
+TEST(ContextEngine, WhereSplitsAreFreeAConversationPrefillsInFullCallsAndItsNextTurnReusesAllOfIt) {
+    context_engine_options o;
+    o.engine = testing::tiny_options();
+    o.engine.flash_attn = true;
+    o.engine.chunk_tokens = 512;
+    o.engine.n_ctx = 8192;
+    o.n_work_seqs = 2;
+    auto r = context_engine::open(o);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    context_engine & ce = **r;
+    ASSERT_TRUE(ce.context().splits_freely);
+    EXPECT_TRUE(ce.current_profile().free_splits);
+    EXPECT_EQ(ce.current_profile().span_tokens, 0u);
+    std::vector<segment> segs = {{"sys", segment_kind::system, "", "", "You are a careful coding agent."}};
+    auto id = [](int i) {  // history is in the order of its ids
+        char b[16];
+        std::snprintf(b, sizeof b, "h-%04d", i);
+        return std::string(b);
+    };
+    for (int i = 0; i < 120; ++i) {
+        const std::string n = std::to_string(i);
+        segs.push_back({id(2 * i), segment_kind::history, "", "user", "Run step " + n + " of the build."});
+        segs.push_back({id(2 * i + 1), segment_kind::history, "", "assistant", "Step " + n + " passed; next."});
+    }
+    segs.push_back({"question", segment_kind::user, "", "", "What failed?"});
+    turn_request req;
+    req.workspace = "a";
+    req.segments = segs;
+    req.sampling.max_tokens = 4;
+    req.keep_logits = true;
+    const turn_request req1 = req;
+    const uint64_t calls0 = ce.counters().memory.n_prefill_decodes;
+    auto t1 = ce.run_turn(req);
+    ASSERT_TRUE(t1.ok()) << t1.error().to_string();
+    const auto n1 = (uint64_t)t1->prompt_manifest.n_tokens;
+    ASSERT_GT(n1, 2048u) << "a conversation deeper than four calls";
+    EXPECT_EQ(ce.counters().memory.n_prefill_decodes - calls0, (n1 + 511) / 512) << "one call per 512 tokens";
+    // The answer and a new question appended: all but the generation prompt is reused.
+    segs.pop_back();
+    segs.push_back({id(240), segment_kind::history, "", "user", "What failed?"});
+    segs.push_back({id(241), segment_kind::history, "", "assistant", "Nothing failed."});
+    segs.push_back({"question", segment_kind::user, "", "", "Then ship it."});
+    req.segments = segs;
+    const uint64_t calls1 = ce.counters().memory.n_prefill_decodes;
+    auto t2 = ce.run_turn(req);
+    ASSERT_TRUE(t2.ok()) << t2.error().to_string();
+    EXPECT_TRUE(t2->explain.in_place);
+    EXPECT_EQ(t2->explain.n_reused, begin_of(t2->prompt_manifest, id(241))) << t2->explain.reason;
+    EXPECT_EQ(ce.counters().memory.n_prefill_decodes - calls1, 1u) << "the new messages in one call";
+    // As the scheduler prefills (one chunk a step, between decode steps): a step is a
+    // full call, not one exchange's chunk.
+    turn_request other = req;
+    other.workspace = "b";
+    other.segments[0].content = "You are another agent.";  // nothing shared: all of it prefilled
+    auto pt = ce.begin_turn_deferred(other, 1);
+    ASSERT_TRUE(pt.ok()) << pt.error().to_string();
+    const uint64_t calls2 = ce.counters().memory.n_prefill_decodes;
+    std::vector<float> logits;
+    int steps = 0;
+    while (!pt->prefilled() && steps < 1000) {
+        ASSERT_TRUE(ce.prefill_some(*pt, 1, logits).ok());
+        ++steps;
+    }
+    ASSERT_EQ(pt->reused, 0);
+    const auto n3 = (uint64_t)pt->prompt.tokens.size();
+    EXPECT_EQ((uint64_t)steps, (n3 + 511) / 512);
+    EXPECT_EQ(ce.counters().memory.n_prefill_decodes - calls2, (n3 + 511) / 512);
+    ce.abort_turn(*pt);
+    for (auto [t, segments] : {std::pair{&*t1, req1.segments}, std::pair{&*t2, segs}}) {
+        req.segments = segments;
+        auto cold = ce.run_cold(req);
+        ASSERT_TRUE(cold.ok()) << cold.error().to_string();
+        EXPECT_TRUE(same_logits(*t, *cold));
+    }
+}
+
 TEST(KvPool, ASlidingHistoryWindowTrimsInPlaceAndCopiesNothing) {
     fixture f;
     ASSERT_TRUE(f.ce);

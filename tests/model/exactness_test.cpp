@@ -219,5 +219,50 @@ TEST(Exactness, SavedStateIsIndependentOfContextSizeAndStreamCountWithFlashAtten
     state_moves_across_context_shapes(true);
 }
 
+// Where the engine measured that a prompt's KV does not depend on its decode calls (on
+// the CPU with flash attention), prefill starts anywhere and decodes in calls of
+// chunk_tokens: the same tokens in calls cut anywhere (the short ones padded) give the
+// same state and logits, bit for bit. Where it is not measured so (free_splits off), a
+// start that is no chunk start is refused as before.
+TEST(Exactness, WhereSplitsAreFreeAPromptsKvDoesNotDependOnItsCalls) {
+    auto o = testing::tiny_options(kv_mode::exact, 2);
+    o.flash_attn = true;
+    o.chunk_tokens = 512;
+    auto r = engine::open(o);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    engine & e = **r;
+    ASSERT_TRUE(e.context().pads_rows);
+    ASSERT_TRUE(e.context().splits_freely) << "the probe at open found calls that change the KV on this CPU";
+    EXPECT_GT(e.context().splits_probe_ms, 0.0);
+    EXPECT_EQ(e.pad_rows(1, 4000), 63) << "every call under 64 rows is padded";
+    const auto toks = random_tokens(1600, 5, e.model().n_vocab);
+    const std::vector<pos_t> bounds = {300, 301, 1200};  // canonical chunks would cut here; free calls do not
+    std::vector<float> whole, cut;
+    ASSERT_TRUE(e.prefill(0, toks, 0, bounds, &whole).ok());
+    const uint64_t padded = e.padded_decodes();
+    // 37 rows (padded), 663 (512 + 151), 899 (512 + 387), 1 (padded): none at a chunk start.
+    pos_t at = 0;
+    for (pos_t end : {37, 700, 1599, 1600}) {
+        std::vector<float> * l = end == 1600 ? &cut : nullptr;
+        const auto st = e.prefill(1, std::span(toks).subspan((size_t)at, (size_t)(end - at)), at, bounds, l);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        at = end;
+    }
+    EXPECT_EQ(e.padded_decodes() - padded, 2u);  // the calls of 37 rows and of 1
+    ASSERT_EQ(whole.size(), cut.size());
+    EXPECT_EQ(std::memcmp(whole.data(), cut.data(), whole.size() * sizeof(float)), 0);
+    auto s0 = e.save_seq(0), s1 = e.save_seq(1);
+    ASSERT_TRUE(s0.ok() && s1.ok());
+    EXPECT_EQ(*s0, *s1);
+
+    o.free_splits = false;
+    auto fixed = engine::open(o);
+    ASSERT_TRUE(fixed.ok());
+    EXPECT_FALSE((*fixed)->context().splits_freely);
+    ASSERT_TRUE((*fixed)->prefill(0, std::span(toks).first(37), 0, bounds).ok());
+    EXPECT_EQ((*fixed)->prefill(0, std::span(toks).subspan(37, 100), 37, bounds).code(),
+              status_code::failed_precondition);
+}
+
 }  // namespace
 }  // namespace warmctx
