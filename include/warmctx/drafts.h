@@ -19,9 +19,11 @@
 // so a step of 17 rows at depth costs its attention as one of 64 does.
 //
 // Numbers: a decode of several rows sums in another order than one of a single row (on
-// the CPU, llama.cpp's batched matrix kernel against its one-row dot product), so a drafted
-// answer's logits differ from the undrafted one's by what that costs: ~1e-2 with f16
-// weights, ~0.3-0.5 with q8_0 weights on AVX-512 (the tiny test models). Its tokens differ
+// the CPU, llama.cpp's batched matrix kernel against its one-row dot product, and flash
+// attention's split of a lone row's KV), so a drafted answer's logits differ from the
+// undrafted one's by what that costs (~1e-2 with f16 weights, ~0.3-0.5 with q8_0 weights on
+// AVX-512, the tiny test models), unless the engine pads lone rows to two
+// (context_info::pads_steps): then they are the same bits. Where they differ, tokens differ
 // only where two tokens' logits are that close (greedy), or a draw falls that near the
 // edge between two (sampled); from there it is another text.
 //
@@ -82,15 +84,18 @@ struct draft_counters {
 };
 
 // The drafts a turn may hold when its request names none (serve's --draft-max, verify's):
-// `asked`, or where it is negative (the default) k_default_draft_max on the CPU and none on
-// a GPU. There, rows decoded together part from one row's by more than a greedy answer
-// stands: `warmctx verify` on an H100 found drafted answers that differ from the plain ones
-// (a q8_0 KV: 44 of 212 scenarios; a MoE: 34 of 136; docs/benchmarks.md, "Drafts from the
-// workspace"), so there drafts are only what a request or the flag asks for.
+// `asked`, or where it is negative (the default) k_default_draft_max where the engine
+// measured that a step's rows give the same bits alone and among others
+// (context_info::steps_exact: the CPU, a lone row padded to two where that is cheap), and
+// none elsewhere. There rows decoded together part from one row's, and a drafted answer
+// parts from the plain one at near ties: `warmctx verify` on an H100 (a q8_0 KV: 44 of 212
+// scenarios; a MoE: 34 of 136; docs/benchmarks.md, "Drafts from the workspace"), and on the
+// CPU without the padding (2 of 50 scenarios of the tiny model); so there drafts are only
+// what a request or the flag asks for.
 inline constexpr int32_t k_default_draft_max = 64;
-inline int32_t default_draft_max(int32_t asked, std::string_view backend) {
+inline int32_t default_draft_max(int32_t asked, std::string_view backend, bool steps_exact) {
     if (asked >= 0) return asked;
-    return backend == "CPU" ? k_default_draft_max : 0;
+    return backend == "CPU" && steps_exact ? k_default_draft_max : 0;
 }
 
 }  // namespace warmctx

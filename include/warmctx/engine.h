@@ -85,6 +85,9 @@ struct engine_options {
     // Measure at open whether a prompt's KV is the same whatever decode calls it is split
     // into (context_info::splits_freely); false: never split freely (canonical chunks).
     bool free_splits = true;
+    // Measure at open whether a lone decode row needs a second to give the bits it has among
+    // others (context_info::pads_steps); false: never pad a step.
+    bool exact_steps = true;
     uint32_t n_seq_max = 4;       // sequences the context can hold at once
     // Resident streams beyond n_seq_max (the device tier): KV streams of n_ctx cells that
     // keep workspaces' prefixes where the model runs. >= 0: that many; -1: on a GPU, as
@@ -155,6 +158,16 @@ struct context_info {
     // padded, and may start at any position: a warm turn resumes at any token.
     bool splits_freely = false;
     double splits_probe_ms = 0;       // what measuring it took at open
+    // Measured at open on the CPU (engine_options::exact_steps): a
+    // decode step of one row alone gives other bits than the same row among others (other
+    // jobs' rows, a draft), and two rows do not, and two rows cost at most 1.2x one. Then a
+    // lone row is decoded padded to two (decode_step), so an answer is the same decoded
+    // alone, batched or drafted.
+    bool pads_steps = false;
+    double steps_pad_cost = 0;    // two rows' time over one row's, as measured (0: not measured)
+    // A step's rows give the same bits alone, beside others or with a draft (on the GPU:
+    // not measured, false). Where false, drafts are off unless asked (default_draft_max).
+    bool steps_exact = false;
     std::string n_ctx_reason;      // how n_ctx_seq was chosen, for a start-up line
     memory_info memory;            // what the model's memory is and what can be reused
 };

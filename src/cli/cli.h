@@ -28,6 +28,7 @@ struct model_flags {
     std::string kv_mode = "exact";
     uint32_t chunk = 512;
     bool flash_attn = true;
+    bool exact_steps = true;
     bool verbose = false;
     std::string chat_template_file;  // "" = the model's own template
     bool no_jinja = false;

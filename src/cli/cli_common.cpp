@@ -53,6 +53,10 @@ void model_flags::add_to(CLI::App & app, bool with_ctx) {
     app.add_flag(
         "--flash-attn{true},--no-flash-attn{false}", flash_attn,
         "flash attention on (the default, as llama-server's -fa auto) or off; a quantized KV type needs it on");
+    app.add_flag("--exact-steps{true},--no-exact-steps{false}", exact_steps,
+                 "on the CPU, decode a lone row as two where the engine measures that one row alone gives other "
+                 "bits (the default: an answer is the same decoded alone, beside other requests or with drafts) "
+                 "or not (faster where one row decodes alone)");
     app.add_option(
         "--chat-template-file", chat_template_file,
         "a Jinja chat template to use instead of the model's own (e.g. one of llama.cpp's models/templates/)");
@@ -167,6 +171,7 @@ result<engine_options> model_flags::to_options(uint32_t n_seq_max) const {
     o.n_gpu_layers = gpu_layers;
     o.kv_type = kv_type;
     o.flash_attn = flash_attn;
+    o.exact_steps = exact_steps;
     o.verbose = verbose;
     o.jinja = !no_jinja;
     if (!chat_template_file.empty()) {

@@ -1,7 +1,7 @@
 // warmctx-bench splits - whether a prompt's KV depends on how its tokens are split into
 // decode calls: the same random tokens prefilled in several splits (each a list of call
-// sizes, e.g. 512+512+76), each through the engine as a turn prefills (engine::prefill,
-// small calls padded where the engine pads them), and each split's last logits compared
+// sizes, e.g. 512+512+76), each call one engine::prefill (small calls padded where the
+// engine pads them: all of them where it splits freely), and each split's last logits compared
 // with the first's. Where every split gives the same bits, a later turn could resume at
 // any token and still equal the cold prefill, whatever calls that one made; where they
 // differ, the cold run and the warm run must cut alike (docs/internals.md, "Chunk runs").
@@ -92,7 +92,15 @@ int run_splits(const splits_args & a) {
         eng.clear_seq(0);
         const uint64_t padded0 = eng.padded_decodes();
         std::vector<float> logits;
-        if (status st = eng.prefill(0, toks, 0, starts, &logits); !st.ok()) return fail(st);
+        // One prefill a call: where the engine splits freely, one prefill of the whole
+        // would make its own calls whatever the boundaries.
+        pos_t from = 0;
+        for (int c : plans[p]) {
+            const bool last = (size_t)(from + c) == toks.size();
+            std::span<const token_id> part(toks.data() + from, (size_t)c);
+            if (status st = eng.prefill(0, part, from, starts, last ? &logits : nullptr); !st.ok()) return fail(st);
+            from += c;
+        }
         float max_diff = 0;
         if (p == 0) ref = logits;
         for (size_t i = 0; i < logits.size() && i < ref.size(); ++i)
@@ -116,6 +124,7 @@ int run_splits(const splits_args & a) {
                 {"kv_type", ci.kv_type},
                 {"flash_attn", ci.flash_attn},
                 {"pads_small_batches", ci.pads_rows},
+                {"splits_freely", ci.splits_freely},
                 {"rows", rows}};
     if (a.json_out) {
         std::printf("%s\n", out.dump(2).c_str());

@@ -29,7 +29,8 @@ int run_info(const model_flags & mf, bool json) {
         {"memory_kind", memory_kind_name(c.memory.kind)}, {"reuse", c.memory.reuse},
         {"sliding_window", c.memory.n_swa}, {"checkpoint_bytes", c.memory.checkpoint_bytes},
         {"memory", c.memory.note}, {"pads_small_batches", c.pads_rows}, {"splits_freely", c.splits_freely},
-        {"splits_probe_ms", c.splits_probe_ms},
+        {"splits_probe_ms", c.splits_probe_ms}, {"pads_steps", c.pads_steps},
+        {"steps_pad_cost", c.steps_pad_cost}, {"steps_exact", c.steps_exact},
     };
     if (json) { std::printf("%s\n", j.dump(2).c_str()); return 0; }
     for (auto & [k, v] : j.items())

@@ -226,6 +226,10 @@ void report_start(const serve_args & a, const server_options & sv, const schedul
                                      std::to_string((int)ci.splits_probe_ms) +
                                      " ms): prefill in full calls, warm turns resume at any token"
                                : std::string()) +
+             (ci.pads_steps ? "; a lone decode row goes as two (the same bits alone, batched or drafted)"
+              : ci.backend == "CPU" && !ci.steps_exact
+                  ? "; a lone decode row alone parts from one among others (drafts off unless asked)"
+                  : std::string()) +
              "; -c to change); KV streams " + std::to_string(ci.n_seq_max) + " x " +
              std::to_string((ci.kv_streams_bytes / std::max<uint32_t>(ci.n_seq_max, 1)) >> 20) +
              " MiB = " + std::to_string(ci.kv_streams_bytes >> 20) + " MiB allocated; cached prefixes up to " +

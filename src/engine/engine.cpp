@@ -165,6 +165,72 @@ int32_t engine::impl::pad_rows(int32_t n, pos_t pos) const {
 
 int32_t engine::pad_rows(int32_t n, pos_t pos) const { return p_->pad_rows(n, pos); }
 
+// A decode step's rows: with two or more, ggml's CPU kernels compute each row the same
+// way however many there are; one row alone goes through others (a one-row dot product),
+// whose last bits differ once the sequence is deeper than 256 cells (flash attention then
+// splits one row's KV between the threads). Measured here: 3 tokens after 264, decoded one
+// row a step, in one step of 3, and in steps of 2 (the last padded). Where padding a lone
+// row to two makes a token's logits the same decoded alone, beside other jobs' rows or with
+// a draft, and costs at most 1.2x the lone row (timed here: on the tiny models two rows
+// are faster at depth, on the 0.5B q4_0 shape ~2x), lone rows are padded; where it costs
+// more they are not, and steps_exact says answers may part at near ties.
+status engine::impl::probe_steps() {
+    // Deeper than 256 cells: one row's flash attention splits a longer KV between threads.
+    const pos_t depth = 264;
+    std::vector<token_id> toks((size_t)depth + 3);
+    for (size_t i = 0; i < toks.size(); ++i) toks[i] = (token_id)((i * 7919 + 11) % (size_t)std::max(1, minfo.n_vocab));
+    const pos_t end = depth + 3;
+    llama_memory_seq_rm(mem(), 0, -1, -1);
+    for (pos_t at = 0; at < depth; at += (pos_t)cinfo.chunk_tokens)
+        WARMCTX_RETURN_IF_ERROR(decode(0, toks.data() + at, std::min<pos_t>((pos_t)cinfo.chunk_tokens, depth - at), at,
+                                       false, /*pad_ok=*/false));
+    auto run = [&](std::initializer_list<int32_t> steps, std::vector<float> & out) -> status {
+        llama_memory_seq_rm(mem(), 0, depth, -1);
+        pos_t pos = depth;
+        for (int32_t k : steps) {
+            const int32_t n = k == 0 ? 2 : k;  // 0: one row padded to two
+            batch.n_tokens = n;
+            for (int32_t i = 0; i < n; ++i) {
+                batch.token[i] = toks[(size_t)std::min<pos_t>(pos + i, end - 1)];
+                batch.pos[i] = pos + i;
+                batch.n_seq_id[i] = 1;
+                batch.seq_id[i][0] = 0;
+                batch.logits[i] = 1;  // the output layer's rows too: one alone is another kernel
+            }
+            WARMCTX_RETURN_IF_ERROR(detail::decode_status(llama_decode(ctx.get(), batch)));
+            pos += k == 0 ? 1 : k;
+            if (k == 0) llama_memory_seq_rm(mem(), 0, pos, -1);
+            if (pos == end) {
+                const float * l = llama_get_logits_ith(ctx.get(), k == 0 ? 0 : -1);
+                out.assign(l, l + minfo.n_vocab);
+            }
+        }
+        return {};
+    };
+    std::vector<float> one, three, two;
+    status st = run({1, 1, 1}, one);
+    if (st.ok()) st = run({3}, three);
+    if (st.ok()) st = run({2, 0}, two);
+    const auto same = [](const std::vector<float> & a, const std::vector<float> & b) {
+        return !a.empty() && a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    const bool lone_differs = !same(one, three), pad_agrees = same(three, two);
+    double t_lone = 0, t_pad = 0;
+    for (int rep = 0; st.ok() && lone_differs && pad_agrees && rep < 3; ++rep) {
+        for (bool pad : {false, true}) {
+            const auto t0 = std::chrono::steady_clock::now();
+            std::vector<float> ignored;
+            st = pad ? run({0, 0, 0}, ignored) : run({1, 1, 1}, ignored);
+            (pad ? t_pad : t_lone) += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+    }
+    llama_memory_seq_rm(mem(), 0, -1, -1);
+    cinfo.steps_pad_cost = t_lone > 0 ? t_pad / t_lone : 0;
+    cinfo.pads_steps = st.ok() && lone_differs && pad_agrees && cinfo.steps_pad_cost <= 1.2;
+    cinfo.steps_exact = st.ok() && (!lone_differs || cinfo.pads_steps);
+    return st;
+}
+
 // On the CPU, ggml computes a row of a batch of 64 rows or more the same way wherever the
 // row sits in it (`warmctx-bench splits`, docs/internals.md "Free splits"); a batch of fewer
 // rows goes through other kernels unless padded. Measured, not assumed: another build or
@@ -294,7 +360,23 @@ status engine::decode_step(std::span<const step_input> inputs, std::vector<std::
         batch.seq_id[i][0] = in.seq;
         batch.logits[i] = 1;
     }
-    WARMCTX_RETURN_IF_ERROR(detail::decode_status(llama_decode(p_->ctx.get(), batch)).with_context("decode_step"));
+    // A lone row goes as two (context_info::pads_steps): a copy of its token at the next
+    // position, whose cell is given back at once; its logits are computed (the output layer
+    // of one row alone is another kernel too) and not returned.
+    // (Not the context's last cell: there is none after it where no padding cells are kept.)
+    const uint32_t cells = p_->cinfo.n_ctx_seq + (p_->cinfo.pads_rows ? engine::k_pad_cells : 0);
+    const bool pad = inputs.size() == 1 && p_->cinfo.pads_steps && (uint32_t)inputs[0].pos + 1 < cells;
+    if (pad) {
+        batch.n_tokens = 2;
+        batch.token[1] = inputs[0].token;
+        batch.pos[1] = inputs[0].pos + 1;
+        batch.n_seq_id[1] = 1;
+        batch.seq_id[1][0] = inputs[0].seq;
+        batch.logits[1] = 1;
+    }
+    status dst = detail::decode_status(llama_decode(p_->ctx.get(), batch)).with_context("decode_step");
+    if (pad) llama_memory_seq_rm(p_->mem(), inputs[0].seq, inputs[0].pos + 1, -1);
+    WARMCTX_RETURN_IF_ERROR(dst);
     logits.resize(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
         const float * l = llama_get_logits_ith(p_->ctx.get(), (int32_t)i);

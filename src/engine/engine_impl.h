@@ -134,6 +134,9 @@ struct engine::impl {
     // two padded ones (40 rows, then the rest at depth 40) give the same last logits, bit for bit. Uses and clears
     // sequence 0.
     status probe_free_splits();
+    // Sets cinfo.pads_steps (engine::decode_step): one row alone differs from the same row
+    // among others, and one row padded to two does not. Uses and clears sequence 0.
+    status probe_steps();
     int32_t pad_rows(int32_t n, pos_t pos) const;
 
     status check_seq(seq_id s) const {

@@ -347,6 +347,9 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     if (pads && opts.free_splits && opts.mode == kv_mode::exact && p->cinfo.memory.kind == memory_kind::plain &&
         !p->cinfo.memory.checkpoints)
         WARMCTX_RETURN_IF_ERROR(p->probe_free_splits());
+    if (!on_gpu && opts.exact_steps && opts.mode == kv_mode::exact && drops_a_draft(p->cinfo.memory) &&
+        p->cinfo.n_ctx_seq >= 270)
+        WARMCTX_RETURN_IF_ERROR(p->probe_steps());
     if (p->cinfo.memory.kind != memory_kind::plain) {
         if (opts.mode == kv_mode::shared)
             return invalid_argument("--kv-mode shared supports plain attention models only; this model's memory is " +

@@ -95,6 +95,7 @@ class scenario_runner {
         // The same request again (an agent retrying its turn): drafted from the answer before.
         turn_expectation retried = again;
         retried.drafted = o_.draft_max > 0;
+        retried.sent_again = true;
         WARMCTX_RETURN_IF_ERROR(step("sent again", retried));
         // In another work stream: copied from the stream that holds it (with stream
         // copies, as on a GPU: device to device) or loaded through the pool.
@@ -212,7 +213,7 @@ class scenario_runner {
         // Input order must not matter. The turn sent again shuffles with a generator of its
         // own: the scenario's stays where it was without it.
         std::mt19937_64 own(sc_ * 7919u + 1);
-        std::shuffle(shuffled.begin(), shuffled.end(), want.drafted ? own : g_.rng());
+        std::shuffle(shuffled.begin(), shuffled.end(), want.sent_again ? own : g_.rng());
         const turn_request req = request(std::move(shuffled), want.drafted);
         // What the cache may hold for this prompt, before the turn adds to it.
         auto prompt = ce_.assemble_request(req);
@@ -362,7 +363,7 @@ result<verify_report> run_verify(const verify_options & opts, const verify_progr
     if (!ce_r) return ce_r.error();
     context_engine & ce = **ce_r;
     verify_options o = opts;
-    o.draft_max = default_draft_max(opts.draft_max, ce.context().backend);
+    o.draft_max = default_draft_max(opts.draft_max, ce.context().backend, ce.context().steps_exact);
 
     verify_report rep;
     rep.mode = std::string(kv_mode_name(co.engine.mode));

@@ -153,6 +153,9 @@ struct turn_expectation {
     // (each token drafted and chosen but the first, sampled after the prompt, and the
     // last, which is never decoded).
     bool drafted = false;
+    // The same request sent again: shuffled with a generator of its own, drafted or not, so
+    // the scenario's generator (and every later scenario) is the same with drafts or without.
+    bool sent_again = false;
 };
 
 // The expectations `ex` breaks, one message each (empty: all held).

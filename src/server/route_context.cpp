@@ -85,8 +85,9 @@ void route_context::attach(scheduler & s) {
     sched = &s;
     limits.max_tokens_cap = static_cast<int32_t>(std::max<uint32_t>(1, s.context().n_ctx_seq));
     limits.n_vocab = s.model().n_vocab;
-    limits.default_draft_max =
-        std::clamp<int32_t>(default_draft_max(opts.draft_max, s.context().backend), 0, (int32_t)k_max_draft_tokens);
+    const context_info & ci = s.context();
+    const int32_t drafts = default_draft_max(opts.draft_max, ci.backend, ci.steps_exact);
+    limits.default_draft_max = std::clamp<int32_t>(drafts, 0, (int32_t)k_max_draft_tokens);
     if (opts.model_name.empty()) model_name = model_name_from_path(s.model().path);
     // The durable store comes back; its workspaces are brought warm, most used first,
     // while the server already answers.

@@ -264,5 +264,49 @@ TEST(Exactness, WhereSplitsAreFreeAPromptsKvDoesNotDependOnItsCalls) {
               status_code::failed_precondition);
 }
 
+// On 2 threads a lone decode row deeper than 256 cells gives other bits than the same row
+// among others (flash attention splits its KV between the threads): where the engine
+// measured that two rows agree with any number and cost little (the tiny model: less than
+// one), a lone row is decoded as two, so tokens decoded one a step, three in a step (a
+// draft, or other jobs' rows) give the same logits. Off, they part.
+TEST(Exactness, ALoneDecodeRowGivesTheBitsItHasAmongOthers) {
+    for (bool exact : {true, false}) {
+        SCOPED_TRACE(exact ? "exact steps" : "no exact steps");
+        auto o = testing::tiny_options(kv_mode::exact, 2);
+        o.flash_attn = true;
+        o.chunk_tokens = 512;
+        o.n_threads = 2;
+        o.exact_steps = exact;
+        auto r = engine::open(o);
+        ASSERT_TRUE(r.ok()) << r.error().to_string();
+        engine & e = **r;
+        EXPECT_EQ(e.context().pads_steps, exact) << "two rows cost " << e.context().steps_pad_cost << "x one";
+        const auto prompt = random_tokens(300, 8, e.model().n_vocab);
+        const auto next = random_tokens(6, 9, e.model().n_vocab);
+        auto rows = [&](std::vector<size_t> steps) {
+            std::vector<float> l;
+            e.clear_seq(0);
+            EXPECT_TRUE(e.prefill(0, prompt, 0, {}, &l).ok());
+            std::vector<std::vector<float>> all;
+            size_t at = 0;
+            for (size_t k : steps) {
+                std::vector<step_input> in;
+                for (size_t j = 0; j < k; ++j) in.push_back({0, next[at + j], (pos_t)(prompt.size() + at + j)});
+                std::vector<std::vector<float>> out;
+                EXPECT_TRUE(e.decode_step(in, out).ok());
+                for (auto & x : out) all.push_back(std::move(x));
+                at += k;
+            }
+            EXPECT_EQ(e.seq_n_tokens(0), (pos_t)(prompt.size() + next.size())) << "a padded row leaves no cell";
+            return all;
+        };
+        const auto alone = rows({1, 1, 1, 1, 1, 1}), batched = rows({3, 3});
+        size_t same = 0;
+        for (size_t i = 0; i < alone.size(); ++i)
+            same += std::memcmp(alone[i].data(), batched[i].data(), alone[i].size() * sizeof(float)) == 0;
+        EXPECT_EQ(same == alone.size(), exact) << same << " of " << alone.size() << " rows the same";
+    }
+}
+
 }  // namespace
 }  // namespace warmctx

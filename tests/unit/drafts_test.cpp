@@ -109,11 +109,12 @@ TEST(AnswerMemory, KeepsTheLastAnswersOfAWorkspace) {
 // Serve's and verify's default (-1): drafts on the CPU, none on a GPU, where verify found
 // drafted answers parting from plain ones; a number asked for is kept on either.
 TEST(DefaultDraftMax, OnTheCpuNotOnAGpuUnlessAskedFor) {
-    EXPECT_EQ(default_draft_max(-1, "CPU"), k_default_draft_max);
-    EXPECT_EQ(default_draft_max(-1, "CUDA"), 0);
-    EXPECT_EQ(default_draft_max(16, "CUDA"), 16);
-    EXPECT_EQ(default_draft_max(0, "CPU"), 0);
-    EXPECT_EQ(default_draft_max(64, "CPU"), 64);
+    EXPECT_EQ(default_draft_max(-1, "CPU", true), k_default_draft_max);
+    EXPECT_EQ(default_draft_max(-1, "CPU", false), 0) << "a step's rows part alone and among others";
+    EXPECT_EQ(default_draft_max(-1, "CUDA", true), 0);
+    EXPECT_EQ(default_draft_max(16, "CUDA", false), 16);
+    EXPECT_EQ(default_draft_max(0, "CPU", true), 0);
+    EXPECT_EQ(default_draft_max(64, "CPU", false), 64);
 }
 
 }  // namespace
