@@ -141,10 +141,10 @@ struct reuse_point {
 };
 reuse_point snap_reuse(const assembled_prompt & prompt, size_t n_blocks);
 
-// The block spacing (profile::checkpoint_tokens) for a model whose memory keeps a
-// checkpoint of `checkpoint_bytes` at every block end, beside `kv_bytes_per_token` of
+// The checkpoint spacing (profile::checkpoint_tokens) for a model whose memory keeps a
+// checkpoint of `checkpoint_bytes` where a turn may resume, beside `kv_bytes_per_token` of
 // attention KV: the fewest whole chunks whose attention KV outweighs one checkpoint, so
-// checkpoints at most double the memory; 0 (every chunk end) when one chunk does.
+// checkpoints at most double the memory; 0 (any chunk end) when one chunk does.
 uint32_t checkpoint_spacing(uint64_t checkpoint_bytes, uint64_t kv_bytes_per_token, uint32_t chunk_tokens);
 
 // The span of a conversation's chunk runs (profile::span_tokens): the call size from

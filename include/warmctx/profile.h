@@ -56,11 +56,11 @@ struct profile {
     // turn starts, every call under 64 rows padded, which changes the last bits of KV that
     // canonical chunks would have made.
     bool free_splits = false;
-    // Not a field of its own (not fingerprinted, not in the JSON): the spacing of block
-    // ends, in tokens, for a model whose memory needs a checkpoint at each (engine.h,
-    // memory_kind); 0 = every canonical chunk end is a block end. It is a pure function
-    // of fields above (the model, its KV type, the chunk size: checkpoint_spacing), so
-    // equal fingerprints always mean equal block grids.
+    // Not a field of its own (not fingerprinted, not in the JSON): the least spacing, in
+    // tokens, of the checkpoints a prefill takes for a model whose memory needs one to
+    // resume (engine.h, memory_kind): the tokens whose attention KV outweighs a checkpoint;
+    // 0 = any block end. Blocks are canonical chunks whatever it is. A pure function of
+    // fields above (the model, its KV type, the chunk size: checkpoint_spacing).
     uint32_t checkpoint_tokens = 0;
     // Not a field of its own either: the fewest tokens a chunk run of chat messages
     // holds before the next assistant message may start another (build_blocks), so that a

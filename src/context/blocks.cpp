@@ -109,28 +109,21 @@ void detail::build_blocks(assembled_prompt & out, std::span<const detail::piece>
     // by the chain hash of everything up to its end. A block that spans several pieces
     // has the lowest class of theirs (chat messages of one run; pieces after a `none`
     // one) and is named after the piece it starts in.
-    //
-    // Where a model's memory needs a checkpoint at every block end (a recurrent state, a
-    // sliding window: engine.h, memory_kind), the chunks inside a piece are merged into
-    // blocks of at least prof.checkpoint_tokens (its cost model: checkpoint_spacing):
-    // block ends stay at every piece boundary and at the prompt's end.
+    // Every canonical chunk end is a block end, whatever the model's memory: where it needs
+    // a checkpoint to resume (a recurrent state, a sliding window: engine.h, memory_kind),
+    // the prefill chooses the block ends it takes them at (engine_path.cpp, checkpoint_ends:
+    // spaced by prof.checkpoint_tokens, and always the last ones), and a turn resumes from
+    // the deepest it shares.
     out.root_hash = root_hash(prof, tenant_salt);
     hash128 h = out.root_hash;
     size_t at = 0;
-    pos_t begin = 0;
-    std::optional<size_t> first_piece;
-    retention_class retention = retention_class::highest;
     for (auto [b, e] : plan_chunks(0, n_tokens, out.boundaries, static_cast<int32_t>(chunk_tokens))) {
         while (pieces[at].end <= b) ++at;
-        if (!first_piece) first_piece = at, retention = pieces[at].retention;
+        retention_class retention = pieces[at].retention;
         for (size_t k = at; k < pieces.size() && pieces[k].begin < e; ++k)
             retention = std::min(retention, pieces[k].retention);
-        const bool piece_end = e == n_tokens || std::binary_search(out.boundaries.begin(), out.boundaries.end(), e);
-        if (!piece_end && prof.checkpoint_tokens > 0 && e - begin < (pos_t)prof.checkpoint_tokens) continue;
-        h = chain_hash(h, std::span(out.tokens).subspan(begin, e - begin));
-        out.blocks.push_back({h, begin, e, retention, pieces[*first_piece].segment_index});
-        begin = e;
-        first_piece.reset();
+        h = chain_hash(h, std::span(out.tokens).subspan(b, e - b));
+        out.blocks.push_back({h, b, e, retention, pieces[at].segment_index});
     }
 }
 

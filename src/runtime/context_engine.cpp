@@ -152,11 +152,11 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
     const uint64_t bpt = eng.context().kv_bytes_per_token;
     p->opts.budget.bytes_per_token = bpt > 0 ? bpt + k_pool_bytes_per_cell_meta : 0;
     if (const memory_info & mi = eng.context().memory; mi.checkpoints && bpt > 0) {
-        // And its checkpoints (a window or a recurrent state at every block end): their
-        // bytes spread over the tokens of a block.
+        // And its checkpoints (a window or a recurrent state, at block ends at least a
+        // chunk and a checkpoint spacing apart): their bytes spread over the tokens between.
         const uint32_t chunk = eng.context().chunk_tokens;
-        const uint64_t block = std::max<uint64_t>(chunk, checkpoint_spacing(mi.checkpoint_bytes, bpt, chunk));
-        p->opts.budget.bytes_per_token += (mi.checkpoint_bytes + block - 1) / block;
+        const uint64_t apart = std::max<uint64_t>(chunk, checkpoint_spacing(mi.checkpoint_bytes, bpt, chunk));
+        p->opts.budget.bytes_per_token += (mi.checkpoint_bytes + apart - 1) / apart;
     }
     if (opts.workspace_max_bytes > 0 && p->opts.budget.bytes_per_token > 0) {
         const uint64_t t = opts.workspace_max_bytes / p->opts.budget.bytes_per_token;

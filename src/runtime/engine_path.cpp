@@ -65,8 +65,11 @@ std::vector<pos_t> checkpoint_ends(const assembled_prompt & prompt, size_t n_cac
 
 pos_t engine_path::checkpoint_gap() const {
     if (checkpoint_gap_tokens >= 0) return checkpoint_gap_tokens;
-    // What taking one costs, in the tokens a prefill computes meanwhile.
-    return (pos_t)std::min(1e6, eng->checkpoint_mean_ms() * prefill_tokens_per_ms);
+    // What taking one costs, in the tokens a prefill computes meanwhile, and at least the
+    // tokens whose attention KV outweighs one checkpoint (prof.checkpoint_tokens): they
+    // then cost at most the memory of the KV they cover.
+    const pos_t time_gap = (pos_t)std::min(1e6, eng->checkpoint_mean_ms() * prefill_tokens_per_ms);
+    return std::max(time_gap, (pos_t)prof.checkpoint_tokens);
 }
 
 status engine_path::prefill(seq_id seq, const assembled_prompt & prompt, pos_t from, pos_t end,

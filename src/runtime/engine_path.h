@@ -49,7 +49,8 @@ struct engine_path {
     status prefill(seq_id seq, const assembled_prompt & prompt, pos_t from, pos_t end, std::vector<float> & logits,
                    double & ms, double & checkpoint_ms);
     // How far apart the block ends a prefill takes checkpoints at must be, in tokens
-    // (context_engine_options::checkpoint_gap_tokens, else what taking one costs).
+    // (context_engine_options::checkpoint_gap_tokens, else what taking one costs in time,
+    // and at least profile::checkpoint_tokens: what it costs in memory).
     pos_t checkpoint_gap() const;
 
     // Generates after a prefill (run_turn, run_cold): fills out.gen and the timings. A

@@ -458,46 +458,54 @@ TEST(Assembler, BoundariesAreThePieceStartsAfterACachedPieceAndTheGenerationProm
     EXPECT_EQ(p.boundaries.back(), p.prompt_manifest.generation_prompt_begin);
 }
 
+// Whatever the checkpoint spacing (profile::checkpoint_tokens: a model whose memory needs a
+// checkpoint to resume), every canonical chunk end is a block end: a turn that shares up to
+// one inside a long message finds it (and resumes there where the prefill kept one).
 TEST(Assembler, BlocksAreTheCanonicalChunksOfThePrompt) {
-    for (uint32_t chunk : {1u, 5u, 16u, 64u, 4096u}) {
-        const auto p = must_assemble(typical_workspace(), k_salt, true, kind_table{}, fake_text_model{}, chunk);
-        // The boundaries are where runs start: every piece, except a piece after a
-        // `none` piece (the uncached tail is chunked together) that is not the
-        // generation prompt.
-        const auto pcs = pieces_of(p, typical_workspace());
-        EXPECT_EQ(p.boundaries, run_starts_of(pcs)) << "chunk " << chunk;
-        // The blocks are the chunks of the one rule (warmctx/chunking.h, tested on its
-        // own in plan_chunks_test), so the engine's prefill and the cache's blocks agree.
-        const auto expected = plan_chunks(0, static_cast<int32_t>(p.tokens.size()), p.boundaries,
-                                          static_cast<int32_t>(chunk));
-        std::vector<int> expected_index;
-        std::vector<retention_class> expected_cls;
-        for (auto [x, e] : expected) {
-            size_t k = 0;
-            while (pcs[k].end <= x) ++k;
-            expected_index.push_back(pcs[k].index);
-            // the lowest class of the pieces it spans
-            retention_class retention = pcs[k].retention;
-            for (size_t j = k + 1; j < pcs.size() && pcs[j].begin < e; ++j)
-                retention = std::min(retention, pcs[j].retention);
-            expected_cls.push_back(retention);
-        }
+    for (uint32_t chunk : {1u, 5u, 16u, 64u, 4096u})
+        for (uint32_t spacing : {0u, 4 * chunk}) {
+            profile prof = test_profile(chunk);
+            prof.checkpoint_tokens = spacing;
+            auto r = assemble(typical_workspace(), kind_table{}, fake_text_model{}, prof, k_salt, chunk, true);
+            ASSERT_TRUE(r.ok()) << r.error().to_string();
+            const assembled_prompt & p = *r;
+            // The boundaries are where runs start: every piece, except a piece after a
+            // `none` piece (the uncached tail is chunked together) that is not the
+            // generation prompt.
+            const auto pcs = pieces_of(p, typical_workspace());
+            EXPECT_EQ(p.boundaries, run_starts_of(pcs)) << "chunk " << chunk;
+            // The blocks are the chunks of the one rule (warmctx/chunking.h, tested on its
+            // own in plan_chunks_test), so the engine's prefill and the cache's blocks agree.
+            const auto expected = plan_chunks(0, static_cast<int32_t>(p.tokens.size()), p.boundaries,
+                                              static_cast<int32_t>(chunk));
+            std::vector<int> expected_index;
+            std::vector<retention_class> expected_cls;
+            for (auto [x, e] : expected) {
+                size_t k = 0;
+                while (pcs[k].end <= x) ++k;
+                expected_index.push_back(pcs[k].index);
+                // the lowest class of the pieces it spans
+                retention_class retention = pcs[k].retention;
+                for (size_t j = k + 1; j < pcs.size() && pcs[j].begin < e; ++j)
+                    retention = std::min(retention, pcs[j].retention);
+                expected_cls.push_back(retention);
+            }
 
-        ASSERT_EQ(p.blocks.size(), expected.size()) << "chunk " << chunk;
-        hash128 h = p.root_hash;
-        for (size_t i = 0; i < p.blocks.size(); ++i) {
-            const block & b = p.blocks[i];
-            EXPECT_EQ(std::make_pair(b.begin, b.end), expected[i]) << "chunk " << chunk << " block " << i;
-            EXPECT_EQ(b.segment_index, expected_index[i]);
-            EXPECT_EQ(b.retention, expected_cls[i]);
-            // h_i = H(h_{i-1}, tokens of block i)
-            h = chain_hash(h, std::span(p.tokens).subspan(b.begin, b.end - b.begin));
-            EXPECT_EQ(b.chain, h) << "chunk " << chunk << " block " << i;
-            // no block crosses a boundary
-            for (pos_t x : p.boundaries) EXPECT_FALSE(b.begin < x && x < b.end);
+            ASSERT_EQ(p.blocks.size(), expected.size()) << "chunk " << chunk;
+            hash128 h = p.root_hash;
+            for (size_t i = 0; i < p.blocks.size(); ++i) {
+                const block & b = p.blocks[i];
+                EXPECT_EQ(std::make_pair(b.begin, b.end), expected[i]) << "chunk " << chunk << " block " << i;
+                EXPECT_EQ(b.segment_index, expected_index[i]);
+                EXPECT_EQ(b.retention, expected_cls[i]);
+                // h_i = H(h_{i-1}, tokens of block i)
+                h = chain_hash(h, std::span(p.tokens).subspan(b.begin, b.end - b.begin));
+                EXPECT_EQ(b.chain, h) << "chunk " << chunk << " block " << i;
+                // no block crosses a boundary
+                for (pos_t x : p.boundaries) EXPECT_FALSE(b.begin < x && x < b.end);
+            }
+            EXPECT_EQ(p.blocks.back().end, static_cast<pos_t>(p.tokens.size()));
         }
-        EXPECT_EQ(p.blocks.back().end, static_cast<pos_t>(p.tokens.size()));
-    }
 }
 
 // A conversation of many short messages, with a span (profile::span_tokens): runs are

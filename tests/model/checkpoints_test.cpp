@@ -137,5 +137,41 @@ TEST(Checkpoints, ATurnResumesFromTheCheckpointBeforeABlockEndLeftOut) {
     expect_cold(*every, next, *e);
 }
 
+// An agent's turn ends in a long message (a tool's output); its next turn appends the answer
+// and a question. However far apart the prefill spaces its checkpoints, it keeps the last
+// chunk ends of the prompt, inside that message: the next turn resumes at most one chunk
+// before the end of what it shares, not at the message's start, and equals a cold run.
+TEST(Checkpoints, ANextTurnResumesInsideALongLastMessage) {
+    auto ce = open_hybrid(64, 1 << 20);
+    ASSERT_TRUE(ce);
+    std::string output;
+    for (int i = 0; output.size() < 3000; ++i)
+        output += "line " + std::to_string(i) + ": src/engine/engine.cpp:" + std::to_string(40 + i) + " ok\n";
+    turn_request first = conversation(4, output);
+    auto prompt = ce->assemble_request(first);
+    ASSERT_TRUE(prompt.ok());
+    const auto & msg = prompt->prompt_manifest.segments.back();
+    ASSERT_GT(msg.token_end - msg.token_begin, 4 * 64) << "the message spans several chunks";
+    ASSERT_TRUE(ce->run_turn(first).ok());
+    turn_request next = first;
+    next.segments.back().kind = segment_kind::history;  // the output, now history
+    next.segments.back().role = "user";
+    next.segments.back().id = "h4";  // history is ordered by id
+    segment answer;
+    answer.id = "h5";
+    answer.kind = segment_kind::history;
+    answer.role = "assistant";
+    answer.content = "All lines pass.";
+    next.segments.push_back(answer);
+    segment q = first.segments.back();
+    q.id = "q1";
+    q.content = "And the docs?";
+    next.segments.push_back(q);
+    auto t = ce->run_turn(next);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_GE(t->explain.n_reused, msg.token_end - 64) << t->explain.reason;
+    expect_cold(*ce, next, *t);
+}
+
 }  // namespace
 }  // namespace warmctx
