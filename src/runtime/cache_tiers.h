@@ -58,12 +58,6 @@ struct cache_tiers {
         deferred.erase(it);
         disk->write_through(eng, prof, d.seq, d.workspace, d.prompt, d.n_blocks);
     }
-    // A turn on `seq` keeps its first `keep` tokens: the stream's deferred write, if its
-    // prefix reaches past them, is made now.
-    void keep_deferred_of(seq_id seq, pos_t keep) {
-        auto it = deferred.find(seq);
-        if (it != deferred.end() && keep < it->second.save_end) flush_deferred_of(seq);
-    }
     // The stream's write from now on `d`: one per stream, so an earlier one the stream's
     // turn kept in place is covered, unless it reaches further (then it is made now).
     void defer(deferred_write d) {

@@ -44,20 +44,43 @@ void stream_moves::save_branch(seq_id seq, size_t n_keep) {
         ctr_.n_branches_dropped++;
         return;
     }
-    if (streams_.copies) {
-        if (const seq_id f = streams_.free_stream(seq); f >= 0 && eng_.copy_seq_now(seq, f).ok()) {
-            work_stream & d = streams_[(size_t)f];
-            d.blocks = s.blocks;
-            d.workspace = s.workspace;
-            d.t_finished = s.t_finished;
-            d.n_durable = s.n_durable;
-            d.unsaved = true;
-            ctr_.n_branches_parked++;
-            ctr_.n_stream_copies++;
-            return;
-        }
+    if (park(seq) >= 0) {
+        ctr_.n_branches_parked++;
+        return;
     }
     write_back(seq);
+}
+
+seq_id stream_moves::park(seq_id seq) {
+    if (!streams_.copies) return -1;
+    const seq_id f = streams_.free_stream(seq);
+    if (f < 0 || !eng_.copy_seq_now(seq, f).ok()) return -1;
+    const work_stream & s = streams_[(size_t)seq];
+    work_stream & d = streams_[(size_t)f];
+    d.blocks = s.blocks;
+    d.workspace = s.workspace;
+    d.t_finished = s.t_finished;
+    d.n_durable = s.n_durable;
+    d.unsaved = s.unsaved;
+    ctr_.n_stream_copies++;
+    return f;
+}
+
+void stream_moves::keep_deferred(seq_id seq, pos_t keep) {
+    auto it = tiers_.deferred.find(seq);
+    if (it == tiers_.deferred.end() || keep >= it->second.save_end) return;
+    if (const seq_id f = park(seq); f >= 0) {
+        // The parked copy holds all the stream did and owes its saves: the write goes with
+        // it, made when the engine is idle (write_through_idle) or before `f` is reused.
+        deferred_write d = std::move(it->second);
+        tiers_.deferred.erase(it);
+        d.seq = f;
+        tiers_.defer(std::move(d));
+        streams_[(size_t)seq].unsaved = false;
+        ctr_.n_deferred_writes_parked++;
+        return;
+    }
+    tiers_.flush_deferred_of(seq);
 }
 
 void stream_moves::write_back_displaced(seq_id seq) {

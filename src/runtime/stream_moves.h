@@ -39,6 +39,15 @@ class stream_moves {
     // an agent's window or was compacted away, a terminal log): a branch no agent
     // revisits is not worth a copy of the whole stream on the turn's way.
     void save_branch(seq_id seq, size_t n_keep);
+    // A turn on `seq` keeps its first `keep` tokens: the stream's deferred disk write, if
+    // the prefix it saves reaches past them, is not made on the turn's way where stream
+    // copies are on and a stream is free: the stream is parked there whole (a device
+    // copy, milliseconds, where the save is a copy out of the device of the whole prefix)
+    // and the write goes with it. Else it is made now.
+    void keep_deferred(seq_id seq, pos_t keep);
+    // Copies `seq` whole into a free stream with its blocks and what it owes (unsaved):
+    // that stream, or -1 where stream copies are off, none is free or the copy failed.
+    seq_id park(seq_id seq);
     // Before another prompt overwrites an idle stream: its durable blocks go to the pool,
     // unless the pool holds them already; its per-turn blocks (the last turn's diff, test
     // output...) do not - that workspace's next turn brings its own.

@@ -298,6 +298,9 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
     scalar(out, "warmctx_branches_parked_total", "counter",
            "Blocks a turn trimmed away, kept by copying the stream into a free one.",
            static_cast<double>(m.n_branches_parked));
+    scalar(out, "warmctx_deferred_writes_parked_total", "counter",
+           "Deferred disk writes a turn would have made on its way, moved with their stream into a free one.",
+           static_cast<double>(m.n_deferred_writes_parked));
     scalar(out, "warmctx_branches_dropped_total", "counter",
            "Blocks of low retention a turn trimmed away (history out of a window), not saved.",
            static_cast<double>(m.n_branches_dropped));

@@ -491,6 +491,54 @@ TEST(Scheduler, ADiskWriteThroughWaitsUntilTheStreamWouldChange) {
     expect_equals_cold(**s, r, done);
 }
 
+// With stream copies, a turn that cuts a stream back below its deferred disk write (an
+// edit of a pinned file: the turn resumes in place before it) does not make the write on
+// its way (a copy of the whole prefix out of the engine: seconds for a 19k-token prefix of a
+// 4B model on a GPU): the stream is parked whole in a free resident stream and the write
+// goes with it, made at the stop (or when idle). The file then restores into a fresh engine
+// with the cold run's logits.
+TEST(Scheduler, WithStreamCopiesADeferredDiskWriteMovesWithItsStreamOffATurnsWay) {
+    temp_dir tmp("/tmp/warmctx-parked-disk");
+    ASSERT_FALSE(tmp.path.empty());
+    workload_generator g(31, [](const std::string & x) { return x.size() / 3; });
+    const auto segs_a = make_workspace(g, 1200, 1);
+    auto edited = segs_a;
+    for (segment & x : edited)
+        if (x.kind == segment_kind::pinned_file) x.content += "\nint added_by_the_agent = 1;\n";
+    edited.back().content = "and after the edit?";
+    auto o = tiny_scheduler(1);  // one work stream
+    o.engine.engine.n_seq_resident = 2;
+    o.engine.cold_stream = false;  // else no resident streams
+    o.engine.stream_copies = context_engine_options::stream_copy_mode::on;
+    o.engine.tiers.cache_dir = tmp.path;
+    o.engine.write_through_delay_ms = 3600 * 1000;  // never idle that long here
+    {
+        auto s = scheduler::start(o);
+        ASSERT_TRUE(s.ok()) << s.error().to_string();
+        ASSERT_EQ(run_one(**s, req("a", segs_a, 2)).what, completion_event::kind::done);
+        const completion_event second = run_one(**s, req("a", edited, 2));
+        ASSERT_EQ(second.what, completion_event::kind::done);
+        EXPECT_TRUE(second.explain.in_place);
+        const context_counters cc = counters_of(**s);
+        EXPECT_EQ(cc.tiers.n_disk_copies_out, 0u) << "the first turn's prefix was not copied out on the second's way";
+        EXPECT_EQ(cc.memory.n_deferred_writes_parked, 1u);
+        EXPECT_EQ(cc.memory.n_write_backs, 0u) << "nor written back to the pool";
+    }  // the stop writes both prefixes, the first from the parked stream
+    o.engine.cold_stream = true;  // for the cold run
+    o.engine.engine.n_seq_resident = 0;
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok());
+    auto again = segs_a;
+    again.back().content = "a question after a restart, on the file as it was";
+    turn_request r = req("a", again, 3);
+    r.keep_logits = true;
+    const completion_event done = run_one(**s, r);
+    ASSERT_EQ(done.what, completion_event::kind::done);
+    EXPECT_EQ(done.explain.tier, kv_tier::disk);
+    EXPECT_GT(done.explain.n_reused, 1000);
+    expect_equals_cold(**s, r, done);
+}
+
 // Once no turn has come for write_through_delay_ms, the idle engine makes the deferred
 // write on its own.
 TEST(Scheduler, AnIdleEngineMakesTheDeferredDiskWrite) {
@@ -709,6 +757,7 @@ TEST(Scheduler, ResidentStreamsKeepEachWorkspacesPrefixBetweenItsTurns) {
     scheduler_options o = tiny_scheduler(1);
     o.engine.cold_stream = false;
     o.engine.engine.n_seq_resident = 2;
+    o.engine.cold_stream = false;  // else no resident streams
     o.engine.stream_copies = context_engine_options::stream_copy_mode::on;  // as on a GPU
     auto s = scheduler::start(o);
     ASSERT_TRUE(s.ok()) << s.error().to_string();
