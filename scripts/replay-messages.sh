@@ -4,7 +4,9 @@
 # their defaults, and prints one JSON object: per request, the time the client waited for the
 # whole answer (max_tokens 1, not streamed: the time to the first token plus one token), the
 # prompt tokens, what each server says it read from its cache, and (`allocated`) the lines
-# of each server's start-up log that say what KV it allocated.
+# of each server's start-up log that say what KV it allocated, and (`counters`) warmctx's own
+# counters after the last request: copies out for the disk, write-backs, parked streams,
+# checkpoints (/metrics).
 #
 # The runs are replayed in order: every request of DIR/first/, then DIR/again/ (the same task
 # in a new session), then DIR/other/ (another first prompt). The first request is cold.
@@ -91,6 +93,13 @@ memory() {  # system -> what the server says it allocated for KV, from its own s
   esac
   jq -nc --arg system "$1" --arg line "$line" '{system: $system, kv: $line}' >>"$work/memory.jsonl"
 }
+: >"$work/counters.jsonl"
+counters() {  # warmctx's own counters of where the time between the requests went (/metrics)
+  curl -s "http://127.0.0.1:$port/metrics" |
+    grep -E '^warmctx_(disk_cop|tier_writes|write_back|pool_write_backs|deferred_writes_parked|branches_parked|stream_copies|checkpoint(s_taken|_seconds|_bytes|_size))' |
+    jq -R -s --arg system warmctx 'split("\n") | map(select(length > 0) | split(" ") | {(.[0]): (.[1] | tonumber)}) | add
+      | {system: $system} + .' >>"$work/counters.jsonl" || true
+}
 for system in ${REPLAY_SYSTEMS:-warmctx llama-server}; do
   case "$system" in
     warmctx) start_warmctx ;;
@@ -102,7 +111,10 @@ for system in ${REPLAY_SYSTEMS:-warmctx llama-server}; do
   for f in "${files[@]}"; do
     send "$system" "$f" | tee -a "$work/results.jsonl" >&2
   done
+  [ "$system" = warmctx ] && counters
   stop
 done
 jq -s --arg capture "$capture" --arg model "$model" --arg ctx "$ctx" --slurpfile memory "$work/memory.jsonl" \
-  '{capture: $capture, model: $model, ctx: ($ctx|tonumber), allocated: $memory, requests: .}' "$work/results.jsonl"
+  --slurpfile counters "$work/counters.jsonl" \
+  '{capture: $capture, model: $model, ctx: ($ctx|tonumber), allocated: $memory, counters: $counters, requests: .}' \
+  "$work/results.jsonl"
