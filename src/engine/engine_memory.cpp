@@ -277,7 +277,7 @@ status engine::copy_seq_now(seq_id src, seq_id dst) {
     // A recurrent state is not cut back by removing the token: its state at `at` first.
     status st = p_->layout.recurrent && at > 0 ? p_->take_checkpoint(dst, at) : status{};
     const token_id t = 0;
-    if (st.ok()) st = p_->decode(dst, &t, 1, at, false, /*pad_ok=*/false);
+    if (st.ok()) st = p_->decode(dst, &t, 1, at, false, impl::padding::never);
     if (st.ok()) st = trim_seq(dst, at);
     if (!st.ok()) clear_seq(dst);
     return st;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tiny_model.h"
+#include "warmctx/drafts.h"
 
 namespace warmctx {
 namespace {
@@ -262,6 +263,24 @@ TEST(Exactness, WhereSplitsAreFreeAPromptsKvDoesNotDependOnItsCalls) {
     ASSERT_TRUE((*fixed)->prefill(0, std::span(toks).first(37), 0, bounds).ok());
     EXPECT_EQ((*fixed)->prefill(0, std::span(toks).subspan(37, 100), 37, bounds).code(),
               status_code::failed_precondition);
+}
+
+// In the shared KV mode (not exact across turns) the engine does not measure a step's rows
+// (steps_exact false, no padding): drafts are then off unless a request or --draft-max asks,
+// as on a GPU (serve and verify take their default from default_draft_max).
+TEST(Exactness, InTheSharedKvModeStepsAreNotMeasuredAndDraftsAreOffUnlessAsked) {
+    auto o = testing::tiny_options(kv_mode::shared, 2);
+    o.flash_attn = true;
+    o.chunk_tokens = 512;
+    o.n_threads = 2;
+    auto r = engine::open(o);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    const context_info & ci = (*r)->context();
+    ASSERT_GE(ci.n_ctx_seq, 270u) << "deep enough for the probe, were it run";
+    EXPECT_FALSE(ci.steps_exact);
+    EXPECT_FALSE(ci.pads_steps);
+    EXPECT_EQ(default_draft_max(-1, ci.backend, ci.steps_exact), 0);
+    EXPECT_EQ(default_draft_max(8, ci.backend, ci.steps_exact), 8);
 }
 
 // On 2 threads a lone decode row deeper than 256 cells gives other bits than the same row
