@@ -171,7 +171,7 @@ int32_t engine::pad_rows(int32_t n, pos_t pos) const { return p_->pad_rows(n, po
 // splits one row's KV between the threads). Measured here: 3 tokens after 264, decoded one
 // row a step, in one step of 3, and in steps of 2 (the last padded). Where padding a lone
 // row to two makes a token's logits the same decoded alone, beside other jobs' rows or with
-// a draft, and costs at most 1.2x the lone row (timed here: on the tiny models two rows
+// a draft, and costs at most steps_pad_max_cost (1.2x) the lone row (timed: on the tiny models two rows
 // are faster at depth, on the 0.5B q4_0 shape ~2x), lone rows are padded; where it costs
 // more they are not, and steps_exact says answers may part at near ties.
 status engine::impl::probe_steps() {
@@ -226,7 +226,7 @@ status engine::impl::probe_steps() {
     }
     llama_memory_seq_rm(mem(), 0, -1, -1);
     cinfo.steps_pad_cost = t_lone > 0 ? t_pad / t_lone : 0;
-    cinfo.pads_steps = st.ok() && lone_differs && pad_agrees && cinfo.steps_pad_cost <= 1.2;
+    cinfo.pads_steps = st.ok() && lone_differs && pad_agrees && cinfo.steps_pad_cost <= opts.steps_pad_max_cost;
     cinfo.steps_exact = st.ok() && (!lone_differs || cinfo.pads_steps);
     return st;
 }
@@ -280,8 +280,10 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
         return out_of_range("prompt needs " + std::to_string((uint64_t)pos0 + tokens.size()) +
                             " tokens but the context holds " + std::to_string(p_->cinfo.n_ctx_seq) + " per sequence");
     // Where the context splits freely, calls of chunk_tokens from pos0 on: the KV is the
-    // same as the canonical chunks' (context_info::splits_freely).
-    const bool free = p_->cinfo.splits_freely;
+    // same as the canonical chunks' (context_info::splits_freely). A memory that keeps
+    // checkpoints (a sliding window) ends a call at each block end it keeps one at; asked for
+    // one at every block end (no list), it keeps to the canonical chunks.
+    const bool free = p_->cinfo.splits_freely && !(p_->cinfo.memory.checkpoints && checkpoint_ends.empty());
     if (!free && !is_chunk_start(pos0, boundaries, chunk_tokens))
         return failed_precondition("prefill: start position " + std::to_string(pos0) +
                                    " is not a canonical chunk start (warm KV would differ from cold)");
@@ -291,8 +293,12 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
     for (token_id t : tokens)
         if (t < 0 || t >= p_->minfo.n_vocab)
             return invalid_argument("prefill: token id " + std::to_string(t) + " out of vocabulary");
-    const pos_t from[1] = {pos0};
-    auto chunks = plan_chunks(pos0, (int32_t)tokens.size(), free ? std::span<const pos_t>(from) : boundaries,
+    std::vector<pos_t> cuts{pos0};
+    const pos_t end = pos0 + (pos_t)tokens.size();
+    if (free && p_->cinfo.memory.checkpoints)
+        for (pos_t c : checkpoint_ends)
+            if (c > pos0 && c < end) cuts.push_back(c);
+    auto chunks = plan_chunks(pos0, (int32_t)tokens.size(), free ? std::span<const pos_t>(cuts) : boundaries,
                               chunk_tokens);
     for (size_t i = 0; i < chunks.size(); ++i) {
         auto [b, e] = chunks[i];
