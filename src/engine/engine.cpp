@@ -280,10 +280,8 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
         return out_of_range("prompt needs " + std::to_string((uint64_t)pos0 + tokens.size()) +
                             " tokens but the context holds " + std::to_string(p_->cinfo.n_ctx_seq) + " per sequence");
     // Where the context splits freely, calls of chunk_tokens from pos0 on: the KV is the
-    // same as the canonical chunks' (context_info::splits_freely). A memory that keeps
-    // checkpoints (a sliding window) ends a call at each block end it keeps one at; asked for
-    // one at every block end (no list), it keeps to the canonical chunks.
-    const bool free = p_->cinfo.splits_freely && !(p_->cinfo.memory.checkpoints && checkpoint_ends.empty());
+    // same as the canonical chunks' (context_info::splits_freely).
+    const bool free = p_->cinfo.splits_freely;
     if (!free && !is_chunk_start(pos0, boundaries, chunk_tokens))
         return failed_precondition("prefill: start position " + std::to_string(pos0) +
                                    " is not a canonical chunk start (warm KV would differ from cold)");
@@ -293,12 +291,8 @@ status engine::prefill(seq_id seq, std::span<const token_id> tokens, pos_t pos0,
     for (token_id t : tokens)
         if (t < 0 || t >= p_->minfo.n_vocab)
             return invalid_argument("prefill: token id " + std::to_string(t) + " out of vocabulary");
-    std::vector<pos_t> cuts{pos0};
-    const pos_t end = pos0 + (pos_t)tokens.size();
-    if (free && p_->cinfo.memory.checkpoints)
-        for (pos_t c : checkpoint_ends)
-            if (c > pos0 && c < end) cuts.push_back(c);
-    auto chunks = plan_chunks(pos0, (int32_t)tokens.size(), free ? std::span<const pos_t>(cuts) : boundaries,
+    const pos_t from[1] = {pos0};
+    auto chunks = plan_chunks(pos0, (int32_t)tokens.size(), free ? std::span<const pos_t>(from) : boundaries,
                               chunk_tokens);
     for (size_t i = 0; i < chunks.size(); ++i) {
         auto [b, e] = chunks[i];

@@ -344,8 +344,8 @@ result<std::unique_ptr<engine>> engine::open(const engine_options & opts) {
     p->ckpts.resize(n_seq_total);
     p->window_real_from.assign(n_seq_total, 0);
     WARMCTX_RETURN_IF_ERROR(p->probe_memory(p->cinfo.memory, p->cinfo.kv_bytes_per_token));
-    if (pads && opts.free_splits && opts.mode == kv_mode::exact &&
-        (p->cinfo.memory.kind == memory_kind::plain || p->cinfo.memory.kind == memory_kind::sliding_window))
+    if (pads && opts.free_splits && opts.mode == kv_mode::exact && p->cinfo.memory.kind == memory_kind::plain &&
+        !p->cinfo.memory.checkpoints)
         WARMCTX_RETURN_IF_ERROR(p->probe_free_splits());
     if (!on_gpu && opts.exact_steps && opts.mode == kv_mode::exact && drops_a_draft(p->cinfo.memory) &&
         p->cinfo.n_ctx_seq >= 270)
