@@ -88,6 +88,10 @@ struct engine_options {
     // Measure at open whether a lone decode row needs a second to give the bits it has among
     // others (context_info::pads_steps); false: never pad a step.
     bool exact_steps = true;
+    // The most a lone row padded to two may cost against the row alone, measured at open,
+    // for the engine to pad (a cost, not a correctness bound: either way drafts are on by
+    // default only where steps are exact). Timed, so a loaded machine may measure more.
+    double steps_pad_max_cost = 1.2;
     uint32_t n_seq_max = 4;       // sequences the context can hold at once
     // Resident streams beyond n_seq_max (the device tier): KV streams of n_ctx cells that
     // keep workspaces' prefixes where the model runs. >= 0: that many; -1: on a GPU, as

@@ -445,7 +445,8 @@ void register_serve_command(CLI::App & app, int & rc) {
                   "tokens a draft from the workspace may hold when the request names no speculative.n_max: the "
                   "text that followed the answer's last tokens in the prompt or an earlier answer, checked in the "
                   "same decode (the answer is the same as without; not a recurrent or hybrid model; 0 = no drafts; "
-                  "-1 = 64 on the CPU, none on a GPU, where verify found drafted answers parting from plain ones)")
+                  "-1 = 64 where the engine measured a step's rows exact (the CPU; info's steps_exact), else "
+                  "none: a GPU, where verify found drafted answers parting from plain ones, --kv-mode shared)")
         ->capture_default_str()
         ->check(CLI::Range(-1, 64));
     c->add_option("--model-name", a->model_name,

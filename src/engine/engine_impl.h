@@ -43,6 +43,16 @@ inline status decode_status(int32_t rc) {
     return engine_error("llama_decode failed with code " + std::to_string(rc));
 }
 
+// Row i of a decode step: one token of one sequence at `pos`, its logits computed (a step's
+// rows, a lone row's padding and the steps probe fill their batches the one way).
+inline void set_step_row(llama_batch & b, int32_t i, llama_token token, llama_pos pos, llama_seq_id seq) {
+    b.token[i] = token;
+    b.pos[i] = pos;
+    b.n_seq_id[i] = 1;
+    b.seq_id[i][0] = seq;
+    b.logits[i] = 1;
+}
+
 }  // namespace detail
 
 struct engine::impl {
@@ -150,9 +160,15 @@ struct engine::impl {
     // Padded to 64 rows where engine::pad_rows says so: copies of the last token at the
     // positions after it, without logits, whose cells are freed again at once (the next
     // decode of seq takes the same cells as without them).
-    // `pad_ok` false: never padded (a token decoded only to be removed again).
-    status decode(seq_id seq, const token_id * toks, int32_t n, pos_t pos, bool want_last_logits, bool pad_ok = true) {
-        const int32_t pad = pad_ok ? pad_rows(n, pos) : 0;
+    // `padding`: as pad_rows says (engine), never (a token decoded only to be removed
+    // again), or every call under k_pad_to rows (probe_free_splits, measuring whether that
+    // makes the splits free).
+    enum class padding { engine, never, every_short_call };
+    status decode(seq_id seq, const token_id * toks, int32_t n, pos_t pos, bool want_last_logits,
+                  padding padded = padding::engine) {
+        const int32_t pad = padded == padding::never             ? 0
+                            : padded == padding::every_short_call ? (n >= 1 && n < k_pad_to ? k_pad_to - n : 0)
+                                                                  : pad_rows(n, pos);
         batch.n_tokens = n + pad;
         for (int32_t i = 0; i < n + pad; ++i) {
             batch.token[i] = toks[std::min(i, n - 1)];

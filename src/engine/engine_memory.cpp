@@ -274,10 +274,13 @@ status engine::copy_seq_now(seq_id src, seq_id dst) {
         clear_seq(dst);
         return failed_precondition("copy_seq_now: the stream is full, no cell to decode into");
     }
-    // A recurrent state is not cut back by removing the token: its state at `at` first.
-    status st = p_->layout.recurrent && at > 0 ? p_->take_checkpoint(dst, at) : status{};
+    // A recurrent state is not cut back by removing the token: its state at `at` first,
+    // unless the copy holds one there already (a stream cut back to a block end, as every
+    // stream a turn finished on: then no copy out of the device on the turn's way).
+    const bool need = p_->layout.recurrent && at > 0 && !p_->checkpoint_at(dst, at);
+    status st = need ? p_->take_checkpoint(dst, at) : status{};
     const token_id t = 0;
-    if (st.ok()) st = p_->decode(dst, &t, 1, at, false, /*pad_ok=*/false);
+    if (st.ok()) st = p_->decode(dst, &t, 1, at, false, impl::padding::never);
     if (st.ok()) st = trim_seq(dst, at);
     if (!st.ok()) clear_seq(dst);
     return st;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tiny_model.h"
+#include "warmctx/drafts.h"
 
 namespace warmctx {
 namespace {
@@ -264,6 +265,24 @@ TEST(Exactness, WhereSplitsAreFreeAPromptsKvDoesNotDependOnItsCalls) {
               status_code::failed_precondition);
 }
 
+// In the shared KV mode (not exact across turns) the engine does not measure a step's rows
+// (steps_exact false, no padding): drafts are then off unless a request or --draft-max asks,
+// as on a GPU (serve and verify take their default from default_draft_max).
+TEST(Exactness, InTheSharedKvModeStepsAreNotMeasuredAndDraftsAreOffUnlessAsked) {
+    auto o = testing::tiny_options(kv_mode::shared, 2);
+    o.flash_attn = true;
+    o.chunk_tokens = 512;
+    o.n_threads = 2;
+    auto r = engine::open(o);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    const context_info & ci = (*r)->context();
+    ASSERT_GE(ci.n_ctx_seq, 270u) << "deep enough for the probe, were it run";
+    EXPECT_FALSE(ci.steps_exact);
+    EXPECT_FALSE(ci.pads_steps);
+    EXPECT_EQ(default_draft_max(-1, ci.backend, ci.steps_exact), 0);
+    EXPECT_EQ(default_draft_max(8, ci.backend, ci.steps_exact), 8);
+}
+
 // On 2 threads a lone decode row deeper than 256 cells gives other bits than the same row
 // among others (flash attention splits its KV between the threads): where the engine
 // measured that two rows agree with any number and cost little (the tiny model: less than
@@ -277,6 +296,7 @@ TEST(Exactness, ALoneDecodeRowGivesTheBitsItHasAmongOthers) {
         o.chunk_tokens = 512;
         o.n_threads = 2;
         o.exact_steps = exact;
+        o.steps_pad_max_cost = 1e9;  // pads whatever it costs: not a timing here (a loaded machine)
         auto r = engine::open(o);
         ASSERT_TRUE(r.ok()) << r.error().to_string();
         engine & e = **r;
