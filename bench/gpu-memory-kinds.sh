@@ -10,7 +10,10 @@
 #           at once: tiny-hybrid, tiny-swa, tiny-moe, tiny-plain and tiny-plain with q8_0 KV ("tiny-plain:q8_0");
 #           VERIFY_SECONDS: start no scenario after this long (each report says how many ran);
 #           VERIFY_SHARDS: processes per kind (seeds BASE+1..BASE+N), VERIFY_THREADS: CPU threads each (3),
-#           VERIFY_SEED_BASE: BASE (default 0; a second call with BASE=N runs other scenarios than the first)
+#           VERIFY_SEED_BASE: BASE (default 0; a second call with BASE=N runs other scenarios than the first);
+#           VERIFY_MPS=1: the processes share the GPU through CUDA MPS (nvidia-cuda-mps-control, started
+#           here and stopped when the stage ends) instead of time-slicing it: ~7x the scenarios a second on
+#           an H100 (bench/results/2026-12-07-h100/memory-kinds-verify-2/); without it they are GPU-bound
 # usage: bench/gpu-memory-kinds.sh STAGE...     results: $OUT (default bench/results/<YYYY-MM-DD>-<gpu>/memory-kinds,
 #        the day and the GPU's model as nvidia-smi names it, h100 or h200); PACK_LOGS=1 puts the logs into
 #        logs.tgz there when it ends
@@ -64,6 +67,10 @@ for stage in "$@"; do
       # split between them; BASE is VERIFY_SEED_BASE, 0 by default). On an H100 with 16 cores this did
       # not speed a kind up: tiny-hybrid ran 0.31-0.33 scenarios a second as 4 processes of 1 thread,
       # 0.34 as one of 3 threads (bench/results/2026-12-07-h100/); 1.5-1.7 a second over the 5 kinds.
+      mps=0
+      if [ "${VERIFY_MPS:-0}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+        mps=1; log "verify: CUDA MPS started"
+      fi
       pids=(); shards="${VERIFY_SHARDS:-1}"; per=$(( (${VERIFY_SCENARIOS:-300} + shards - 1) / shards ))
       base="${VERIFY_SEED_BASE:-0}"
       for k in ${VERIFY_KINDS:-tiny-hybrid tiny-swa tiny-moe tiny-plain tiny-plain:q8_0}; do
@@ -80,7 +87,8 @@ for stage in "$@"; do
           pids+=($!)
         done
       done
-      wait "${pids[@]}" ;;
+      wait "${pids[@]}"
+      [ "$mps" = 1 ] && { echo quit | nvidia-cuda-mps-control || true; log "verify: CUDA MPS stopped"; } ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done
