@@ -259,7 +259,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
         const reuse_point pat = snap_reuse(prompt, peeked.n_blocks);
         const bool would_be_in_place = pat.n_tokens > 0 && peeked.holder == seq;
         // The stream's deferred disk write, unless the turn keeps all it saves.
-        p_->moves.keep_deferred(seq, would_be_in_place ? pat.n_tokens : 0);
+        p_->moves.keep_deferred(seq, would_be_in_place ? pat.n_tokens : 0, req.workspace, prompt.blocks);
         // In place, trimming only the last turn's per-turn blocks (its diff, test
         // output...) loses nothing this workspace will ask for again: no write-back.
         // Trimming more keeps what is worth keeping (save_branch).
@@ -274,7 +274,7 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
         prompt, seq);
     reuse_point at = snap_reuse(prompt, m.n_blocks);
     bool in_place = at.n_tokens > 0 && m.holder == seq;
-    p_->moves.keep_deferred(seq, in_place ? at.n_tokens : 0);
+    p_->moves.keep_deferred(seq, in_place ? at.n_tokens : 0, req.workspace, prompt.blocks);
     if (!in_place) p_->moves.clear_stream(seq);
     p_->streams[(size_t)seq].busy = true;
     t.owner_ = this;  // from here on, an early return aborts the turn (clears `seq`)
@@ -390,7 +390,7 @@ status context_engine::finish_turn(pending_turn & t, size_t n_generated) {
         // is about to overwrite them (lazy write-back), unless it holds them already.
         std::span<const block> path(t.prompt.blocks.data(), n_keep);
         std::span<const block> kept(t.prompt.blocks.data(), n_stream);
-        p_->moves.keep_deferred(t.seq, kept.back().end);
+        p_->moves.keep_deferred(t.seq, kept.back().end, t.workspace);
         status st = p_->run.eng->trim_seq(t.seq, kept.back().end);
         if (st.ok()) {
             p_->tiers.disk->forget_recent_loads();

@@ -66,9 +66,30 @@ seq_id stream_moves::park(seq_id seq) {
     return f;
 }
 
-void stream_moves::keep_deferred(seq_id seq, pos_t keep) {
+void stream_moves::keep_deferred(seq_id seq, pos_t keep, std::string_view workspace,
+                                 std::span<const block> next) {
     auto it = tiers_.deferred.find(seq);
     if (it == tiers_.deferred.end() || keep >= it->second.save_end) return;
+    if (deferred_write & d = it->second; d.workspace == workspace) {
+        // The workspace's own next turn: its own write, when it ends, starts with what the
+        // two prompts share; the old prompt's tail past that, which the workspace moved on
+        // from, is given up rather than copied out on the turn's way. In place, the write is
+        // cut to the blocks the turn keeps; taking its prefix from another stream, the
+        // stream is cleared, and the write goes (the other stream's holds that prefix).
+        size_t n = 0;
+        while (n < d.n_blocks && d.prompt.blocks[n].end <= keep) ++n;
+        if (n > 0) {
+            d.n_blocks = n;
+            d.save_end = std::min(d.save_end, d.prompt.blocks[n - 1].end);
+            ctr_.n_deferred_writes_cut++;
+            return;
+        }
+        if (keep == 0 && !next.empty() && !d.prompt.blocks.empty() && d.prompt.blocks[0].chain == next[0].chain) {
+            tiers_.deferred.erase(it);
+            ctr_.n_deferred_writes_cut++;
+            return;
+        }
+    }
     if (const seq_id f = park(seq); f >= 0) {
         // The parked copy holds all the stream did and owes its saves: the write goes with
         // it, made when the engine is idle (write_through_idle) or before `f` is reused.

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "cache_tiers.h"
 #include "work_streams.h"
@@ -39,12 +40,15 @@ class stream_moves {
     // an agent's window or was compacted away, a terminal log): a branch no agent
     // revisits is not worth a copy of the whole stream on the turn's way.
     void save_branch(seq_id seq, size_t n_keep);
-    // A turn on `seq` keeps its first `keep` tokens: the stream's deferred disk write, if
-    // the prefix it saves reaches past them, is not made on the turn's way where stream
-    // copies are on and a stream is free: the stream is parked there whole (a device
-    // copy, milliseconds, where the save is a copy out of the device of the whole prefix)
-    // and the write goes with it. Else it is made now.
-    void keep_deferred(seq_id seq, pos_t keep);
+    // A turn of `workspace` (its prompt's blocks `next`) on `seq` keeps its first `keep`
+    // tokens: the stream's deferred disk write, if the prefix it saves reaches past them, is
+    // not made on the turn's way. The same workspace's turn cuts the write to the blocks it
+    // keeps in place, or, taking a prefix its prompt starts with from elsewhere, drops it
+    // (its own write, when it ends, covers what they share); another's parks the stream
+    // whole in a free stream where stream copies are on (a device copy, milliseconds, where
+    // the save is a copy out of the device of the whole prefix) and the write goes with it.
+    // Else it is made now.
+    void keep_deferred(seq_id seq, pos_t keep, std::string_view workspace, std::span<const block> next = {});
     // Copies `seq` whole into a free stream with its blocks and what it owes (unsaved):
     // that stream, or -1 where stream copies are off, none is free or the copy failed.
     seq_id park(seq_id seq);

@@ -301,6 +301,10 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
     scalar(out, "warmctx_deferred_writes_parked_total", "counter",
            "Deferred disk writes a turn would have made on its way, moved with their stream into a free one.",
            static_cast<double>(m.n_deferred_writes_parked));
+    scalar(out, "warmctx_deferred_writes_cut_total", "counter",
+           "Deferred disk writes cut to the blocks their workspace's next turn kept in place "
+           "(its own write covers them).",
+           static_cast<double>(m.n_deferred_writes_cut));
     scalar(out, "warmctx_branches_dropped_total", "counter",
            "Blocks of low retention a turn trimmed away (history out of a window), not saved.",
            static_cast<double>(m.n_branches_dropped));
