@@ -13,9 +13,10 @@
 namespace warmctx {
 namespace {
 
-std::unique_ptr<context_engine> open_hybrid(uint32_t max_count, int32_t gap) {
+std::unique_ptr<context_engine> open_hybrid(uint32_t max_count, int32_t gap, uint32_t chunk_tokens = 64) {
     context_engine_options o;
     o.engine = testing::tiny_options();
+    o.engine.chunk_tokens = chunk_tokens;
     o.engine.model_path = std::string(WARMCTX_TEST_TMP) + "/tiny-hybrid-q8_0-seed1.gguf";
     o.engine.n_ctx = 4096;
     o.n_work_seqs = 2;
@@ -141,36 +142,43 @@ TEST(Checkpoints, ATurnResumesFromTheCheckpointBeforeABlockEndLeftOut) {
 // and a question. However far apart the prefill spaces its checkpoints, it keeps the last
 // chunk ends of the prompt, inside that message: the next turn resumes at most one chunk
 // before the end of what it shares, not at the message's start, and equals a cold run.
+// Spaced by a gap (1 << 20 tokens) or by the checkpoint's memory (chunks of 16: a 38,980-byte
+// recurrent state outweighs 3 chunks of 1,024-byte-a-token KV, so checkpoints are at least 48
+// tokens apart; that the blocks stay chunks, Assembler.BlocksAreTheCanonicalChunksOfThePrompt).
 TEST(Checkpoints, ANextTurnResumesInsideALongLastMessage) {
-    auto ce = open_hybrid(64, 1 << 20);
-    ASSERT_TRUE(ce);
-    std::string output;
-    for (int i = 0; output.size() < 3000; ++i)
-        output += "line " + std::to_string(i) + ": src/engine/engine.cpp:" + std::to_string(40 + i) + " ok\n";
-    turn_request first = conversation(4, output);
-    auto prompt = ce->assemble_request(first);
-    ASSERT_TRUE(prompt.ok());
-    const auto & msg = prompt->prompt_manifest.segments.back();
-    ASSERT_GT(msg.token_end - msg.token_begin, 4 * 64) << "the message spans several chunks";
-    ASSERT_TRUE(ce->run_turn(first).ok());
-    turn_request next = first;
-    next.segments.back().kind = segment_kind::history;  // the output, now history
-    next.segments.back().role = "user";
-    next.segments.back().id = "h4";  // history is ordered by id
-    segment answer;
-    answer.id = "h5";
-    answer.kind = segment_kind::history;
-    answer.role = "assistant";
-    answer.content = "All lines pass.";
-    next.segments.push_back(answer);
-    segment q = first.segments.back();
-    q.id = "q1";
-    q.content = "And the docs?";
-    next.segments.push_back(q);
-    auto t = ce->run_turn(next);
-    ASSERT_TRUE(t.ok()) << t.error().to_string();
-    EXPECT_GE(t->explain.n_reused, msg.token_end - 64) << t->explain.reason;
-    expect_cold(*ce, next, *t);
+    for (auto [gap, chunk] : {std::pair{1 << 20, 64}, std::pair{-1, 16}}) {
+        SCOPED_TRACE("gap " + std::to_string(gap) + ", chunks of " + std::to_string(chunk));
+        auto ce = open_hybrid(64, gap, (uint32_t)chunk);
+        ASSERT_TRUE(ce);
+        if (gap < 0) ASSERT_EQ(ce->current_profile().checkpoint_tokens, 48u);
+        std::string output;
+        for (int i = 0; output.size() < 3000; ++i)
+            output += "line " + std::to_string(i) + ": src/engine/engine.cpp:" + std::to_string(40 + i) + " ok\n";
+        turn_request first = conversation(4, output);
+        auto prompt = ce->assemble_request(first);
+        ASSERT_TRUE(prompt.ok());
+        const auto & msg = prompt->prompt_manifest.segments.back();
+        ASSERT_GT(msg.token_end - msg.token_begin, 4 * chunk) << "the message spans several chunks";
+        ASSERT_TRUE(ce->run_turn(first).ok());
+        turn_request next = first;
+        next.segments.back().kind = segment_kind::history;  // the output, now history
+        next.segments.back().role = "user";
+        next.segments.back().id = "h4";  // history is ordered by id
+        segment answer;
+        answer.id = "h5";
+        answer.kind = segment_kind::history;
+        answer.role = "assistant";
+        answer.content = "All lines pass.";
+        next.segments.push_back(answer);
+        segment q = first.segments.back();
+        q.id = "q1";
+        q.content = "And the docs?";
+        next.segments.push_back(q);
+        auto t = ce->run_turn(next);
+        ASSERT_TRUE(t.ok()) << t.error().to_string();
+        EXPECT_GE(t->explain.n_reused, msg.token_end - chunk) << t->explain.reason;
+        expect_cold(*ce, next, *t);
+    }
 }
 
 }  // namespace
