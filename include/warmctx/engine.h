@@ -164,7 +164,8 @@ struct context_info {
     double splits_probe_ms = 0;       // what measuring it took at open
     // Measured at open on the CPU (engine_options::exact_steps): a
     // decode step of one row alone gives other bits than the same row among others (other
-    // jobs' rows, a draft), and two rows do not, and two rows cost at most 1.2x one. Then a
+    // jobs' rows, a draft), and two rows do not, and two rows cost at most
+    // engine_options::steps_pad_max_cost (1.2x) one. Then a
     // lone row is decoded padded to two (decode_step), so an answer is the same decoded
     // alone, batched or drafted.
     bool pads_steps = false;

@@ -165,15 +165,22 @@ int32_t engine::impl::pad_rows(int32_t n, pos_t pos) const {
 
 int32_t engine::pad_rows(int32_t n, pos_t pos) const { return p_->pad_rows(n, pos); }
 
+namespace {
+// The probes' one test: two sets of logits, bit for bit (an empty set is no answer).
+bool same_bits(const std::vector<float> & a, const std::vector<float> & b) {
+    return !a.empty() && a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+}  // namespace
+
 // A decode step's rows: with two or more, ggml's CPU kernels compute each row the same
 // way however many there are; one row alone goes through others (a one-row dot product),
 // whose last bits differ once the sequence is deeper than 256 cells (flash attention then
 // splits one row's KV between the threads). Measured here: 3 tokens after 264, decoded one
 // row a step, in one step of 3, and in steps of 2 (the last padded). Where padding a lone
 // row to two makes a token's logits the same decoded alone, beside other jobs' rows or with
-// a draft, and costs at most steps_pad_max_cost (1.2x) the lone row (timed: on the tiny models two rows
-// are faster at depth, on the 0.5B q4_0 shape ~2x), lone rows are padded; where it costs
-// more they are not, and steps_exact says answers may part at near ties.
+// a draft, and costs at most engine_options::steps_pad_max_cost (1.2x) the lone row (timed:
+// on the tiny models two rows are faster at depth, on the 0.5B q4_0 shape ~2x), lone rows are
+// padded; where it costs more they are not, and steps_exact says answers may part at near ties.
 status engine::impl::probe_steps() {
     // Deeper than 256 cells: one row's flash attention splits a longer KV between threads.
     const pos_t depth = 264;
@@ -207,10 +214,7 @@ status engine::impl::probe_steps() {
     status st = run({1, 1, 1}, one);
     if (st.ok()) st = run({3}, three);
     if (st.ok()) st = run({2, 0}, two);
-    const auto same = [](const std::vector<float> & a, const std::vector<float> & b) {
-        return !a.empty() && a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-    };
-    const bool lone_differs = !same(one, three), pad_agrees = same(three, two);
+    const bool lone_differs = !same_bits(one, three), pad_agrees = same_bits(three, two);
     // Each way's fastest of five, alternated: the least noisy estimate on a shared machine
     // (a sum let one slow repetition move a model near the line across it between starts).
     double t_lone = 0, t_pad = 0;
@@ -259,8 +263,7 @@ status engine::impl::probe_free_splits() {
     status st = run({n}, a);
     if (st.ok()) st = run({40, n - 40}, b);
     llama_memory_seq_rm(mem(), 0, -1, -1);
-    cinfo.splits_freely = st.ok() && !a.empty() && b.size() == a.size() &&
-                          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    cinfo.splits_freely = st.ok() && same_bits(a, b);
     cinfo.splits_probe_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return st;
 }

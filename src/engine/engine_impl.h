@@ -141,8 +141,8 @@ struct engine::impl {
     std::atomic<uint64_t> n_checkpoints_taken{0};
     void init_pad_costs();
     // Sets cinfo.splits_freely: the same 100 tokens (at most chunk_tokens) in one call and in
-    // two padded ones (40 rows, then the rest at depth 40) give the same last logits, bit for bit. Uses and clears
-    // sequence 0.
+    // two padded ones (40 rows, then the rest at depth 40) give the same last logits, bit for
+    // bit. Uses and clears sequence 0.
     status probe_free_splits();
     // Sets cinfo.pads_steps (engine::decode_step): one row alone differs from the same row
     // among others, and one row padded to two does not. Uses and clears sequence 0.

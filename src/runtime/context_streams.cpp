@@ -74,8 +74,9 @@ void stream_moves::keep_deferred(seq_id seq, pos_t keep, std::string_view worksp
         // The workspace's own next turn: its own write, when it ends, starts with what the
         // two prompts share; the old prompt's tail past that, which the workspace moved on
         // from, is given up rather than copied out on the turn's way. In place, the write is
-        // cut to the blocks the turn keeps; taking its prefix from another stream, the
-        // stream is cleared, and the write goes (the other stream's holds that prefix).
+        // cut to the blocks the turn keeps; where the stream is cleared for it (its prefix
+        // taken from elsewhere, or none), the write goes. If the turn fails before it ends,
+        // what it would have covered is not written from this stream.
         size_t n = 0;
         while (n < d.n_blocks && d.prompt.blocks[n].end <= keep) ++n;
         if (n > 0) {

@@ -302,8 +302,8 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
            "Deferred disk writes a turn would have made on its way, moved with their stream into a free one.",
            static_cast<double>(m.n_deferred_writes_parked));
     scalar(out, "warmctx_deferred_writes_cut_total", "counter",
-           "Deferred disk writes cut to the blocks their workspace's next turn kept in place "
-           "(its own write covers them).",
+           "Deferred disk writes cut to the blocks their workspace's next turn kept in place, or dropped "
+           "where it cleared the stream (its own write covers what the prompts share).",
            static_cast<double>(m.n_deferred_writes_cut));
     scalar(out, "warmctx_branches_dropped_total", "counter",
            "Blocks of low retention a turn trimmed away (history out of a window), not saved.",

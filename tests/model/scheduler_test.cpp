@@ -446,6 +446,30 @@ completion_event run_one(scheduler & s, const turn_request & r) {
     return c.last() ? *c.last() : completion_event{};
 }
 
+// One work stream, a disk tier in `dir` and no idle write (never idle that long here).
+scheduler_options one_stream_on_disk(const std::string & dir) {
+    auto o = tiny_scheduler(1);
+    o.engine.tiers.cache_dir = dir;
+    o.engine.write_through_delay_ms = 3600 * 1000;
+    return o;
+}
+
+// After a restart with `o`, workspace "a" on `segs` with `question`: served from disk, with
+// the cold run's logits. Its explain.
+explain_report restored_from_disk(const scheduler_options & o, std::vector<segment> segs, const std::string & question) {
+    auto s = scheduler::start(o);
+    EXPECT_TRUE(s.ok()) << s.error().to_string();
+    if (!s.ok()) return {};
+    segs.back().content = question;
+    turn_request r = req("a", segs, 3);
+    r.keep_logits = true;
+    const completion_event done = run_one(**s, r);
+    EXPECT_EQ(done.what, completion_event::kind::done);
+    EXPECT_EQ(done.explain.tier, kv_tier::disk);
+    expect_equals_cold(**s, r, done);
+    return done.explain;
+}
+
 // A turn's disk write-through (the copy of its prefix out of the stream) is not made
 // while turns keep coming: the workspace's next turn, in place, waits for nothing (also
 // when it replaces the last turn's diff, which the stream held but the disk does not); a
@@ -461,9 +485,7 @@ TEST(Scheduler, ADiskWriteThroughWaitsUntilTheStreamWouldChange) {
     const std::string diff =
         "diff --git a/src/x.cc b/src/x.cc\n--- a/src/x.cc\n+++ b/src/x.cc\n@@ -1,2 +1,2 @@\n-int a;\n+int b;\n";
     segs_a.insert(segs_a.end() - 1, segment{"diff", segment_kind::diff, "", "", diff});
-    auto o = tiny_scheduler(1);  // one work stream
-    o.engine.tiers.cache_dir = tmp.path;
-    o.engine.write_through_delay_ms = 3600 * 1000;  // never idle that long here
+    const auto o = one_stream_on_disk(tmp.path);
     {
         auto s = scheduler::start(o);
         ASSERT_TRUE(s.ok()) << s.error().to_string();
@@ -478,17 +500,7 @@ TEST(Scheduler, ADiskWriteThroughWaitsUntilTheStreamWouldChange) {
         ASSERT_EQ(run_one(**s, req("b", segs_b, 2)).what, completion_event::kind::done);
         EXPECT_EQ(counters_of(**s).tiers.n_disk_copies_out, 1u) << "a's prefix, before b's turn cleared the stream";
     }  // the stop writes b's
-    auto s = scheduler::start(o);
-    ASSERT_TRUE(s.ok());
-    auto third = segs_a;
-    third.back().content = "a third question, after a restart";
-    turn_request r = req("a", third, 3);
-    r.keep_logits = true;
-    const completion_event done = run_one(**s, r);
-    ASSERT_EQ(done.what, completion_event::kind::done);
-    EXPECT_EQ(done.explain.tier, kv_tier::disk);
-    EXPECT_GT(done.explain.n_reused, 1000);
-    expect_equals_cold(**s, r, done);
+    EXPECT_GT(restored_from_disk(o, segs_a, "a third question, after a restart").n_reused, 1000);
 }
 
 // A workspace's next turn that cuts its stream back below the stream's deferred disk write
@@ -506,9 +518,7 @@ TEST(Scheduler, AWorkspacesNextTurnInPlaceCutsItsDeferredDiskWriteToWhatItKeeps)
     for (segment & x : edited)
         if (x.kind == segment_kind::pinned_file) x.content += "\nint added_by_the_agent = 1;\n";
     edited.back().content = "and after the edit?";
-    auto o = tiny_scheduler(1);  // one work stream
-    o.engine.tiers.cache_dir = tmp.path;
-    o.engine.write_through_delay_ms = 3600 * 1000;  // never idle that long here
+    const auto o = one_stream_on_disk(tmp.path);
     pos_t kept = 0;
     {
         auto s = scheduler::start(o);
@@ -524,17 +534,8 @@ TEST(Scheduler, AWorkspacesNextTurnInPlaceCutsItsDeferredDiskWriteToWhatItKeeps)
         EXPECT_EQ(cc.memory.n_deferred_writes_parked, 0u);
     }  // the stop writes the second turn's prefix
     ASSERT_GT(kept, 500);
-    auto s = scheduler::start(o);
-    ASSERT_TRUE(s.ok());
-    auto again = segs_a;
-    again.back().content = "a question after a restart, on the file as it was";
-    turn_request r = req("a", again, 3);
-    r.keep_logits = true;
-    const completion_event done = run_one(**s, r);
-    ASSERT_EQ(done.what, completion_event::kind::done);
-    EXPECT_EQ(done.explain.tier, kv_tier::disk);
-    EXPECT_EQ(done.explain.n_reused, kept) << "what both versions share";
-    expect_equals_cold(**s, r, done);
+    EXPECT_EQ(restored_from_disk(o, segs_a, "a question after a restart, on the file as it was").n_reused, kept)
+        << "what both versions share";
 }
 
 // Another workspace's turn that shares only the head of a stream (the system prompt) and
@@ -547,12 +548,10 @@ TEST(Scheduler, AnotherWorkspacesTurnParksTheStreamWithItsDeferredDiskWrite) {
     workload_generator g(31, [](const std::string & x) { return x.size() / 3; });
     const auto segs_a = make_workspace(g, 1200, 1);
     const auto segs_b = make_workspace(g, 1200, 2);
-    auto o = tiny_scheduler(1);
+    auto o = one_stream_on_disk(tmp.path);
     o.engine.engine.n_seq_resident = 2;
     o.engine.cold_stream = false;  // else no resident streams
     o.engine.stream_copies = context_engine_options::stream_copy_mode::on;
-    o.engine.tiers.cache_dir = tmp.path;
-    o.engine.write_through_delay_ms = 3600 * 1000;
     auto s = scheduler::start(o);
     ASSERT_TRUE(s.ok()) << s.error().to_string();
     ASSERT_TRUE((*s)->call([&](context_engine & ce) {
