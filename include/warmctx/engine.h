@@ -284,9 +284,11 @@ class engine {
     // dst := src (dst is cleared first), its checkpoints included.
     status copy_seq(seq_id src, seq_id dst);
     // copy_seq, with the data copied before it returns (llama.cpp copies a stream at its
-    // next decode: this decodes one token into dst and removes it), so that the source
-    // may be changed, or either read or loaded as a state, right away. REQUIRES dst's
-    // copy to hold fewer than n_ctx tokens. Errors: those of decoding; dst is then empty.
+    // next decode: this decodes one token into dst and removes it; on a recurrent model,
+    // whose state a copy shares until either decodes, into another sequence that is empty
+    // where one is), so that the source may be changed, or either read or loaded as a
+    // state, right away. REQUIRES dst's copy to hold fewer than n_ctx tokens. Errors:
+    // those of decoding; dst is then empty.
     status copy_seq_now(seq_id src, seq_id dst);
     // Drops positions [from, end). Where the memory has checkpoints
     // (memory_info::checkpoints) and the cut needs one, the window or recurrent state is

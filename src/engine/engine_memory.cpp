@@ -266,9 +266,22 @@ status engine::copy_seq(seq_id src, seq_id dst) {
 status engine::copy_seq_now(seq_id src, seq_id dst) {
     WARMCTX_RETURN_IF_ERROR(copy_seq(src, dst));
     if (src == dst) return {};
-    // llama.cpp copies a stream's data at its next decode: one token decoded into `dst`
-    // after what it holds, then removed, makes it happen now. The token takes the next
-    // free cell and gives it back, so the cells a later prefill takes are the same.
+    // llama.cpp copies a stream's data at its next decode, of any sequence. A recurrent
+    // state is shared, not copied: `dst` reads `src`'s cell until one of them decodes,
+    // which then takes a copy of it on the device. So where another sequence is empty,
+    // one token decoded into it (and removed) applies the copy and leaves `dst`'s state
+    // as it is: no state out of the device or back on the turn's way.
+    if (p_->layout.recurrent) {
+        for (uint32_t s = 0; s < p_->cinfo.n_seq_max; ++s) {
+            const auto scratch = (seq_id)s;
+            if (scratch == src || scratch == dst || seq_n_tokens(scratch) != 0) continue;
+            status st = apply_pending_copies(scratch);
+            if (!st.ok()) clear_seq(dst);
+            return st;
+        }
+    }
+    // Else one token decoded into `dst` after what it holds, then removed. The token takes
+    // the next free cell and gives it back, so the cells a later prefill takes are the same.
     const pos_t at = seq_n_tokens(dst);
     if ((uint64_t)at >= p_->cinfo.n_ctx_seq) {
         clear_seq(dst);
@@ -370,7 +383,7 @@ status engine::apply_pending_copies(seq_id scratch) {
     if (seq_n_tokens(scratch) != 0)
         return failed_precondition("apply_pending_copies: the scratch sequence is not empty");
     const token_id t = 0;
-    status st = p_->decode(scratch, &t, 1, 0, false);  // llama_decode applies pending copies first
+    status st = p_->decode(scratch, &t, 1, 0, false, impl::padding::never);  // pending copies first
     clear_seq(scratch);
     return st;
 }

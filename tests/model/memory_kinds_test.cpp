@@ -174,31 +174,54 @@ TEST_P(MemoryKinds, ACutWithoutACheckpointIsRefused) {
     EXPECT_EQ(e->seq_n_tokens(2), 0);
 }
 
-// A hybrid stream copied whole (a turn taking another stream's prefix, a stream parked) whose
-// end already has a checkpoint takes no other: its recurrent state there is not copied out of
-// the device again (on a 4B hybrid, 52.7 MB on the turn's way). The copy continues as the
-// original does, bit for bit.
-TEST_P(MemoryKinds, ACopyOfAStreamEndingAtACheckpointTakesNoOther) {
+// A hybrid stream copied whole (a turn taking another stream's prefix, a stream parked) keeps
+// its recurrent state on the device: while another sequence is empty, a token decoded there
+// applies the copy, and no state leaves the device or comes back (on a 4B hybrid, 52.7 MB each
+// way on the turn's way). Source and copy then continue as the original would, bit for bit,
+// whichever moves first. With no sequence empty, the copy decodes into itself and puts its
+// state back from a checkpoint: one is taken where it holds none at its end.
+TEST_P(MemoryKinds, ACopyOfAHybridStreamKeepsItsStateOnTheDevice) {
     if (GetParam().kind != memory_kind::hybrid) GTEST_SKIP() << "only a recurrent state is saved for a copy";
     auto e = open();
     ASSERT_TRUE(e);
-    const auto t = random_tokens(320, 6, e->model().n_vocab);
-    ASSERT_TRUE(e->prefill(0, t, 0, {}).ok());  // a checkpoint at every chunk end: 320 too
+    const int32_t nv = e->model().n_vocab;
+    const std::vector<pos_t> none{-1};  // checkpoint_ends: none
+    ASSERT_TRUE(e->prefill(0, random_tokens(320, 6, nv), 0, {}).ok());
+    ASSERT_TRUE(e->prefill(0, random_tokens(32, 8, nv), 320, {}, nullptr, 0, none).ok());
+    ASSERT_EQ(e->checkpoints(0).back(), 320);  // none at its end
     const uint64_t before = e->checkpoints_taken();
     ASSERT_TRUE(e->copy_seq_now(0, 1).ok());
     EXPECT_EQ(e->checkpoints_taken(), before);
-    EXPECT_EQ(e->seq_n_tokens(1), 320);
-    const auto next = random_tokens(32, 7, e->model().n_vocab);
+    EXPECT_EQ(e->seq_n_tokens(1), 352);
+    EXPECT_EQ(e->seq_n_tokens(2), 0);  // the scratch sequence is given back
+    const auto next = random_tokens(32, 7, nv);
     std::vector<float> a, b;
-    ASSERT_TRUE(e->prefill(0, next, 320, {}, &a).ok());
-    ASSERT_TRUE(e->prefill(1, next, 320, {}, &b).ok());
+    ASSERT_TRUE(e->prefill(0, next, 352, {}, &a, 0, none).ok());  // the source first
+    ASSERT_TRUE(e->prefill(1, next, 352, {}, &b, 0, none).ok());
     EXPECT_TRUE(same_bits(a, b));
-    // A stream cut back between checkpoints' ends has none at its end: one is taken.
-    ASSERT_TRUE(e->trim_seq(0, 320).ok());
-    ASSERT_TRUE(e->prefill(0, random_tokens(10, 8, e->model().n_vocab), 320, {}, nullptr, 0, std::vector<pos_t>{-1}).ok());
-    const uint64_t mid = e->checkpoints_taken();
-    ASSERT_TRUE(e->copy_seq_now(0, 2).ok());
-    EXPECT_EQ(e->checkpoints_taken(), mid + 1);
+    // The copy first, then the source.
+    ASSERT_TRUE(e->copy_seq_now(1, 2).ok());
+    const auto more = random_tokens(32, 9, nv);
+    std::vector<float> c, d;
+    ASSERT_TRUE(e->prefill(2, more, 384, {}, &c, 0, none).ok());
+    ASSERT_TRUE(e->prefill(1, more, 384, {}, &d, 0, none).ok());
+    EXPECT_TRUE(same_bits(c, d));
+    EXPECT_EQ(e->checkpoints_taken(), before);
+    // Every sequence holds tokens: the copy decodes into itself, one checkpoint taken.
+    for (seq_id s = 3; s < 6; ++s) ASSERT_TRUE(e->prefill(s, random_tokens(32, 10 + s, nv), 0, {}).ok());
+    const uint64_t full = e->checkpoints_taken();
+    ASSERT_TRUE(e->copy_seq_now(1, 0).ok());
+    EXPECT_EQ(e->checkpoints_taken(), full + 1);
+    EXPECT_EQ(e->seq_n_tokens(0), 416);
+    std::vector<float> f, g;
+    ASSERT_TRUE(e->prefill(0, next, 416, {}, &f, 0, none).ok());
+    ASSERT_TRUE(e->prefill(1, next, 416, {}, &g, 0, none).ok());
+    EXPECT_TRUE(same_bits(f, g));
+    // One that ends at a checkpoint takes no other.
+    ASSERT_TRUE(e->prefill(2, random_tokens(32, 11, nv), 416, {}).ok());  // a checkpoint at its end
+    const uint64_t at_end = e->checkpoints_taken();
+    ASSERT_TRUE(e->copy_seq_now(2, 0).ok());
+    EXPECT_EQ(e->checkpoints_taken(), at_end);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, MemoryKinds, ::testing::ValuesIn(cases()),
