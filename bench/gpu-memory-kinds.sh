@@ -5,7 +5,9 @@
 #   traces  the 12-workspace trace with ~13k-token workspaces and a window of 4 messages,
 #           on each of TRACE_SHAPES (default: the hybrid shape and qwen3.5-plain, its
 #           dimensions with every layer full attention; "default" is the qwen2.5-0.5b
-#           shape), warmctx and llama-server each at its defaults
+#           shape), warmctx and llama-server each at its defaults; TRACE_SYSTEMS and
+#           TRACE_BUDGET_MIB (warmctx-bench trace's --systems and --budget-mib) for an
+#           equal-memory run, TRACE_TAG names its files
 #   verify  warm against cold on CUDA for each of VERIFY_KINDS (VERIFY_SCENARIOS each, default 300), all
 #           at once: tiny-hybrid, tiny-swa, tiny-moe, tiny-plain and tiny-plain with q8_0 KV ("tiny-plain:q8_0");
 #           VERIFY_SECONDS: start no scenario after this long (each report says how many ran);
@@ -58,9 +60,10 @@ for stage in "$@"; do
         name="$(basename "${m%.gguf}")"; margs=(); [ "$m" = default ] || margs=(-m "$m")
         log "trace $name"
         "$build/warmctx-bench" trace "${margs[@]}" "${gpu[@]}" --workspaces 12 --turns 60 --stable-tokens 13000 \
-          --tail-tokens 600 --history-window 4 --messages plain --systems warmctx-defaults,llama-server-defaults \
-          --llama-server "$build/bin/llama-server" --json >"$out/trace-window4-13k-$name.json" 2>"$out/trace-$name.log" ||
-          { tail -5 "$out/trace-$name.log"; }
+          --tail-tokens 600 --history-window 4 --messages plain --systems "${TRACE_SYSTEMS:-warmctx-defaults,llama-server-defaults}" \
+          ${TRACE_BUDGET_MIB:+--budget-mib "$TRACE_BUDGET_MIB"} --llama-server "$build/bin/llama-server" --json \
+          >"$out/trace-window4-13k-$name${TRACE_TAG:+-$TRACE_TAG}.json" 2>"$out/trace-$name${TRACE_TAG:+-$TRACE_TAG}.log" ||
+          { tail -5 "$out/trace-$name${TRACE_TAG:+-$TRACE_TAG}.log"; }
       done ;;
     verify)
       # VERIFY_SHARDS=N runs each kind as N processes with seeds BASE+1..BASE+N (VERIFY_SCENARIOS
