@@ -73,6 +73,7 @@ struct kv_memory {
     uint64_t n_stream_copies = 0;          // prefixes copied stream to stream (device)
     uint64_t n_branches_parked = 0;        // trimmed blocks kept by a copy into a free stream
     uint64_t n_branches_dropped = 0;       // trimmed blocks of low retention not saved
+    uint64_t n_branches_too_costly = 0;    // trimmed blocks not saved: the save would cost more than a re-prefill
     uint64_t n_deferred_writes_parked = 0;  // disk writes moved with their stream into a free one
     uint64_t n_deferred_writes_cut = 0;     // disk writes cut to what their workspace's next turn kept
     // Checkpoints (engine.h, memory_kind): the streams' windows or recurrent states at

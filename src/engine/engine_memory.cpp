@@ -464,7 +464,18 @@ result<std::vector<uint8_t>> engine::portable_state(std::span<const uint8_t> raw
 
 result<std::vector<uint8_t>> engine::save_seq_raw(seq_id seq) const {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
-    auto raw = llama_state(p_->ctx.get(), seq, 0);
+    // Out of the device through page-locked memory where the backend has it, as a
+    // checkpoint is: into pageable memory a copy runs at a fraction of the bus's speed
+    // (a 19k-token prefix of a 4B shape, 1.5 GB: over a second on an H100's host).
+    result<std::vector<uint8_t>> raw = std::vector<uint8_t>{};
+    const size_t size = p_->staging_buft ? llama_state_seq_get_size_ext(p_->ctx.get(), seq, 0) : 0;
+    if (uint8_t * staged = p_->staging_buft ? p_->staging_of(size) : nullptr) {
+        const size_t w = llama_state_seq_get_data_ext(p_->ctx.get(), staged, size, seq, 0);
+        if (w == 0 && size != 0) return engine_error("llama_state_seq_get_data failed");
+        raw->assign(staged, staged + w);
+    } else {
+        raw = llama_state(p_->ctx.get(), seq, 0);
+    }
     if (!raw.ok()) return raw.error();
     if (p_->layout.has_partial()) {
         const size_t llama_bytes = raw->size();

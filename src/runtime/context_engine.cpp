@@ -263,8 +263,9 @@ result<pending_turn> context_engine::begin_turn_deferred(const turn_request & re
         // In place, trimming only the last turn's per-turn blocks (its diff, test
         // output...) loses nothing this workspace will ask for again: no write-back.
         // Trimming more keeps what is worth keeping (save_branch).
-        if (!would_be_in_place) p_->moves.write_back_displaced(seq);
-        else p_->moves.save_branch(seq, pat.n_blocks);
+        if (!would_be_in_place)
+            p_->moves.write_back_displaced(seq, req.workspace, prompt.blocks, p_->run.prefill_tokens_per_ms);
+        else p_->moves.save_branch(seq, pat.n_blocks, p_->run.prefill_tokens_per_ms);
     }
     auto tl = clock_type::now();
     t.t_write_back_ms = ms_between(tw, tl);

@@ -34,7 +34,7 @@ void stream_moves::write_back(seq_id seq, size_t n_blocks) {
     ctr_.write_back_ms += ms_between(t, clock_type::now());
 }
 
-void stream_moves::save_branch(seq_id seq, size_t n_keep) {
+void stream_moves::save_branch(seq_id seq, size_t n_keep, double prefill_tokens_per_ms) {
     work_stream & s = streams_[(size_t)seq];
     const size_t n = std::min(s.blocks.size(), s.n_durable);
     if (!s.unsaved || n_keep >= n) return;
@@ -46,6 +46,16 @@ void stream_moves::save_branch(seq_id seq, size_t n_keep) {
     }
     if (park(seq) >= 0) {
         ctr_.n_branches_parked++;
+        return;
+    }
+    // The pool saves the stream whole. Where that takes longer than the branch's tokens
+    // take to prefill again, even a retry that surely came would be served sooner
+    // without the save.
+    const double stream_bytes = (double)eng_.seq_n_tokens(seq) * (double)eng_.context().kv_bytes_per_token;
+    const pos_t from = n_keep == 0 ? 0 : s.blocks[n_keep - 1].end;
+    if (save_costs_more_than_prefill(stream_bytes, tiers_.pool->counters(), (double)(s.blocks[n - 1].end - from),
+                                     prefill_tokens_per_ms)) {
+        ctr_.n_branches_too_costly++;
         return;
     }
     write_back(seq);
@@ -105,7 +115,8 @@ void stream_moves::keep_deferred(seq_id seq, pos_t keep, std::string_view worksp
     tiers_.flush_deferred_of(seq);
 }
 
-void stream_moves::write_back_displaced(seq_id seq) {
+void stream_moves::write_back_displaced(seq_id seq, std::string_view workspace, std::span<const block> next,
+                                        double prefill_tokens_per_ms) {
     work_stream & s = streams_[(size_t)seq];
     const size_t n = std::min(s.n_durable, s.blocks.size());
     if (!s.unsaved || n == 0) return;
@@ -116,6 +127,14 @@ void stream_moves::write_back_displaced(seq_id seq) {
     }
     // Another stream of the device tier still holds them: nothing would be lost.
     if (streams_.copies && streams_.holding(durable, seq) >= 0) return;
+    if (!workspace.empty() && s.workspace == workspace) {
+        size_t shared = 0;
+        while (shared < n && shared < next.size() && next[shared].chain == s.blocks[shared].chain) ++shared;
+        if (shared > 0) {
+            save_branch(seq, shared, prefill_tokens_per_ms);
+            return;
+        }
+    }
     write_back(seq, n);
 }
 

@@ -40,6 +40,15 @@ struct kv_pool_counters {
     double save_ms = 0, load_ms = 0;
 };
 
+// Whether saving `stream_bytes` into the pool, at the rate its saves have run so far
+// (`c`), takes longer than prefilling `tokens` again at `prefill_tokens_per_ms`: false
+// where either rate is not known yet.
+inline bool save_costs_more_than_prefill(double stream_bytes, const kv_pool_counters & c, double tokens,
+                                         double prefill_tokens_per_ms) {
+    if (prefill_tokens_per_ms <= 0 || c.n_saves == 0 || c.saved_bytes == 0) return false;
+    return stream_bytes * c.save_ms / (double)c.saved_bytes > tokens / prefill_tokens_per_ms;
+}
+
 class kv_pool final : public kv_ops {
   public:
     // Holder ids are [first_holder, first_holder + n_holders); none may be an engine

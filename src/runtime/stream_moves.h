@@ -38,8 +38,11 @@ class stream_moves {
     // copies are on and one is free (no byte leaves the device), else offered to the
     // pool - unless they are only content of low retention (history that slid out of
     // an agent's window or was compacted away, a terminal log): a branch no agent
-    // revisits is not worth a copy of the whole stream on the turn's way.
-    void save_branch(seq_id seq, size_t n_keep);
+    // revisits is not worth a copy of the whole stream on the turn's way. Nor is one
+    // whose copy into the pool (the whole stream, at the pool's measured rate) would take
+    // longer than prefilling the branch again at `prefill_tokens_per_ms` (0: not known):
+    // a long prefix out of a device on the turn's way, for a retry that may not come.
+    void save_branch(seq_id seq, size_t n_keep, double prefill_tokens_per_ms = 0);
     // A turn of `workspace` (its prompt's blocks `next`) on `seq` keeps its first `keep`
     // tokens: the stream's deferred disk write, if the prefix it saves reaches past them, is
     // not made on the turn's way. The same workspace's turn cuts the write to the blocks it
@@ -54,8 +57,13 @@ class stream_moves {
     seq_id park(seq_id seq);
     // Before another prompt overwrites an idle stream: its durable blocks go to the pool,
     // unless the pool holds them already; its per-turn blocks (the last turn's diff, test
-    // output...) do not - that workspace's next turn brings its own.
-    void write_back_displaced(seq_id seq);
+    // output...) do not - that workspace's next turn brings its own. Where that prompt is
+    // the stream's own workspace's next (`workspace`, its blocks `next`) and starts as the
+    // stream does, the turn brings what they share from elsewhere, and what follows is
+    // the old prompt's tail, which the workspace moved on from: a branch, kept or not as
+    // save_branch decides.
+    void write_back_displaced(seq_id seq, std::string_view workspace = {}, std::span<const block> next = {},
+                              double prefill_tokens_per_ms = 0);
     // Writes back every idle stream whose blocks `blocks` starts with: a lookup in
     // the pool then sees them wherever they ran.
     void write_back_sharing(std::span<const block> blocks, seq_id except);

@@ -308,6 +308,10 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
     scalar(out, "warmctx_branches_dropped_total", "counter",
            "Blocks of low retention a turn trimmed away (history out of a window), not saved.",
            static_cast<double>(m.n_branches_dropped));
+    scalar(out, "warmctx_branches_too_costly_total", "counter",
+           "Blocks a turn trimmed away, not saved: the stream's copy into the pool would take longer than "
+           "prefilling them again.",
+           static_cast<double>(m.n_branches_too_costly));
     scalar(out, "warmctx_write_backs_ahead_total", "counter",
            "Write-backs an idle engine made ahead of a displacement (on no turn's way).",
            static_cast<double>(m.n_write_backs_ahead));

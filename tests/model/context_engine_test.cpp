@@ -1315,6 +1315,55 @@ TEST(KvPool, AnEditTrimmingStableBlocksParksTheOldBranchInAFreeStream) {
     EXPECT_EQ(std::memcmp(cold.data(), logits.data(), logits.size() * 4), 0);
 }
 
+// A workspace's turn that takes a longer prefix from another stream displaces its own
+// stream, whose tail past what the two prompts share is the old prompt's (an edit the
+// workspace made and undid): kept as a branch - parked whole in a free stream - not copied
+// whole into the pool on the turn's way.
+TEST(KvPool, AWorkspacesTurnFromAnotherStreamParksItsOwnOldBranch) {
+    auto ce = two_streams_copying(3);
+    ASSERT_TRUE(ce);
+    workload_generator g(7, [&ce](const std::string & s) { auto t = ce->tokenize(s); return t.ok() ? t->size() : 0; });
+    turn_request req;
+    req.sampling.max_tokens = 2;
+    req.keep_logits = true;
+    req.hints = assembly_hints{};  // the kind order and whole chunks (as the edit test above)
+    const auto original = make_workspace(g, 600, 1);
+    auto edited = original;
+    for (auto & s : edited)
+        if (s.kind == segment_kind::repo_map) s.content = g.edit_one_line(s.content);
+    auto run = [&](const std::string & ws, const std::vector<segment> & segs, seq_id seq, std::vector<float> & logits) {
+        req.workspace = ws;
+        req.segments = segs;
+        auto t = ce->begin_turn(req, seq, logits);
+        if (!t.ok()) return t.error();
+        return ce->finish_turn(*t, 0);
+    };
+    std::vector<float> logits;
+    ASSERT_TRUE(run("a", edited, 0, logits).ok());    // workspace a, its map edited, in stream 0
+    ASSERT_TRUE(run("b", original, 1, logits).ok());  // b, the original map, in stream 1
+    auto back = original;
+    back.back().content = "the edit undone";
+    const auto before = ce->counters().memory;
+    ASSERT_TRUE(run("a", back, 0, logits).ok());  // from stream 1: stream 0's edited tail is a branch
+    const auto c = ce->counters().memory;
+    EXPECT_EQ(c.n_branches_parked, before.n_branches_parked + 1);
+    EXPECT_EQ(c.n_write_backs, 0u);
+    EXPECT_EQ(c.n_pool_saves, 0u);
+    EXPECT_EQ(c.n_stream_copies, before.n_stream_copies + 2);  // parked, then the prefix from stream 1
+    const auto cold = cold_logits(req);
+    ASSERT_EQ(cold.size(), logits.size());
+    EXPECT_EQ(std::memcmp(cold.data(), logits.data(), logits.size() * 4), 0);
+    // The parked branch serves the edited prompt again, whole.
+    auto again = edited;
+    again.back().content = "the edit again";
+    req.workspace = "a";
+    req.segments = again;
+    auto t = ce->begin_turn(req, 0, logits);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    EXPECT_EQ(t->explain.kind, miss_kind::full_hit) << t->explain.reason;
+    ASSERT_TRUE(ce->finish_turn(*t, 0).ok());
+}
+
 TEST(KvPool, ResidentStreamsAreWorkStreamsCountedWhole) {
     auto ce = two_streams_copying(1, 2);
     ASSERT_TRUE(ce);
