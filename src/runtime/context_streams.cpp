@@ -173,12 +173,18 @@ size_t stream_moves::bound_stream_checkpoints(seq_id keep) {
     const uint64_t max = opts_.stream_checkpoint_max_bytes;
     if (max == 0) return 0;
     size_t n = 0;
+    // A stream that owes nothing (its blocks offered to the pool, no deferred disk write)
+    // goes first: clearing it copies nothing out of the device, where another's prefix
+    // would leave it whole (~0.6 GB of a 4B hybrid's KV) while the next turn waits.
+    auto owes = [this](seq_id s) { return streams_[(size_t)s].unsaved || tiers_.deferred.count(s) > 0; };
     while (eng_.checkpoint_bytes_held() > max) {
         seq_id victim = -1;
         for (size_t s = 0; s < streams_.size(); ++s) {
             const work_stream & w = streams_[s];
             if ((seq_id)s == keep || w.busy || eng_.checkpoints((seq_id)s).empty()) continue;
-            if (victim < 0 || w.t_finished < streams_[(size_t)victim].t_finished) victim = (seq_id)s;
+            const work_stream & v = streams_[(size_t)std::max<seq_id>(victim, 0)];
+            if (victim < 0 || std::make_pair(owes((seq_id)s), w.t_finished) < std::make_pair(owes(victim), v.t_finished))
+                victim = (seq_id)s;
         }
         if (victim < 0) break;  // what is left belongs to turns in flight (or `keep`)
         write_back(victim);

@@ -96,9 +96,10 @@ class stream_moves {
     // The deepest block end at or before `at` where `seq` can be cut (engine::can_trim).
     reuse_point resumable(seq_id seq, const assembled_prompt & prompt, reuse_point at) const;
     // Keeps the streams' checkpoints within opts.stream_checkpoint_max_bytes: while over,
-    // the idle stream other than `keep` finished longest ago that holds checkpoints
-    // gives its blocks to the pool (write_back: the pool's budget decides what it keeps)
-    // and is cleared. Returns how many streams were cleared.
+    // an idle stream other than `keep` that holds checkpoints gives its blocks to the pool
+    // (write_back: the pool's budget decides what it keeps) and is cleared - one that owes
+    // nothing first (its blocks offered to the pool already, no deferred disk write), then
+    // the one finished longest ago. Returns how many streams were cleared.
     size_t bound_stream_checkpoints(seq_id keep);
     // Drops checkpoints of `seq` past `max_count` (context_engine_options::
     // stream_checkpoint_max_count says which); returns how many.

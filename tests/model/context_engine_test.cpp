@@ -1456,6 +1456,35 @@ TEST(ContextEngineCheckpoints, NoCheckpointWhereTheGenerationPromptEnds) {
     EXPECT_GT(again->explain.n_reused, 0);
 }
 
+// Over the bound, a stream whose blocks the pool already holds is cleared before an older
+// one that would have to be copied out whole first.
+TEST(ContextEngineCheckpoints, OverTheirBoundAStreamThePoolHoldsGoesFirst) {
+    uint64_t one = 0;
+    {
+        auto ce = hybrid_engine(0);
+        ASSERT_TRUE(ce);
+        ASSERT_TRUE(ce->run_turn(hybrid_turn("a", 1, "first")).ok());
+        one = ce->counters().memory.checkpoint_bytes;
+        ASSERT_GT(one, 0u);
+    }
+    auto ce = hybrid_engine(2 * one + one / 2);
+    ASSERT_TRUE(ce);
+    ASSERT_TRUE(ce->run_turn(hybrid_turn("a", 1, "first"), 0).ok());
+    ASSERT_TRUE(ce->run_turn(hybrid_turn("b", 2, "first"), 1).ok());
+    EXPECT_EQ(ce->counters().memory.n_checkpoint_evictions, 0u);
+    // Another workspace with b's context: b's stream goes to the pool for its lookup, and
+    // its turn, in stream 2, puts the three streams' checkpoints over the bound.
+    ASSERT_TRUE(ce->run_turn(hybrid_turn("b2", 2, "another question"), 2).ok());
+    const kv_memory m = ce->counters().memory;
+    EXPECT_EQ(m.n_checkpoint_evictions, 1u);
+    EXPECT_EQ(m.n_write_backs, 1u);  // b's, for the lookup; none for the eviction
+    EXPECT_LE(m.checkpoint_bytes, 2 * one + one / 2);
+    // a's stream, finished longest ago, still holds its prefix: its next turn is in place.
+    auto again = ce->run_turn(hybrid_turn("a", 1, "second"), 0);
+    ASSERT_TRUE(again.ok()) << again.error().to_string();
+    EXPECT_TRUE(again->explain.in_place) << again->explain.reason;
+}
+
 TEST(ContextEngineCheckpoints, TheStreamsCheckpointsStayWithinTheirBound) {
     // One workspace's stream alone, unbounded: what its checkpoints take.
     uint64_t one = 0;
