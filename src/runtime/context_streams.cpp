@@ -182,9 +182,12 @@ size_t stream_moves::bound_stream_checkpoints(seq_id keep) {
         for (size_t s = 0; s < streams_.size(); ++s) {
             const work_stream & w = streams_[s];
             if ((seq_id)s == keep || w.busy || eng_.checkpoints((seq_id)s).empty()) continue;
-            const work_stream & v = streams_[(size_t)std::max<seq_id>(victim, 0)];
-            if (victim < 0 || std::make_pair(owes((seq_id)s), w.t_finished) < std::make_pair(owes(victim), v.t_finished))
+            if (victim < 0) {
                 victim = (seq_id)s;
+                continue;
+            }
+            const auto key = std::make_pair(owes((seq_id)s), w.t_finished);
+            if (key < std::make_pair(owes(victim), streams_[(size_t)victim].t_finished)) victim = (seq_id)s;
         }
         if (victim < 0) break;  // what is left belongs to turns in flight (or `keep`)
         write_back(victim);
