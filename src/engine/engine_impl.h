@@ -119,6 +119,10 @@ struct engine::impl {
     std::vector<pos_t> window_real_from;
     // Takes the checkpoint of `seq` at its current end (n_tokens). Errors: engine_error.
     status take_checkpoint(seq_id seq, pos_t n_tokens);
+    // llama.cpp's bytes of `seq` with `flags`, out of the device through the page-locked
+    // staging buffer where the backend has one (a view of it, good until its next use),
+    // else read into `own` (a view of that). Errors: engine_error.
+    result<std::span<const uint8_t>> state_out(seq_id seq, llama_state_seq_flags flags, std::vector<uint8_t> & own);
     const checkpoint * checkpoint_at(seq_id seq, pos_t n_tokens) const;
     // Whether `seq` is cut at `from` as plain KV is (no checkpoint needed): plain KV, or a
     // window whose cells before `from` are real. engine::trim_seq and engine::can_trim.

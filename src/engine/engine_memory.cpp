@@ -75,26 +75,29 @@ std::shared_ptr<const std::vector<uint8_t>> engine::impl::checkpoint_bytes(std::
                                                        });
 }
 
-status engine::impl::take_checkpoint(seq_id seq, pos_t n_tokens) {
-    // Out of the device into page-locked memory where the backend has it (a 52.7 MB
-    // recurrent state of a 4B hybrid at the bus's speed, not through pageable memory),
-    // then one copy into the checkpoint (a spare buffer where there is one).
-    const auto t0 = std::chrono::steady_clock::now();
-    constexpr auto partial = LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY;
-    std::vector<uint8_t> own;
-    std::span<const uint8_t> raw;
+result<std::span<const uint8_t>> engine::impl::state_out(seq_id seq, llama_state_seq_flags flags,
+                                                        std::vector<uint8_t> & own) {
     // Sized once either way (llama.cpp sizes a state by writing it to nothing).
-    const size_t size = staging_buft ? llama_state_seq_get_size_ext(ctx.get(), seq, partial) : 0;
+    const size_t size = staging_buft ? llama_state_seq_get_size_ext(ctx.get(), seq, flags) : 0;
     if (uint8_t * staged = staging_buft ? staging_of(size) : nullptr) {
-        const size_t w = llama_state_seq_get_data_ext(ctx.get(), staged, size, seq, partial);
-        if (w == 0 && size != 0) return engine_error("checkpoint: llama_state_seq_get_data failed");
-        raw = std::span<const uint8_t>(staged, w);
-    } else {
-        auto r = llama_state(ctx.get(), seq, partial);
-        if (!r.ok()) return r.error();
-        own = std::move(r.value());
-        raw = own;
+        const size_t w = llama_state_seq_get_data_ext(ctx.get(), staged, size, seq, flags);
+        if (w == 0 && size != 0) return engine_error("llama_state_seq_get_data failed");
+        return std::span<const uint8_t>(staged, w);
     }
+    auto r = llama_state(ctx.get(), seq, flags);
+    if (!r.ok()) return r.error();
+    own = std::move(r.value());
+    return std::span<const uint8_t>(own);
+}
+
+status engine::impl::take_checkpoint(seq_id seq, pos_t n_tokens) {
+    // Out of the device through the staging buffer (state_out), then one copy into the
+    // checkpoint (a spare buffer where there is one).
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<uint8_t> own;
+    auto out = state_out(seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY, own);
+    if (!out.ok()) return out.error().with_context("checkpoint");
+    const std::span<const uint8_t> raw = *out;
     std::shared_ptr<const std::vector<uint8_t>> bytes;
     if (layout.recurrent) {
         if (raw.size() < 8) return engine_error("checkpoint: an empty recurrent state");
@@ -436,19 +439,20 @@ status check_fits(const parsed_state & ps, uint32_t n_ctx_seq) {
 result<std::vector<uint8_t>> engine::save_seq(seq_id seq) const {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
     if (!p_->cinfo.memory.reuse) return engine_error("save_seq: this model's memory is not one warmctx can save");
-    const size_t n = llama_state_seq_get_size(p_->ctx.get(), seq);
-    if (uint8_t * staged = p_->layout == state_layout{} ? p_->staging_of(n) : nullptr) {
-        // Out of the device into page-locked memory at the bus's speed, then one host
-        // copy into the portable form.
-        const size_t w = llama_state_seq_get_data(p_->ctx.get(), staged, n, seq);
-        if (w == 0 && n != 0) return engine_error("llama_state_seq_get_data failed");
-        auto out = portable_state(std::span<const uint8_t>(staged, w));
-        if (!out.ok()) return engine_error("save_seq: " + out.error().message());
-        return out;
+    // Plain KV: straight from llama.cpp's bytes (through the staging buffer) to the portable
+    // form; a state with checkpoints takes them along as save_seq_raw's trailer.
+    std::vector<uint8_t> own;
+    result<std::span<const uint8_t>> raw = std::span<const uint8_t>{};
+    if (p_->layout == state_layout{}) {
+        raw = p_->state_out(seq, 0, own);
+    } else {
+        auto saved = save_seq_raw(seq);
+        if (!saved.ok()) return saved.error();
+        own = std::move(saved.value());
+        raw = std::span<const uint8_t>(own);
     }
-    auto saved = save_seq_raw(seq);
-    if (!saved.ok()) return saved.error();
-    auto out = portable_state(*saved);
+    if (!raw.ok()) return raw.error();
+    auto out = portable_state(*raw);
     if (!out.ok()) return engine_error("save_seq: " + out.error().message());
     return out;
 }
@@ -464,19 +468,13 @@ result<std::vector<uint8_t>> engine::portable_state(std::span<const uint8_t> raw
 
 result<std::vector<uint8_t>> engine::save_seq_raw(seq_id seq) const {
     WARMCTX_RETURN_IF_ERROR(p_->check_seq(seq));
-    // Out of the device through page-locked memory where the backend has it, as a
-    // checkpoint is: into pageable memory a copy runs at a fraction of the bus's speed
-    // (a 19k-token prefix of a 4B shape, 1.5 GB: over a second on an H100's host).
-    result<std::vector<uint8_t>> raw = std::vector<uint8_t>{};
-    const size_t size = p_->staging_buft ? llama_state_seq_get_size_ext(p_->ctx.get(), seq, 0) : 0;
-    if (uint8_t * staged = p_->staging_buft ? p_->staging_of(size) : nullptr) {
-        const size_t w = llama_state_seq_get_data_ext(p_->ctx.get(), staged, size, seq, 0);
-        if (w == 0 && size != 0) return engine_error("llama_state_seq_get_data failed");
-        raw->assign(staged, staged + w);
-    } else {
-        raw = llama_state(p_->ctx.get(), seq, 0);
-    }
-    if (!raw.ok()) return raw.error();
+    // Through the staging buffer, as a checkpoint (state_out): into pageable memory a copy
+    // out of a device runs at a fraction of the bus's speed (a 19k-token prefix of a 4B
+    // shape, 1.5 GB: over a second on an H100's host).
+    std::vector<uint8_t> own;
+    auto out = p_->state_out(seq, 0, own);
+    if (!out.ok()) return out.error();
+    result<std::vector<uint8_t>> raw = own.empty() ? std::vector<uint8_t>(out->begin(), out->end()) : std::move(own);
     if (p_->layout.has_partial()) {
         const size_t llama_bytes = raw->size();
         const pos_t end = seq_n_tokens(seq);
