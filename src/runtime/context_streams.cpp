@@ -51,7 +51,10 @@ void stream_moves::save_branch(seq_id seq, size_t n_keep, double prefill_tokens_
     // The pool saves the stream whole. Where that takes longer than the branch's tokens
     // take to prefill again, even a retry that surely came would be served sooner
     // without the save.
-    const double stream_bytes = (double)eng_.seq_n_tokens(seq) * (double)eng_.context().kv_bytes_per_token;
+    // The stream's cells and its checkpoints (the pool's entry carries them): its bytes.
+    const context_info & ci = eng_.context();
+    const double stream_bytes = (double)eng_.seq_n_tokens(seq) * (double)ci.kv_bytes_per_token +
+                                (double)eng_.checkpoints(seq).size() * (double)ci.memory.checkpoint_bytes;
     const pos_t from = n_keep == 0 ? 0 : s.blocks[n_keep - 1].end;
     if (save_costs_more_than_prefill(stream_bytes, tiers_.pool->counters(), (double)(s.blocks[n - 1].end - from),
                                      prefill_tokens_per_ms)) {
