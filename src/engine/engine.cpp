@@ -176,11 +176,12 @@ bool same_bits(const std::vector<float> & a, const std::vector<float> & b) {
 // way however many there are; one row alone goes through others (a one-row dot product),
 // whose last bits differ once the sequence is deeper than 256 cells (flash attention then
 // splits one row's KV between the threads). Measured here: 3 tokens after 264, decoded one
-// row a step, in one step of 3, and in steps of 2 (the last padded). Where padding a lone
-// row to two makes a token's logits the same decoded alone, beside other jobs' rows or with
-// a draft, and costs at most engine_options::steps_pad_max_cost (1.2x) the lone row (timed:
-// on the tiny models two rows are faster at depth, on the 0.5B q4_0 shape ~2x), lone rows are
-// padded; where it costs more they are not, and steps_exact says answers may part at near ties.
+// row a step, in one step of 3, and in steps of 2 (the last padded: by a row in its own
+// sequence, and by one in an empty sequence beside it). Where padding a lone row to two
+// makes a token's logits the same decoded alone, beside other jobs' rows or with a draft,
+// and the pad decode_step uses where it can (beside) costs at most
+// engine_options::steps_pad_max_cost (1.2x) the lone row, lone rows are padded; where it
+// costs more they are not, and steps_exact says answers may part at near ties.
 status engine::impl::probe_steps() {
     // Deeper than 256 cells: one row's flash attention splits a longer KV between threads.
     const pos_t depth = 264;
@@ -195,26 +196,33 @@ status engine::impl::probe_steps() {
         llama_memory_seq_rm(mem(), 0, depth, -1);
         pos_t pos = depth;
         for (int32_t k : steps) {
-            const int32_t n = k == 0 ? 2 : k;  // 0: one row padded to two
+            // 0: one row padded to two in its sequence; -1: padded by a row in sequence 1
+            const int32_t n = k <= 0 ? 2 : k;
             batch.n_tokens = n;
             // Every row's logits: the output layer of one row alone is another kernel too.
             for (int32_t i = 0; i < n; ++i)
                 detail::set_step_row(batch, i, toks[(size_t)std::min<pos_t>(pos + i, end - 1)], pos + i, 0);
+            if (k < 0) detail::set_step_row(batch, 1, toks[(size_t)pos], 0, 1);
             WARMCTX_RETURN_IF_ERROR(detail::decode_status(llama_decode(ctx.get(), batch)));
-            pos += k == 0 ? 1 : k;
-            if (k == 0) llama_memory_seq_rm(mem(), 0, pos, -1);
+            pos += k <= 0 ? 1 : k;
+            if (k <= 0) llama_memory_seq_rm(mem(), k == 0 ? 0 : 1, k == 0 ? pos : 0, -1);
             if (pos == end) {
-                const float * l = llama_get_logits_ith(ctx.get(), k == 0 ? 0 : -1);
+                const float * l = llama_get_logits_ith(ctx.get(), k <= 0 ? 0 : -1);
                 out.assign(l, l + minfo.n_vocab);
             }
         }
         return {};
     };
-    std::vector<float> one, three, two;
+    // The pad decode_step uses where it can: a row in an empty sequence beside (here 1).
+    const bool beside = cinfo.n_seq_max >= 2;
+    const int32_t padded = beside ? -1 : 0;
+    std::vector<float> one, three, two, two_beside;
     status st = run({1, 1, 1}, one);
     if (st.ok()) st = run({3}, three);
     if (st.ok()) st = run({2, 0}, two);
-    const bool lone_differs = !same_bits(one, three), pad_agrees = same_bits(three, two);
+    if (st.ok() && beside) st = run({2, -1}, two_beside);
+    const bool lone_differs = !same_bits(one, three);
+    const bool pad_agrees = same_bits(three, two) && (!beside || same_bits(three, two_beside));
     // Each way's fastest of five, alternated: the least noisy estimate on a shared machine
     // (a sum let one slow repetition move a model near the line across it between starts).
     double t_lone = 0, t_pad = 0;
@@ -222,7 +230,7 @@ status engine::impl::probe_steps() {
         for (bool pad : {false, true}) {
             const auto t0 = std::chrono::steady_clock::now();
             std::vector<float> ignored;
-            st = pad ? run({0, 0, 0}, ignored) : run({1, 1, 1}, ignored);
+            st = pad ? run({padded, padded, padded}, ignored) : run({1, 1, 1}, ignored);
             const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             double & best = pad ? t_pad : t_lone;
             best = rep == 0 ? t : std::min(best, t);
@@ -342,8 +350,6 @@ status engine::decode_step(std::span<const step_input> inputs, std::vector<std::
     if (inputs.empty()) return invalid_argument("decode_step: no inputs");
     if (inputs.size() > p_->cinfo.chunk_tokens)
         return invalid_argument("decode_step: more inputs than the batch holds");
-    auto & batch = p_->batch;
-    batch.n_tokens = (int32_t)inputs.size();
     for (size_t i = 0; i < inputs.size(); ++i) {
         const auto & in = inputs[i];
         WARMCTX_RETURN_IF_ERROR(p_->check_seq(in.seq));
@@ -356,25 +362,60 @@ status engine::decode_step(std::span<const step_input> inputs, std::vector<std::
             return invalid_argument("decode_step: a sequence's rows must be at consecutive positions");
         for (size_t j = 0; !continues && j < i; ++j)
             if (inputs[j].seq == in.seq) return invalid_argument("decode_step: a sequence's rows must be adjacent");
-        detail::set_step_row(batch, (int32_t)i, in.token, in.pos, in.seq);
     }
-    // A lone row goes as two (context_info::pads_steps): a copy of its token at the next
-    // position, whose cell is given back at once; its logits are computed (the output layer
-    // of one row alone is another kernel too) and not returned.
-    // (Not the context's last cell: there is none after it where no padding cells are kept.)
-    const uint32_t cells = p_->cinfo.n_ctx_seq + (p_->cinfo.pads_rows ? engine::k_pad_cells : 0);
-    const bool pad = inputs.size() == 1 && p_->cinfo.pads_steps && (uint32_t)inputs[0].pos + 1 < cells;
-    if (pad) {
-        batch.n_tokens = 2;
-        detail::set_step_row(batch, 1, inputs[0].token, inputs[0].pos + 1, inputs[0].seq);
-    }
-    status dst = detail::decode_status(llama_decode(p_->ctx.get(), batch)).with_context("decode_step");
-    if (pad) llama_memory_seq_rm(p_->mem(), inputs[0].seq, inputs[0].pos + 1, -1);
-    WARMCTX_RETURN_IF_ERROR(dst);
     logits.resize(inputs.size());
-    for (size_t i = 0; i < inputs.size(); ++i) {
-        const float * l = llama_get_logits_ith(p_->ctx.get(), (int32_t)i);
-        logits[i].assign(l, l + p_->minfo.n_vocab);
+    if (!p_->cinfo.pads_steps) return p_->step_call(inputs, logits).with_context("decode_step");
+    // Where lone rows are padded (context_info::pads_steps), llama.cpp must not make a lone
+    // row of any ubatch either: it puts sequences in one ubatch only where their ids follow
+    // each other and they bring as many rows each. So the step goes as calls of such runs
+    // of sequences, and a run of one row is padded.
+    for (size_t i = 0; i < inputs.size();) {
+        auto group_end = [&](size_t at) {
+            size_t e = at + 1;
+            while (e < inputs.size() && inputs[e].seq == inputs[at].seq) ++e;
+            return e;
+        };
+        size_t end = group_end(i);
+        const size_t rows = end - i;
+        while (end < inputs.size() && inputs[end].seq == inputs[end - 1].seq + 1 && group_end(end) - end == rows)
+            end = group_end(end);
+        WARMCTX_RETURN_IF_ERROR(p_->step_call(inputs.subspan(i, end - i), std::span(logits).subspan(i, end - i))
+                                    .with_context("decode_step"));
+        i = end;
+    }
+    return {};
+}
+
+// One llama_decode of a step's rows. A lone row goes as two (context_info::pads_steps): the
+// pad row is a copy of its token in an empty sequence next to it where there is one (its
+// attention is over nothing: the pad costs the lone row next to nothing at any depth), else
+// at the next position of its own sequence (its attention as deep as the row's: ~2x the row
+// on the 0.5B shape at depth 2,300); either way its cell is given back at once and its
+// logits (the output layer of one row alone is another kernel too) are not returned.
+// (Not the context's last cell: there is none after it where no padding cells are kept.)
+status engine::impl::step_call(std::span<const step_input> rows, std::span<std::vector<float>> logits) {
+    const uint32_t cells = cinfo.n_ctx_seq + (cinfo.pads_rows ? engine::k_pad_cells : 0);
+    step_input pad{-1, 0, 0};
+    if (rows.size() == 1 && cinfo.pads_steps) {
+        const step_input & in = rows[0];
+        for (seq_id s : {in.seq + 1, in.seq - 1})
+            if (pad.seq < 0 && s >= 0 && (uint32_t)s < cinfo.n_seq_max && llama_memory_seq_pos_max(mem(), s) < 0)
+                pad = {s, in.token, 0};
+        if (pad.seq < 0 && (uint32_t)in.pos + 1 < cells) pad = {in.seq, in.token, in.pos + 1};
+    }
+    const bool pad_first = pad.seq >= 0 && pad.seq < rows[0].seq;  // a ubatch's sequences go in order
+    int32_t n = 0;
+    if (pad_first) detail::set_step_row(batch, n++, pad.token, pad.pos, pad.seq);
+    const int32_t first = n;
+    for (const auto & in : rows) detail::set_step_row(batch, n++, in.token, in.pos, in.seq);
+    if (pad.seq >= 0 && !pad_first) detail::set_step_row(batch, n++, pad.token, pad.pos, pad.seq);
+    batch.n_tokens = n;
+    status st = detail::decode_status(llama_decode(ctx.get(), batch));
+    if (pad.seq >= 0) llama_memory_seq_rm(mem(), pad.seq, pad.pos, -1);
+    WARMCTX_RETURN_IF_ERROR(st);
+    for (size_t i = 0; i < rows.size(); ++i) {
+        const float * l = llama_get_logits_ith(ctx.get(), first + (int32_t)i);
+        logits[i].assign(l, l + minfo.n_vocab);
     }
     return {};
 }

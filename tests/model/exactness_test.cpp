@@ -328,5 +328,70 @@ TEST(Exactness, ALoneDecodeRowGivesTheBitsItHasAmongOthers) {
     }
 }
 
+// Other jobs' rows in the same step: a job's row gives the bits it has decoded alone,
+// whichever work sequences the jobs hold and however many rows (a draft) each brings.
+// llama.cpp makes one ubatch only of sequences whose ids follow each other and that bring
+// as many rows each, so the step is decoded as calls of such runs; each call's lone row is
+// padded (beside seq 0 here, sequence 1 is empty or the other job's).
+TEST(Exactness, ARowBesideOtherJobsRowsGivesTheBitsItHasAlone) {
+    auto o = testing::tiny_options(kv_mode::exact, 4);
+    o.flash_attn = true;
+    o.chunk_tokens = 512;
+    o.n_threads = 2;
+    o.steps_pad_max_cost = 1e9;
+    auto r = engine::open(o);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    engine & e = **r;
+    ASSERT_TRUE(e.context().pads_steps);
+    const auto prompt = random_tokens(300, 8, e.model().n_vocab);
+    const auto other = random_tokens(280, 5, e.model().n_vocab);
+    const auto next = random_tokens(6, 9, e.model().n_vocab);
+    // seq's rows per step (the job under test), and the other job's sequence and rows a step
+    auto run = [&](seq_id seq, std::vector<size_t> steps, seq_id oseq, size_t orows) {
+        std::vector<float> l;
+        for (seq_id s = 0; s < 4; ++s) e.clear_seq(s);
+        EXPECT_TRUE(e.prefill(seq, prompt, 0, {}, &l).ok());
+        if (oseq >= 0) EXPECT_TRUE(e.prefill(oseq, other, 0, {}, &l).ok());
+        std::vector<std::vector<float>> all;
+        size_t at = 0;
+        pos_t opos = (pos_t)other.size();
+        for (size_t k : steps) {
+            std::vector<step_input> in;
+            auto mine = [&] {
+                for (size_t j = 0; j < k; ++j) in.push_back({seq, next[at + j], (pos_t)(prompt.size() + at + j)});
+            };
+            auto theirs = [&] {
+                for (size_t j = 0; j < orows; ++j) in.push_back({oseq, other[j], opos + (pos_t)j});
+            };
+            if (oseq >= 0 && oseq < seq) theirs();
+            mine();
+            if (oseq > seq) theirs();
+            std::vector<std::vector<float>> out;
+            EXPECT_TRUE(e.decode_step(in, out).ok());
+            const size_t first = oseq >= 0 && oseq < seq ? orows : 0;
+            for (size_t j = 0; j < k; ++j) all.push_back(out[first + j]);
+            if (oseq >= 0) e.trim_seq(oseq, opos);  // the other job's rows leave no trace
+            at += k;
+        }
+        EXPECT_EQ(e.seq_n_tokens(seq), (pos_t)(prompt.size() + next.size())) << "a padded row leaves no cell";
+        for (seq_id s = 0; s < 4; ++s)
+            if (s != seq && s != oseq) EXPECT_EQ(e.seq_n_tokens(s), 0) << "a pad beside leaves no cell";
+        return all;
+    };
+    const auto alone = run(0, {1, 1, 1, 1, 1, 1}, -1, 0);
+    struct way { seq_id seq; std::vector<size_t> steps; seq_id oseq; size_t orows; };
+    for (const way & w : std::vector<way>{{0, {1, 1, 1, 1, 1, 1}, 1, 1}, {0, {1, 1, 1, 1, 1, 1}, 2, 1},
+                                           {2, {1, 1, 1, 1, 1, 1}, 0, 1}, {1, {3, 3}, 3, 1},
+                                           {0, {3, 3}, 1, 2}, {0, {1, 1, 1, 1, 1, 1}, 3, 3}}) {
+        SCOPED_TRACE("seq " + std::to_string(w.seq) + " beside seq " + std::to_string(w.oseq) + " with " +
+                     std::to_string(w.orows) + " rows, first step of " + std::to_string(w.steps[0]));
+        const auto got = run(w.seq, w.steps, w.oseq, w.orows);
+        ASSERT_EQ(got.size(), alone.size());
+        size_t same = 0;
+        for (size_t i = 0; i < alone.size(); ++i)
+            same += std::memcmp(alone[i].data(), got[i].data(), alone[i].size() * sizeof(float)) == 0;
+        EXPECT_EQ(same, alone.size());
+    }
+}
 }  // namespace
 }  // namespace warmctx
