@@ -11,6 +11,7 @@
 
 #include "bench_harness.h"
 #include "cli.h"
+#include "warmctx/scheduler.h"
 
 namespace warmctx::cli {
 namespace {
@@ -61,6 +62,7 @@ result<std::unique_ptr<bench_system>> start_system(const drafts_args & a, const 
         wo.name = name;
         wo.mf = a.mf;
         wo.draft_max = name == "warmctx" ? a.draft_max : 0;
+        wo.parallel = scheduler_options{}.n_parallel;  // serve's default --parallel, as llama-server's 4 slots
         return start_warmctx_system(wo);
     }
     llama_server_options lo;
