@@ -96,7 +96,7 @@ memory() {  # system -> what the server says it allocated for KV, from its own s
 : >"$work/counters.jsonl"
 counters() {  # warmctx's own counters of where the time between the requests went (/metrics)
   curl -s "http://127.0.0.1:$port/metrics" |
-    grep -E '^warmctx_(disk_cop|tier_writes|write_back|pool_write_backs|deferred_writes_(parked|cut)|branches_parked|stream_copies|checkpoint(s_taken|_seconds|_bytes|_size))' |
+    grep -E '^warmctx_(disk_cop|tier_writes|write_back|pool_write_backs|deferred_writes_(parked|cut)|branches_(parked|too_costly)|stream_copies|checkpoint(s_taken|_seconds|_bytes|_size))' |
     jq -R -s --arg system warmctx 'split("\n") | map(select(length > 0) | split(" ") | {(.[0]): (.[1] | tonumber)}) | add
       | {system: $system} + .' >>"$work/counters.jsonl" || true
 }

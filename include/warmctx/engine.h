@@ -169,6 +169,12 @@ struct context_info {
     // lone row is decoded padded to two (decode_step), so an answer is the same decoded
     // alone, batched or drafted.
     bool pads_steps = false;
+    // Measured with pads_steps: one row of each of two sequences gives the bits two rows of
+    // one do (flash attention on). Then a lone row's pad goes into an empty sequence beside
+    // it where there is one (its attention is over nothing), and a step's sequences whose
+    // ids follow each other share a call; else the pad follows the row in its own sequence
+    // and each sequence's rows are a call of their own.
+    bool pads_beside = false;
     double steps_pad_cost = 0;    // two rows' time over one row's, as measured (0: not measured)
     // A step's rows give the same bits alone, beside others or with a draft (on the GPU:
     // not measured, false). Where false, drafts are off unless asked (default_draft_max).

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
+#include "warmctx/scheduler.h"
 
 namespace warmctx::cli {
 namespace {
@@ -13,7 +14,9 @@ struct make_model_args {
 };
 
 int run_info(const model_flags & mf, bool json) {
-    auto opts = mf.to_options(1);
+    // serve's default streams: what the engine measures at open (a lone row's pad beside it)
+    // depends on them
+    auto opts = mf.to_options(scheduler_options{}.n_parallel);
     if (!opts) return fail(opts.error());
     auto eng = engine::open(*opts);
     if (!eng) return fail(eng.error());
@@ -29,7 +32,7 @@ int run_info(const model_flags & mf, bool json) {
         {"memory_kind", memory_kind_name(c.memory.kind)}, {"reuse", c.memory.reuse},
         {"sliding_window", c.memory.n_swa}, {"checkpoint_bytes", c.memory.checkpoint_bytes},
         {"memory", c.memory.note}, {"pads_small_batches", c.pads_rows}, {"splits_freely", c.splits_freely},
-        {"splits_probe_ms", c.splits_probe_ms}, {"pads_steps", c.pads_steps},
+        {"splits_probe_ms", c.splits_probe_ms}, {"pads_steps", c.pads_steps}, {"pads_beside", c.pads_beside},
         {"steps_pad_cost", c.steps_pad_cost}, {"steps_exact", c.steps_exact},
     };
     if (json) { std::printf("%s\n", j.dump(2).c_str()); return 0; }

@@ -226,7 +226,8 @@ void report_start(const serve_args & a, const server_options & sv, const schedul
                                      std::to_string((int)ci.splits_probe_ms) +
                                      " ms): prefill in full calls, warm turns resume at any token"
                                : std::string()) +
-             (ci.pads_steps ? "; a lone decode row goes as two (the same bits alone, batched or drafted)"
+             (ci.pads_steps ? std::string("; a lone decode row goes as two (the same bits alone, batched or drafted") +
+                                  (ci.pads_beside ? ", its pad in an empty stream beside it)" : ")")
               : ci.backend == "CPU" && !ci.steps_exact
                   ? "; a lone decode row alone parts from one among others (drafts off unless asked)"
                   : std::string()) +

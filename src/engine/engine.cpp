@@ -179,7 +179,7 @@ bool same_bits(const std::vector<float> & a, const std::vector<float> & b) {
 // row a step, in one step of 3, and in steps of 2 (the last padded: by a row in its own
 // sequence, and by one in an empty sequence beside it). Where padding a lone row to two
 // makes a token's logits the same decoded alone, beside other jobs' rows or with a draft,
-// and the pad decode_step uses where it can (beside) costs at most
+// and the pad decode_step uses (beside where that agrees) costs at most
 // engine_options::steps_pad_max_cost (1.2x) the lone row, lone rows are padded; where it
 // costs more they are not, and steps_exact says answers may part at near ties.
 status engine::impl::probe_steps() {
@@ -215,14 +215,18 @@ status engine::impl::probe_steps() {
     };
     // The pad decode_step uses where it can: a row in an empty sequence beside (here 1).
     const bool beside = cinfo.n_seq_max >= 2;
-    const int32_t padded = beside ? -1 : 0;
     std::vector<float> one, three, two, two_beside;
     status st = run({1, 1, 1}, one);
     if (st.ok()) st = run({3}, three);
     if (st.ok()) st = run({2, 0}, two);
     if (st.ok() && beside) st = run({2, -1}, two_beside);
     const bool lone_differs = !same_bits(one, three);
-    const bool pad_agrees = same_bits(three, two) && (!beside || same_bits(three, two_beside));
+    // Beside agrees where one row of each of two sequences computes as rows of one do (flash
+    // attention on; without it the attention's products of one row a stream take the lone
+    // row's kernel): then sequences share a ubatch in decode_step too.
+    cinfo.pads_beside = beside && same_bits(three, two_beside);
+    const bool pad_agrees = cinfo.pads_beside || same_bits(three, two);
+    const int32_t padded = cinfo.pads_beside ? -1 : 0;
     // Each way's fastest of five, alternated: the least noisy estimate on a shared machine
     // (a sum let one slow repetition move a model near the line across it between starts).
     double t_lone = 0, t_pad = 0;
@@ -239,6 +243,7 @@ status engine::impl::probe_steps() {
     llama_memory_seq_rm(mem(), 0, -1, -1);
     cinfo.steps_pad_cost = t_lone > 0 ? t_pad / t_lone : 0;
     cinfo.pads_steps = st.ok() && lone_differs && pad_agrees && cinfo.steps_pad_cost <= opts.steps_pad_max_cost;
+    cinfo.pads_beside = cinfo.pads_beside && cinfo.pads_steps;
     cinfo.steps_exact = st.ok() && (!lone_differs || cinfo.pads_steps);
     return st;
 }
@@ -368,7 +373,8 @@ status engine::decode_step(std::span<const step_input> inputs, std::vector<std::
     // Where lone rows are padded (context_info::pads_steps), llama.cpp must not make a lone
     // row of any ubatch either: it puts sequences in one ubatch only where their ids follow
     // each other and they bring as many rows each. So the step goes as calls of such runs
-    // of sequences, and a run of one row is padded.
+    // of sequences (where one row of each of two sequences computes as two of one does,
+    // context_info::pads_beside; else one sequence a call), and a lone row is padded.
     for (size_t i = 0; i < inputs.size();) {
         auto group_end = [&](size_t at) {
             size_t e = at + 1;
@@ -377,7 +383,8 @@ status engine::decode_step(std::span<const step_input> inputs, std::vector<std::
         };
         size_t end = group_end(i);
         const size_t rows = end - i;
-        while (end < inputs.size() && inputs[end].seq == inputs[end - 1].seq + 1 && group_end(end) - end == rows)
+        while (p_->cinfo.pads_beside && end < inputs.size() && inputs[end].seq == inputs[end - 1].seq + 1 &&
+               group_end(end) - end == rows)
             end = group_end(end);
         WARMCTX_RETURN_IF_ERROR(p_->step_call(inputs.subspan(i, end - i), std::span(logits).subspan(i, end - i))
                                     .with_context("decode_step"));
@@ -399,7 +406,8 @@ status engine::impl::step_call(std::span<const step_input> rows, std::span<std::
     if (rows.size() == 1 && cinfo.pads_steps) {
         const step_input & in = rows[0];
         for (seq_id s : {in.seq + 1, in.seq - 1})
-            if (pad.seq < 0 && s >= 0 && (uint32_t)s < cinfo.n_seq_max && llama_memory_seq_pos_max(mem(), s) < 0)
+            if (cinfo.pads_beside && pad.seq < 0 && s >= 0 && (uint32_t)s < cinfo.n_seq_max &&
+                llama_memory_seq_pos_max(mem(), s) < 0)
                 pad = {s, in.token, 0};
         if (pad.seq < 0 && (uint32_t)in.pos + 1 < cells) pad = {in.seq, in.token, in.pos + 1};
     }

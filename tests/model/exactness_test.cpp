@@ -333,9 +333,14 @@ TEST(Exactness, ALoneDecodeRowGivesTheBitsItHasAmongOthers) {
 // llama.cpp makes one ubatch only of sequences whose ids follow each other and that bring
 // as many rows each, so the step is decoded as calls of such runs; each call's lone row is
 // padded (beside seq 0 here, sequence 1 is empty or the other job's).
-TEST(Exactness, ARowBesideOtherJobsRowsGivesTheBitsItHasAlone) {
+// Without flash attention the attention's products of one row a sequence take the lone
+// row's kernel: the pad then follows the row in its own sequence, and each sequence's rows
+// are a call of their own.
+class ExactnessBeside : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ExactnessBeside, ARowBesideOtherJobsRowsGivesTheBitsItHasAlone) {
     auto o = testing::tiny_options(kv_mode::exact, 4);
-    o.flash_attn = true;
+    o.flash_attn = GetParam();
     o.chunk_tokens = 512;
     o.n_threads = 2;
     o.steps_pad_max_cost = 1e9;
@@ -343,6 +348,7 @@ TEST(Exactness, ARowBesideOtherJobsRowsGivesTheBitsItHasAlone) {
     ASSERT_TRUE(r.ok()) << r.error().to_string();
     engine & e = **r;
     ASSERT_TRUE(e.context().pads_steps);
+    EXPECT_EQ(e.context().pads_beside, o.flash_attn);
     const auto prompt = random_tokens(300, 8, e.model().n_vocab);
     const auto other = random_tokens(280, 5, e.model().n_vocab);
     const auto next = random_tokens(6, 9, e.model().n_vocab);
@@ -393,5 +399,8 @@ TEST(Exactness, ARowBesideOtherJobsRowsGivesTheBitsItHasAlone) {
         EXPECT_EQ(same, alone.size());
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(FlashAttention, ExactnessBeside, ::testing::Bool(),
+                         [](const auto & i) { return i.param ? "on" : "off"; });
 }  // namespace
 }  // namespace warmctx
