@@ -12,9 +12,11 @@
 //
 // A draft is not free: every row of a decode computes the model's output layer (on 2 CPU
 // cores, 17 rows cost ~6x one row), so the index paces itself: the first draft holds at
-// most k_first_draft tokens, a draft that was taken whole lets the next be twice as long
-// (up to the caller's most), one taken in part limits the next to what was taken and one
-// more, and drafts rejected at their first token pause drafting for 2, 4, ... 64 steps.
+// most k_first_draft tokens (but as many as the caller allows where the longest n-gram
+// matched an earlier answer: a request sent again), a draft that was taken whole lets the
+// next be twice as long (up to the caller's most), one taken in part limits the next to
+// what was taken and one more, and drafts rejected at their first token pause drafting for
+// 2, 4, ... 64 steps.
 // Long drafts pay where they are taken: on the CPU, flash attention computes 64-row tiles,
 // so a step of 17 rows at depth costs its attention as one of 64 does.
 //
@@ -74,6 +76,7 @@ class draft_index {
     // Pacing: the longest next draft, steps left without drafts, drafts missed in a row.
     size_t cap_ = k_first_draft;
     uint32_t pause_ = 0, misses_ = 0;
+    bool recorded_ = false;  // a draft's outcome was recorded
 };
 
 // What drafting did over one generation (or a server's life).

@@ -103,6 +103,12 @@ struct generation {
     draft_counters drafts;
 };
 
+// The index of the first maximum of `l`, what std::max_element gives (a NaN is never
+// one, unless it comes first), in two vectorized passes where the CPU has AVX2: a greedy
+// step's pick over a 151,936-token vocabulary on the host, once for every decoded row.
+// 0 when `l` is empty.
+size_t first_max_index(std::span<const float> l);
+
 // Picks the next token from logits: greedy (first maximum) when temperature <= 0,
 // else a seeded chain of top-k, top-p, temperature and a distribution sampler.
 // Deterministic for a given seed and logits sequence.

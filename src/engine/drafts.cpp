@@ -73,11 +73,15 @@ std::vector<token_id> draft_index::propose(size_t n_max) {
         --pause_;
         return out;
     }
+    const size_t asked = n_max;
     n_max = std::min(n_max, cap_);
     if (n_max == 0 || toks_.size() <= running_from_) return out;
     for (size_t k = 0; k < k_match.size() && k_match[k] >= k_min_match; ++k) {
         if (prev_[k] < 0) continue;
         const size_t from = (size_t)prev_[k] + 1;
+        // The first draft, from an earlier answer that the longest n-gram matched (a request
+        // sent again): as long as asked, not paced.
+        if (k == 0 && from < running_from_ && !recorded_) n_max = asked;
         for (size_t i = from; i < toks_.size() && toks_[i] >= 0 && out.size() < n_max; ++i) out.push_back(toks_[i]);
         // Reaching the tail: the text loops with the period between the two occurrences.
         const size_t period = toks_.size() - from;
@@ -90,8 +94,9 @@ std::vector<token_id> draft_index::propose(size_t n_max) {
 
 void draft_index::record(size_t drafted, size_t accepted) {
     if (drafted == 0) return;
+    recorded_ = true;
     if (accepted >= drafted) {
-        cap_ = std::min<size_t>(std::max<size_t>(2, 2 * cap_), 1u << 16);
+        cap_ = std::min<size_t>(std::max<size_t>(2, 2 * std::max(cap_, drafted)), 1u << 16);
         misses_ = 0;
     } else if (accepted > 0) {
         cap_ = accepted + 1;

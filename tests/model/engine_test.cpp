@@ -1,5 +1,7 @@
 // The engine adapter on the tiny model: loading, tokens, template, sampling,
 // sequence operations, and bad input as clear errors.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -7,6 +9,7 @@
 
 #include "tiny_model.h"
 #include "warmctx/assembler.h"
+#include "warmctx/sampling.h"
 #include "engine/engine_adapters.h"
 
 namespace warmctx {
@@ -665,6 +668,34 @@ TEST(Engine, RememberedTokenizationsEqualTheTokenizersAndKeepSpecialApartFromPla
         EXPECT_EQ(*tm->tokenize(t), *e->tokenize(t, true)) << t;
         EXPECT_EQ(*tm->tokenize(t), *e->tokenize(t, true)) << t;
     }
+}
+
+// Greedy decoding's pick: the first maximum, as std::max_element gives it, whatever the
+// length (blocks of 16 and a rest), ties, signed zeros, infinities and NaNs.
+TEST(FirstMaxIndex, IsWhatMaxElementGives) {
+    std::mt19937 rng(7);
+    auto check = [](const std::vector<float> & l) {
+        const size_t want = l.empty() ? 0 : (size_t)(std::max_element(l.begin(), l.end()) - l.begin());
+        EXPECT_EQ(first_max_index(l), want) << "n " << l.size();
+    };
+    for (size_t n : {0u, 1u, 15u, 16u, 17u, 33u, 1000u, 151936u}) {
+        std::vector<float> l(n);
+        for (float & x : l) x = (float)(int)(rng() % 50) * 0.5f;  // many ties
+        check(l);
+        if (n > 3) {
+            l[n / 2] = NAN;  // never the pick
+            l[n - 1] = 1e9f;
+            check(l);
+            l[0] = NAN;  // first: max_element keeps it
+            check(l);
+        }
+    }
+    check({-0.0f, 0.0f, -1.0f});
+    check({-INFINITY, -INFINITY});
+    check(std::vector<float>(40, -INFINITY));
+    std::vector<float> z(40, -1.0f);
+    z[20] = 0.0f, z[21] = -0.0f, z[37] = 0.0f;
+    check(z);
 }
 
 }  // namespace

@@ -432,10 +432,11 @@ TEST_F(routes_model_test, a_chat_sent_again_is_drafted_from_the_answer_before) {
     ASSERT_GT(n, 8) << again.dump();
     const json d = again["warmctx"]["drafts"];
     // The first token comes after the prompt; then each step decodes a token and a draft
-    // after it (16 tokens first, each taken whole, so twice as many next, to 64; the last
-    // one ends before the answer's last token), and samples the next from the last.
+    // after it (the answer before matched wholly: as many as --draft-max allows, 64, at
+    // once; the last one ends before the answer's last token), and samples the next from
+    // the last.
     int steps = 0, accepted = 0;
-    for (int g = 1, cap = 16; g < n; cap = std::min(2 * cap, 64)) {
+    for (int g = 1, cap = 64; g < n;) {
         const int k = std::min(cap, n - g - 1);
         steps += k > 0;
         accepted += k;

@@ -81,6 +81,29 @@ TEST(DraftIndex, PacesItselfByWhatWasTaken) {
     EXPECT_FALSE(idx.propose(16).empty());
 }
 
+// A request sent again: its prompt's tail matched by 12 tokens in an earlier answer's
+// source, the first draft is as long as asked; a match in the running text is paced.
+TEST(DraftIndex, AnEarlierAnswerMatchedWhollyIsDraftedAtOnce) {
+    auto source = range(1, 13);
+    const auto answer = range(500, 600);
+    source.insert(source.end(), answer.begin(), answer.end());
+    draft_index again;
+    again.add_source(source);
+    again.extend(range(1, 13));
+    EXPECT_EQ(again.propose(64), range(500, 564));
+    again.record(64, 64);  // taken whole: the next up to twice as long as it
+    again.extend(range(500, 564));
+    EXPECT_EQ(again.propose(1000), range(564, 600));  // the rest of the answer
+    draft_index shorter;  // six tokens match: paced
+    shorter.add_source(source);
+    shorter.extend(std::vector<token_id>{99, 7, 8, 9, 10, 11, 12});
+    EXPECT_EQ(shorter.propose(64).size(), draft_index::k_first_draft);
+    draft_index running;  // the running text's own: paced
+    running.extend(range(1, 40));
+    running.extend(range(1, 13));
+    EXPECT_EQ(running.propose(64).size(), draft_index::k_first_draft);
+}
+
 TEST(AnswerMemory, ARequestSentAgainIsDraftedFromItsAnswer) {
     answer_memory m;
     const auto prompt = range(1000, 1100);
