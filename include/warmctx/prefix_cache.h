@@ -27,10 +27,13 @@
 //   and at each eviction) and no fewer. A free holder's sequence is empty.
 //
 // Invariants after every public call (check_invariants() verifies them, for tests)
-//   - Resident tokens (and bytes = tokens * bytes_per_token) are within the global budget
+//   - Resident tokens (and bytes: tokens * bytes_per_token, or per holder what kv_ops
+//     measures it holds where that is more) are within the global budget
 //     and every workspace's tokens within its workspace budget. Budgets are never exceeded,
 //     not even transiently between calls: insert plans the whole outcome first (pure, may
-//     fail, changes nothing), then applies it.
+//     fail, changes nothing), then applies it, then measures what the holders hold and, if
+//     that is over the byte budget (a hybrid's prefix carries recurrent states its tokens
+//     do not show), evicts by the same policy until it is not.
 //   - No holder's path is a prefix of another holder's path (such a holder is redundant:
 //     every match through it can be served by the longer one; it is dropped). Hence the
 //     last block of every holder is held by that holder alone, and evicting it really
@@ -111,10 +114,15 @@ class kv_ops {
     virtual status trim_seq(seq_id seq, pos_t from) = 0;
     // Empties seq. Cannot fail.
     virtual void clear_seq(seq_id seq) = 0;
+    // The bytes seq's content takes where these ops know it (a RAM pool's saved state,
+    // with a hybrid's recurrent states at its checkpoints), else 0. The cache charges a
+    // holder the larger of this and its tokens * bytes_per_token.
+    virtual uint64_t held_bytes(seq_id /*seq*/) const { return 0; }
 };
 
-// Capacities; 0 means unlimited. Bytes are tokens * bytes_per_token (the engine's
-// context_info::kv_bytes_per_token), so max_bytes binds only when bytes_per_token > 0.
+// Capacities; 0 means unlimited. A holder's bytes are its tokens * bytes_per_token (the
+// engine's context_info::kv_bytes_per_token), or what kv_ops::held_bytes measures where that
+// is more; max_bytes binds only when bytes_per_token > 0.
 struct cache_budget {
     uint64_t max_tokens = 0;
     uint64_t max_bytes = 0;
@@ -169,7 +177,7 @@ struct workspace_usage {
 
 // Gauges (the current state) and tickers (monotonic since construction).
 // Invariants: resident_tokens <= budget.max_tokens (if set);
-//   resident_bytes == resident_tokens * bytes_per_token <= max_bytes (if set);
+//   resident_bytes == resident_tokens * bytes_per_token + what holders hold beyond that <= max_bytes (if set);
 //   per_holder: resident_tokens == sum of holders' n_tokens;
 //   shared_cells: resident_tokens == sum over distinct resident blocks of their tokens;
 //   sum of evictions_by_class == number of eviction records with a budget or

@@ -148,6 +148,8 @@ void prefix_index::pop_leaf(int32_t slot) {
         h.in_use = false;
         h.workspace.clear();
         h.n_tokens = 0;
+        extra_bytes_ -= h.extra_bytes;
+        h.extra_bytes = 0;
     } else {
         h.n_tokens = find(h.path.back())->end;
     }
@@ -180,6 +182,12 @@ void prefix_index::mark_superseded(const std::string & ws, std::span<const block
     }
 }
 
+void prefix_index::set_extra_bytes(int32_t slot, uint64_t bytes) {
+    index_holder & h = holders_[slot];
+    extra_bytes_ = extra_bytes_ - h.extra_bytes + bytes;
+    h.extra_bytes = bytes;
+}
+
 void prefix_index::halve_hits() {
     for (auto & [chain, n] : nodes_) n.n_hits /= 2;
 }
@@ -190,9 +198,11 @@ void prefix_index::clear() {
         h.workspace.clear();
         h.path.clear();
         h.n_tokens = 0;
+        h.extra_bytes = 0;
     }
     nodes_.clear();
     resident_tokens_ = 0;
+    extra_bytes_ = 0;
     workspace_tokens_.clear();
 }
 
@@ -200,11 +210,13 @@ status prefix_index::check_invariants() const {
     auto fail = [](std::string m) { return internal_error("prefix index: " + m); };
     std::unordered_map<hash128, std::vector<int32_t>, hash128_hasher> slots_of;
     std::set<seq_id> seqs;
+    uint64_t extra = 0;
     for (size_t s = 0; s < holders_.size(); ++s) {
         const index_holder & h = holders_[s];
         if (!seqs.insert(h.seq).second) return fail("duplicate holder seq");
+        extra += h.extra_bytes;
         if (!h.in_use) {
-            if (!h.path.empty() || h.n_tokens != 0) return fail("free holder with content");
+            if (!h.path.empty() || h.n_tokens != 0 || h.extra_bytes != 0) return fail("free holder with content");
             continue;
         }
         if (h.path.empty()) return fail("holder in use with an empty path");
@@ -244,6 +256,7 @@ status prefix_index::check_invariants() const {
         }
     }
     if (total != resident_tokens_) return fail("resident token count drifted");
+    if (extra != extra_bytes_) return fail("extra byte count drifted");
     if (per_ws != workspace_tokens_) return fail("workspace token counts drifted");
     return {};
 }

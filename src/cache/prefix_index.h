@@ -49,6 +49,10 @@ struct index_holder {
     // context: a later request of the workspace left them there (mark_superseded).
     size_t stale_from = SIZE_MAX;
     bool stale() const { return path.size() > stale_from; }
+    // What its content takes beyond n_tokens * the budget's bytes per token (a hybrid's
+    // recurrent states, framing), as kv_ops::held_bytes said at its last change; 0 when
+    // free. A trim keeps it until measured again: a shorter prefix holds no more.
+    uint64_t extra_bytes = 0;
 };
 
 class prefix_index {
@@ -77,6 +81,8 @@ class prefix_index {
     std::vector<hash128> exclusive_suffix(int32_t slot, std::span<const block> keep = {}) const;
 
     uint64_t resident_tokens() const { return resident_tokens_; }
+    // The holders' extra_bytes, summed.
+    uint64_t extra_bytes() const { return extra_bytes_; }
     uint64_t workspace_tokens(const std::string & ws) const;
     const std::map<std::string, uint64_t> & all_workspace_tokens() const { return workspace_tokens_; }
 
@@ -102,6 +108,8 @@ class prefix_index {
     void mark_superseded(const std::string & ws, std::span<const block> path);
     // Halves every node's hit count (ageing: old popularity fades).
     void halve_hits();
+    // Sets an in-use slot's extra_bytes.
+    void set_extra_bytes(int32_t slot, uint64_t bytes);
     // Frees every slot.
     void clear();
 
@@ -117,6 +125,7 @@ class prefix_index {
     std::vector<index_holder> holders_;
     std::unordered_map<hash128, index_node, hash128_hasher> nodes_;
     uint64_t resident_tokens_ = 0;
+    uint64_t extra_bytes_ = 0;
     std::map<std::string, uint64_t> workspace_tokens_;  // only non-zero entries
     uint64_t next_generation_ = 1;
 };

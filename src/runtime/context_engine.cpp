@@ -147,19 +147,21 @@ result<std::unique_ptr<context_engine>> context_engine::open(const context_engin
         p->run.max_piece_bytes = std::max<uint64_t>(p->run.max_piece_bytes, eng.token_piece(t).size());
     p->tiers.pool = std::make_unique<kv_pool>(eng, k_first_pool_holder, opts.n_holders);
     p->streams.resize(p->opts.n_work_seqs);
-    // A held prefix's bytes: its cells' K and V, and per cell the position and
-    // sequence id llama.cpp's saved state carries.
+    // A held prefix's bytes: its cells' K and V, and per cell the position and sequence
+    // id llama.cpp's saved state carries. What it holds beyond (a window or a recurrent
+    // state at its end and at each checkpoint, framing) the cache reads from the pool.
     const uint64_t bpt = eng.context().kv_bytes_per_token;
     p->opts.budget.bytes_per_token = bpt > 0 ? bpt + k_pool_bytes_per_cell_meta : 0;
-    if (const memory_info & mi = eng.context().memory; mi.checkpoints && bpt > 0) {
-        // And its checkpoints (a window or a recurrent state, at block ends at least a
-        // chunk and a checkpoint spacing apart): their bytes spread over the tokens between.
-        const uint32_t chunk = eng.context().chunk_tokens;
-        const uint64_t apart = std::max<uint64_t>(chunk, checkpoint_spacing(mi.checkpoint_bytes, bpt, chunk));
-        p->opts.budget.bytes_per_token += (mi.checkpoint_bytes + apart - 1) / apart;
-    }
     if (opts.workspace_max_bytes > 0 && p->opts.budget.bytes_per_token > 0) {
-        const uint64_t t = opts.workspace_max_bytes / p->opts.budget.bytes_per_token;
+        // A workspace's cap is in tokens: its checkpoints (at block ends at least a chunk
+        // and a checkpoint spacing apart) spread over the tokens between.
+        uint64_t per_token = p->opts.budget.bytes_per_token;
+        if (const memory_info & mi = eng.context().memory; mi.checkpoints && bpt > 0) {
+            const uint32_t chunk = eng.context().chunk_tokens;
+            const uint64_t apart = std::max<uint64_t>(chunk, checkpoint_spacing(mi.checkpoint_bytes, bpt, chunk));
+            per_token += (mi.checkpoint_bytes + apart - 1) / apart;
+        }
+        const uint64_t t = opts.workspace_max_bytes / per_token;
         if (t == 0) return invalid_argument("the per-workspace byte budget holds less than one token of KV");
         auto & w = p->opts.budget.workspace_max_tokens;
         w = w == 0 ? t : std::min(w, t);

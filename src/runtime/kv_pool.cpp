@@ -112,6 +112,11 @@ const std::vector<uint8_t> * kv_pool::state(seq_id holder) const {
     return it == entries_.end() ? nullptr : &it->second.bytes;
 }
 
+uint64_t kv_pool::held_bytes(seq_id seq) const {
+    auto it = entries_.find(seq);
+    return it == entries_.end() ? 0 : it->second.bytes.size();
+}
+
 pos_t kv_pool::n_tokens(seq_id holder) const {
     auto it = entries_.find(holder);
     return it == entries_.end() ? 0 : it->second.n_tokens;

@@ -67,6 +67,9 @@ class kv_pool final : public kv_ops {
     status copy_seq(seq_id src, seq_id dst) override;
     status trim_seq(seq_id seq, pos_t from) override;
     void clear_seq(seq_id seq) override;
+    // The bytes of the holder's saved state (cells, checkpoints, framing); 0 for an
+    // empty holder or an engine sequence.
+    uint64_t held_bytes(seq_id seq) const override;
 
     // The saved state of [0, n_tokens(holder)), or nullptr when the holder is empty.
     const std::vector<uint8_t> * state(seq_id holder) const;

@@ -89,8 +89,16 @@ class fake_kv final : public kv_ops {
         }
         n_tokens[seq] = 0;
     }
+    // A holder that holds more than its tokens (a hybrid's recurrent states): per token and
+    // a fixed part, once held_per_holder is set.
+    uint64_t held_bytes(seq_id seq) const override {
+        auto it = n_tokens.find(seq);
+        if (held_per_holder == 0 || it == n_tokens.end() || it->second == 0) return 0;
+        return (uint64_t)it->second * held_per_token + held_per_holder;
+    }
 
     std::map<seq_id, pos_t> n_tokens;
+    uint64_t held_per_token = 0, held_per_holder = 0;
     std::vector<std::string> ops;
     int fail_copies = 0;
     int fail_trims = 0;             // fail the next n trims
@@ -143,7 +151,7 @@ struct harness {
     const cache_budget & b = h.cache.budget();
 
     std::set<seq_id> used;
-    uint64_t sum_holder_tokens = 0;
+    uint64_t sum_holder_tokens = 0, beyond = 0;  // beyond: what holders hold past their tokens' charge
     std::map<hash128, pos_t> distinct;
     std::map<std::string, uint64_t> ws_sum;
     std::map<std::string, std::map<hash128, pos_t>> ws_distinct;
@@ -156,6 +164,8 @@ struct harness {
             return ::testing::AssertionFailure() << "holder seq " << hi.seq << " blocks disagree with n_tokens";
         sum_holder_tokens += hi.n_tokens;
         ws_sum[hi.workspace] += hi.n_tokens;
+        const uint64_t held = h.kv.held_bytes(hi.seq), charged = (uint64_t)hi.n_tokens * b.bytes_per_token;
+        beyond += b.bytes_per_token > 0 && held > charged ? held - charged : 0;
         for (const block & bl : hi.blocks) {
             if (bl.retention == rc::none) return ::testing::AssertionFailure() << "a none block is cached";
             distinct[bl.chain] = bl.end - bl.begin;
@@ -177,7 +187,9 @@ struct harness {
     }
     if (c.resident_tokens != expect_total)
         return ::testing::AssertionFailure() << "resident_tokens " << c.resident_tokens << " != " << expect_total;
-    if (c.resident_bytes != expect_total * b.bytes_per_token) return ::testing::AssertionFailure() << "bytes";
+    const uint64_t expect_bytes = expect_total * b.bytes_per_token + beyond;
+    if (c.resident_bytes != expect_bytes)
+        return ::testing::AssertionFailure() << "resident_bytes " << c.resident_bytes << " != " << expect_bytes;
     if (c.workspaces.size() != expect_ws.size()) return ::testing::AssertionFailure() << "workspace count";
     for (auto & [ws, n] : expect_ws) {
         auto it = c.workspaces.find(ws);
@@ -187,8 +199,7 @@ struct harness {
         if (cap && n > cap) return ::testing::AssertionFailure() << "workspace '" << ws << "' over budget";
     }
     if (b.max_tokens && expect_total > b.max_tokens) return ::testing::AssertionFailure() << "over token budget";
-    if (b.max_bytes && expect_total * b.bytes_per_token > b.max_bytes)
-        return ::testing::AssertionFailure() << "over byte budget";
+    if (b.max_bytes && expect_bytes > b.max_bytes) return ::testing::AssertionFailure() << "over byte budget";
     if (c.n_holders_in_use != hs.size()) return ::testing::AssertionFailure() << "n_holders_in_use";
     if (h.kv.n_unknown_clears) return ::testing::AssertionFailure() << "cleared an unknown seq";
     return ::testing::AssertionSuccess();
@@ -903,10 +914,10 @@ size_t brute_force_match(const std::vector<holder_info> & hs, const std::vector<
     return best;
 }
 
-class PrefixCacheSweep : public ::testing::TestWithParam<std::tuple<eviction_policy, kv_accounting>> {};
+class PrefixCacheSweep : public ::testing::TestWithParam<std::tuple<eviction_policy, kv_accounting, bool>> {};
 
 TEST_P(PrefixCacheSweep, BudgetsHoldAndEngineAgreesAfterEveryCall) {
-    const auto [policy, accounting] = GetParam();
+    const auto [policy, accounting, carrying] = GetParam();
     cache_budget b;
     b.max_tokens = 120;
     b.bytes_per_token = 3;
@@ -914,6 +925,10 @@ TEST_P(PrefixCacheSweep, BudgetsHoldAndEngineAgreesAfterEveryCall) {
     b.workspace_max_tokens = 70;
     b.workspace_max_tokens_override["ws3"] = 35;
     harness h(5, b, policy, accounting);
+    if (carrying) {  // each holder holds 40 bytes more than its tokens show
+        h.kv.held_per_token = b.bytes_per_token;
+        h.kv.held_per_holder = 40;
+    }
     std::mt19937 rng(12345);
     prompt_maker pm{rng};
     const std::string ws_names[] = {"ws0", "ws1", "ws2", "ws3"};
@@ -1003,11 +1018,50 @@ TEST_P(PrefixCacheSweep, BudgetsHoldAndEngineAgreesAfterEveryCall) {
 
 INSTANTIATE_TEST_SUITE_P(AllModes, PrefixCacheSweep,
                          ::testing::Combine(::testing::Values(k_semantic, k_lru),
-                                            ::testing::Values(k_per_holder, k_shared)),
+                                            ::testing::Values(k_per_holder, k_shared), ::testing::Bool()),
                          [](const auto & info) {
                              return std::string(eviction_policy_name(std::get<0>(info.param))) + "_" +
-                                    std::string(kv_accounting_name(std::get<1>(info.param)));
+                                    std::string(kv_accounting_name(std::get<1>(info.param))) +
+                                    (std::get<2>(info.param) ? "_carrying" : "");
                          });
+
+// A holder that holds more than its tokens show (a hybrid's prefix: its recurrent state at
+// its end and at its checkpoints) is charged what it holds: the byte budget admits fewer
+// prefixes, evicting by the policy after the insert, its last blocks first.
+TEST(PrefixCache, WhatAHolderHoldsBeyondItsTokensCountsAgainstTheByteBudget) {
+    cache_budget b;
+    b.bytes_per_token = 1;
+    b.max_bytes = 1000;
+    harness h(6, b);
+    h.kv.held_per_token = 1;
+    h.kv.held_per_holder = 150;  // each prefix: 300 tokens, 450 bytes
+    auto path = [](const std::string & t) {
+        return make_path(t, {{"sys", 100, rc::highest}, {"map", 100, rc::high}, {"log", 100, rc::low}});
+    };
+    h.must_insert("a", path("a"), 1);
+    h.must_insert("b", path("b"), 2);
+    EXPECT_EQ(h.cache.counters().resident_bytes, 900u);
+    insert_outcome out;
+    ASSERT_TRUE(h.insert("c", path("c"), 3, &out).ok());
+    EXPECT_TRUE(consistent(h));
+    const auto c = h.cache.counters();
+    EXPECT_LE(c.resident_bytes, b.max_bytes);
+    uint64_t held = 0;
+    for (const holder_info & hi : h.cache.holders()) held += h.kv.held_bytes(hi.seq);
+    EXPECT_EQ(c.resident_bytes, held);  // 900 tokens alone would have fitted
+    // 1,350 bytes held: the three volatile logs went first (semantic; each trim leaves the
+    // fixed part: 1,050), then the least recently used repository map, a's (950).
+    EXPECT_EQ(c.resident_bytes, 950u);
+    EXPECT_EQ(out.n_blocks_evicted, 4u);
+    auto r = h.cache.last_eviction(path("a")[2].chain);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->reason, "global byte budget");
+    EXPECT_EQ(h.cache.peek(path("a")).n_blocks, 1u);
+    EXPECT_EQ(h.cache.peek(path("b")).n_blocks, 2u);
+    EXPECT_EQ(h.cache.peek(path("c")).n_blocks, 2u);
+    EXPECT_EQ(out.n_blocks_cached, 2u);
+    EXPECT_EQ(out.n_tokens_cached, 200);
+}
 
 }  // namespace
 }  // namespace warmctx

@@ -13,8 +13,10 @@
 namespace warmctx {
 namespace {
 
-std::unique_ptr<context_engine> open_hybrid(uint32_t max_count, int32_t gap, uint32_t chunk_tokens = 64) {
+std::unique_ptr<context_engine> open_hybrid(uint32_t max_count, int32_t gap, uint32_t chunk_tokens = 64,
+                                            cache_budget budget = {}) {
     context_engine_options o;
+    o.budget = std::move(budget);
     o.engine = testing::tiny_options();
     o.engine.chunk_tokens = chunk_tokens;
     o.engine.model_path = std::string(WARMCTX_TEST_TMP) + "/tiny-hybrid-q8_0-seed1.gguf";
@@ -29,8 +31,8 @@ std::unique_ptr<context_engine> open_hybrid(uint32_t max_count, int32_t gap, uin
 }
 
 // A workspace and a conversation of `n_history` earlier messages, then the question.
-turn_request conversation(int n_history, const std::string & question) {
-    workload_generator g(7, [](const std::string & s) { return s.size() / 3; });
+turn_request conversation(int n_history, const std::string & question, uint64_t seed = 7) {
+    workload_generator g(seed, [](const std::string & s) { return s.size() / 3; });
     turn_request r;
     r.workspace = "a";
     r.segments = make_workspace(g, 500, 2);
@@ -179,6 +181,36 @@ TEST(Checkpoints, ANextTurnResumesInsideALongLastMessage) {
         EXPECT_GE(t->explain.n_reused, msg.token_end - chunk) << t->explain.reason;
         expect_cold(*ce, next, *t);
     }
+}
+
+// The RAM pool's byte budget holds what its prefixes really take: a hybrid's prefix carries
+// its recurrent state at its end and at every checkpoint its stream kept, however many.
+// The cache charges each prefix at least the bytes the pool holds for it, so the pool never
+// holds more than the budget (before, the charge spread one checkpoint over the spacing's
+// tokens, and a conversation's prefixes, with a checkpoint at each message, held ~1.5x).
+TEST(Checkpoints, ThePoolsByteBudgetCountsEveryCheckpointAPrefixCarries) {
+    cache_budget b;
+    b.max_bytes = 3u << 20;
+    auto ce = open_hybrid(64, 0, 64, b);
+    ASSERT_TRUE(ce);
+    uint64_t most = 0;
+    for (int i = 0; i < 8; ++i) {
+        turn_request req = conversation(12, "question " + std::to_string(i), 100 + (uint64_t)i);
+        req.workspace = "w" + std::to_string(i);
+        auto t = ce->run_turn(req);
+        ASSERT_TRUE(t.ok()) << t.error().to_string();
+        const auto c = ce->counters();
+        EXPECT_LE(c.memory.pool_bytes, b.max_bytes) << "turn " << i << ", " << c.memory.pool_entries << " prefixes";
+        EXPECT_GE(c.cache.resident_bytes, c.memory.pool_bytes) << "turn " << i;
+        EXPECT_LE(c.cache.resident_bytes, b.max_bytes) << "turn " << i;
+        most = std::max(most, c.memory.pool_bytes);
+    }
+    // The budget bound: the pool filled it, and evicted to stay within it.
+    EXPECT_GT(most, b.max_bytes / 2);
+    uint64_t evicted = 0;
+    for (auto e : ce->counters().cache.evictions_by_class) evicted += e;
+    EXPECT_GT(evicted, 0u);
+    EXPECT_TRUE(ce->cache().check_invariants().ok());
 }
 
 }  // namespace
