@@ -212,7 +212,8 @@ class context_engine {
     // Cuts a work sequence back to its first `n_tokens` (the positions of a draft sampling
     // did not choose). Errors: invalid_argument (not a work sequence), those of trimming.
     status drop_draft(seq_id seq, pos_t n_tokens);
-    status decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits);
+    status decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits,
+                       std::vector<token_id> * first_max = nullptr);
 
     // The same prompt computed cold in a fresh sequence, the cache untouched: the
     // reference every warm answer must equal. Errors: failed_precondition without

@@ -188,6 +188,11 @@ struct step_input {
     seq_id seq = 0;
     token_id token = 0;
     pos_t pos = 0;
+    // Its sampling reads only the first maximum of the logits after it (greedy and nothing
+    // else: generation_step::needs_first_max_only): decode_step then gives that index and
+    // copies none of the n_vocab logits (a step of 65 rows of a 151,936-token vocabulary
+    // would copy 39.5 MB, then read it again to pick).
+    bool first_max_only = false;
 };
 
 class engine {
@@ -280,11 +285,14 @@ class engine {
     // token is appended to its sequence at `pos`; `logits` receives one n_vocab vector
     // per input, in order. A sequence may have several rows (a token and a draft after
     // it: warmctx/drafts.h), adjacent and at consecutive positions. REQUIRES at most
-    // chunk_tokens inputs.
+    // chunk_tokens inputs. Where `first_max` is given it receives one entry per input: for
+    // an input marked first_max_only the index of its logits' first maximum (its `logits`
+    // entry is left empty), else -1.
     // Errors (every llama_decode failure is mapped the same way, here and in prefill and
     // generate): resource_exhausted (no free KV slot), cancelled (aborted),
     // invalid_argument (a batch llama.cpp refused), engine_error (any other code).
-    status decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits);
+    status decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits,
+                       std::vector<token_id> * first_max = nullptr);
 
     // Sequence operations (positions are token positions).
     // dst := src (dst is cleared first), its checkpoints included.

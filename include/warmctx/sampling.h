@@ -122,6 +122,9 @@ class token_sampler {
     static result<std::unique_ptr<token_sampler>> make(const sampling_params & sp, const engine & e);
     ~token_sampler();
     token_id sample(std::span<const float> logits);
+    // Whether sample() is the first maximum and nothing else (greedy, no bias, penalty or
+    // grammar): then only that index of a row's logits is needed.
+    bool picks_first_max() const;
     // The next token is `t`, chosen without sampling: the grammar and penalties see it.
     void accept(token_id t);
 
@@ -158,6 +161,12 @@ class generation_step {
 
     // `logits` follow the sequence's last token; `n_in_seq` tokens are in the sequence.
     decision next(std::span<const float> logits, pos_t n_in_seq);
+    // Whether next() reads only the first maximum of the logits (greedy, nothing that
+    // reads the distribution: no bias, penalty, grammar or logprobs).
+    bool needs_first_max_only() const;
+    // As next(), given only the first maximum's index of the logits (engine::decode_step
+    // computes it where they are, and copies none). REQUIRES needs_first_max_only().
+    decision next_from_first_max(token_id first_max, pos_t n_in_seq);
     // The text held back when the generation ends without a stop string.
     std::string finish();
     int32_t n_generated() const;
@@ -168,6 +177,7 @@ class generation_step {
   private:
     struct impl;
     explicit generation_step(std::unique_ptr<impl> p);
+    decision decide(std::span<const float> logits, token_id first_max, pos_t n_in_seq);
     std::unique_ptr<impl> p_;
 };
 

@@ -4,6 +4,7 @@
 #include "engine_impl.h"
 
 #include "seq_state.h"
+#include "warmctx/sampling.h"
 
 #include <algorithm>
 #include <chrono>
@@ -351,7 +352,8 @@ result<engine::decode_timing> engine::timed_decode(seq_id seq, std::span<const t
                          std::chrono::duration<double, std::milli>(t2 - t0).count()};
 }
 
-status engine::decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits) {
+status engine::decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits,
+                           std::vector<token_id> * first_max) {
     if (inputs.empty()) return invalid_argument("decode_step: no inputs");
     if (inputs.size() > p_->cinfo.chunk_tokens)
         return invalid_argument("decode_step: more inputs than the batch holds");
@@ -369,7 +371,10 @@ status engine::decode_step(std::span<const step_input> inputs, std::vector<std::
             if (inputs[j].seq == in.seq) return invalid_argument("decode_step: a sequence's rows must be adjacent");
     }
     logits.resize(inputs.size());
-    if (!p_->cinfo.pads_steps) return p_->step_call(inputs, logits).with_context("decode_step");
+    std::vector<token_id> none;
+    std::vector<token_id> & picks = first_max ? *first_max : none;
+    picks.assign(first_max ? inputs.size() : 0, -1);
+    if (!p_->cinfo.pads_steps) return p_->step_call(inputs, logits, picks).with_context("decode_step");
     // Where lone rows are padded (context_info::pads_steps), llama.cpp must not make a lone
     // row of any ubatch either: it puts sequences in one ubatch only where their ids follow
     // each other and they bring as many rows each. So the step goes as calls of such runs
@@ -386,8 +391,10 @@ status engine::decode_step(std::span<const step_input> inputs, std::vector<std::
         while (p_->cinfo.pads_beside && end < inputs.size() && inputs[end].seq == inputs[end - 1].seq + 1 &&
                group_end(end) - end == rows)
             end = group_end(end);
-        WARMCTX_RETURN_IF_ERROR(p_->step_call(inputs.subspan(i, end - i), std::span(logits).subspan(i, end - i))
-                                    .with_context("decode_step"));
+        const auto rows_picks = picks.empty() ? std::span<token_id>{} : std::span(picks).subspan(i, end - i);
+        WARMCTX_RETURN_IF_ERROR(
+            p_->step_call(inputs.subspan(i, end - i), std::span(logits).subspan(i, end - i), rows_picks)
+                .with_context("decode_step"));
         i = end;
     }
     return {};
@@ -400,7 +407,8 @@ status engine::decode_step(std::span<const step_input> inputs, std::vector<std::
 // on the 0.5B shape at depth 2,300); either way its cell is given back at once and its
 // logits (the output layer of one row alone is another kernel too) are not returned.
 // (Not the context's last cell: there is none after it where no padding cells are kept.)
-status engine::impl::step_call(std::span<const step_input> rows, std::span<std::vector<float>> logits) {
+status engine::impl::step_call(std::span<const step_input> rows, std::span<std::vector<float>> logits,
+                               std::span<token_id> first_max) {
     const uint32_t cells = cinfo.n_ctx_seq + (cinfo.pads_rows ? engine::k_pad_cells : 0);
     step_input pad{-1, 0, 0};
     if (rows.size() == 1 && cinfo.pads_steps) {
@@ -423,7 +431,12 @@ status engine::impl::step_call(std::span<const step_input> rows, std::span<std::
     WARMCTX_RETURN_IF_ERROR(st);
     for (size_t i = 0; i < rows.size(); ++i) {
         const float * l = llama_get_logits_ith(ctx.get(), first + (int32_t)i);
-        logits[i].assign(l, l + minfo.n_vocab);
+        if (!first_max.empty() && rows[i].first_max_only) {
+            first_max[i] = (token_id)first_max_index(std::span(l, (size_t)minfo.n_vocab));
+            logits[i].clear();
+        } else {
+            logits[i].assign(l, l + minfo.n_vocab);
+        }
     }
     return {};
 }

@@ -154,7 +154,8 @@ struct engine::impl {
     int32_t pad_rows(int32_t n, pos_t pos) const;
     // One llama_decode of a step's rows (engine::decode_step), a lone row padded where
     // cinfo.pads_steps; each row's logits into `logits`. Errors: engine_error.
-    status step_call(std::span<const step_input> rows, std::span<std::vector<float>> logits);
+    status step_call(std::span<const step_input> rows, std::span<std::vector<float>> logits,
+                     std::span<token_id> first_max);
 
     status check_seq(seq_id s) const {
         if (s < 0 || (uint32_t)s >= cinfo.n_seq_max)

@@ -216,6 +216,8 @@ size_t first_max_index(std::span<const float> l) {
     return (size_t)(std::max_element(l.begin(), l.end()) - l.begin());
 }
 
+bool token_sampler::picks_first_max() const { return !p_->chain && !p_->grammar; }
+
 token_id token_sampler::sample(std::span<const float> l) {
     if (p_->grammar && p_->sampled) {
         llama_token_data_array arr = candidates(l);
@@ -420,6 +422,18 @@ result<std::unique_ptr<generation_step>> generation_step::make(const engine & e,
 }
 
 generation_step::decision generation_step::next(std::span<const float> logits, pos_t n_in_seq) {
+    return decide(logits, -1, n_in_seq);
+}
+
+bool generation_step::needs_first_max_only() const { return p_->sp.n_logprobs < 0 && p_->sampler->picks_first_max(); }
+
+generation_step::decision generation_step::next_from_first_max(token_id first_max, pos_t n_in_seq) {
+    return decide({}, first_max, n_in_seq);
+}
+
+// The decision after `logits`, or after logits whose first maximum is `first_max` (>= 0).
+generation_step::decision generation_step::decide(std::span<const float> logits, token_id first_max,
+                                                  pos_t n_in_seq) {
     decision d;
     auto end = [&d](finish_reason r) {
         d.finished = true;
@@ -434,7 +448,7 @@ generation_step::decision generation_step::next(std::span<const float> logits, p
         ++p_->n_forced;
         p_->sampler->accept(d.token);
     } else {
-        d.token = p_->sampler->sample(logits);
+        d.token = first_max >= 0 ? first_max : p_->sampler->sample(logits);
     }
     if (p_->sp.n_logprobs >= 0) d.logprobs = logprobs_of(*p_->e, logits, d.token, p_->sp.n_logprobs);
     if (p_->e->is_end_of_generation(d.token)) return end(finish_reason::eos);
@@ -482,28 +496,31 @@ result<generation> engine::generate(seq_id seq, std::vector<float> logits, const
     auto t0 = std::chrono::steady_clock::now();
     pos_t pos = seq_n_tokens(seq);
     std::vector<std::vector<float>> rows;
+    std::vector<token_id> firsts;  // the rows' first maxima, where that is all sampling reads
+    const bool first_max_only = !logits_out && step.needs_first_max_only();
     std::vector<step_input> batch;
-    auto decide = [&](std::span<const float> l) {
+    auto decide = [&](std::span<const float> l, token_id first_max) {
         if (logits_out && step.n_generated() < sp.max_tokens) logits_out->insert(logits_out->end(), l.begin(), l.end());
-        auto d = step.next(l, pos);
+        auto d = first_max >= 0 ? step.next_from_first_max(first_max, pos) : step.next(l, pos);
         if (!d.finished && drafts) drafts->push(d.token);
         return d;
     };
-    auto d = decide(logits);
+    auto d = decide(logits, -1);
     while (!d.finished) {
         // The token, and where the workspace says how it goes on, a draft after it.
-        batch.assign(1, step_input{seq, d.token, pos});
+        batch.assign(1, step_input{seq, d.token, pos, first_max_only});
         if (drafts) {
             const size_t n = draft_room(sp, step.n_generated(), pos, p_->cinfo.n_ctx_seq, p_->cinfo.chunk_tokens - 1);
-            for (token_id t : drafts->propose(n)) batch.push_back({seq, t, (pos_t)(pos + batch.size())});
+            for (token_id t : drafts->propose(n))
+                batch.push_back({seq, t, (pos_t)(pos + batch.size()), first_max_only});
         }
-        status st = decode_step(batch, rows);
+        status st = decode_step(batch, rows, first_max_only ? &firsts : nullptr);
         if (!st.ok()) return st.with_context("generate");
         ++pos;
         // Sampling after each position in turn; a draft token stands where it was chosen.
         size_t i = 0;
         for (;;) {
-            d = decide(rows[i]);
+            d = decide(rows[i], first_max_only ? firsts[i] : -1);
             if (d.finished || i + 1 >= batch.size() || d.token != batch[i + 1].token) break;
             ++pos;
             ++i;

@@ -492,11 +492,12 @@ status context_engine::drop_draft(seq_id seq, pos_t n_tokens) {
     return p_->run.eng->trim_seq(seq, n_tokens);
 }
 
-status context_engine::decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits) {
+status context_engine::decode_step(std::span<const step_input> inputs, std::vector<std::vector<float>> & logits,
+                                   std::vector<token_id> * first_max) {
     for (const step_input & in : inputs)
         if (in.seq < 0 || (uint32_t)in.seq >= p_->opts.n_work_seqs)
             return invalid_argument("decode_step: sequence " + std::to_string(in.seq) + " is not a work sequence");
-    return p_->run.eng->decode_step(inputs, logits);
+    return p_->run.eng->decode_step(inputs, logits, first_max);
 }
 
 result<turn_result> context_engine::run_turn(const turn_request & req, seq_id seq) {

@@ -51,6 +51,10 @@ struct active_job {
     std::unique_ptr<draft_index> drafts;
     std::deque<token_id> draft;
     std::vector<std::vector<float>> draft_logits;  // its positions' logits, from draft_at on
+    // Where its sampling reads only the first maximum (step_input::first_max_only): that
+    // index after its last decoded token (-1: `logits` holds them) and after each draft row.
+    token_id first_max = -1;
+    std::vector<token_id> draft_first_max;
     size_t draft_at = 0;
     size_t step_drafted = 0, step_accepted = 0;  // the last step's draft, for the pacing
     draft_counters dc;
@@ -60,6 +64,7 @@ struct scheduler::impl {
     scheduler_options opts;
     std::unique_ptr<context_engine> ce;
     std::vector<std::vector<float>> step_rows;  // a decode step's logits (step())
+    std::vector<token_id> step_first_max;       // and its rows' first maxima
     model_info minfo;
     context_info cinfo;
 

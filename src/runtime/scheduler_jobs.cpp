@@ -4,6 +4,7 @@
 #include "util/clock.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "scheduler_impl.h"
 
@@ -259,7 +260,8 @@ void scheduler::impl::sample_next(active_job & j) {
     for (;;) {
         if (j.q.job.turn.keep_logits && j.gen->n_generated() < j.q.job.turn.sampling.max_tokens)
             j.gen_logits.insert(j.gen_logits.end(), j.logits.begin(), j.logits.end());
-        auto d = j.gen->next(j.logits, j.pos);
+        const token_id first_max = std::exchange(j.first_max, -1);
+        auto d = first_max >= 0 ? j.gen->next_from_first_max(first_max, j.pos) : j.gen->next(j.logits, j.pos);
         if (d.logprobs) j.logprobs.push_back(std::move(*d.logprobs));
         if (!d.delta.empty()) {
             text += d.delta;
@@ -276,6 +278,7 @@ void scheduler::impl::sample_next(active_job & j) {
         next = d.token;
         if (j.draft.empty() || d.token != j.draft.front()) break;
         j.draft.pop_front();
+        j.first_max = j.draft_first_max[j.draft_at];
         std::swap(j.logits, j.draft_logits[j.draft_at++]);
         j.pos++;
         j.dc.n_accepted++;
@@ -368,18 +371,20 @@ void scheduler::impl::step() {
         auto & j = slots[s];
         if (!j || j->prefilling || j->finished || j->cancelled || j->pending_token < 0) continue;
         who.push_back({s, in.size()});
-        in.push_back({(seq_id)s, j->pending_token, j->pos});
+        // Greedy with nothing else reading the distribution: only each row's pick comes back.
+        const bool first_max_only = !j->q.job.turn.keep_logits && j->gen->needs_first_max_only();
+        in.push_back({(seq_id)s, j->pending_token, j->pos, first_max_only});
         if (!j->drafts) continue;
         const size_t n = draft_room(j->q.job.turn.sampling, j->gen->n_generated(), j->pos, cinfo.n_ctx_seq, per_job);
         for (token_id t : j->drafts->propose(n)) {
-            in.push_back({(seq_id)s, t, (pos_t)(j->pos + (in.size() - who.back().second))});
+            in.push_back({(seq_id)s, t, (pos_t)(j->pos + (in.size() - who.back().second)), first_max_only});
             j->draft.push_back(t);
         }
     }
     // The rows' buffers circulate between this and the jobs (swapped, never freed while
     // they serve): a 65-row step would otherwise allocate and fault in ~39 MB of logits.
     std::vector<std::vector<float>> & logits = step_rows;
-    status st = ce->decode_step(in, logits);
+    status st = ce->decode_step(in, logits, &step_first_max);
     if (who.size() > 1) a_batched++;
     for (size_t k = 0; k < who.size(); ++k) {
         active_job & j = *slots[who[k].first];
@@ -397,7 +402,9 @@ void scheduler::impl::step() {
         const size_t first = who[k].second, end = k + 1 < who.size() ? who[k + 1].second : in.size();
         j.pos++;
         std::swap(j.logits, logits[first]);
+        j.first_max = step_first_max[first];
         if (j.draft_logits.size() < end - first - 1) j.draft_logits.resize(end - first - 1);
+        j.draft_first_max.assign(step_first_max.begin() + (long)first + 1, step_first_max.begin() + (long)end);
         for (size_t r = first + 1; r < end; ++r) std::swap(j.draft_logits[r - first - 1], logits[r]);
         j.draft_at = 0;
         j.step_drafted = end - first - 1;

@@ -218,8 +218,10 @@ struct sink_state {
     std::optional<completion_event> done;
     int leave_at_delta = 0;  // > 0: the client goes away at that delta, mid-answer
     int n_deltas = 0;
+    std::string text;  // the deltas' text
     event_sink sink() {
         return [this](const completion_event & ev) {
+            if (ev.what == completion_event::kind::delta) text += ev.text;
             if (ev.what == completion_event::kind::delta && ++n_deltas == leave_at_delta) {
                 std::lock_guard lk(mu);
                 done = ev;
@@ -258,7 +260,7 @@ TEST(Drafts, ARequestSentAgainIsDraftedFromTheAnswerBeforeAndEqualsTheColdRun) {
     o.n_parallel = 2;
     auto s = scheduler::start(o);
     ASSERT_TRUE(s.ok()) << s.error().to_string();
-    auto run = [&](std::vector<turn_request> rs) {
+    auto run = [&](std::vector<turn_request> rs, std::vector<std::string> * texts = nullptr) {
         std::vector<std::unique_ptr<sink_state>> sinks;
         for (auto & r : rs) {
             sinks.push_back(std::make_unique<sink_state>());
@@ -266,9 +268,12 @@ TEST(Drafts, ARequestSentAgainIsDraftedFromTheAnswerBeforeAndEqualsTheColdRun) {
         }
         std::vector<completion_event> out;
         for (auto & k : sinks) out.push_back(k->wait());
+        for (auto & k : sinks)
+            if (texts) texts->push_back(k->text);
         return out;
     };
-    const auto first = run({request("a", 16), request("b", 16)});
+    std::vector<std::string> first_text;
+    const auto first = run({request("a", 16), request("b", 16)}, &first_text);
     const auto again = run({request("a", 16), request("b", 16)});
     for (size_t i = 0; i < 2; ++i) {
         SCOPED_TRACE(i);
@@ -329,8 +334,80 @@ TEST(Drafts, ARequestSentAgainIsDraftedFromTheAnswerBeforeAndEqualsTheColdRun) {
     ASSERT_EQ(off[0].what, completion_event::kind::done);
     EXPECT_EQ(off[0].drafts.n_drafted, 0u);
     EXPECT_EQ(off[0].tokens, first[0].tokens);
+    // Without its logits kept, a greedy request's rows give only their picks
+    // (step_input::first_max_only), beside one that keeps them: the same answers, drafted.
+    {
+        turn_request a = request("a", 16);
+        a.keep_logits = false;
+        std::vector<std::string> texts;
+        const auto both = run({a, request("b", 16)}, &texts);
+        ASSERT_EQ(both[0].what, completion_event::kind::done);
+        EXPECT_EQ(texts, first_text);
+        EXPECT_GE(both[0].drafts.n_accepted, first[0].tokens.size() / 2);
+        EXPECT_EQ(both[1].tokens, first[1].tokens);
+    }
     const scheduler_stats st = (*s)->stats();
     EXPECT_GE(st.drafts.n_accepted, again[0].drafts.n_accepted + again[1].drafts.n_accepted);
+}
+
+// Greedy with nothing else reading the distribution needs only each row's first maximum:
+// decode_step gives that index where the row asks (step_input::first_max_only) and copies
+// none of its logits, beside rows that take them whole; generate reads only those indices
+// and writes the answer it writes with every row's logits copied.
+TEST(Drafts, AGreedyRowGivesOnlyItsFirstMaximumAndTheSameAnswer) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    const int32_t v = e->model().n_vocab;
+    const auto prompt = random_tokens(70, 6, v);
+    const auto next = random_tokens(3, 7, v);
+    auto step = [&](bool mark_first, std::vector<std::vector<float>> & out, std::vector<token_id> * firsts) {
+        std::vector<float> l;
+        std::vector<step_input> in;
+        for (seq_id s : {0, 1}) {
+            e->clear_seq(s);
+            EXPECT_TRUE(e->prefill(s, prompt, 0, {}, &l).ok());
+            for (size_t j = 0; j < next.size(); ++j)  // seq 0's rows marked, seq 1's whole
+                in.push_back({s, next[j], (pos_t)(prompt.size() + j), mark_first && s == 0});
+        }
+        ASSERT_TRUE(e->decode_step(in, out, firsts).ok());
+    };
+    std::vector<std::vector<float>> whole, picked;
+    std::vector<token_id> firsts;
+    step(false, whole, nullptr);
+    step(true, picked, &firsts);
+    ASSERT_EQ(firsts.size(), 2 * next.size());
+    for (size_t r = 0; r < firsts.size(); ++r) {
+        SCOPED_TRACE(r);
+        ASSERT_EQ(whole[r].size(), (size_t)v);
+        if (r < next.size()) {
+            EXPECT_TRUE(picked[r].empty());  // not copied
+            EXPECT_EQ(firsts[r], (token_id)first_max_index(whole[r]));
+        } else {
+            EXPECT_EQ(firsts[r], -1);
+            EXPECT_EQ(0, std::memcmp(picked[r].data(), whole[r].data(), whole[r].size() * sizeof(float)));
+        }
+    }
+    // generate: without logits_out each row gives only its pick; with it, every row whole.
+    // Drafted from the same earlier answer, the two decode the same rows in the same steps.
+    sampling_params sp;
+    sp.max_tokens = 64;
+    const decoded plain = decode(*e, 0, prompt, sp, nullptr);
+    sp.draft_max = 16;
+    const auto source = source_of(prompt, plain.g.tokens);
+    const decoded full = decode(*e, 2, prompt, sp, &source);
+    e->clear_seq(1);
+    std::vector<float> l;
+    ASSERT_TRUE(e->prefill(1, prompt, 0, {}, &l).ok());
+    draft_index idx;
+    idx.add_source(source);
+    idx.extend(prompt);
+    auto g = e->generate(1, l, sp, nullptr, &idx);
+    ASSERT_TRUE(g.ok()) << g.error().to_string();
+    EXPECT_EQ(g->tokens, full.g.tokens);
+    EXPECT_GT(g->drafts.n_accepted, 0u);
+    EXPECT_EQ(g->drafts.n_accepted, full.g.drafts.n_accepted);
+    EXPECT_EQ(g->drafts.n_steps, full.g.drafts.n_steps);
+    EXPECT_EQ(e->seq_n_tokens(1), full.n_in_seq);
 }
 
 }  // namespace
