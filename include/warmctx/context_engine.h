@@ -197,6 +197,8 @@ class context_engine {
     // left (so the turn reuses it in place), else an empty one, else the one left
     // longest ago. -1 when none of them is a free work sequence.
     seq_id pick_work_seq(std::string_view workspace, std::span<const seq_id> free_seqs) const;
+    // Of `idle`, the work stream holding the prefix `workspace`'s last turn left there, or -1.
+    seq_id stream_of_workspace(std::string_view workspace, std::span<const seq_id> idle) const;
     // For a caller that decodes itself: the sampling and stop decisions of one generation
     // (the same generation_step engine::generate uses), and one batched decode step over
     // work sequences that hold pending turns. Errors: those of generation_step::make and

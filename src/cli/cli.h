@@ -102,6 +102,7 @@ void register_http_bench(CLI::App & bench, int & rc);
 void register_s2_bench(CLI::App & bench, int & rc);
 void register_render_bench(CLI::App & bench, int & rc);
 void register_drafts_bench(CLI::App & bench, int & rc);
+void register_agents_bench(CLI::App & bench, int & rc);
 void register_trace_bench(CLI::App & bench, int & rc);
 void register_contention_bench(CLI::App & bench, int & rc);
 void register_s3_bench(CLI::App & bench, int & rc);

@@ -137,6 +137,7 @@ void register_bench_commands(CLI::App & bench, int & rc) {
     register_s2_bench(bench, rc);
     register_render_bench(bench, rc);
     register_drafts_bench(bench, rc);
+    register_agents_bench(bench, rc);
     register_trace_bench(bench, rc);
     register_contention_bench(bench, rc);
     register_s3_bench(bench, rc);

@@ -13,6 +13,10 @@ admission_step plan_admission(const admission_input & in) {
         for (size_t s = 0; s < in.stream_busy.size(); ++s)
             if (!in.stream_busy[s]) free_streams.push_back((seq_id)s);
     const bool prewarm_runs = in.prewarm_stream >= 0;
+    const seq_id own = in.next_chat_stream;
+    if (in.next_chat && free_streams.empty() && own >= 0 && (size_t)own < in.stream_busy.size() &&
+        !in.stream_busy[(size_t)own])
+        free_streams.push_back(own);  // beyond n_parallel: its own prefix, in place
     if (in.next_chat) {
         if (free_streams.empty() && !prewarm_runs) return step;  // wait
         const bool of_prewarm = prewarm_runs && in.prewarm_workspace == *in.next_chat;

@@ -4,7 +4,10 @@
 //
 // The rules, in the order plan_admission applies them:
 //   - at most n_parallel jobs hold a work stream at once; the other streams (resident
-//     ones) keep their workspaces' prefixes for the turns to come;
+//     ones) keep their workspaces' prefixes for the turns to come. Beyond n_parallel, a
+//     chat whose workspace's last turn left its prefix in an idle stream takes that stream
+//     at once (it resumes there in place, displacing nothing): with the device tier's
+//     streams, no agent whose prefix is resident waits for another's answer;
 //   - a chat goes before any pre-warm;
 //   - a chat of the running pre-warm's workspace stops that pre-warm (it keeps what it
 //     prefilled) and may take its stream, where it starts from it in place;
@@ -36,6 +39,7 @@ struct admission_input {
     seq_id prewarm_stream = -1;           // the running pre-warm's stream (-1: none runs)
     std::string_view prewarm_workspace;   // ... and its workspace
     std::optional<std::string_view> next_chat;  // the first queued chat's workspace
+    seq_id next_chat_stream = -1;         // an idle stream holding that workspace's prefix (-1: none)
     bool prewarm_waiting = false;         // a pre-warm is queued
 };
 

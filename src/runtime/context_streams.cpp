@@ -297,6 +297,15 @@ seq_id context_engine::pick_work_seq(std::string_view workspace, std::span<const
     return choose_stream(workspace, views, free_seqs);
 }
 
+seq_id context_engine::stream_of_workspace(std::string_view workspace, std::span<const seq_id> idle) const {
+    for (seq_id s : idle)
+        if (s >= 0 && (size_t)s < p_->streams.size()) {
+            const work_stream & st = p_->streams[(size_t)s];
+            if (!st.busy && !st.blocks.empty() && st.workspace == workspace) return s;
+        }
+    return -1;
+}
+
 void context_engine::drop_work_streams() {
     p_->flush_deferred();
     for (size_t s = 0; s < p_->streams.size(); ++s) {

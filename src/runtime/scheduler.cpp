@@ -32,6 +32,15 @@
 
 namespace warmctx {
 
+namespace {
+std::vector<seq_id> idle_streams(const std::vector<bool> & busy) {
+    std::vector<seq_id> idle;
+    for (size_t s = 0; s < busy.size(); ++s)
+        if (!busy[s]) idle.push_back((seq_id)s);
+    return idle;
+}
+}  // namespace
+
 void scheduler::impl::run_calls() {
     std::unique_lock<std::mutex> lk(mu);
     while (!calls.empty()) {
@@ -65,7 +74,10 @@ void scheduler::impl::admit_queued() {
         {
             std::lock_guard<std::mutex> lk(mu);
             if (stopping) return;
-            if (!queue.empty()) in.next_chat = queue.front().job.turn.workspace;
+            if (!queue.empty()) {
+                in.next_chat = queue.front().job.turn.workspace;
+                in.next_chat_stream = ce->stream_of_workspace(*in.next_chat, idle_streams(in.stream_busy));
+            }
             in.prewarm_waiting = !prewarms.empty();
             step = plan_admission(in);
             if (step.what == admission_step::action::admit_chat) q = take_chat();

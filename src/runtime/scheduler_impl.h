@@ -132,6 +132,7 @@ struct scheduler::impl {
 
     // One prefill chunk of one prefilling job (see the top of this file for which).
     void prefill_round();
+    bool prefill_chunk(active_job & pick);
 
     // Stops the pre-warm in `slot` at its chunk boundary: what it prefilled is cached
     // (in its work sequence, which a turn of its workspace then reuses in place).

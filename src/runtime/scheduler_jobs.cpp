@@ -155,58 +155,78 @@ void scheduler::impl::prefilled(active_job & j) {
     emit(j, ev);
 }
 
+// One chunk's worth of prompt a round, between decode steps: the chat with the least left
+// (every fourth round the one admitted first, so a long prompt is not starved), and then,
+// while that leaves room, other chats that finish within it (warm turns' few new tokens):
+// a warm turn admitted while others decode starts its prefill before the next step, not
+// one step per turn ahead of it. A pre-warm only when no chat prefills.
 void scheduler::impl::prefill_round() {
-    active_job * pick = nullptr;
-    active_job * background = nullptr;  // a pre-warm: only when no chat prefills
     const bool oldest = ++n_prefill_rounds % 4 == 0;
-    size_t n = 0;
-    uint64_t remaining = 0;
-    bool generating = false;  // a chat decodes this round
-    for (auto & j : slots) {
-        if (j && !j->prefilling && !j->prewarm && !j->finished && !j->cancelled) generating = true;
-        if (!j || !j->prefilling || j->cancelled) continue;
-        ++n;
-        remaining += (uint64_t)j->turn.prefill_remaining();
-        if (j->prewarm) {
-            background = j.get();
-            continue;
+    int64_t room = cinfo.chunk_tokens;
+    for (bool first = true; room > 0; first = false) {
+        active_job * pick = nullptr;
+        active_job * background = nullptr;
+        size_t n = 0;
+        uint64_t remaining = 0;
+        bool generating = false;  // a chat decodes this round
+        for (auto & j : slots) {
+            if (j && !j->prefilling && !j->prewarm && !j->finished && !j->cancelled) generating = true;
+            if (!j || !j->prefilling || j->cancelled) continue;
+            ++n;
+            remaining += (uint64_t)j->turn.prefill_remaining();
+            if (j->prewarm) {
+                background = j.get();
+                continue;
+            }
+            if (!first && j->turn.prefill_remaining() > room) continue;
+            if (!pick || (first && oldest ? j->admitted < pick->admitted
+                                          : j->turn.prefill_remaining() < pick->turn.prefill_remaining()))
+                pick = j.get();
         }
-        if (!pick || (oldest ? j->admitted < pick->admitted
-                             : j->turn.prefill_remaining() < pick->turn.prefill_remaining()))
-            pick = j.get();
+        if (first && !pick && background &&
+            (!generating || background->q.job.turn.kind == turn_kind::leading_prewarm))
+            pick = background;
+        if (first) {
+            a_prefilling = n;
+            a_prefill_remaining = remaining;
+        }
+        if (!pick) return;
+        const pos_t before = pick->turn.prefill_remaining();
+        if (!prefill_chunk(*pick)) return;
+        room -= before - pick->turn.prefill_remaining();
     }
-    if (!pick && background && (!generating || background->q.job.turn.kind == turn_kind::leading_prewarm))
-        pick = background;
-    a_prefilling = n;
-    a_prefill_remaining = remaining;
-    if (!pick) return;
-    const pos_t before = pick->turn.prefill_remaining();
+}
+
+// One chunk of `pick`'s prompt; false when it failed (the job fails).
+bool scheduler::impl::prefill_chunk(active_job & pick) {
+    const pos_t before = pick.turn.prefill_remaining();
     status st;
-    pick->t_interleave_ms += ms_between(pick->t_own_end, clock_type::now());
+    pick.t_interleave_ms += ms_between(pick.t_own_end, clock_type::now());
     try {
-        st = ce->prefill_some(pick->turn, 1, pick->logits);  // one chunk
+        st = ce->prefill_some(pick.turn, 1, pick.logits);  // one chunk
     } catch (...) {
         st = thrown("prefilling");
     }
-    pick->t_own_end = clock_type::now();
+    pick.t_own_end = clock_type::now();
     a_prefill_chunks++;
-    a_prefill_remaining = remaining - (uint64_t)(before - pick->turn.prefill_remaining());
+    a_prefill_remaining = a_prefill_remaining - (uint64_t)(before - pick.turn.prefill_remaining());
     if (!st.ok()) {
-        fail_job(*pick, st);
-        return;
+        fail_job(pick, st);
+        return false;
     }
-    if (opts.after_prefill_chunk) opts.after_prefill_chunk(pick->q.job.turn, pick->turn.prefill_pos);
-    if (pick->turn.prefilled()) {
-        a_prefilling = n - 1;
-        prefilled(*pick);
-    } else if (!pick->prewarm) {
+    if (opts.after_prefill_chunk) opts.after_prefill_chunk(pick.q.job.turn, pick.turn.prefill_pos);
+    if (pick.turn.prefilled()) {
+        a_prefilling = a_prefilling - 1;
+        prefilled(pick);
+    } else if (!pick.prewarm) {
         completion_event ev;
         ev.what = completion_event::kind::progress;
-        ev.prefill_pos = pick->turn.prefill_pos;
-        ev.prefill_end = pick->turn.prefill_end;
-        emit(*pick, ev);
+        ev.prefill_pos = pick.turn.prefill_pos;
+        ev.prefill_end = pick.turn.prefill_end;
+        emit(pick, ev);
     }
     publish_jobs();
+    return true;
 }
 
 void scheduler::impl::preempt(size_t slot) {

@@ -38,6 +38,31 @@ TEST(Admission, AtMostNParallelJobsRunThoughStreamsAreFree) {
     EXPECT_EQ(plan_admission(in).what, action::wait);
 }
 
+TEST(Admission, BeyondNParallelAChatTakesTheIdleStreamHoldingItsOwnPrefix) {
+    // Four streams (two of them resident), two jobs running: the chat whose workspace's
+    // prefix sits in idle stream 3 starts there at once; one with none waits.
+    auto in = streams(2, {true, false, true, false});
+    in.next_chat = "a";
+    in.next_chat_stream = 3;
+    auto step = plan_admission(in);
+    EXPECT_EQ(step.what, action::admit_chat);
+    EXPECT_EQ(step.streams, (std::vector<seq_id>{3}));
+    in.next_chat_stream = -1;
+    EXPECT_EQ(plan_admission(in).what, action::wait);
+    // Not a stream a job holds, and not for a pre-warm.
+    in.next_chat_stream = 2;
+    EXPECT_EQ(plan_admission(in).what, action::wait);
+    in.next_chat.reset();
+    in.next_chat_stream = 3;
+    in.prewarm_waiting = true;
+    EXPECT_EQ(plan_admission(in).what, action::wait);
+    // Below n_parallel every free stream is offered, as before.
+    in = streams(3, {true, false, false});
+    in.next_chat = "a";
+    in.next_chat_stream = 2;
+    EXPECT_EQ(plan_admission(in).streams, (std::vector<seq_id>{1, 2}));
+}
+
 TEST(Admission, AChatGoesBeforeAPrewarm) {
     auto in = streams(1, {false});
     in.next_chat = "a";
