@@ -4,7 +4,7 @@
 # no Debian packages and no network: it builds from what scripts/pack-device.sh put
 # in .devcarry/ (run that first, on a machine that has them).
 #
-# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace window s3 calls contention verify render restore replay floor
+# usage: scripts/bench-h200.sh [STAGE...]     stages: build s2 trace window s3 calls contention verify render restore replay floor agents
 #                                             (default: build s2 trace s3)
 # environment:
 #   OUT                 where results go (default: bench/results/<YYYY-MM-DD>-<gpu>/, the day and the GPU's
@@ -25,6 +25,8 @@
 #   FLOOR_SIZES         the floor stage's prompt sizes (default: 512,4096,16384)
 #   FLOOR_DEPTH         tokens in the context before each measured prompt (llama-bench -d; default 0)
 #   FLOOR_REPS          llama-bench's repetitions (default 5)
+#   AGENTS              the agents stage's agent counts (default: "8 16"), each into agents<N>-h200.json: N agents
+#                       at once, ~7k-token workspaces, 4 turns of 128 tokens, warmctx and llama-server at their defaults
 #   PACK_LOGS           1: the logs go into logs.tgz in the results folder when the script ends
 # e.g. REPLAY_SHAPES="qwen3.5-hybrid qwen3.5-plain" REPLAY_SYSTEMS=warmctx scripts/bench-h200.sh build replay floor
 # Every stage writes <stage>-h200.json and a log; the build is skipped when present.
@@ -159,7 +161,11 @@ for s in "${stages[@]}"; do
           log "floor $shape: done"; jq -r '.[] | "  pp\(.n_prompt): \(.avg_ts) tok/s"' "$out/floor-$shape-h200.json" || true
         else log "floor $shape: FAILED"; tail -20 "$out/floor-$shape-h200.log"; fi
       done ;;
-    *) echo "unknown stage $s (build s2 trace window s3 calls contention verify render restore replay floor)" >&2; exit 2 ;;
+    agents)  # many agents at once: a warm turn's wait while the others write (the 0.5B shape, each system at its defaults)
+      for n in ${AGENTS:-8 16}; do
+        run_bench_as "agents$n" agents "${gpu[@]}" --agents "$n" --turns 4 --size 7000 -n 128
+      done ;;
+    *) echo "unknown stage $s (build s2 trace window s3 calls contention verify render restore replay floor agents)" >&2; exit 2 ;;
   esac
 done
 log "all stages done; results in $out"

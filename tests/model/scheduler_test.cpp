@@ -1,10 +1,12 @@
 // The engine thread on the tiny model: streaming events, continuous batching,
 // cancellation, a full queue, and a lone job equal to the cold run.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <mutex>
 #include <new>
@@ -228,6 +230,82 @@ TEST(Scheduler, AnInterleavedPrefillEqualsTheColdRunAndDoesNotStallOthers) {
     const completion_event & done = *cb.last();
     EXPECT_EQ(done.usage.cached_tokens, 0);
     expect_equals_cold(**s, big, done);
+}
+
+// Two warm turns admitted while another job decodes: the prefill round after the next step
+// takes both (each finishes within one chunk), not one a step.
+TEST(Scheduler, WarmTurnsAdmittedTogetherPrefillBeforeTheNextStep) {
+    scheduler_options o = tiny_scheduler(3);
+    std::atomic<int> order{0};
+    std::mutex gm;
+    std::condition_variable gcv;
+    bool hold = false;
+    o.before_admit = [&](const turn_request &) {
+        std::unique_lock lk(gm);
+        gcv.wait(lk, [&] { return !hold; });
+    };
+    std::mutex om;
+    std::vector<std::pair<std::string, int>> chunks;  // (workspace, order) of each prefill chunk
+    o.after_prefill_chunk = [&](const turn_request & r, pos_t) {
+        std::lock_guard lk(om);
+        chunks.push_back({r.workspace, order++});
+    };
+    auto s = scheduler::start(o);
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+    auto ask = [&](const std::string & ws, uint64_t seed, const std::string & q, int n, collector & c,
+                   std::function<void(const completion_event &)> also = {}) {
+        auto segs = small_workspace(seed);
+        segs.back().content = q;
+        auto inner = c.sink();
+        return (*s)->submit({req(ws, segs, n), [inner, also](const completion_event & ev) {
+                                 if (also) also(ev);
+                                 return inner(ev);
+                             }});
+    };
+    for (auto [ws, seed] : {std::pair{"b", 11}, std::pair{"c", 12}}) {  // their prefixes, cached
+        collector c;
+        ASSERT_TRUE(ask(ws, (uint64_t)seed, "first", 2, c).ok());
+        ASSERT_TRUE(c.wait());
+    }
+    // "a" decodes a long answer; its deltas mark its steps.
+    collector ca, cb, cc;
+    std::vector<int> a_deltas;
+    std::atomic<bool> a_writes{false};
+    ASSERT_TRUE(ask("a", 13, "write", 200, ca, [&](const completion_event & ev) {
+                    if (ev.what != completion_event::kind::delta) return;
+                    std::lock_guard lk(om);
+                    a_deltas.push_back(order++);
+                    a_writes = true;
+                }).ok());
+    for (int i = 0; i < 2000 && !a_writes; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(a_writes);
+    {
+        std::lock_guard lk(gm);
+        hold = true;  // b's admission waits until c is queued too
+    }
+    ASSERT_TRUE(ask("b", 11, "second", 2, cb).ok());
+    ASSERT_TRUE(ask("c", 12, "second", 2, cc).ok());
+    {
+        std::lock_guard lk(gm);
+        hold = false;
+    }
+    gcv.notify_all();
+    ASSERT_TRUE(cb.wait());
+    ASSERT_TRUE(cc.wait());
+    ASSERT_TRUE(ca.wait());
+    EXPECT_GT(cb.last()->usage.cached_tokens, 0);
+    EXPECT_GT(cc.last()->usage.cached_tokens, 0);
+    std::lock_guard lk(om);
+    int b_at = -1, c_at = -1;  // their second turns' chunks (each one chunk: a few new tokens)
+    for (const auto & [ws, at] : chunks) {
+        if (ws == "b") b_at = at;
+        if (ws == "c") c_at = at;
+    }
+    ASSERT_GE(b_at, 0);
+    ASSERT_GE(c_at, 0);
+    int a_between = 0;  // a's steps between the two
+    for (int d : a_deltas) a_between += d > std::min(b_at, c_at) && d < std::max(b_at, c_at);
+    EXPECT_EQ(a_between, 0) << "b's chunk at " << b_at << ", c's at " << c_at;
 }
 
 TEST(Scheduler, BatchesConcurrentJobsAndCompletesThemAll) {
@@ -793,6 +871,14 @@ TEST(Scheduler, ResidentStreamsKeepEachWorkspacesPrefixBetweenItsTurns) {
     o.engine.engine.n_seq_resident = 2;
     o.engine.cold_stream = false;  // else no resident streams
     o.engine.stream_copies = context_engine_options::stream_copy_mode::on;  // as on a GPU
+    // A gate the engine thread waits at as it admits a job, while `hold` is set.
+    std::mutex gm;
+    std::condition_variable gcv;
+    bool hold = false;
+    o.before_admit = [&](const turn_request &) {
+        std::unique_lock lk(gm);
+        gcv.wait(lk, [&] { return !hold; });
+    };
     auto s = scheduler::start(o);
     ASSERT_TRUE(s.ok()) << s.error().to_string();
     std::vector<std::vector<segment>> ws = {small_workspace(1), small_workspace(2), small_workspace(3)};
@@ -815,23 +901,40 @@ TEST(Scheduler, ResidentStreamsKeepEachWorkspacesPrefixBetweenItsTurns) {
     auto c = counters_of(**s);
     EXPECT_EQ(c.memory.n_resident_streams, 2u);
     EXPECT_EQ(c.memory.n_pool_loads, 0u);  // no stream was ever displaced: nothing came from the pool
-    // Several submitted at once still run one at a time.
+    // Several submitted at once, each workspace's prefix in a stream of its own: beyond
+    // n_parallel (1) each is admitted into its own stream at once (runtime/admission.h),
+    // all three before the first is done, each in place.
+    std::atomic<int> clock{0};
+    std::vector<int> admitted(3, -1), done(3, -1);
     std::vector<std::unique_ptr<collector>> cs;
+    {
+        std::lock_guard lk(gm);
+        hold = true;  // the first admission waits until all three are queued
+    }
     for (size_t i = 0; i < 3; ++i) {
         cs.push_back(std::make_unique<collector>());
         auto segs = ws[i];
         segs.back().content = "together";
-        ASSERT_TRUE((*s)->submit({req(names[i], segs, 4), cs.back()->sink()}).ok());
+        event_sink inner = cs.back()->sink();
+        event_sink sink = [&, i, inner](const completion_event & ev) {
+            if (ev.what == completion_event::kind::admitted) admitted[i] = clock++;
+            if (ev.what == completion_event::kind::done) done[i] = clock++;
+            return inner(ev);
+        };
+        ASSERT_TRUE((*s)->submit({req(names[i], segs, 4), sink}).ok());
     }
-    // Never more than one job admitted at a time, while they run.
-    for (int i = 0; i < 200 && (*s)->stats().n_completed < 12; ++i) {
-        size_t active = 0;
-        for (const job_progress & j : (*s)->jobs()) active += j.what != job_progress::state::queued ? 1 : 0;
-        EXPECT_LE(active, 1u);
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    {
+        std::lock_guard lk(gm);
+        hold = false;
     }
+    gcv.notify_all();
     for (auto & x : cs) ASSERT_TRUE(x->wait());
     EXPECT_EQ((*s)->stats().n_completed, 12u);
+    const int last_admitted = *std::max_element(admitted.begin(), admitted.end());
+    const int first_done = *std::min_element(done.begin(), done.end());
+    EXPECT_GE(*std::min_element(admitted.begin(), admitted.end()), 0);
+    EXPECT_LT(last_admitted, first_done);
+    for (auto & x : cs) EXPECT_TRUE(x->last()->explain.in_place);
 }
 
 // Where the time to the first token went adds up: queue, sampler, write-back, lookup,
