@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the side-by-side benchmarks small on the tiny model and checks what their JSON
 # says (structure and cache behaviour; never timings, which are the benches' job).
-# usage: bench_checks.sh WARMCTX_BENCH TINY_MODEL trace|trace_window|s2|s3|calls|contention|render|edits|splits
+# usage: bench_checks.sh WARMCTX_BENCH TINY_MODEL trace|trace_window|s2|s3|calls|contention|render|edits|splits|agents
 set -euo pipefail
 bench="$1" model="$2" which="$3"
 out="$(mktemp)"; trap 'rm -f "$out"' EXIT
@@ -159,6 +159,19 @@ splits)
     if [ "$rc" != 2 ] || ! grep -q "^error: " <<<"$err"; then echo "FAILED: splits $bad: exit $rc: $err"; exit 1; fi
   done
   echo "ok: bad plans are refused"
+  ;;
+agents)
+  # Three agents at once, two turns each: every turn answered, each system's warm turns
+  # (the second) counted, warmctx's reusing its workspace.
+  "$bench" agents -m "$model" -t 1 --agents 3 --turns 2 --size 300 -n 8 --json >"$out"
+  check '(.systems | keys) == ["llama-server","warmctx"]' "both systems"
+  check 'all(.systems[]; .failed == 0 and (.turns | length) == 6 and all(.turns[]; .ok and .completion_tokens > 0))' \
+        "every agent's every turn answered" '.systems[] | {failed, turns: [.turns[] | {agent, turn, ok, error}]}'
+  check 'all(.systems[]; .tokens_per_s > 0 and .wall_s > 0 and .warm_turn_ttft_ms.p95 >= .warm_turn_ttft_ms.p50 and .warm_turn_ttft_ms.max >= .warm_turn_ttft_ms.p95)' \
+        "tokens/s and warm-turn TTFT p50 <= p95 <= max" '.systems[] | del(.turns)'
+  check 'all(.systems.warmctx.turns[] | select(.turn == 1); .cached_tokens > 0 and .timings.queue_ms >= 0)' \
+        "warmctx's second turns reuse their workspace and say where their time went" '[.systems.warmctx.turns[] | {agent, turn, cached_tokens, timings}]'
+  check '.warmctx_vs_llama_server.tokens_per_s > 0 and .warmctx_vs_llama_server.warm_turn_ttft_p95 > 0' "ratios reported" '.warmctx_vs_llama_server'
   ;;
 *) echo "unknown check $which"; exit 2 ;;
 esac
