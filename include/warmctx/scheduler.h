@@ -73,6 +73,12 @@ struct completion_event {
     // other jobs' prefill chunks and decode steps ran. With queue_ms, these add up to
     // first_token_ms less the engine thread's own bookkeeping.
     double t_write_back_ms = 0, t_lookup_ms = 0, t_sampler_ms = 0, t_interleave_ms = 0;
+    // Where the answer's time after first_token_ms went (done): the decode steps it was in
+    // (each whole: the job waits for the step), choosing its tokens (sampling, stop
+    // strings, the text sent), and caching its turn at the end (finish_turn); the rest is
+    // other jobs' work between its steps (their prefill chunks and sampling).
+    uint32_t n_decode_steps = 0;
+    double t_decode_step_ms = 0, t_sample_ms = 0, t_finish_ms = 0;
     draft_counters drafts;  // done: what drafts from the workspace did for this answer
     // done, for a job whose turn asked keep_logits (verification): every generated token,
     // the logits after the prompt and those of every generation step (n_vocab each),

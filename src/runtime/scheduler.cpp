@@ -120,7 +120,9 @@ void scheduler::impl::loop() {
         for (auto & j : slots) {
             if (!j || j->prefilling || j->finished || j->cancelled || j->pending_token >= 0) continue;
             try {
+                const auto ts = clock_type::now();
                 sample_next(*j);
+                j->t_sample_ms += ms_between(ts, clock_type::now());
             } catch (...) {
                 fail_job(*j, thrown("sampling"));
             }

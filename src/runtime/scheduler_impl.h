@@ -43,6 +43,9 @@ struct active_job {
     finish_reason finish = finish_reason::length;
     double t_queue_ms = 0, t_first_token_ms = 0;
     double t_sampler_ms = 0;     // building its sampler chain (a grammar's too) at admission
+    // After its prompt: the decode steps it was in, its sampling, caching its turn.
+    uint32_t n_steps = 0;
+    double t_step_ms = 0, t_sample_ms = 0, t_finish_ms = 0;
     double t_interleave_ms = 0;  // admitted, waiting while other jobs' chunks and steps ran
     clock_type::time_point t_own_end;  // when its admission or last chunk ended
     std::vector<token_logprobs> logprobs;  // not yet sent with an event

@@ -345,8 +345,10 @@ void scheduler::impl::retire(size_t slot) {
             j.logprobs.clear();
             emit(j, ev);
         }
+        const auto tf = clock_type::now();
         status st = ce->finish_turn(j.turn, (size_t)j.gen->n_generated());
         publish();  // before the client hears it is done
+        j.t_finish_ms = ms_between(tf, clock_type::now());
         completion_event ev;
         if (st.ok()) {
             ev.what = completion_event::kind::done;
@@ -358,6 +360,10 @@ void scheduler::impl::retire(size_t slot) {
             set_phases(ev, j);
             ev.t_total_ms = ms_between(j.q.t_submit, clock_type::now());
             ev.drafts = j.dc;
+            ev.n_decode_steps = j.n_steps;
+            ev.t_decode_step_ms = j.t_step_ms;
+            ev.t_sample_ms = j.t_sample_ms;
+            ev.t_finish_ms = j.t_finish_ms;
             if (j.q.job.turn.cache) ce->remember_answer(j.turn, j.gen->tokens());
             if (j.q.job.turn.keep_logits) {
                 ev.tokens = j.gen->tokens();
@@ -404,11 +410,15 @@ void scheduler::impl::step() {
     // The rows' buffers circulate between this and the jobs (swapped, never freed while
     // they serve): a 65-row step would otherwise allocate and fault in ~39 MB of logits.
     std::vector<std::vector<float>> & logits = step_rows;
+    const auto t0 = clock_type::now();
     status st = ce->decode_step(in, logits, &step_first_max);
+    const double step_ms = ms_between(t0, clock_type::now());
     if (who.size() > 1) a_batched++;
     for (size_t k = 0; k < who.size(); ++k) {
         active_job & j = *slots[who[k].first];
         j.pending_token = -1;
+        j.n_steps++;
+        j.t_step_ms += step_ms;
         if (!st.ok()) {
             completion_event ev;
             ev.what = completion_event::kind::error;

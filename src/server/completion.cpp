@@ -37,6 +37,10 @@ answer_report report_of(const std::string & workspace, const completion_event & 
     r.t_lookup_ms = done.t_lookup_ms;
     r.t_sampler_ms = done.t_sampler_ms;
     r.t_interleave_ms = done.t_interleave_ms;
+    r.n_decode_steps = done.n_decode_steps;
+    r.t_decode_step_ms = done.t_decode_step_ms;
+    r.t_sample_ms = done.t_sample_ms;
+    r.t_finish_ms = done.t_finish_ms;
     r.n_generated = done.usage.completion_tokens;
     r.rt = rt;
     return r;
@@ -80,6 +84,15 @@ json warmctx_json(const answer_report & r) {
          done.t_total_ms > done.t_first_token_ms && r.n_generated > 1
              ? 1000.0 * (double)(r.n_generated - 1) / (done.t_total_ms - done.t_first_token_ms)
              : 0.0},
+        // Where decode_ms went: the decode steps the answer was in (each whole), choosing its
+        // tokens, caching its turn at the end, and other jobs' work between its steps.
+        {"decode_timings",
+         {{"steps", done.n_decode_steps},
+          {"step_ms", done.t_decode_step_ms},
+          {"sample_ms", done.t_sample_ms},
+          {"finish_ms", done.t_finish_ms},
+          {"other_ms", std::max(0.0, done.t_total_ms - done.t_first_token_ms - done.t_decode_step_ms -
+                                         done.t_sample_ms - done.t_finish_ms)}}},
         {"request_ms", rt.request_ms},
         // Every phase of the wait for the first token, each once: their sum is
         // request_ms + first_token_ms less the engine thread's bookkeeping.

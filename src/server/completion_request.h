@@ -85,6 +85,8 @@ struct answer_report {
     double t_queue_ms = 0, t_first_token_ms = 0, t_total_ms = 0;
     double t_assemble_ms = 0, t_restore_ms = 0, t_copy_ms = 0, t_prefill_ms = 0, t_checkpoint_ms = 0;
     double t_write_back_ms = 0, t_lookup_ms = 0, t_sampler_ms = 0, t_interleave_ms = 0;
+    uint32_t n_decode_steps = 0;  // after the first token (completion_event's)
+    double t_decode_step_ms = 0, t_sample_ms = 0, t_finish_ms = 0;
     int64_t n_generated = 0;  // the answer's tokens (its decode rate)
     request_timings rt;      // the HTTP thread's
 };

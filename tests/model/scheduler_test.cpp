@@ -968,6 +968,33 @@ TEST(Scheduler, TheNamedPhasesAddUpToTheTimeToTheFirstToken) {
     }
 }
 
+// After the first token: the decode steps an answer was in (one per token but its last,
+// greedy without drafts), its sampling and the caching of its turn are named, and they fit
+// in its decode time beside another job's (the rest: the other's work between its steps).
+TEST(Scheduler, AnAnswersDecodeTimeIsNamedStepBySamplingAndCaching) {
+    auto s = scheduler::start(tiny_scheduler(2));
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+    std::vector<std::unique_ptr<collector>> cs;
+    for (uint64_t w : {1, 2}) {
+        turn_request r = req(w == 1 ? "a" : "b", small_workspace(w), 16);
+        r.sampling.draft_max = 0;
+        cs.push_back(std::make_unique<collector>());
+        ASSERT_TRUE((*s)->submit({r, cs.back()->sink()}).ok());
+    }
+    for (auto & c : cs) {
+        ASSERT_TRUE(c->wait());
+        const completion_event & d = *c->last();
+        ASSERT_EQ(d.what, completion_event::kind::done);
+        const int32_t n = d.usage.completion_tokens;
+        EXPECT_EQ((int32_t)d.n_decode_steps, d.finish == finish_reason::length ? n - 1 : n);
+        EXPECT_GT(d.t_decode_step_ms, 0.0);
+        EXPECT_GT(d.t_sample_ms, 0.0);
+        EXPECT_GE(d.t_finish_ms, 0.0);
+        const double decode = d.t_total_ms - d.t_first_token_ms;
+        EXPECT_LE(d.t_decode_step_ms + d.t_sample_ms + d.t_finish_ms, decode + 0.05);
+    }
+}
+
 // The stream a turn has just finished on is left alone for a moment: its workspace's
 // next turn, coming at once, continues in place with no write-back before it (the
 // write-back ahead of the only stream held the next turn of one workspace in the queue
