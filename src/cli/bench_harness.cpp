@@ -530,6 +530,19 @@ result<std::vector<segment>> chat_segments(const json & messages) {
     return out;
 }
 
+result<std::unique_ptr<bench_system>> start_llama_server_at_defaults(const std::string & name,
+                                                                     const std::string & binary,
+                                                                     const model_flags & mf,
+                                                                     std::vector<std::string> extra_args) {
+    llama_server_options lo;
+    lo.name = name;
+    lo.binary = binary;
+    lo.mf = mf;
+    lo.defaults = true;
+    lo.extra_args = std::move(extra_args);
+    return start_llama_server(lo);
+}
+
 double percentile(std::vector<double> v, double p) {
     if (v.empty()) return 0;
     std::sort(v.begin(), v.end());

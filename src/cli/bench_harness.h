@@ -124,6 +124,12 @@ struct llama_server_options {
     double start_timeout_s = 600;
 };
 result<std::unique_ptr<bench_system>> start_llama_server(const llama_server_options & o);
+// llama-server at its own defaults, as its users meet it (llama_server_options::defaults),
+// with `extra_args` after them.
+result<std::unique_ptr<bench_system>> start_llama_server_at_defaults(const std::string & name,
+                                                                     const std::string & binary,
+                                                                     const model_flags & mf,
+                                                                     std::vector<std::string> extra_args = {});
 
 // The tokenizer and chat template of a model (weights mapped, no GPU, a tiny context):
 // counts tokens for the workload generators and assembles segments into exactly the

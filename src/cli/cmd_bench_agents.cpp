@@ -81,12 +81,7 @@ result<std::unique_ptr<bench_system>> start_system(const agents_args & a, const 
         wo.resident_streams = a.resident_streams;  // serve's default: the device tier's (none on the CPU)
         return start_warmctx_system(wo);
     }
-    llama_server_options lo;
-    lo.name = name;
-    lo.binary = a.llama_server;
-    lo.mf = a.mf;
-    lo.defaults = true;  // as its users meet it
-    return start_llama_server(lo);
+    return start_llama_server_at_defaults(name, a.llama_server, a.mf);
 }
 
 // Every agent at once, each turn after its last; one system.

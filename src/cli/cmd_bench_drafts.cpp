@@ -65,13 +65,9 @@ result<std::unique_ptr<bench_system>> start_system(const drafts_args & a, const 
         wo.parallel = scheduler_options{}.n_parallel;  // serve's default --parallel, as llama-server's 4 slots
         return start_warmctx_system(wo);
     }
-    llama_server_options lo;
-    lo.name = name;
-    lo.binary = a.llama_server;
-    lo.mf = a.mf;
-    lo.defaults = true;  // as its users meet it
-    if (name.ends_with("ngram-mod")) lo.extra_args = {"--spec-type", "ngram-mod"};
-    return start_llama_server(lo);
+    std::vector<std::string> extra;
+    if (name.ends_with("ngram-mod")) extra = {"--spec-type", "ngram-mod"};
+    return start_llama_server_at_defaults(name, a.llama_server, a.mf, std::move(extra));
 }
 
 json summary_of(const json & entries) {

@@ -100,6 +100,31 @@ turn_request req(const std::string & ws, std::vector<segment> segs, int max_toke
     return r;
 }
 
+// A gate the engine thread waits at as it admits a job (scheduler_options::before_admit)
+// while closed: jobs submitted meanwhile are all queued when it opens.
+struct admission_gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool closed = false;
+    void install(scheduler_options & o) {
+        o.before_admit = [this](const turn_request &) {
+            std::unique_lock lk(mu);
+            cv.wait(lk, [this] { return !closed; });
+        };
+    }
+    void close() {
+        std::lock_guard lk(mu);
+        closed = true;
+    }
+    void open() {
+        {
+            std::lock_guard lk(mu);
+            closed = false;
+        }
+        cv.notify_all();
+    }
+};
+
 TEST(Scheduler, StreamsStartedDeltasAndDone) {
     auto s = scheduler::start(tiny_scheduler(2));
     ASSERT_TRUE(s.ok()) << s.error().to_string();
@@ -237,13 +262,8 @@ TEST(Scheduler, AnInterleavedPrefillEqualsTheColdRunAndDoesNotStallOthers) {
 TEST(Scheduler, WarmTurnsAdmittedTogetherPrefillBeforeTheNextStep) {
     scheduler_options o = tiny_scheduler(3);
     std::atomic<int> order{0};
-    std::mutex gm;
-    std::condition_variable gcv;
-    bool hold = false;
-    o.before_admit = [&](const turn_request &) {
-        std::unique_lock lk(gm);
-        gcv.wait(lk, [&] { return !hold; });
-    };
+    admission_gate gate;
+    gate.install(o);
     std::mutex om;
     std::vector<std::pair<std::string, int>> chunks;  // (workspace, order) of each prefill chunk
     o.after_prefill_chunk = [&](const turn_request & r, pos_t) {
@@ -279,17 +299,10 @@ TEST(Scheduler, WarmTurnsAdmittedTogetherPrefillBeforeTheNextStep) {
                 }).ok());
     for (int i = 0; i < 2000 && !a_writes; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ASSERT_TRUE(a_writes);
-    {
-        std::lock_guard lk(gm);
-        hold = true;  // b's admission waits until c is queued too
-    }
+    gate.close();  // b's admission waits until c is queued too
     ASSERT_TRUE(ask("b", 11, "second", 2, cb).ok());
     ASSERT_TRUE(ask("c", 12, "second", 2, cc).ok());
-    {
-        std::lock_guard lk(gm);
-        hold = false;
-    }
-    gcv.notify_all();
+    gate.open();
     ASSERT_TRUE(cb.wait());
     ASSERT_TRUE(cc.wait());
     ASSERT_TRUE(ca.wait());
@@ -871,14 +884,8 @@ TEST(Scheduler, ResidentStreamsKeepEachWorkspacesPrefixBetweenItsTurns) {
     o.engine.engine.n_seq_resident = 2;
     o.engine.cold_stream = false;  // else no resident streams
     o.engine.stream_copies = context_engine_options::stream_copy_mode::on;  // as on a GPU
-    // A gate the engine thread waits at as it admits a job, while `hold` is set.
-    std::mutex gm;
-    std::condition_variable gcv;
-    bool hold = false;
-    o.before_admit = [&](const turn_request &) {
-        std::unique_lock lk(gm);
-        gcv.wait(lk, [&] { return !hold; });
-    };
+    admission_gate gate;
+    gate.install(o);
     auto s = scheduler::start(o);
     ASSERT_TRUE(s.ok()) << s.error().to_string();
     std::vector<std::vector<segment>> ws = {small_workspace(1), small_workspace(2), small_workspace(3)};
@@ -907,10 +914,7 @@ TEST(Scheduler, ResidentStreamsKeepEachWorkspacesPrefixBetweenItsTurns) {
     std::atomic<int> clock{0};
     std::vector<int> admitted(3, -1), done(3, -1);
     std::vector<std::unique_ptr<collector>> cs;
-    {
-        std::lock_guard lk(gm);
-        hold = true;  // the first admission waits until all three are queued
-    }
+    gate.close();  // the first admission waits until all three are queued
     for (size_t i = 0; i < 3; ++i) {
         cs.push_back(std::make_unique<collector>());
         auto segs = ws[i];
@@ -923,11 +927,7 @@ TEST(Scheduler, ResidentStreamsKeepEachWorkspacesPrefixBetweenItsTurns) {
         };
         ASSERT_TRUE((*s)->submit({req(names[i], segs, 4), sink}).ok());
     }
-    {
-        std::lock_guard lk(gm);
-        hold = false;
-    }
-    gcv.notify_all();
+    gate.open();
     for (auto & x : cs) ASSERT_TRUE(x->wait());
     EXPECT_EQ((*s)->stats().n_completed, 12u);
     const int last_admitted = *std::max_element(admitted.begin(), admitted.end());
