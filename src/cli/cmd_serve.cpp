@@ -212,7 +212,7 @@ void report_start(const serve_args & a, const server_options & sv, const schedul
         progress("serve: device tier: " + std::to_string(ci.n_seq_resident) + " resident KV streams beside the " +
                  std::to_string(sched.n_parallel()) + " of --parallel (" + ci.resident_reason +
                  "; --resident-streams, --resident-share): a workspace's prefix stays where the model runs between "
-                 "its turns");
+                 "its turns, and its next turn starts there even while --parallel requests run");
     progress("serve: memory: " + std::string(memory_kind_name(ci.memory.kind)) + ": " + ci.memory.note +
              (ci.memory.checkpoints ? "; the streams' checkpoints up to " +
                                           (so.engine.stream_checkpoint_max_bytes
@@ -398,7 +398,9 @@ void register_serve_command(CLI::App & app, int & rc) {
     c->add_option("--port", a->port, "port to listen on (0 = any free port)")
         ->capture_default_str()
         ->check(CLI::Range(0, 65535));
-    c->add_option("--parallel", a->n_parallel, "requests decoded at once (each in a work stream)")
+    c->add_option("--parallel", a->n_parallel,
+                  "requests decoded at once (each in a work stream); beyond it, a request whose workspace's "
+                  "prefix sits in an idle resident stream (--resident-streams) starts there")
         ->capture_default_str()
         ->check(CLI::Range(1, 64));
     c->add_option("--queue", a->max_queue, "requests waiting for a work sequence; beyond it 429")
