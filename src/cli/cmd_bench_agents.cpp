@@ -4,6 +4,7 @@
 // others write. Each system alone in turn, at its defaults (warmctx: serve's --parallel
 // unless asked; llama-server: its 4 slots). Per system: each turn's TTFT, the warm turns'
 // (each agent's second on) p50 and p95, and the tokens per second all agents write together.
+// The workspaces hold no tool definitions (turns_of says why).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -47,6 +48,11 @@ result<std::vector<agent_turn>> turns_of(prompt_builder & pb, workload_generator
     std::vector<segment> ws = make_workspace(g, a.size, 1);
     const segment question = ws.back();
     ws.pop_back();
+    // No tool definitions: with tools warmctx's streamed tool-call parser holds a random
+    // model's text back until the answer ends, while llama-server, sent the prompt as
+    // tokens, parses nothing; without them both stream each token as it comes, so the
+    // client's first token is each system's time to it.
+    std::erase_if(ws, [](const segment & s) { return s.kind == segment_kind::tools; });
     std::vector<agent_turn> out;
     std::vector<segment> history;
     for (int t = 0; t < a.turns; ++t) {
