@@ -95,8 +95,8 @@ struct warmctx_system_options {
     model_flags mf;                 // mf.n_ctx: per work sequence
     uint32_t holders = 4096;        // pool entries at most (the byte budget binds first)
     uint32_t parallel = 1;          // work sequences (requests decoded at once)
-    int32_t resident_streams = 0;   // serve's --resident-streams (-1: its default, as many as
-                                    // fit half the GPU's free memory; none on the CPU)
+    int32_t resident_streams = 0;   // serve's --resident-streams (-1: its default, sized from
+                                    // the GPU's free memory, on the CPU from RAM)
     cache_flags cf;
     std::string workspace_dir;      // the durable segment store ("" = memory only)
     // serve's default disk tier (a user's serve writes stable prefixes through to disk):

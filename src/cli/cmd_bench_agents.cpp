@@ -84,7 +84,7 @@ result<std::unique_ptr<bench_system>> start_system(const agents_args & a, const 
         wo.name = name;
         wo.mf = a.mf;
         wo.parallel = a.parallel > 0 ? a.parallel : scheduler_options{}.n_parallel;
-        wo.resident_streams = a.resident_streams;  // serve's default: the device tier's (none on the CPU)
+        wo.resident_streams = a.resident_streams;  // -1: serve's default, the device tier's (RAM on the CPU)
         return start_warmctx_system(wo);
     }
     return start_llama_server_at_defaults(name, a.llama_server, a.mf);
@@ -188,7 +188,7 @@ void register_agents_bench(CLI::App & bench, int & rc) {
     c->add_option("-n,--max-tokens", a->max_tokens, "tokens per answer (greedy)")->capture_default_str();
     c->add_option("--parallel", a->parallel, "warmctx's --parallel (0: serve's default)")->capture_default_str();
     c->add_option("--resident-streams", a->resident_streams,
-                  "warmctx's --resident-streams (-1: serve's default, none on the CPU)")
+                  "warmctx's --resident-streams (-1: serve's default, sized from memory)")
         ->capture_default_str()
         ->check(CLI::Range(-1, 255));
     c->add_option("--seed", a->seed, "workspace content seed (agent i: seed + i)")->capture_default_str();

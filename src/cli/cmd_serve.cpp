@@ -475,13 +475,14 @@ void register_serve_command(CLI::App & app, int & rc) {
         ->capture_default_str();
     c->add_option("--resident-streams", a->resident_streams,
                   "the device tier: KV streams kept beside --parallel's, each holding a workspace's prefix where the "
-                  "model runs between its turns (-1 = as many as fit --resident-share of the GPU's free memory; none "
-                  "on the CPU, where the RAM pool holds prefixes compactly)")
+                  "model runs between its turns (-1 = on a GPU as many as fit --resident-share of its free memory; on "
+                  "the CPU up to 3 per --parallel stream, within --resident-share of the RAM available after the work "
+                  "streams, the pool's share and a reserve, at most a quarter of RAM up to 8 GiB)")
         ->capture_default_str()
         ->check(CLI::Range(-1, 255));
     c->add_option("--resident-share", a->resident_share,
-                  "for --resident-streams -1: the share of the device memory free after the model, the work streams "
-                  "and a compute reserve that resident streams may take")
+                  "for --resident-streams -1: the share of the device memory (on the CPU: RAM) free after the model, "
+                  "the work streams and a reserve (on the CPU also the pool's share) that resident streams may take")
         ->capture_default_str()
         ->check(CLI::Range(0.0, 0.95));
     c->add_option("--stream-copies", a->stream_copies,

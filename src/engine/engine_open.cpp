@@ -1,6 +1,7 @@
 // Opening an engine: the model file checked and loaded, and the context sized (tokens
 // per sequence, resident streams, KV bytes) from the options, the model and the device.
 #include "engine_impl.h"
+#include "util/resources.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -206,6 +207,34 @@ ggml_backend_buffer_type_t gpu_host_buffer_type() {
     return nullptr;
 }
 
+// On the CPU the device tier is RAM, beside the work streams and the pool of cached
+// prefixes, which take up to default_kv_share_bytes() each: the resident streams take
+// at most as much, and at most resident_vram_share of what is available once the work
+// streams, the pool's share and a reserve are counted; at most three per work stream
+// (the agents one machine's cores serve at once). A warm turn whose prefix one of them
+// holds starts there at once, even while every work stream writes.
+uint32_t n_resident_in_ram(const engine_options & opts, uint64_t stream_bytes, std::string & reason) {
+    const uint64_t avail = available_memory_bytes(), share_max = default_kv_share_bytes();
+    if (stream_bytes == 0 || avail == 0) {
+        reason = "none: the memory available is unknown";
+        return 0;
+    }
+    const uint64_t reserve = std::max<uint64_t>(uint64_t{1} << 30, physical_memory_bytes() / 20);
+    const uint64_t base = (uint64_t)opts.n_seq_max * stream_bytes + share_max + reserve;
+    const double share = std::clamp(opts.resident_vram_share, 0.0, 0.95);
+    const uint64_t room = std::min<uint64_t>(avail > base ? (uint64_t)((double)(avail - base) * share) : 0, share_max);
+    const uint64_t most =
+        std::min<uint64_t>(3 * (uint64_t)opts.n_seq_max, 256 - std::min<uint32_t>(opts.n_seq_max, 256));
+    const auto n = (uint32_t)std::min<uint64_t>(room / stream_bytes, most);
+    reason = std::to_string(n) + " streams of " + std::to_string(stream_bytes >> 20) +
+             " MiB in RAM (the model runs on the CPU): at most 3 per work stream, within " +
+             std::to_string(room >> 20) + " MiB (" + std::to_string((int)(share * 100 + 0.5)) + "% of the " +
+             std::to_string((avail > base ? avail - base : 0) >> 20) +
+             " MiB available after the work streams, the pool's share and a reserve, at most " +
+             std::to_string(share_max >> 20) + " MiB)";
+    return n;
+}
+
 // The resident streams (exact mode on a GPU) the device has room for, beside the work
 // streams: as asked, else a share of what is left after a reserve. `reason` says why.
 uint32_t choose_n_resident(const engine_options & opts, bool on_gpu, uint64_t dev_free, uint64_t dev_total,
@@ -217,7 +246,7 @@ uint32_t choose_n_resident(const engine_options & opts, bool on_gpu, uint64_t de
     } else if (opts.mode != kv_mode::exact) {
         reason = "none: shared KV mode";
     } else if (!on_gpu) {
-        reason = "none: the model runs on the CPU, where the RAM pool holds prefixes compactly";
+        n_resident = n_resident_in_ram(opts, stream_bytes, reason);
     } else if (stream_bytes > 0) {
         // A reserve for llama.cpp's compute buffers, then the share of what is left.
         const uint64_t reserve = std::max<uint64_t>(uint64_t{1} << 30, dev_total / 20);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
+#include <string>
 #include <unistd.h>
 #include <sys/stat.h>
 
@@ -32,6 +34,17 @@ result<std::string> first_existing(std::string_view what, std::string_view name,
 uint64_t physical_memory_bytes() {
     const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
     return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+uint64_t available_memory_bytes() {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kib = 0;
+    while (in >> key >> kib) {
+        std::getline(in, unit);
+        if (key == "MemAvailable:") return kib * 1024;
+    }
+    return 0;
 }
 
 uint64_t default_kv_share_bytes() {

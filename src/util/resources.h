@@ -30,6 +30,9 @@ result<std::string> find_tool(std::string_view name);
 
 // Physical memory of the machine in bytes (0 if unknown).
 uint64_t physical_memory_bytes();
+// Memory the kernel says new allocations can take now without swapping (/proc/meminfo's
+// MemAvailable), in bytes; 0 if unknown.
+uint64_t available_memory_bytes();
 
 // The share of memory warmctx takes for each of its two KV uses by default - the work
 // streams (they size the default context) and the pool of cached prefixes (the default
