@@ -76,6 +76,7 @@ struct kv_memory {
     uint64_t n_branches_too_costly = 0;    // trimmed blocks not saved: the save would cost more than a re-prefill
     uint64_t n_deferred_writes_parked = 0;  // disk writes moved with their stream into a free one
     uint64_t n_deferred_writes_cut = 0;     // disk writes cut to what their workspace's next turn kept
+    uint64_t n_write_throughs_overdue = 0;  // disk writes made while busy, write_through_max_delay_ms old
     // Checkpoints (engine.h, memory_kind): the streams' windows or recurrent states at
     // block ends, held in host RAM beside the streams (the pool's are in pool_bytes).
     uint64_t checkpoint_bytes = 0;

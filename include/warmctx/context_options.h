@@ -83,6 +83,11 @@ struct context_engine_options {
     // an agent's next turn usually comes sooner and would otherwise wait in the queue for
     // that copy (~190 ms for 19k tokens of a 0.5B model out of an H100).
     uint32_t write_through_delay_ms = 500;
+    // ... but a stream's write waits at most this long, even while turns keep the engine
+    // busy (and a workspace's turns keep taking its write over in place): made between two
+    // decode steps once it is this old (context_engine::write_through_overdue). What a
+    // crash or a kill can lose of what turns cached; 0: no bound (idle only).
+    uint32_t write_through_max_delay_ms = 10000;
     // What the engine remembers per workspace (its last turn, for explain; its counters)
     // is bounded: past this many workspaces, or past this many tokens of remembered
     // prompts, the least recently used workspace is forgotten (its cached KV is not

@@ -47,6 +47,7 @@ struct trace_args {
                                         "llama-server-defaults"};
     std::string llama_server = default_tool("llama-server");
     std::string messages = "segments";  // how warmctx is sent a turn: segments | plain
+    int32_t resident_streams = -1;      // warmctx-defaults' --resident-streams (-1: serve's default)
     bool quick = false;
     bool json_out = false;
 };
@@ -274,7 +275,7 @@ result<std::unique_ptr<bench_system>> start_trace_system(const std::string & nam
         o.mf.n_ctx = a.mf.n_ctx;  // as given (0: automatic), like serve
         o.cf = cache_flags{};     // the default byte budget
         o.parallel = scheduler_options{}.n_parallel;  // serve's default --parallel
-        o.resident_streams = -1;                      // and --resident-streams
+        o.resident_streams = a.resident_streams;      // and --resident-streams
         o.default_disk = true;                        // and its disk tier
     } else {
         o.cf.budget_bytes = b.budget_bytes;
@@ -510,6 +511,10 @@ void register_trace_bench(CLI::App & bench, int & rc) {
     c->add_option("--edit-prob", a->t.edit_prob, "chance per turn that a stable segment changes")
         ->capture_default_str();
     c->add_option("--seed", a->t.seed, "trace seed")->capture_default_str();
+    c->add_option("--resident-streams", a->resident_streams,
+                  "warmctx-defaults' --resident-streams (-1: serve's default, sized from memory)")
+        ->capture_default_str()
+        ->check(CLI::Range(-1, 255));
     c->add_option("--budget-mib", a->budget_mib,
                   "KV every system allocates, MiB: streams/slots + pool/--cache-ram (0 = two streams + 40% of all "
                   "stable prompts' KV)")

@@ -61,6 +61,7 @@ struct serve_args {
     std::string prefill_ahead = "gpu";  // gpu, always, never
     bool disk_budget_given = false;
     bool api_key_given = false;         // --api-key on the command line, or WARMCTX_API_KEY set (even empty)
+    uint32_t write_through_max_delay_ms = context_engine_options{}.write_through_max_delay_ms;
     int32_t resident_streams = -1;      // -1: as many as fit resident_share of the GPU
     double resident_share = 0.5;
     std::string stream_copies = "auto";  // auto, on, off
@@ -277,6 +278,7 @@ int run_serve(const serve_args & a) {
     if (a.shared_cache_dir && cf.cache_dir.empty())
         return fail(invalid_argument("--shared-cache-dir and --no-disk contradict each other"));
     so.engine.tiers.shared_dir = a.shared_cache_dir;
+    so.engine.write_through_max_delay_ms = a.write_through_max_delay_ms;
     if (!cf.cache_dir.empty()) {
         auto l = lock_cache_dir(cf.cache_dir, a.shared_cache_dir);
         if (!l) return fail(l.error());
@@ -390,6 +392,19 @@ void add_request_bounds(CLI::App & c, serve_args & a) {
 
 }  // namespace
 
+// The disk tier's flags beyond cache_flags': when a turn's write is made, and a directory
+// shared by replicas.
+void add_disk_flags(CLI::App & c, serve_args & a) {
+    c.add_option("--write-through-max-delay-ms", a.write_through_max_delay_ms,
+                  "a turn's disk write waits for an idle engine (500 ms without turns), but no longer than this while "
+                  "turns keep it busy: what a crash or a kill can lose of what turns cached (0: until idle)")
+        ->capture_default_str();
+    c.add_flag("--shared-cache-dir", a.shared_cache_dir,
+                "share the cache directory (disk tier and workspace store) with other replicas started with this "
+                "flag, on this machine or over a shared filesystem: each follows the files the others write and "
+                "evict, and --disk-budget-bytes is the directory's (docs/scale-out.md)");
+}
+
 void register_serve_command(CLI::App & app, int & rc) {
     auto a = std::make_shared<serve_args>();
     auto * c = app.add_subcommand("serve", "serve the OpenAI-compatible and workspace HTTP API (docs/api.md)");
@@ -490,10 +505,7 @@ void register_serve_command(CLI::App & app, int & rc) {
                   "of through the RAM pool: auto (when layers run on a GPU), on, off")
         ->check(CLI::IsMember({"auto", "on", "off"}))
         ->capture_default_str();
-    c->add_flag("--shared-cache-dir", a->shared_cache_dir,
-                "share the cache directory (disk tier and workspace store) with other replicas started with this "
-                "flag, on this machine or over a shared filesystem: each follows the files the others write and "
-                "evict, and --disk-budget-bytes is the directory's (docs/scale-out.md)");
+    add_disk_flags(*c, *a);
     c->add_option("--replica", a->replica,
                   "a label replica=\"NAME\" on every /metrics sample, so one dashboard tells replicas apart");
     c->parse_complete_callback([a, c] {

@@ -7,6 +7,8 @@
 // Thread safety: none (the engine thread's).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +36,10 @@ struct deferred_write {
     size_t n_blocks = 0;
     pos_t save_end = 0;  // the end of what the disk tier saves (n_saved_blocks): the
                          // stream must keep that much; what follows (a diff, history) may go
+    // Since when the stream owes the disk a write: the turn that deferred it, or the
+    // earliest one whose write a later turn's in place took over
+    // (context_engine_options::write_through_max_delay_ms bounds it).
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
 };
 
 struct cache_tiers {
@@ -63,6 +69,8 @@ struct cache_tiers {
     void defer(deferred_write d) {
         if (auto old = deferred.find(d.seq); old != deferred.end() && old->second.save_end > d.save_end)
             flush_deferred_of(d.seq);
+        else if (old != deferred.end())
+            d.since = std::min(d.since, old->second.since);  // still owed: as old as the first
         const seq_id seq = d.seq;
         deferred[seq] = std::move(d);
     }

@@ -330,6 +330,23 @@ bool context_engine::write_through_idle(std::chrono::milliseconds * retry_in) {
     return true;
 }
 
+bool context_engine::write_through_overdue() {
+    const uint32_t max_ms = p_->opts.write_through_max_delay_ms;
+    if (max_ms == 0 || p_->tiers.deferred.empty()) return false;
+    // Of the streams no turn is on (a turn in flight moves its stream past the prefix).
+    auto oldest = p_->tiers.deferred.end();
+    for (auto it = p_->tiers.deferred.begin(); it != p_->tiers.deferred.end(); ++it)
+        if (!p_->streams[(size_t)it->first].busy &&
+            (oldest == p_->tiers.deferred.end() || it->second.since < oldest->second.since))
+            oldest = it;
+    if (oldest == p_->tiers.deferred.end() ||
+        clock_type::now() - oldest->second.since < std::chrono::milliseconds(max_ms))
+        return false;
+    p_->tiers.flush_deferred_of(oldest->first);
+    p_->ctr.memory.n_write_throughs_overdue++;
+    return true;
+}
+
 bool context_engine::write_back_ahead(std::chrono::milliseconds * retry_in) {
     if (retry_in) *retry_in = std::chrono::milliseconds(0);
     seq_id victim = -1;

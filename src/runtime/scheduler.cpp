@@ -150,6 +150,10 @@ void scheduler::impl::loop() {
         prefill_round();
         for (size_t s = 0; s < slots.size(); ++s)
             if (slots[s] && slots[s]->cancelled) retire(s);
+        try {
+            ce->write_through_overdue();  // a disk write busy turns kept waiting too long
+        } catch (...) {
+        }
         if (ms_between(t_published, clock_type::now()) >= 250) {
             try {
                 publish();

@@ -305,6 +305,10 @@ void render_kv_memory(std::string & out, const engine_snapshot & snap) {
            "Deferred disk writes cut to the blocks their workspace's next turn kept in place, or dropped "
            "where it cleared the stream (its own write covers what the prompts share).",
            static_cast<double>(m.n_deferred_writes_cut));
+    scalar(out, "warmctx_write_throughs_overdue_total", "counter",
+           "Deferred disk writes made while turns kept the engine busy, once they had waited "
+           "write_through_max_delay_ms (what a crash can lose is bounded by it).",
+           static_cast<double>(m.n_write_throughs_overdue));
     scalar(out, "warmctx_branches_dropped_total", "counter",
            "Blocks of low retention a turn trimmed away (history out of a window), not saved.",
            static_cast<double>(m.n_branches_dropped));

@@ -30,7 +30,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Without drafts: they shorten each answer's decode, which moves how the eight clients'
 # turns interleave on one server, and with them its evictions (routing's measure, tokens
 # prefilled, moved by ~3% between runs with and without them).
-SERVE = ["-c", "8192", "--chunk", "64", "-t", "1", "--draft-max", "0", "-q", "--disk-min-class", "low", "--no-prewarm"]
+# Without resident streams: routing's measure compares replicas and one server by their work
+# streams and RAM pools (the device tier would hold each replica's workspaces in place, each
+# replica's share of them unequal), and failover's by what reached the shared disk tier, where
+# a resident stream's turns stay in place and defer their writes (up to
+# --write-through-max-delay-ms while busy).
+SERVE = ["-c", "8192", "--chunk", "64", "-t", "1", "--draft-max", "0", "-q", "--disk-min-class", "low", "--no-prewarm",
+         "--resident-streams", "0"]
 PARALLEL = 2            # per replica
 REPLICA_POOL = 6 << 20  # --budget-bytes per replica: about its share of the trace's prefixes
 
