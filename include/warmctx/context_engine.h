@@ -183,9 +183,10 @@ class context_engine {
     // the learned orders that changed to their writer.
     bool write_through_idle(std::chrono::milliseconds * retry_in = nullptr);
     // For a busy engine thread, between decode steps: makes the oldest deferred disk
-    // write-through once it has waited context_engine_options::write_through_max_delay_ms,
-    // and returns true (one per call).
-    bool write_through_overdue();
+    // write-through once it has waited context_engine_options::write_through_max_delay_ms
+    // (`quiet`: no request waits, none prefills) or twice that (else), and returns true
+    // (one per call).
+    bool write_through_overdue(bool quiet = true);
     // For an idle engine thread: when no work stream is free, saves the durable blocks of
     // the one a new workspace's turn would take next (the least recently used idle one)
     // into the pool, unless the pool or another stream holds them, so that the

@@ -85,8 +85,9 @@ struct context_engine_options {
     uint32_t write_through_delay_ms = 500;
     // ... but a stream's write waits at most this long, even while turns keep the engine
     // busy (and a workspace's turns keep taking its write over in place): made between two
-    // decode steps once it is this old (context_engine::write_through_overdue). What a
-    // crash or a kill can lose of what turns cached; 0: no bound (idle only).
+    // decode steps once it is this old and no request waits or prefills, or once it is
+    // twice as old (context_engine::write_through_overdue). What a crash or a kill can
+    // lose of what turns cached; 0: no bound (idle only).
     uint32_t write_through_max_delay_ms = 10000;
     // What the engine remembers per workspace (its last turn, for explain; its counters)
     // is bounded: past this many workspaces, or past this many tokens of remembered

@@ -330,8 +330,8 @@ bool context_engine::write_through_idle(std::chrono::milliseconds * retry_in) {
     return true;
 }
 
-bool context_engine::write_through_overdue() {
-    const uint32_t max_ms = p_->opts.write_through_max_delay_ms;
+bool context_engine::write_through_overdue(bool quiet) {
+    const uint64_t max_ms = (uint64_t)p_->opts.write_through_max_delay_ms * (quiet ? 1 : 2);
     if (max_ms == 0 || p_->tiers.deferred.empty()) return false;
     // Of the streams no turn is on (a turn in flight moves its stream past the prefix).
     auto oldest = p_->tiers.deferred.end();

@@ -151,7 +151,16 @@ void scheduler::impl::loop() {
         for (size_t s = 0; s < slots.size(); ++s)
             if (slots[s] && slots[s]->cancelled) retire(s);
         try {
-            ce->write_through_overdue();  // a disk write busy turns kept waiting too long
+            // A disk write busy turns kept waiting too long: when no request waits and no
+            // prompt prefills (the copy delays only the answers being written), or, past
+            // twice the bound, whatever waits.
+            bool quiet = true;
+            for (const auto & j : slots) quiet = quiet && !(j && j->prefilling);
+            if (quiet) {
+                std::lock_guard<std::mutex> lk(mu);
+                quiet = queue.empty();
+            }
+            ce->write_through_overdue(quiet);
         } catch (...) {
         }
         if (ms_between(t_published, clock_type::now()) >= 250) {

@@ -666,15 +666,16 @@ TEST(Scheduler, AnotherWorkspacesTurnParksTheStreamWithItsDeferredDiskWrite) {
 }
 
 // While turns keep the engine busy, a stream's deferred disk write waits no longer than
-// write_through_max_delay_ms, counted from the first turn whose write it still owes: a
-// workspace's next turn in place takes the write over but not its age.
+// write_through_max_delay_ms (twice that while a request waits), counted from the first
+// turn whose write it still owes: a workspace's next turn in place takes the write over
+// but not its age.
 TEST(Scheduler, ADeferredDiskWriteWaitsNoLongerThanItsBoundWhileTurnsKeepTheEngineBusy) {
     temp_dir tmp("/tmp/warmctx-overdue-disk");
     ASSERT_FALSE(tmp.path.empty());
     workload_generator g(33, [](const std::string & x) { return x.size() / 3; });
     auto segs = make_workspace(g, 1200, 1);
     auto o = one_stream_on_disk(tmp.path);
-    o.engine.write_through_max_delay_ms = 200;
+    o.engine.write_through_max_delay_ms = 300;
     auto s = scheduler::start(o);
     ASSERT_TRUE(s.ok()) << s.error().to_string();
     ASSERT_TRUE((*s)->call([&](context_engine & ce) {
@@ -683,15 +684,16 @@ TEST(Scheduler, ADeferredDiskWriteWaitsNoLongerThanItsBoundWhileTurnsKeepTheEngi
         ASSERT_TRUE(a.ok()) << a.error().to_string();
         ASSERT_TRUE(ce.finish_turn(*a, 0).ok());
         EXPECT_FALSE(ce.write_through_overdue()) << "just deferred";
-        std::this_thread::sleep_for(std::chrono::milliseconds(120));
+        std::this_thread::sleep_for(std::chrono::milliseconds(180));
         segs.back().content = "a second question, in place";
         auto b = ce.begin_turn(req("a", segs, 2), 0, logits);
         ASSERT_TRUE(b.ok()) << b.error().to_string();
         ASSERT_TRUE(b->explain.in_place);
         ASSERT_TRUE(ce.finish_turn(*b, 0).ok());
-        std::this_thread::sleep_for(std::chrono::milliseconds(120));
+        std::this_thread::sleep_for(std::chrono::milliseconds(180));
         EXPECT_EQ(ce.counters().tiers.n_disk_copies_out, 0u);
-        EXPECT_TRUE(ce.write_through_overdue()) << "owed since the first turn, 240 ms ago";
+        EXPECT_FALSE(ce.write_through_overdue(false)) << "while a request waits: twice the bound";
+        EXPECT_TRUE(ce.write_through_overdue()) << "owed since the first turn, 360 ms ago";
         EXPECT_EQ(ce.counters().tiers.n_disk_copies_out, 1u);
         EXPECT_EQ(ce.counters().memory.n_write_throughs_overdue, 1u);
         EXPECT_FALSE(ce.write_through_overdue()) << "nothing is owed any more";
