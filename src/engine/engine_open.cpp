@@ -235,8 +235,9 @@ uint32_t n_resident_in_ram(const engine_options & opts, uint64_t stream_bytes, s
     return n;
 }
 
-// The resident streams (exact mode on a GPU) the device has room for, beside the work
-// streams: as asked, else a share of what is left after a reserve. `reason` says why.
+// The resident streams (exact mode) the device - a GPU, or RAM on the CPU - has room
+// for, beside the work streams: as asked, else a share of what is left after a reserve.
+// `reason` says why.
 uint32_t choose_n_resident(const engine_options & opts, bool on_gpu, uint64_t dev_free, uint64_t dev_total,
                            uint64_t stream_bytes, std::string & reason) {
     uint32_t n_resident = 0;
